@@ -1,0 +1,40 @@
+"""ImagePrePullJob: pull a list of images on each node ahead of need.
+
+``Check -> Pull``; neither has a failure edge, so any failed action ends the node task. Pull's
+``extend`` is the JSON list of per-image results, which becomes ``imageStatus``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+import msgspec
+
+from flows.jobtype import ExtendError, JobType
+from nodetask.flow import Flow, Step
+from schemas.kinds import IMAGE_PRE_PULL_JOB
+from schemas.v1alpha2 import ImagePrePullJobSpec, ImageStatus
+
+CHECK: Final = "Check"
+PULL: Final = "Pull"
+
+FLOW: Final = Flow(name="imageprepulljob", first=CHECK, steps={CHECK: Step(on_success=PULL), PULL: Step()})
+
+_IMAGES: Final = msgspec.json.Decoder(tuple[ImageStatus, ...])
+
+
+def read_extend(extend: str) -> Mapping[str, tuple[ImageStatus, ...]]:
+    """The image statuses a Pull reported."""
+    try:
+        return {"image_status": _IMAGES.decode(extend)}
+    except msgspec.DecodeError as exc:
+        raise ExtendError(f"prepull extend is not a JSON list of image statuses: {exc}") from None
+
+
+def encode_extend(images: tuple[ImageStatus, ...]) -> str:
+    """The ``extend`` text an edge sends after a Pull."""
+    return msgspec.json.encode(images).decode()
+
+
+JOB_TYPE: Final = JobType(kind=IMAGE_PRE_PULL_JOB, flow=FLOW, spec_type=ImagePrePullJobSpec, read_extend=read_extend)

@@ -1,0 +1,130 @@
+"""What a job type is made of, and the status merge every job type shares.
+
+A report from an edge becomes a node status change here, as a pure function: append one
+``actionFlow`` entry, derive the node phase with the final-action rule, and let the job type read
+``extend``. Beyond KubeEdge: ``time`` is always set, ``reason`` is kept for every kind, a report
+already applied is recognised (no second entry) and a terminal node never moves backwards, except
+Unknown (the controller's timeout verdict), which a real result may overturn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import msgspec
+
+from nodetask.flow import Flow
+from nodetask.messages import ActionResult
+from nodetask.phases import ConditionStatus, NodeTaskPhase
+from schemas.kinds import Kind
+from schemas.v1alpha2 import ActionStatus, NodeTaskStatus
+
+__all__ = ["ExtendError", "JobType", "Verdict", "apply_result", "default_verdict", "rollback_is_failure"]
+
+
+class ExtendError(ValueError):
+    """A report's ``extend`` payload does not have the job type's format."""
+
+
+E = TypeVar("E", bound=NodeTaskStatus)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A node's phase and reason after a report."""
+
+    phase: NodeTaskPhase
+    reason: str
+
+
+def default_verdict(flow: Flow, result: ActionResult) -> Verdict:
+    """KubeEdge's rule: final and ok is Successful, final and failed is Failure, else InProgress."""
+    if not flow.is_final(result.action, result.succ):
+        return Verdict(NodeTaskPhase.IN_PROGRESS, "")
+    if result.succ:
+        return Verdict(NodeTaskPhase.SUCCESSFUL, "")
+    return Verdict(NodeTaskPhase.FAILURE, result.reason or f"action {result.action} failed")
+
+
+def rollback_is_failure(roll_back: str, reason: str) -> Callable[[Flow, ActionResult], Verdict]:
+    """A verdict where a completed ``roll_back`` action ends the node task as a failure.
+
+    KubeEdge counts a successful rollback as a successful node task, which hides a change that did
+    not happen inside a Completed job; nodetaskd reports it as Failure with ``reason``.
+    """
+
+    def verdict(flow: Flow, result: ActionResult) -> Verdict:
+        if result.action == roll_back and result.succ:
+            flow.step(result.action)
+            return Verdict(NodeTaskPhase.FAILURE, reason)
+        return default_verdict(flow, result)
+
+    return verdict
+
+
+@dataclass(frozen=True, slots=True)
+class JobType:
+    """Everything job-type specific that is not a device action (those live in ``roles/edge``)."""
+
+    kind: Kind
+    flow: Flow
+    spec_type: type[msgspec.Struct]
+    """The v1alpha2 spec Struct sent to edges in ``RunAction.spec``."""
+    verdict: Callable[[Flow, ActionResult], Verdict] = default_verdict
+    read_extend: Callable[[str], Mapping[str, Any]] = lambda _: {}
+    """Parses ``extend`` into node-status field updates; raises :class:`ExtendError`."""
+
+    @property
+    def resource_type(self) -> str:
+        return self.kind.resource_type
+
+    def decode_spec(self, raw: bytes) -> msgspec.Struct:
+        """Decode a spec sent in ``RunAction``; raises ``msgspec.ValidationError`` naming the field."""
+        spec: msgspec.Struct = msgspec.json.decode(raw, type=self.spec_type)
+        return spec
+
+
+def apply_result(job_type: JobType, entry: E, result: ActionResult, *, now: str) -> E | None:
+    """The node entry after ``result``, or None when this action was already recorded.
+
+    ``actionFlow`` stays in flow order whatever order reports arrive in; only the newest action
+    decides the phase and reads ``extend``.
+
+    Errors:
+        ``flow.UnknownActionError`` for an action the job type does not have;
+        :class:`ExtendError` for a malformed ``extend``.
+    """
+    verdict = job_type.verdict(job_type.flow, result)  # validates the action name first
+    if any(done.action == result.action for done in entry.action_flow):
+        return None
+    record = ActionStatus(
+        action=result.action,
+        status=ConditionStatus.TRUE if result.succ else ConditionStatus.FALSE,
+        reason="" if result.succ else result.reason,
+        time=result.finish_time or now,
+    )
+    depth = _positions(job_type.flow)
+    history = tuple(sorted((*entry.action_flow, record), key=lambda a: depth.get(a.action, -1)))
+    settled = entry.phase in (NodeTaskPhase.SUCCESSFUL, NodeTaskPhase.FAILURE)
+    if settled or history[-1] is not record:
+        # A late report (or one after the node settled) is recorded but moves nothing backwards.
+        return msgspec.structs.replace(entry, action_flow=history)
+    updates = dict(job_type.read_extend(result.extend)) if result.extend else {}
+    return msgspec.structs.replace(entry, action_flow=history, phase=verdict.phase, reason=verdict.reason, **updates)
+
+
+def _positions(flow: Flow) -> dict[str, int]:
+    # Depth from the first action; flows are acyclic, so a report for a shallower action than one
+    # already recorded can only be a late duplicate of an earlier step.
+    depth = {flow.first: 0}
+    frontier = [flow.first]
+    while frontier:
+        action = frontier.pop()
+        step = flow.steps[action]
+        for target in (step.on_success, step.on_failure):
+            if target is not None and depth.get(target, -1) < depth[action] + 1:
+                depth[target] = depth[action] + 1
+                frontier.append(target)
+    return depth

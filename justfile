@@ -1,0 +1,48 @@
+# nodetaskd developer entry points. `just --list` shows them all.
+
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+py := ".venv/bin/python"
+
+# List the recipes.
+default:
+    @just --list
+
+# Lint, type-check, check import contracts, then run every test (unit + integration).
+test: lint
+    {{py}} -m pytest -q
+
+# Ruff, mypy --strict and the import-linter contracts.
+lint:
+    .venv/bin/ruff check .
+    .venv/bin/mypy
+    .venv/bin/lint-imports
+
+# Only the unit tests (no control plane needed).
+unit:
+    {{py}} -m pytest -q tests/unit
+
+# Regenerate the CRD manifests in schemas/crds from the Struct types.
+crds:
+    {{py}} -m schemas.crdgen
+
+# Start the local control plane (kube-apiserver + etcd on loopback); prints the KUBECONFIG line.
+cluster-up:
+    python3 tools/controlplane.py up
+
+# Stop the local control plane.
+cluster-down:
+    python3 tools/controlplane.py down
+
+# The main job. For now: a node job over a simulated fleet through the real core (virtual time).
+demo *ARGS:
+    {{py}} -m tools.simulate {{ARGS}}
+
+# A node job over a simulated, in-process fleet through the real core, in virtual time.
+simulate *ARGS:
+    {{py}} -m tools.simulate {{ARGS}}
+
+# Format the code.
+fmt:
+    .venv/bin/ruff check --fix .
+    .venv/bin/ruff format .

@@ -1,0 +1,212 @@
+"""Wire messages between cloud hubs and edge agents, and their codec.
+
+Every frame is one JSON object tagged by ``op``; there is one union per direction. Schema evolution
+rules (msgspec's): a field added after v1 gets a default, no field changes type, and unknown fields
+are ignored so that an old hub and a new edge (or the reverse) still talk during an upgrade.
+
+The upstream report carries KubeEdge's body keys ``{action, succ, finishTime, reason, extend}``
+plus what reliable delivery needs: the job UID (so a re-created job is never confused with its
+predecessor) and ``seq``, the edge outbox position the hub acknowledges.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+import msgspec
+
+from nodetask.route import Route, RouteError
+
+__all__ = [
+    "Ack",
+    "ActionResult",
+    "Cancel",
+    "Confirm",
+    "Downstream",
+    "Error",
+    "Heartbeat",
+    "Hello",
+    "MessageError",
+    "Report",
+    "ReportAck",
+    "RunAction",
+    "Upstream",
+    "Welcome",
+    "decode_downstream",
+    "decode_upstream",
+    "encode",
+]
+
+
+class MessageError(ValueError):
+    """A frame that is not a valid message; the text says what is wrong and where."""
+
+
+class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", rename="camel"):
+    """Base of all wire messages."""
+
+
+class ActionResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """KubeEdge's upstream body: the result of one action on one node."""
+
+    action: str
+    succ: bool
+    finish_time: str = ""
+    """RFC 3339 UTC time the action finished."""
+    reason: str = ""
+    extend: str = ""
+    """Job-type specific payload: ``"from,to"`` versions for upgrades, image statuses as JSON for pre-pulls."""
+
+
+# --------------------------------------------------------------------------------------------- both ways
+
+
+class Heartbeat(Message, frozen=True, tag="heartbeat"):
+    """Keeps a session alive; either side answers nothing, the arrival itself is the signal."""
+
+    sent_at: float = 0.0
+
+
+class Error(Message, frozen=True, tag="error"):
+    """The peer sent something this side cannot accept. ``code`` is stable, ``message`` is for humans."""
+
+    code: str
+    message: str
+    ref: str = ""
+    """The id or seq of the refused message, when it could be read."""
+
+
+# --------------------------------------------------------------------------------------- cloud -> edge
+
+
+class Welcome(Message, frozen=True, tag="welcome"):
+    """The hub accepted a Hello."""
+
+    hub: str
+    heartbeat_interval: float
+
+
+class RunAction(Message, frozen=True, tag="run_action"):
+    """Start (or resume) a node task at ``action``. The edge acknowledges with :class:`Ack` once stored."""
+
+    id: str
+    route: Route
+    job_uid: str
+    action: str
+    spec: msgspec.Raw
+    """The job's spec as JSON, decoded by the job type on the edge."""
+    credentials: dict[str, str] = {}
+    """Registry host to a base64 ``user:password``, resolved by the cloud for this job's nodes only."""
+
+
+class ReportAck(Message, frozen=True, tag="report_ack"):
+    """The hub has durably applied the report with this ``seq``; the edge may forget it."""
+
+    job_uid: str
+    seq: int
+
+
+class Confirm(Message, frozen=True, tag="confirm"):
+    """Release a node task waiting for confirmation."""
+
+    route: Route
+    job_uid: str
+
+
+class Cancel(Message, frozen=True, tag="cancel"):
+    """The job is gone or interrupted; stop the node task if it has not passed a point of no return."""
+
+    route: Route
+    job_uid: str
+
+
+# --------------------------------------------------------------------------------------- edge -> cloud
+
+
+class Hello(Message, frozen=True, tag="hello"):
+    """First frame of a session: who the edge is."""
+
+    node: str
+    version: str
+    capabilities: tuple[str, ...] = ()
+
+
+class Ack(Message, frozen=True, tag="ack"):
+    """The edge has stored the :class:`RunAction` with this id."""
+
+    id: str
+
+
+class Report(Message, frozen=True, tag="report"):
+    """The result of one action, from the edge's outbox."""
+
+    route: Route
+    job_uid: str
+    seq: int
+    action: str
+    succ: bool
+    finish_time: str = ""
+    reason: str = ""
+    extend: str = ""
+
+    @property
+    def result(self) -> ActionResult:
+        """The KubeEdge-shaped body of this report."""
+        return ActionResult(
+            action=self.action, succ=self.succ, finish_time=self.finish_time, reason=self.reason, extend=self.extend
+        )
+
+
+Downstream = Welcome | RunAction | ReportAck | Confirm | Cancel | Heartbeat | Error
+Upstream = Hello | Ack | Report | Heartbeat | Error
+
+
+def _enc_hook(obj: Any) -> Any:
+    if isinstance(obj, Route):
+        return str(obj)
+    raise NotImplementedError(f"cannot encode {type(obj).__name__}")
+
+
+def _dec_hook(tp: type, obj: Any) -> Any:
+    if tp is Route and isinstance(obj, str):
+        try:
+            return Route.parse(obj)
+        except RouteError as exc:
+            raise ValueError(str(exc)) from None
+    raise NotImplementedError(f"cannot decode {tp!r}")
+
+
+_ENCODER: Final = msgspec.json.Encoder(enc_hook=_enc_hook)
+_UP: Final = msgspec.json.Decoder(Upstream, dec_hook=_dec_hook)
+_DOWN: Final = msgspec.json.Decoder(Downstream, dec_hook=_dec_hook)
+_RESULT: Final = msgspec.json.Decoder(ActionResult)
+
+
+def encode(msg: Message | ActionResult) -> bytes:
+    """One frame's bytes."""
+    return _ENCODER.encode(msg)
+
+
+def _decode(decoder: msgspec.json.Decoder[Any], frame: bytes | str, direction: str) -> Any:
+    try:
+        return decoder.decode(frame)
+    except msgspec.DecodeError as exc:
+        raise MessageError(f"malformed {direction} frame: {exc}") from None
+
+
+def decode_upstream(frame: bytes | str) -> Upstream:
+    """Decode a frame an edge sent. Errors: :class:`MessageError` naming the bad field."""
+    msg: Upstream = _decode(_UP, frame, "upstream")
+    return msg
+
+
+def decode_downstream(frame: bytes | str) -> Downstream:
+    """Decode a frame a hub sent. Errors: :class:`MessageError` naming the bad field."""
+    msg: Downstream = _decode(_DOWN, frame, "downstream")
+    return msg
+
+
+def decode_result(body: bytes | str) -> ActionResult:
+    """Decode KubeEdge's upstream body (the HTTP status endpoint's payload)."""
+    result: ActionResult = _decode(_RESULT, body, "action result")
+    return result

@@ -1,0 +1,105 @@
+"""Routes: which node task a message is about.
+
+A route is ``<apiVersion>/<type>/<job>/nodes/<node>``, e.g.
+``operations.kubeedge.io/v1alpha2/nodeupgradejob/upgrade-v1-21/nodes/edge-1``. The design document
+uses the plural ``nodes``; KubeEdge's code writes the singular ``node``, so parsing accepts both and
+formatting writes the plural unless asked for KubeEdge's form.
+
+Parsing fails loudly with :class:`RouteError` saying which part is wrong; KubeEdge returns an empty
+resource and lets the next layer guess.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import final
+
+__all__ = ["Route", "RouteError"]
+
+# Kubernetes object names (RFC 1123 subdomains), which job and node names are.
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+_GROUP = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+_VERSION = re.compile(r"v[0-9]+((alpha|beta)[0-9]+)?")
+_JOB_TYPE = re.compile(r"[a-z][a-z0-9]*")
+
+
+class RouteError(ValueError):
+    """A malformed route; the message says which part is wrong."""
+
+
+def _check(part: str, value: str, pattern: re.Pattern[str], what: str) -> None:
+    if not value:
+        raise RouteError(f"the {part} must not be blank")
+    if not pattern.fullmatch(value):
+        raise RouteError(f"the {part} {value!r} is not {what}")
+
+
+@final
+class Route:
+    """A parsed route; constructing one validates every part.
+
+    A plain class rather than a dataclass on purpose: msgspec would encode a dataclass as an object,
+    while on the wire a route is its string form.
+    """
+
+    __slots__ = ("api_version", "job", "job_type", "node")
+
+    api_version: str
+    """``group/version``, e.g. ``operations.kubeedge.io/v1alpha2``."""
+    job_type: str
+    """KubeEdge's resource type, e.g. ``nodeupgradejob``."""
+    job: str
+    node: str
+
+    def __init__(self, api_version: str, job_type: str, job: str, node: str) -> None:
+        group, sep, version = api_version.partition("/")
+        if not api_version:
+            raise RouteError("the apiVersion must not be blank")
+        if not sep:
+            raise RouteError(f"the apiVersion {api_version!r} is not of the form group/version")
+        _check("apiVersion group", group, _GROUP, "a DNS subdomain")
+        _check("apiVersion version", version, _VERSION, "a Kubernetes version such as v1alpha2")
+        _check("job type", job_type, _JOB_TYPE, "a lower-case resource type such as nodeupgradejob")
+        _check("job name", job, _NAME, "a Kubernetes object name")
+        _check("node name", node, _NAME, "a Kubernetes object name")
+        self.api_version = api_version
+        self.job_type = job_type
+        self.job = job
+        self.node = node
+
+    def _key(self) -> tuple[str, str, str, str]:
+        return (self.api_version, self.job_type, self.job, self.node)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Route) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"Route({str(self)!r})"
+
+    def __str__(self) -> str:
+        return f"{self.api_version}/{self.job_type}/{self.job}/nodes/{self.node}"
+
+    def kubeedge(self) -> str:
+        """The form KubeEdge's cloudcore writes, with the singular ``node`` segment."""
+        return f"{self.api_version}/{self.job_type}/{self.job}/node/{self.node}"
+
+    @classmethod
+    def parse(cls, text: str) -> Route:
+        """Parse ``<group>/<version>/<type>/<job>/nodes|node/<node>``.
+
+        Errors:
+            :class:`RouteError` naming the first part that is missing or malformed.
+        """
+        parts = text.split("/")
+        if len(parts) != 6:
+            raise RouteError(
+                f"route {text!r} has {len(parts)} '/'-separated parts, "
+                "expected 6: <group>/<version>/<type>/<job>/nodes/<node>"
+            )
+        group, version, job_type, job, keyword, node = parts
+        if keyword not in ("nodes", "node"):
+            raise RouteError(f"route {text!r}: expected 'nodes' before the node name, found {keyword!r}")
+        return cls(api_version=f"{group}/{version}", job_type=job_type, job=job, node=node)

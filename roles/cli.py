@@ -1,0 +1,127 @@
+"""``nodetaskd``: the one binary, started in a role.
+
+    nodetaskd --role=controller|cloud|edge [--config FILE] [flags...]
+
+Options come from the config file and flags (flags win). Any invalid option ends the process at
+once with exit status 2 and a single line on stderr naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import NoReturn
+
+import msgspec
+import structlog
+import trio
+
+from roles.config import ConfigError, RoleConfig, load_config
+from roles.logs import configure_logging
+
+ROLE_ALIASES = {"controller": "controller", "cloud": "cloud", "cloudhub": "cloud", "edge": "edge"}
+
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 3
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"nodetaskd: error: {message}\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="nodetaskd", description="Run node tasks on fleets of edge nodes.")
+    p.add_argument("--role", required=True, choices=sorted(ROLE_ALIASES), help="which role this process plays")
+    p.add_argument("--config", type=Path, help="YAML configuration file of the role")
+    p.add_argument("--check-config", action="store_true", help="print the effective configuration and exit")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--log-format", choices=("console", "json"))
+    p.add_argument("--kubeconfig", help="controller, cloud: kubeconfig path (default: in-cluster)")
+    p.add_argument("--feature-gates", action="append", default=[], help="controller: gates to enable, comma-separated")
+    p.add_argument("--listen", help="cloud: host:port of the websocket hub")
+    p.add_argument("--node-name", help="edge: the node this agent acts for")
+    p.add_argument("--hub-url", action="append", default=[], help="edge: a cloud hub URL (repeatable)")
+    p.add_argument("--data-dir", help="edge: directory of the durable local state")
+    return p
+
+
+def _overrides(role: str, args: argparse.Namespace) -> dict[str, object]:
+    common: dict[str, object] = {"logLevel": args.log_level, "logFormat": args.log_format}
+    per_role: dict[str, dict[str, object]] = {
+        "controller": {
+            "kubeconfig": args.kubeconfig,
+            "featureGates": [g for gates in args.feature_gates for g in gates.split(",") if g] or None,
+        },
+        "cloud": {"kubeconfig": args.kubeconfig, "listen": args.listen},
+        "edge": {"nodeName": args.node_name, "hubUrls": args.hub_url or None, "dataDir": args.data_dir},
+    }
+    flags_for_role = {k for r, opts in per_role.items() if r == role for k in opts}
+    for other, opts in per_role.items():
+        for key, value in opts.items():
+            if other != role and key not in flags_for_role and value is not None:
+                raise ConfigError(f"--{_flag(key)} does not apply to the {role} role")
+    return {**common, **per_role[role]}
+
+
+def _flag(key: str) -> str:
+    return "".join(f"-{c.lower()}" if c.isupper() else c for c in key).replace("hub-urls", "hub-url")
+
+
+def _runner(role: str) -> Callable[..., Awaitable[None]]:
+    # Imported lazily so that a bad flag is reported without loading every role's dependencies.
+    if role == "controller":
+        from roles.controller import run as run_controller
+
+        return run_controller
+    if role == "cloud":
+        from roles.cloud import run as run_cloud
+
+        return run_cloud
+    from roles.edge import run as run_edge
+
+    return run_edge
+
+
+async def _serve(role: str, cfg: RoleConfig, log: structlog.typing.FilteringBoundLogger) -> None:
+    run = _runner(role)
+    # SIGTERM and SIGINT cancel the role; its task groups unwind and close what they own.
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def stop_on_signal() -> None:
+                async for signum in signals:
+                    log.info("signal_received", signal=signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel()
+
+            nursery.start_soon(stop_on_signal)
+            await run(cfg, log=log)
+            nursery.cancel_scope.cancel()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    role = ROLE_ALIASES[args.role]
+    try:
+        cfg = load_config(role, args.config, _overrides(role, args))
+    except ConfigError as exc:
+        print(f"nodetaskd: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.check_config:
+        sys.stdout.write(msgspec.json.format(msgspec.json.encode(cfg).decode()) + "\n")
+        return 0
+    log = configure_logging(level=cfg.log_level, fmt=cfg.log_format).bind(role=role)
+    status = 0
+    try:
+        trio.run(_serve, role, cfg, log)
+    except* NotImplementedError as group:
+        print(f"nodetaskd: error: {group.exceptions[0]}", file=sys.stderr)
+        status = EXIT_UNAVAILABLE
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

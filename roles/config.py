@@ -1,0 +1,124 @@
+"""Role configuration: a YAML file decoded into typed Structs, then overridden by flags.
+
+Each role has its own Struct; unknown keys are errors that name the key, so a misspelt option is
+reported at start instead of silently ignored.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Final
+
+import msgspec
+
+__all__ = [
+    "CloudConfig",
+    "ConfigError",
+    "ControllerConfig",
+    "EdgeConfig",
+    "RoleConfig",
+    "load_config",
+]
+
+Seconds = Annotated[float, msgspec.Meta(gt=0)]
+Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
+Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
+
+FEATURE_GATES: Final = frozenset({"disableNodeTaskV1alpha2"})
+
+
+class ConfigError(ValueError):
+    """The configuration file or a flag is invalid; the message names the field."""
+
+
+class _Config(msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True):
+    log_level: str = "info"
+    log_format: str = "console"
+    """``console`` for people, ``json`` for log collectors."""
+
+    def __post_init__(self) -> None:
+        if self.log_level not in ("debug", "info", "warning", "error"):
+            raise ValueError(f"logLevel {self.log_level!r} is not one of debug, info, warning, error")
+        if self.log_format not in ("console", "json"):
+            raise ValueError(f"logFormat {self.log_format!r} is not one of console, json")
+
+
+class ControllerConfig(_Config, frozen=True, kw_only=True):
+    kubeconfig: str = ""
+    """Path of a kubeconfig; empty means in-cluster configuration."""
+    feature_gates: tuple[str, ...] = ()
+    lease_name: str = "nodetaskd-controller"
+    lease_namespace: str = "kube-system"
+    lease_duration: Seconds = 15.0
+    timeout_sweep_interval: Seconds = 10.0
+    webhook_port: Port = 9443
+    metrics_port: Port = 9090
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        unknown = set(self.feature_gates) - FEATURE_GATES
+        if unknown:
+            raise ValueError(f"featureGates: unknown gate(s) {', '.join(sorted(unknown))}")
+
+
+class CloudConfig(_Config, frozen=True, kw_only=True):
+    kubeconfig: str = ""
+    listen: str = "0.0.0.0:10004"
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    heartbeat_interval: Seconds = 15.0
+    status_coalesce_window: Annotated[float, msgspec.Meta(ge=0)] = 0.2
+    max_frame_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 1 << 20
+    metrics_port: Port = 9091
+
+
+class EdgeConfig(_Config, frozen=True, kw_only=True):
+    node_name: str = ""
+    hub_urls: tuple[str, ...] = ()
+    token_file: str = ""
+    ca_file: str = ""
+    data_dir: str = "/var/lib/nodetaskd"
+    cri_endpoint: str = "unix:///run/containerd/containerd.sock"
+    max_cpu_usage: Percent = 80.0
+    max_mem_usage: Percent = 80.0
+    max_disk_usage: Percent = 80.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for url in self.hub_urls:
+            if not url.startswith(("wss://", "ws://")):
+                raise ValueError(f"hubUrls: {url!r} is not a ws:// or wss:// URL")
+
+
+RoleConfig = ControllerConfig | CloudConfig | EdgeConfig
+
+ROLE_CONFIGS: Final[dict[str, type[RoleConfig]]] = {
+    "controller": ControllerConfig,
+    "cloud": CloudConfig,
+    "edge": EdgeConfig,
+}
+
+
+def load_config(role: str, path: Path | None, overrides: dict[str, object]) -> RoleConfig:
+    """The role's configuration from ``path`` (YAML, optional) with flag ``overrides`` applied.
+
+    Errors:
+        :class:`ConfigError` naming the file and the offending field.
+    """
+    config_type = ROLE_CONFIGS[role]
+    where = str(path) if path else "flags"
+    try:
+        raw: object = msgspec.yaml.decode(path.read_bytes()) if path else {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    except msgspec.DecodeError as exc:
+        raise ConfigError(f"config {path} is not valid YAML: {' '.join(str(exc).split())}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config {path} must be a mapping of options, not {type(raw).__name__}")
+    merged = {**raw, **{k: v for k, v in overrides.items() if v is not None}}
+    try:
+        return msgspec.convert(merged, type=config_type)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid {role} config ({where}): {exc}") from None

@@ -1,0 +1,1 @@
+"""API types of the ``operations.kubeedge.io`` node jobs, and their generated CRDs."""

@@ -1,0 +1,123 @@
+"""Kubernetes object plumbing shared by every node-job kind.
+
+Only the parts of ``metav1`` that nodetaskd reads are typed here; the rest of an object's metadata
+(``managedFields`` and friends) is ignored on decoding.
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Annotated
+
+import msgspec
+
+from nodetask.phases import ConditionStatus, JobPhase, NodeTaskPhase
+
+__all__ = [
+    "ApiStruct",
+    "ConditionStatus",
+    "Int32",
+    "JobPhase",
+    "LabelSelector",
+    "LabelSelectorRequirement",
+    "NodeTaskPhase",
+    "ObjectMeta",
+    "UInt32",
+    "check_tolerance",
+]
+
+Int32 = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1, extra_json_schema={"format": "int32"})]
+"""A Go ``int32``: KubeEdge's CRDs declare these as ``integer`` with ``format: int32``."""
+
+UInt32 = Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1, extra_json_schema={"format": "int32"})]
+"""A Go ``*uint32`` (``timeoutSeconds``): never negative, still ``format: int32`` in the CRD."""
+
+
+def check_tolerance(value: Decimal | None) -> None:
+    """Reject a ``failureTolerate`` outside [0, 1] (NaN and infinities included)."""
+    if value is not None and not (value.is_finite() and 0 <= value <= 1):
+        raise ValueError(f"failureTolerate must be a number within [0, 1], got {value}")
+
+
+class ApiStruct(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
+    """Base of the API types.
+
+    ``rename="camel"`` gives Kubernetes' JSON keys from snake_case attributes and ``omit_defaults``
+    mirrors Go's ``omitempty``. Unknown keys are ignored, not rejected: the API server prunes them
+    from custom resources anyway, and KubeEdge's own samples carry fields its types no longer have
+    (``allowDowngrade``, ``strategy``). Wrong *types* are still errors that name the field path.
+    """
+
+
+class ObjectMeta(ApiStruct, frozen=True):
+    """The ``metadata`` fields nodetaskd uses."""
+
+    name: str = ""
+    namespace: str = ""
+    uid: str = ""
+    resource_version: str = ""
+    generation: int = 0
+    creation_timestamp: str = ""
+    deletion_timestamp: str | None = None
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    finalizers: tuple[str, ...] = ()
+
+
+class LabelSelectorRequirement(ApiStruct, frozen=True):
+    """One ``matchExpressions`` entry of a ``metav1.LabelSelector``."""
+
+    key: str
+    operator: str
+    values: tuple[str, ...] = ()
+
+
+class LabelSelector(ApiStruct, frozen=True):
+    """``metav1.LabelSelector``."""
+
+    match_labels: dict[str, str] = {}
+    match_expressions: tuple[LabelSelectorRequirement, ...] = ()
+
+    def __post_init__(self) -> None:
+        for req in self.match_expressions:
+            if req.operator not in ("In", "NotIn", "Exists", "DoesNotExist"):
+                raise ValueError(
+                    f"matchExpressions operator {req.operator!r} is not one of In, NotIn, Exists, DoesNotExist"
+                )
+            if req.operator in ("In", "NotIn") and not req.values:
+                raise ValueError(f"matchExpressions operator {req.operator} needs values (key {req.key!r})")
+            if req.operator in ("Exists", "DoesNotExist") and req.values:
+                raise ValueError(f"matchExpressions operator {req.operator} takes no values (key {req.key!r})")
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        """Whether a label set is selected, with the API server's semantics."""
+        for key, value in self.match_labels.items():
+            if labels.get(key) != value:
+                return False
+        for req in self.match_expressions:
+            present = req.key in labels
+            match req.operator:
+                case "In":
+                    ok = present and labels[req.key] in req.values
+                case "NotIn":
+                    ok = not present or labels[req.key] not in req.values
+                case "Exists":
+                    ok = present
+                case _:
+                    ok = not present
+            if not ok:
+                return False
+        return True
+
+    def to_query(self) -> str:
+        """The ``labelSelector`` query-string form the API server accepts."""
+        parts = [f"{k}={v}" for k, v in sorted(self.match_labels.items())]
+        for req in self.match_expressions:
+            match req.operator:
+                case "In" | "NotIn":
+                    parts.append(f"{req.key} {req.operator.lower()} ({','.join(req.values)})")
+                case "Exists":
+                    parts.append(req.key)
+                case _:
+                    parts.append(f"!{req.key}")
+        return ",".join(parts)

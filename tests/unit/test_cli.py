@@ -1,0 +1,74 @@
+"""The entry point validates role, flags and config file, and fails with one line naming the problem."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from roles.cli import main
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "roles.cli", *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_unknown_role_exits_2_with_one_line() -> None:
+    """An unknown role is refused with exit status 2 and a single line on stderr."""
+    done = _run("--role=hub")
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0
+    assert "invalid choice: 'hub'" in done.stderr
+
+
+def test_check_config_merges_file_and_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Flags override the config file and the effective configuration is printed."""
+    cfg = tmp_path / "edge.yaml"
+    cfg.write_text("nodeName: from-file\nmaxDiskUsage: 90\nhubUrls: [wss://hub-a:10004]\n")
+    assert main(["--role=edge", f"--config={cfg}", "--node-name=edge-9", "--check-config"]) == 0
+    effective = json.loads(capsys.readouterr().out)
+    assert effective["nodeName"] == "edge-9"
+    assert effective["maxDiskUsage"] == 90
+    assert effective["hubUrls"] == ["wss://hub-a:10004"]
+
+
+def test_cloudhub_is_an_alias_of_cloud(capsys: pytest.CaptureFixture[str]) -> None:
+    """--role=cloudhub loads the cloud role's configuration."""
+    assert main(["--role=cloudhub", "--listen=127.0.0.1:1", "--check-config"]) == 0
+    assert json.loads(capsys.readouterr().out)["listen"] == "127.0.0.1:1"
+
+
+@pytest.mark.parametrize(
+    ("content", "args", "message"),
+    [
+        ("nodeName: [a, b]\n", ["--role=edge"], "Expected `str`, got `array` - at `$.nodeName`"),
+        ("bogus: 1\n", ["--role=cloud"], "unknown field `bogus`"),
+        ("maxCpuUsage: 120\n", ["--role=edge"], "Expected `float` <= 100.0 - at `$.maxCpuUsage`"),
+        ("featureGates: [warpDrive]\n", ["--role=controller"], "unknown gate(s) warpDrive"),
+        ("- a\n- b\n", ["--role=edge"], "must be a mapping of options"),
+        ("a: [\n", ["--role=edge"], "is not valid YAML"),
+        ("", ["--role=edge", "--listen=0:1"], "--listen does not apply to the edge role"),
+        ("", ["--role=edge", "--hub-url=http://x"], "'http://x' is not a ws:// or wss:// URL"),
+    ],
+)
+def test_bad_config_exits_2_naming_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, args: list[str], message: str
+) -> None:
+    """An invalid file or flag ends the process with exit status 2 and one line that names it."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(content)
+    assert main([*args, f"--config={cfg}"]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1
+
+
+def test_missing_config_file_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A config path that does not exist is reported with the path."""
+    assert main(["--role=edge", f"--config={tmp_path / 'nope.yaml'}"]) == 2
+    assert "cannot read config" in capsys.readouterr().err

@@ -1,0 +1,130 @@
+"""Wire messages round-trip, keep KubeEdge's report keys, tolerate new fields and reject garbage clearly."""
+
+from __future__ import annotations
+
+import contextlib
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nodetask import messages as m
+from nodetask.route import Route
+
+ROUTE = Route("operations.kubeedge.io/v1alpha2", "imageprepulljob", "prepull-1", "edge-7")
+text = st.text(max_size=30)
+
+upstream = st.one_of(
+    st.builds(m.Hello, node=text, version=text, capabilities=st.lists(text, max_size=3).map(tuple)),
+    st.builds(m.Ack, id=text),
+    st.builds(
+        m.Report,
+        route=st.just(ROUTE),
+        job_uid=text,
+        seq=st.integers(0, 2**62),
+        action=text,
+        succ=st.booleans(),
+        finish_time=text,
+        reason=text,
+        extend=text,
+    ),
+    st.builds(m.Heartbeat, sent_at=st.floats(0, 1e9)),
+    st.builds(m.Error, code=text, message=text, ref=text),
+)
+downstream = st.one_of(
+    st.builds(m.Welcome, hub=text, heartbeat_interval=st.floats(0.1, 100)),
+    st.builds(
+        m.RunAction,
+        id=text,
+        route=st.just(ROUTE),
+        job_uid=text,
+        action=text,
+        spec=st.just(msgspec.Raw(b'{"imagePrePullTemplate":{"images":["busybox"]}}')),
+        credentials=st.dictionaries(text, text, max_size=2),
+    ),
+    st.builds(m.ReportAck, job_uid=text, seq=st.integers(0, 2**62)),
+    st.builds(m.Confirm, route=st.just(ROUTE), job_uid=text),
+    st.builds(m.Cancel, route=st.just(ROUTE), job_uid=text),
+)
+
+
+@given(upstream)
+def test_upstream_messages_round_trip(msg: m.Upstream) -> None:
+    """Every edge-to-cloud message decodes to what was encoded."""
+    assert m.decode_upstream(m.encode(msg)) == msg
+
+
+@given(downstream)
+def test_downstream_messages_round_trip(msg: m.Downstream) -> None:
+    """Every cloud-to-edge message decodes to what was encoded (raw specs compared as bytes)."""
+    decoded = m.decode_downstream(m.encode(msg))
+    if isinstance(msg, m.RunAction):
+        assert isinstance(decoded, m.RunAction)
+        assert bytes(decoded.spec) == bytes(msg.spec)
+        assert msgspec.structs.replace(decoded, spec=msg.spec) == msg
+    else:
+        assert decoded == msg
+
+
+def test_report_carries_kubeedges_upstream_keys() -> None:
+    """The report body has KubeEdge's keys {action, succ, finishTime, reason, extend} and the route string."""
+    report = m.Report(
+        route=ROUTE,
+        job_uid="u1",
+        seq=4,
+        action="Pull",
+        succ=False,
+        finish_time="2025-05-28T08:12:01Z",
+        reason="there were some failures when pulling images",
+        extend="[]",
+    )
+    wire = msgspec.json.decode(m.encode(report))
+    assert wire["op"] == "report"
+    assert wire["route"] == "operations.kubeedge.io/v1alpha2/imageprepulljob/prepull-1/nodes/edge-7"
+    assert {"action", "succ", "finishTime", "reason", "extend"} <= set(wire)
+    body = msgspec.json.decode(m.encode(report.result))
+    assert body == {
+        "action": "Pull",
+        "succ": False,
+        "finishTime": "2025-05-28T08:12:01Z",
+        "reason": "there were some failures when pulling images",
+        "extend": "[]",
+    }
+    assert m.decode_result(m.encode(report.result)) == report.result
+
+
+def test_unknown_fields_from_newer_peers_are_ignored() -> None:
+    """A frame with fields this version does not know still decodes."""
+    frame = b'{"op":"hello","node":"edge-1","version":"v2","capabilities":["prepull"],"zone":"eu","flags":{"x":1}}'
+    assert m.decode_upstream(frame) == m.Hello(node="edge-1", version="v2", capabilities=("prepull",))
+
+
+@pytest.mark.parametrize(
+    ("frame", "message"),
+    [
+        (b"not json", "malformed upstream frame: JSON is malformed"),
+        (b"{}", "missing required field `op`"),
+        (b'{"op":"launch_missiles"}', r"Invalid value 'launch_missiles' - at `\$.op`"),
+        (b'{"op":"report","route":"a/b","jobUid":"u","seq":1,"action":"Check","succ":true}', r"at `\$.route`"),
+        (
+            b'{"op":"report","route":"operations.kubeedge.io/v1alpha2/t/j/nodes/n","jobUid":"u","seq":"1",'
+            b'"action":"Check","succ":true}',
+            r"Expected `int`, got `str` - at `\$.seq`",
+        ),
+        (b'{"op":"ack"}', "missing required field `id`"),
+        (b'{"op":"run_action","id":"1"}', "Invalid value 'run_action'"),
+    ],
+)
+def test_malformed_upstream_frames_raise_a_named_error(frame: bytes, message: str) -> None:
+    """Garbage becomes a MessageError saying what and where, which the hub can answer with an Error frame."""
+    with pytest.raises(m.MessageError, match=message):
+        m.decode_upstream(frame)
+
+
+@given(st.binary(max_size=200))
+def test_arbitrary_bytes_never_escape_as_other_errors(frame: bytes) -> None:
+    """Any byte string either decodes or raises MessageError, in both directions."""
+    for decode in (m.decode_upstream, m.decode_downstream):
+        with contextlib.suppress(m.MessageError):
+            decode(frame)

@@ -1,0 +1,69 @@
+"""Routes format as the seed specifies, parse both KubeEdge forms and fail loudly on garbage."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nodetask.route import Route, RouteError
+
+names = st.from_regex(r"[a-z0-9]([-a-z0-9.]{0,30}[a-z0-9])?", fullmatch=True)
+routes = st.builds(
+    Route,
+    api_version=st.builds(
+        lambda g, v: f"{g}/{v}",
+        st.from_regex(r"[a-z0-9]([-a-z0-9.]{0,20}[a-z0-9])?", fullmatch=True),
+        st.from_regex(r"v[0-9]{1,2}((alpha|beta)[0-9])?", fullmatch=True),
+    ),
+    job_type=st.from_regex(r"[a-z][a-z0-9]{0,20}", fullmatch=True),
+    job=names,
+    node=names,
+)
+
+
+@given(routes)
+def test_route_round_trips(route: Route) -> None:
+    """parse(str(r)) == r, and the KubeEdge singular form parses to the same route."""
+    assert Route.parse(str(route)) == route
+    assert Route.parse(route.kubeedge()) == route
+    assert hash(Route.parse(str(route))) == hash(route)
+
+
+def test_route_format_matches_the_seed() -> None:
+    """The route string is <apiVersion>/<type>/<job>/nodes/<node>."""
+    route = Route("operations.kubeedge.io/v1alpha2", "nodeupgradejob", "job1", "edge-1")
+    assert str(route) == "operations.kubeedge.io/v1alpha2/nodeupgradejob/job1/nodes/edge-1"
+    assert route.kubeedge() == "operations.kubeedge.io/v1alpha2/nodeupgradejob/job1/node/edge-1"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "has 1 '/'-separated parts"),
+        ("operations.kubeedge.io/v1alpha2/nodeupgradejob/job1/edge-1", "has 5"),
+        ("operations.kubeedge.io/v1alpha2/nodeupgradejob/job1/nodes/edge-1/x", "has 7"),
+        ("operations.kubeedge.io/v1alpha2/nodeupgradejob/job1/hosts/edge-1", "expected 'nodes'"),
+        ("/v1alpha2/nodeupgradejob/job1/nodes/edge-1", "the apiVersion group must not be blank"),
+        ("operations.kubeedge.io//nodeupgradejob/job1/nodes/edge-1", "the apiVersion version must not be blank"),
+        ("operations.kubeedge.io/v1alpha2//job1/nodes/edge-1", "the job type must not be blank"),
+        ("operations.kubeedge.io/v1alpha2/nodeupgradejob//nodes/edge-1", "the job name must not be blank"),
+        ("operations.kubeedge.io/v1alpha2/nodeupgradejob/job1/nodes/", "the node name must not be blank"),
+        ("operations.kubeedge.io/v1alpha2/nodeupgradejob/Job_1/nodes/edge-1", "job name 'Job_1' is not"),
+        ("operations.kubeedge.io/latest/nodeupgradejob/job1/nodes/edge-1", "version 'latest' is not"),
+    ],
+)
+def test_malformed_route_says_what_is_wrong(text: str, message: str) -> None:
+    """A malformed route raises RouteError naming the wrong part; it never yields an empty value."""
+    with pytest.raises(RouteError, match=message):
+        Route.parse(text)
+
+
+@given(st.text(max_size=80))
+def test_parse_never_fails_other_than_route_error(text: str) -> None:
+    """Arbitrary text either parses to a route that formats back, or raises RouteError."""
+    try:
+        route = Route.parse(text)
+    except RouteError:
+        return
+    assert Route.parse(str(route)) == route

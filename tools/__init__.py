@@ -1,0 +1,1 @@
+"""Project tooling (not installed; run from the repository)."""
