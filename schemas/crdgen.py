@@ -55,6 +55,8 @@ def _structural(node: Any, defs: Mapping[str, Any]) -> Any:
             raise ValueError(f"cannot express a union of {len(options)} types structurally: {node}")
         return {**_structural(options[0], defs), "nullable": True}
     out: dict[str, Any] = {}
+    if "enum" in node and "type" not in node and all(isinstance(v, str) for v in node["enum"]):
+        out["type"] = "string"  # phases stay open strings, as in KubeEdge's CRDs
     for key, value in node.items():
         if key in ("title", "default", "enum", "$defs"):
             continue

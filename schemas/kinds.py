@@ -29,6 +29,9 @@ class Kind(msgspec.Struct, frozen=True, kw_only=True):
     short_names: tuple[str, ...]
     versions: MappingProxyType[str, type[msgspec.Struct]]
     """Served versions, oldest first, mapped to their object type; the last one is stored."""
+    status_type: type[v1alpha2.NodeJobStatus]
+    node_status_type: type[v1alpha2.NodeTaskStatus]
+    """The v1alpha2 type of one ``status.nodeStatus`` entry."""
 
     @property
     def singular(self) -> str:
@@ -54,6 +57,8 @@ NODE_UPGRADE_JOB: Final = Kind(
     resource_type="nodeupgradejob",
     short_names=("nuj",),
     versions=MappingProxyType({"v1alpha1": v1alpha1.NodeUpgradeJob, "v1alpha2": v1alpha2.NodeUpgradeJob}),
+    status_type=v1alpha2.NodeUpgradeJobStatus,
+    node_status_type=v1alpha2.NodeUpgradeJobNodeTaskStatus,
 )
 IMAGE_PRE_PULL_JOB: Final = Kind(
     kind="ImagePrePullJob",
@@ -61,6 +66,8 @@ IMAGE_PRE_PULL_JOB: Final = Kind(
     resource_type="imageprepulljob",
     short_names=("ippj",),
     versions=MappingProxyType({"v1alpha1": v1alpha1.ImagePrePullJob, "v1alpha2": v1alpha2.ImagePrePullJob}),
+    status_type=v1alpha2.ImagePrePullJobStatus,
+    node_status_type=v1alpha2.ImagePrePullNodeTaskStatus,
 )
 CONFIG_UPDATE_JOB: Final = Kind(
     kind="ConfigUpdateJob",
@@ -68,6 +75,8 @@ CONFIG_UPDATE_JOB: Final = Kind(
     resource_type="configupdatejob",
     short_names=("cuj",),
     versions=MappingProxyType({"v1alpha2": v1alpha2.ConfigUpdateJob}),
+    status_type=v1alpha2.ConfigUpdateJobStatus,
+    node_status_type=v1alpha2.ConfigUpdateJobNodeTaskStatus,
 )
 
 KINDS: Final = (NODE_UPGRADE_JOB, IMAGE_PRE_PULL_JOB, CONFIG_UPDATE_JOB)

@@ -41,7 +41,7 @@ class ActionStatus(ApiStruct, frozen=True):
     time: str = ""
 
 
-class NodeCounts(ApiStruct, frozen=True):
+class NodeCounts(ApiStruct, frozen=True, omit_defaults=False):
     """How many nodes are in each phase (nodetaskd's addition, shown by the printer columns)."""
 
     total: int = 0
@@ -59,6 +59,8 @@ class NodeUpgradeJobNodeTaskStatus(ApiStruct, frozen=True):
     node_name: str = ""
     phase: NodeTaskPhase = NodeTaskPhase.NONE
     reason: str = ""
+    dispatch_time: str = ""
+    """When a hub dispatched the node task (nodetaskd's addition): node timeouts count from here."""
     state: str = ""
     """Deprecated v1alpha1-compatible field."""
     event: str = ""
@@ -91,6 +93,8 @@ class ImagePrePullNodeTaskStatus(ApiStruct, frozen=True):
     node_name: str = ""
     phase: NodeTaskPhase = NodeTaskPhase.NONE
     reason: str = ""
+    dispatch_time: str = ""
+    """When a hub dispatched the node task (nodetaskd's addition): node timeouts count from here."""
 
 
 class ImagePrePullJobStatus(ApiStruct, frozen=True):
@@ -111,6 +115,8 @@ class ConfigUpdateJobNodeTaskStatus(ApiStruct, frozen=True):
     node_name: str = ""
     phase: NodeTaskPhase = NodeTaskPhase.NONE
     reason: str = ""
+    dispatch_time: str = ""
+    """When a hub dispatched the node task (nodetaskd's addition): node timeouts count from here."""
 
 
 class ConfigUpdateJobStatus(ApiStruct, frozen=True):

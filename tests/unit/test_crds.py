@@ -42,8 +42,7 @@ def test_crd_schemas_are_structural(kind: Any) -> None:
             assert "anyOf" not in node, path
             assert "default" not in node, path
             assert "x-kubernetes-validations" not in node, path
-            if "properties" in node or "items" in node or "additionalProperties" in node:
-                assert "type" in node, path
+            assert "type" in node, f"{path} has no type"
 
 
 def test_crd_versions_scope_and_names() -> None:

@@ -1,0 +1,138 @@
+"""The asyncio side of the bridge: raw HTTP to the API server over kubernetes-asyncio's session.
+
+Requests and responses stay bytes, encoded and decoded by msgspec; kubernetes-asyncio contributes
+what it does well - kubeconfig and in-cluster configuration, TLS and client certificates, token
+refresh through exec plugins - and its generated models are not used. Nothing here imports trio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client as k8s_client
+from kubernetes_asyncio import config as k8s_config
+
+from roles.kube.errors import Unreachable, from_response
+
+JSON = "application/json"
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class AioApi:
+    """HTTP to one API server. Create and use it only inside the asyncio loop."""
+
+    def __init__(self, api_client: k8s_client.ApiClient) -> None:
+        self._client = api_client
+        self.host: str = api_client.configuration.host or ""
+
+    @classmethod
+    async def connect(cls, kubeconfig: str) -> AioApi:
+        """Configuration from ``kubeconfig``, or from the pod's service account when empty."""
+        cfg = k8s_client.Configuration()
+        if kubeconfig:
+            await k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        else:
+            k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        return cls(k8s_client.ApiClient(cfg))
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def _headers(self, content_type: str) -> dict[str, str]:
+        headers = {"Accept": JSON, "Content-Type": content_type, **self._client.default_headers}
+        await self._client.update_params_for_auth(headers, [], ["BearerToken"])
+        return headers
+
+    @property
+    def _session(self) -> aiohttp.ClientSession:
+        session: aiohttp.ClientSession = self._client.rest_client.pool_manager
+        return session
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: dict[str, str] | None = None,
+        body: bytes | None = None,
+        content_type: str = JSON,
+        timeout_s: float = 30.0,
+        what: str = "",
+    ) -> bytes:
+        """One request; the response body on 2xx, else the matching :class:`ApiError`."""
+        headers = await self._headers(content_type)
+        try:
+            async with self._session.request(
+                method,
+                self.host + path,
+                params=query,
+                data=body,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=timeout_s),
+            ) as resp:
+                data = await resp.read()
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise_if_cancelling()
+            raise Unreachable(0, type(exc).__name__, str(exc) or "no answer", what=what or f"{method} {path}") from None
+        if resp.status >= 300:
+            raise from_response(resp.status, data, what=what or f"{method} {path}")
+        return data
+
+    async def stream(
+        self, path: str, *, query: dict[str, str], read_timeout: float, on_line: Callable[[bytes], None]
+    ) -> None:
+        """Feed each line of a streaming GET (a watch) to ``on_line`` until the server ends it.
+
+        A callback rather than an async generator on purpose: an asyncio async generator suspended
+        when its task is cancelled can be left unfinalised under trio-asyncio, wedging the task.
+        """
+        headers = await self._headers(JSON)
+        try:
+            resp = await self._session.get(
+                self.host + path,
+                params=query,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=read_timeout),
+            )
+            try:
+                if resp.status >= 300:
+                    raise from_response(resp.status, await resp.read(), what=f"watch {path}")
+                pending = b""
+                while chunk := await resp.content.readany():
+                    # Lines can exceed aiohttp's readline limit (a job object may approach 1 MiB).
+                    pending += chunk
+                    *lines, pending = pending.split(b"\n")
+                    for line in lines:
+                        if line:
+                            on_line(line)
+            finally:
+                # A half-read watch connection can never go back to the pool. Abort it: a graceful
+                # TLS close waits for the peer (up to 30 s) and keeps the socket open meanwhile.
+                protocol = resp.connection.protocol if resp.connection is not None else None
+                transport = protocol.transport if protocol is not None else None
+                if transport is not None:
+                    transport.abort()
+                resp.close()
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise_if_cancelling()
+            raise Unreachable(0, type(exc).__name__, str(exc) or "connection lost", what=f"watch {path}") from None
+
+
+def raise_if_cancelling() -> None:
+    """Re-raise cancellation that aiohttp turned into another error.
+
+    aiohttp's timeout context converts a task's CancelledError into TimeoutError; treating that as a
+    network error would retry forever in a task that trio is waiting to see finish.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
+def log_asyncio_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any], *, log: Any) -> None:
+    """Loop exception handler: the default one re-raises, and one stray aiohttp warning kills the process."""
+    exc = context.get("exception")
+    log.warning("asyncio_error", message=context.get("message", ""), error=repr(exc) if exc else "")

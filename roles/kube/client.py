@@ -1,0 +1,173 @@
+"""The trio side of the bridge: :class:`Kube`, the one interface the controller and cloud roles use.
+
+Every method crosses to asyncio as a single coroutine. Writes of job status are conflict-safe:
+:meth:`Kube.update_status` re-reads and re-applies a pure ``mutate`` function on every 409, so
+writers that each own different fields of one object (the controller and the hubs) never lose each
+other's changes.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import anyio
+import anyio.abc
+import msgspec
+import structlog
+import trio
+import trio_asyncio
+from anyio.streams.memory import MemoryObjectSendStream
+
+from roles.kube import crossing
+from roles.kube.aio import MERGE_PATCH, AioApi, log_asyncio_error
+from roles.kube.errors import Conflict
+from roles.kube.resources import Resource
+from roles.kube.watching import Backoff, Invalid, Relisted, WatchEvent, list_objects, watch_loop
+
+T = TypeVar("T", bound=msgspec.Struct)
+Log = structlog.typing.FilteringBoundLogger
+
+_ENCODER = msgspec.json.Encoder()
+
+
+class Kube:
+    """Typed access to the API server. Obtain one with :func:`open_kube`."""
+
+    def __init__(self, api: AioApi, *, log: Log) -> None:
+        self._api = api
+        self._log = log
+        self.conflicts = 0
+        """409s met by :meth:`update_status` (a metric)."""
+        self.writes = 0
+        """Successful writes (a metric)."""
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> bytes:
+        return await crossing.call(self._api.request, method, path, **kwargs)
+
+    async def get(self, resource: Resource[T], name: str, *, namespace: str = "") -> T:
+        """One object; :class:`~roles.kube.errors.NotFound` when absent."""
+        return resource.decoder().decode(await self._request("GET", resource.path(name, namespace=namespace)))
+
+    async def list(
+        self, resource: Resource[T], *, label_selector: str = "", namespace: str = ""
+    ) -> tuple[list[T], list[Invalid], str]:
+        """All objects, the ones that do not decode, and the list's resourceVersion."""
+        return await crossing.call(
+            list_objects, self._api, resource, label_selector=label_selector, namespace=namespace
+        )
+
+    async def create(self, resource: Resource[T], obj: T, *, namespace: str = "") -> T:
+        body = _ENCODER.encode(obj)
+        data = await self._request("POST", resource.path(namespace=namespace), body=body)
+        self.writes += 1
+        return resource.decoder().decode(data)
+
+    async def replace(self, resource: Resource[T], obj: T, *, subresource: str = "") -> T:
+        """PUT the whole object (or its ``status``), conditional on its resourceVersion."""
+        meta = obj.metadata  # type: ignore[attr-defined]
+        path = resource.path(meta.name, namespace=meta.namespace, subresource=subresource)
+        data = await self._request("PUT", path, body=_ENCODER.encode(obj))
+        self.writes += 1
+        return resource.decoder().decode(data)
+
+    async def merge_patch(
+        self, resource: Resource[T], name: str, patch: dict[str, Any], *, namespace: str = "", subresource: str = ""
+    ) -> T:
+        """JSON merge patch; put ``metadata.resourceVersion`` in ``patch`` to make it conditional."""
+        path = resource.path(name, namespace=namespace, subresource=subresource)
+        data = await self._request("PATCH", path, body=_ENCODER.encode(patch), content_type=MERGE_PATCH)
+        self.writes += 1
+        return resource.decoder().decode(data)
+
+    async def delete(self, resource: Resource[Any], name: str, *, namespace: str = "") -> None:
+        await self._request("DELETE", resource.path(name, namespace=namespace))
+
+    async def update_status(
+        self,
+        resource: Resource[T],
+        name: str,
+        mutate: Callable[[T], T | None],
+        *,
+        attempts: int = 8,
+    ) -> T | None:
+        """Read, apply ``mutate``, write the status; on 409 re-read and re-apply, up to ``attempts`` times.
+
+        ``mutate`` must be pure (it may run several times) and return None when nothing changes, in
+        which case nothing is written and the current object is returned.
+
+        Errors:
+            :class:`~roles.kube.errors.NotFound` if the object is gone; the last
+            :class:`~roles.kube.errors.Conflict` once the attempts are spent.
+        """
+        backoff = Backoff(initial=0.02, cap=1.0)
+        for attempt in range(1, attempts + 1):
+            current = await self.get(resource, name)
+            changed = mutate(current)
+            if changed is None:
+                return current
+            try:
+                return await self.replace(resource, changed, subresource="status")
+            except Conflict:
+                self.conflicts += 1
+                if attempt == attempts:
+                    raise
+                await anyio.sleep(backoff.delay())
+        raise AssertionError("unreachable")
+
+    async def watch(
+        self,
+        resource: Resource[Any],
+        send: MemoryObjectSendStream[WatchEvent],
+        *,
+        label_selector: str = "",
+        namespace: str = "",
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Deliver ``resource``'s snapshot and changes to ``send`` until cancelled.
+
+        Ready (``task_status.started()``) once the first snapshot has been delivered. ``send`` must
+        be able to take events without blocking (an unbounded memory stream): the asyncio side
+        can only hand events over synchronously.
+        """
+        listed = trio.Event()
+
+        def deliver(event: WatchEvent) -> None:
+            try:
+                send.send_nowait(event)
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                return  # the consumer is gone: this watch is being stopped
+            if isinstance(event, Relisted):
+                listed.set()
+
+        loop = functools.partial(
+            watch_loop,
+            self._api,
+            resource,
+            deliver,
+            log=self._log,
+            label_selector=label_selector,
+            namespace=namespace,
+        )
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(crossing.call, loop)
+            await listed.wait()
+            task_status.started()
+
+
+@asynccontextmanager
+async def open_kube(*, kubeconfig: str, log: Log) -> AsyncIterator[Kube]:
+    """Open the asyncio loop and an API client; close both on exit (even when cancelled)."""
+    async with trio_asyncio.open_loop() as loop:
+        loop.set_exception_handler(functools.partial(log_asyncio_error, log=log))
+        api = await crossing.call(AioApi.connect, kubeconfig)
+        try:
+            yield Kube(api, log=log)
+        finally:
+            with anyio.move_on_after(5, shield=True):
+                await crossing.call(api.close)
+
+
+__all__ = ["Kube", "open_kube"]

@@ -1,0 +1,52 @@
+"""Where each kind of object lives in the API, and its Struct type."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import msgspec
+
+from schemas import core
+from schemas.kinds import GROUP, Kind
+
+T = TypeVar("T", bound=msgspec.Struct)
+
+
+@dataclass(frozen=True, slots=True)
+class Resource(Generic[T]):
+    """A REST resource: its path pieces and the Struct its objects decode into."""
+
+    api_version: str
+    """``v1`` for the core group, else ``group/version``."""
+    plural: str
+    type: type[T]
+    namespaced: bool = False
+
+    def path(self, name: str = "", *, namespace: str = "", subresource: str = "") -> str:
+        prefix = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+        if self.namespaced:
+            if not namespace:
+                raise ValueError(f"{self.plural} are namespaced: a namespace is required")
+            prefix += f"/namespaces/{namespace}"
+        path = f"{prefix}/{self.plural}"
+        if name:
+            path += f"/{name}"
+        if subresource:
+            path += f"/{subresource}"
+        return path
+
+    def decoder(self) -> msgspec.json.Decoder[T]:
+        return msgspec.json.Decoder(self.type)
+
+
+def job_resource(kind: Kind, version: str = "") -> Resource[Any]:
+    """The resource of a node-job kind at ``version`` (default: the storage version)."""
+    version = version or kind.storage_version
+    return Resource(api_version=f"{GROUP}/{version}", plural=kind.plural, type=kind.versions[version])
+
+
+NODES: Resource[core.Node] = Resource("v1", "nodes", core.Node)
+SECRETS: Resource[core.Secret] = Resource("v1", "secrets", core.Secret, namespaced=True)
+EVENTS: Resource[core.Event] = Resource("v1", "events", core.Event, namespaced=True)
+LEASES: Resource[core.Lease] = Resource("coordination.k8s.io/v1", "leases", core.Lease, namespaced=True)

@@ -1,0 +1,226 @@
+"""List-then-watch loops, run entirely on the asyncio side of the bridge.
+
+A loop lists the resource, hands trio a :class:`Relisted` snapshot, then watches from the list's
+resourceVersion with bookmarks, and hands over each change. A 410 Gone (the version is too old) or a
+broken connection leads to a relist after a capped, jittered backoff; the consumer reconciles the
+snapshot, so no event is lost across an API server restart. Events reach trio only through the
+synchronous ``deliver`` callback (a memory stream's ``send_nowait``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import msgspec
+
+from roles.kube.aio import AioApi, raise_if_cancelling
+from roles.kube.errors import ApiError, Gone
+from roles.kube.resources import Resource
+from schemas.core import Status
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Upserted(Generic[T]):
+    """An object was added or changed."""
+
+    obj: T
+
+
+@dataclass(frozen=True, slots=True)
+class Deleted(Generic[T]):
+    """An object is gone (its last state)."""
+
+    obj: T
+
+
+@dataclass(frozen=True, slots=True)
+class Relisted(Generic[T]):
+    """The complete current set, after the first list and after every relist."""
+
+    objects: tuple[T, ...]
+    invalid: tuple[Invalid, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Invalid:
+    """An object that does not decode into its type: its name and what is wrong."""
+
+    name: str
+    error: str
+    uid: str = ""
+
+
+WatchEvent = Upserted[Any] | Deleted[Any] | Relisted[Any] | Invalid
+
+
+class _NamedMeta(msgspec.Struct, rename="camel"):
+    name: str = ""
+    uid: str = ""
+    resource_version: str = ""
+
+
+class _Named(msgspec.Struct):
+    metadata: _NamedMeta = msgspec.field(default_factory=_NamedMeta)
+
+
+class _RawEvent(msgspec.Struct):
+    type: str
+    object: msgspec.Raw
+
+
+class _ListMeta(msgspec.Struct, rename="camel"):
+    resource_version: str = ""
+    continue_: str = msgspec.field(default="", name="continue")
+
+
+class _RawList(msgspec.Struct):
+    metadata: _ListMeta = msgspec.field(default_factory=_ListMeta)
+    items: list[msgspec.Raw] = []
+
+
+_EVENT = msgspec.json.Decoder(_RawEvent)
+_LIST = msgspec.json.Decoder(_RawList)
+_NAMED = msgspec.json.Decoder(_Named)
+_STATUS = msgspec.json.Decoder(Status)
+
+
+@dataclass
+class Backoff:
+    """Capped exponential backoff with full jitter."""
+
+    initial: float = 0.5
+    cap: float = 30.0
+    _next: float = 0.0
+
+    def reset(self) -> None:
+        self._next = 0.0
+
+    def delay(self) -> float:
+        self._next = min(self.cap, max(self.initial, self._next * 2))
+        return random.uniform(self._next / 2, self._next)
+
+
+def _decode_item(decoder: msgspec.json.Decoder[Any], raw: msgspec.Raw) -> Any:
+    try:
+        return decoder.decode(raw)
+    except msgspec.ValidationError as exc:
+        meta = _NAMED.decode(raw).metadata
+        return Invalid(name=meta.name, uid=meta.uid, error=str(exc))
+
+
+async def list_objects(
+    api: AioApi, resource: Resource[Any], *, label_selector: str = "", namespace: str = ""
+) -> tuple[list[Any], list[Invalid], str]:
+    """All objects (valid and not) and the list's resourceVersion, following ``continue`` pages."""
+    decoder = resource.decoder()
+    valid: list[Any] = []
+    invalid: list[Invalid] = []
+    query = {"limit": "500"}
+    if label_selector:
+        query["labelSelector"] = label_selector
+    path = resource.path(namespace=namespace)
+    while True:
+        page = _LIST.decode(await api.request("GET", path, query=query, timeout_s=60))
+        for raw in page.items:
+            item = _decode_item(decoder, raw)
+            (invalid if isinstance(item, Invalid) else valid).append(item)
+        if not page.metadata.continue_:
+            return valid, invalid, page.metadata.resource_version
+        query["continue"] = page.metadata.continue_
+
+
+async def _watch_once(
+    api: AioApi,
+    *,
+    path: str,
+    query: dict[str, str],
+    version: str,
+    decoder: msgspec.json.Decoder[Any],
+    deliver: Callable[[WatchEvent], None],
+    read_timeout: float,
+) -> str:
+    """One watch request; returns the last resourceVersion seen. Raises Gone on 410."""
+    latest = version
+
+    def on_line(line: bytes) -> None:
+        nonlocal latest
+        event = _EVENT.decode(line)
+        if event.type == "ERROR":
+            status = _STATUS.decode(event.object)
+            if status.code == 410:
+                raise Gone(410, status.reason, status.message, what=f"watch {path}")
+            raise ApiError(status.code, status.reason, status.message, what=f"watch {path}")
+        latest = _NAMED.decode(event.object).metadata.resource_version or latest
+        if event.type == "BOOKMARK":
+            return
+        item = _decode_item(decoder, event.object)
+        if isinstance(item, Invalid):
+            deliver(item)
+        elif event.type == "DELETED":
+            deliver(Deleted(item))
+        else:
+            deliver(Upserted(item))
+
+    await api.stream(path, query=query, read_timeout=read_timeout, on_line=on_line)
+    return latest
+
+
+async def watch_loop(
+    api: AioApi,
+    resource: Resource[Any],
+    deliver: Callable[[WatchEvent], None],
+    *,
+    log: Any,
+    label_selector: str = "",
+    namespace: str = "",
+    watch_timeout: int = 290,
+    backoff: Backoff | None = None,
+) -> None:
+    """List, deliver the snapshot, watch and deliver changes; forever, relisting when needed.
+
+    Cancellation: cancel the asyncio task (trio does so when the crossing coroutine is cancelled).
+    """
+    backoff = backoff or Backoff()
+    decoder = resource.decoder()
+    path = resource.path(namespace=namespace)
+    version = ""
+    while True:
+        try:
+            if not version:
+                valid, invalid, version = await list_objects(
+                    api, resource, label_selector=label_selector, namespace=namespace
+                )
+                deliver(Relisted(tuple(valid), tuple(invalid)))
+            query = {
+                "watch": "1",
+                "resourceVersion": version,
+                "allowWatchBookmarks": "true",
+                "timeoutSeconds": str(watch_timeout),
+            }
+            if label_selector:
+                query["labelSelector"] = label_selector
+            version = await _watch_once(
+                api,
+                path=path,
+                query=query,
+                version=version,
+                decoder=decoder,
+                deliver=deliver,
+                read_timeout=watch_timeout + 30,
+            )
+            backoff.reset()
+        except Gone:
+            log.info("watch_relist", resource=resource.plural, reason="resource version too old")
+            version = ""
+        except (ApiError, msgspec.DecodeError) as exc:
+            raise_if_cancelling()
+            delay = backoff.delay()
+            log.warning("watch_failed", resource=resource.plural, error=str(exc), retry_in_s=round(delay, 2))
+            version = ""
+            await asyncio.sleep(delay)

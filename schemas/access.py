@@ -1,0 +1,50 @@
+"""Kind-independent views of a node job: which nodes it targets and its execution limits.
+
+ImagePrePullJob nests these fields under ``spec.imagePrePullTemplate``; the other kinds keep them in
+``spec``. Code that works on every kind reads them through :func:`targeting`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Final
+
+from schemas import v1alpha2
+from schemas.meta import LabelSelector
+
+DEFAULT_TIMEOUT_SECONDS: Final = 300
+"""KubeEdge's documented default (``0`` also means the default)."""
+DEFAULT_CONCURRENCY: Final = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Targeting:
+    """What every kind says about where and how its node tasks run."""
+
+    node_names: tuple[str, ...]
+    label_selector: LabelSelector | None
+    concurrency: int
+    timeout_seconds: int | None
+    failure_tolerate: Decimal | None
+
+    @property
+    def effective_concurrency(self) -> int:
+        return self.concurrency if self.concurrency > 0 else DEFAULT_CONCURRENCY
+
+    @property
+    def effective_timeout(self) -> int:
+        return self.timeout_seconds or DEFAULT_TIMEOUT_SECONDS
+
+
+def targeting(job: v1alpha2.NodeJob) -> Targeting:
+    """The targeting fields of any v1alpha2 node job."""
+    spec: v1alpha2.NodeUpgradeJobSpec | v1alpha2.ImagePrePullTemplate | v1alpha2.ConfigUpdateJobSpec
+    spec = job.spec.image_pre_pull_template if isinstance(job, v1alpha2.ImagePrePullJob) else job.spec
+    return Targeting(
+        node_names=spec.node_names,
+        label_selector=spec.label_selector,
+        concurrency=spec.concurrency,
+        timeout_seconds=spec.timeout_seconds,
+        failure_tolerate=spec.failure_tolerate,
+    )

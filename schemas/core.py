@@ -1,0 +1,125 @@
+"""The few built-in Kubernetes types nodetaskd reads or writes: Node, Lease, Event, Secret, Status.
+
+Only the fields used are typed; the rest of each object is ignored on decoding, so these are never
+written back whole (writes are patches or objects nodetaskd creates itself).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from schemas.meta import ApiStruct, ObjectMeta
+
+EDGE_ROLE_LABEL = "node-role.kubernetes.io/edge"
+"""KubeEdge's edge-node label; its value must be empty."""
+HUB_ANNOTATION = "nodetask.kubeedge.io/hub"
+"""Which cloud hub instance holds the node's session (absent: none). Written by the hubs."""
+AGENT_VERSION_ANNOTATION = "nodetask.kubeedge.io/agent-version"
+"""The version of the nodetaskd edge agent on the node, reported in its hello. Written by the hubs."""
+
+
+class NodeCondition(ApiStruct, frozen=True):
+    type: str = ""
+    status: str = ""
+    reason: str = ""
+    message: str = ""
+    last_heartbeat_time: str | None = None
+    last_transition_time: str | None = None
+
+
+class NodeSystemInfo(ApiStruct, frozen=True):
+    kubelet_version: str = ""
+    architecture: str = ""
+
+
+class NodeStatus(ApiStruct, frozen=True):
+    conditions: tuple[NodeCondition, ...] = ()
+    node_info: NodeSystemInfo | None = None
+
+
+class Node(ApiStruct, frozen=True):
+    api_version: str = "v1"
+    kind: str = "Node"
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    status: NodeStatus = msgspec.field(default_factory=NodeStatus)
+
+    @property
+    def is_edge(self) -> bool:
+        """KubeEdge's rule: the edge-role label is present with an empty value."""
+        return self.metadata.labels.get(EDGE_ROLE_LABEL) == ""
+
+    @property
+    def is_ready(self) -> bool:
+        """The Ready condition is True (no conditions means not ready)."""
+        return any(c.type == "Ready" and c.status == "True" for c in self.status.conditions)
+
+
+class LeaseSpec(ApiStruct, frozen=True):
+    holder_identity: str | None = None
+    lease_duration_seconds: int | None = None
+    acquire_time: str | None = None
+    renew_time: str | None = None
+    lease_transitions: int | None = None
+
+
+class Lease(ApiStruct, frozen=True):
+    api_version: str = "coordination.k8s.io/v1"
+    kind: str = "Lease"
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: LeaseSpec = msgspec.field(default_factory=LeaseSpec)
+
+
+class ObjectReference(ApiStruct, frozen=True):
+    api_version: str = ""
+    kind: str = ""
+    name: str = ""
+    namespace: str = ""
+    uid: str = ""
+    resource_version: str = ""
+
+
+class EventSource(ApiStruct, frozen=True):
+    component: str = ""
+    host: str = ""
+
+
+class Event(ApiStruct, frozen=True):
+    """A core/v1 Event, which ``kubectl describe`` shows under the object."""
+
+    api_version: str = "v1"
+    kind: str = "Event"
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    involved_object: ObjectReference = msgspec.field(default_factory=ObjectReference)
+    reason: str = ""
+    message: str = ""
+    type: str = "Normal"
+    count: int = 1
+    first_timestamp: str | None = None
+    last_timestamp: str | None = None
+    source: EventSource = msgspec.field(default_factory=EventSource)
+    reporting_component: str = ""
+    reporting_instance: str = ""
+
+
+class Secret(ApiStruct, frozen=True):
+    api_version: str = "v1"
+    kind: str = "Secret"
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    type: str = ""
+    data: dict[str, str] = {}
+    """Base64-encoded values, as the API serves them."""
+
+
+class StatusDetails(ApiStruct, frozen=True):
+    name: str = ""
+    kind: str = ""
+
+
+class Status(ApiStruct, frozen=True):
+    """The API server's error body."""
+
+    status: str = ""
+    message: str = ""
+    reason: str = ""
+    code: int = 0
+    details: StatusDetails | None = None

@@ -1,0 +1,279 @@
+"""The Kubernetes access layer against a real kube-apiserver: CRDs, versions, watches, conflicts, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import gc
+import math
+import os
+import random
+from pathlib import Path
+
+import anyio
+import msgspec
+import pytest
+import structlog
+import trio
+import trio_asyncio
+
+from nodetask.phases import JobPhase, NodeTaskPhase
+from roles.kube import ApiError, Kube, NotFound, Relisted, Upserted, WatchEvent, open_kube
+from roles.kube.errors import Unreachable
+from roles.kube.resources import NODES, job_resource
+from schemas import v1alpha2
+from schemas.core import Node
+from schemas.kinds import IMAGE_PRE_PULL_JOB, NODE_UPGRADE_JOB
+from schemas.meta import ObjectMeta
+from tests.integration.controlplane import ControlPlane
+
+pytestmark = pytest.mark.integration
+UPGRADES = job_resource(NODE_UPGRADE_JOB)
+PREPULLS = job_resource(IMAGE_PRE_PULL_JOB)
+DATA = Path(__file__).parent.parent / "data"
+
+
+def _unique(prefix: str) -> str:
+    return f"{prefix}-{random.randrange(16**8):08x}"
+
+
+async def test_v1alpha1_object_reads_back_as_v1alpha2(crds: ControlPlane, controller_kube: Kube) -> None:
+    """A v1alpha1 NodeUpgradeJob created with kubectl is served as v1alpha2 and decodes into its Struct."""
+    name = _unique("v1")
+    manifest = (DATA / "kubeedge-nodeupgradejob-v1alpha1.yaml").read_text().replace("upgrade-example", name)
+    crds.kubectl("create", "-f", "-", input=manifest)
+    job = await controller_kube.get(UPGRADES, name)
+    assert isinstance(job, v1alpha2.NodeUpgradeJob)
+    assert job.api_version == "operations.kubeedge.io/v1alpha2"
+    assert job.spec.version == "v1.16.0"
+    assert job.spec.concurrency == 2
+    assert str(job.spec.failure_tolerate) == "0.3"
+    assert job.status.phase is JobPhase.NONE
+
+
+async def test_kubectl_shows_printer_columns(crds: ControlPlane, controller_kube: Kube) -> None:
+    """`kubectl get nodeupgradejobs` shows phase and node counts written into status."""
+    name = _unique("cols")
+    crds.kubectl(
+        "create",
+        "-f",
+        "-",
+        input=msgspec.json.encode(
+            {
+                "apiVersion": "operations.kubeedge.io/v1alpha2",
+                "kind": "NodeUpgradeJob",
+                "metadata": {"name": name},
+                "spec": {"version": "v1.21.0", "nodeNames": ["a", "b"]},
+            }
+        ).decode(),
+    )
+
+    def mutate(job: v1alpha2.NodeUpgradeJob) -> v1alpha2.NodeUpgradeJob:
+        status = v1alpha2.NodeUpgradeJobStatus(
+            phase=JobPhase.IN_PROGRESS,
+            node_status=(
+                v1alpha2.NodeUpgradeJobNodeTaskStatus(node_name="a", phase=NodeTaskPhase.SUCCESSFUL),
+                v1alpha2.NodeUpgradeJobNodeTaskStatus(node_name="b", phase=NodeTaskPhase.IN_PROGRESS),
+            ),
+            node_counts=v1alpha2.NodeCounts(total=2, successful=1, in_progress=1),
+        )
+        return msgspec.structs.replace(job, status=status)
+
+    await controller_kube.update_status(UPGRADES, name, mutate)
+    out = crds.kubectl("get", "nodeupgradejobs", name).stdout.split("\n")
+    assert out[0].split() == ["NAME", "PHASE", "NODES", "RUNNING", "SUCCEEDED", "FAILED", "AGE"]
+    assert out[1].split()[:6] == [name, "InProgress", "2", "1", "1", "0"]
+    assert name in crds.kubectl("get", "nodejobs").stdout
+    assert name in crds.kubectl("get", "nuj").stdout
+
+
+async def test_concurrent_status_writers_never_lose_an_update(crds: ControlPlane, cloud_kube: Kube) -> None:
+    """Twenty writers each set their own node entry at once; every change is present at the end."""
+    name = _unique("race")
+    nodes = [f"n{i}" for i in range(20)]
+    crds.kubectl(
+        "create",
+        "-f",
+        "-",
+        input=msgspec.json.encode(
+            {
+                "apiVersion": "operations.kubeedge.io/v1alpha2",
+                "kind": "ImagePrePullJob",
+                "metadata": {"name": name},
+                "spec": {"imagePrePullTemplate": {"images": ["busybox"], "nodeNames": nodes}},
+            }
+        ).decode(),
+    )
+
+    def init(job: v1alpha2.ImagePrePullJob) -> v1alpha2.ImagePrePullJob:
+        entries = tuple(v1alpha2.ImagePrePullNodeTaskStatus(node_name=n, phase=NodeTaskPhase.PENDING) for n in nodes)
+        return msgspec.structs.replace(
+            job, status=v1alpha2.ImagePrePullJobStatus(phase=JobPhase.INIT, node_status=entries)
+        )
+
+    await cloud_kube.update_status(PREPULLS, name, init)
+
+    def finish(node: str):  # type: ignore[no-untyped-def]
+        def mutate(job: v1alpha2.ImagePrePullJob) -> v1alpha2.ImagePrePullJob | None:
+            entries = tuple(
+                msgspec.structs.replace(e, phase=NodeTaskPhase.SUCCESSFUL, reason=f"done by {node}")
+                if e.node_name == node
+                else e
+                for e in job.status.node_status
+            )
+            return msgspec.structs.replace(job, status=msgspec.structs.replace(job.status, node_status=entries))
+
+        return mutate
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            for node in nodes:
+                tg.start_soon(cloud_kube.update_status, PREPULLS, name, finish(node))
+    final = await cloud_kube.get(PREPULLS, name)
+    assert [(e.node_name, e.phase, e.reason) for e in final.status.node_status] == [
+        (n, NodeTaskPhase.SUCCESSFUL, f"done by {n}") for n in nodes
+    ]
+    assert cloud_kube.conflicts > 0, "the writers never collided: the test proved nothing"
+
+
+async def test_watch_delivers_snapshot_then_changes_and_survives_an_apiserver_restart(
+    crds: ControlPlane, controller_kube: Kube
+) -> None:
+    """A watch lists first, then streams changes; across an apiserver restart it relists and keeps going."""
+    before, during = _unique("w1"), _unique("w2")
+    crds.kubectl("create", "-f", "-", input=_prepull(before))
+    send, receive = anyio.create_memory_object_stream[WatchEvent](max_buffer_size=math.inf)
+    seen: set[str] = set()
+    relists = 0
+
+    async def wait_for(name: str) -> None:
+        nonlocal relists
+        async for event in receive:
+            if isinstance(event, Relisted):
+                relists += 1
+                seen.update(o.metadata.name for o in event.objects)
+            elif isinstance(event, Upserted):
+                seen.add(event.obj.metadata.name)
+            if name in seen:
+                return
+
+    with anyio.fail_after(120):
+        async with anyio.create_task_group() as tg, send, receive:
+            await tg.start(controller_kube.watch, PREPULLS, send)
+            await wait_for(before)
+            await anyio.to_thread.run_sync(crds.restart_apiserver)
+            crds.kubectl("create", "-f", "-", input=_prepull(during))
+            await wait_for(during)
+            tg.cancel_scope.cancel()
+    assert relists >= 1
+
+
+def _prepull(name: str) -> str:
+    return msgspec.json.encode(
+        {
+            "apiVersion": "operations.kubeedge.io/v1alpha2",
+            "kind": "ImagePrePullJob",
+            "metadata": {"name": name},
+            "spec": {"imagePrePullTemplate": {"images": ["busybox"], "nodeNames": ["x"]}},
+        }
+    ).decode()
+
+
+async def test_invalid_object_is_reported_not_fatal(crds: ControlPlane, controller_kube: Kube) -> None:
+    """An object that does not decode is listed as Invalid with the field path, and the rest still decodes."""
+    bad = _unique("bad")
+    crds.kubectl(
+        "create",
+        "-f",
+        "-",
+        input=msgspec.json.encode(
+            {
+                "apiVersion": "operations.kubeedge.io/v1alpha2",
+                "kind": "NodeUpgradeJob",
+                "metadata": {"name": bad},
+                "spec": {"version": "v1", "nodeNames": ["a"], "failureTolerate": "7"},
+            }
+        ).decode(),
+    )
+    valid, invalid, version = await controller_kube.list(UPGRADES)
+    assert version
+    assert [i.name for i in invalid] == [bad]
+    assert "failureTolerate must be a number within [0, 1]" in invalid[0].error
+    assert all(v.metadata.name != bad for v in valid)
+
+
+async def test_errors_name_what_failed(crds: ControlPlane, controller_kube: Kube) -> None:
+    """404 is NotFound; a forbidden write names the verb, and an unreachable server is Unreachable."""
+    with pytest.raises(NotFound, match=r"GET /apis/operations\.kubeedge\.io/v1alpha2/nodeupgradejobs/nope"):
+        await controller_kube.get(UPGRADES, "nope")
+    with pytest.raises(ApiError, match="403 Forbidden"):
+        await controller_kube.create(NODES, Node(metadata=ObjectMeta(name=_unique("node"))))
+    async with open_kube(kubeconfig=str(_dead_kubeconfig(crds)), log=structlog.get_logger()) as dead:
+        with pytest.raises(Unreachable, match="GET /api/v1/nodes"):
+            await dead.list(NODES)
+
+
+def _dead_kubeconfig(cp: ControlPlane) -> Path:
+    text = cp.kubeconfig("admin").read_text()
+    path = cp.state_dir / "dead.kubeconfig"
+    path.write_text(text.replace(cp.server, "https://127.0.0.1:9"))
+    return path
+
+
+async def _start_and_cancel_watches(kube: Kube, cycles: int) -> None:
+    rng = random.Random(4)
+    for cycle in range(cycles):
+        send, receive = anyio.create_memory_object_stream[WatchEvent](max_buffer_size=math.inf)
+        async with send, receive, anyio.create_task_group() as tg:
+            if cycle % 2:
+                tg.start_soon(kube.watch, PREPULLS, send)
+                await anyio.sleep(rng.uniform(0, 0.02))  # cancelled anywhere: mid-list, mid-watch
+            else:
+                await tg.start(kube.watch, PREPULLS, send)
+                tg.start_soon(kube.list, PREPULLS)
+            tg.cancel_scope.cancel()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known leak: cancelled established watches keep their TLS socket, and trio-asyncio keeps one reader "
+    "task per open socket; tracked as its own issue",
+)
+async def test_watch_soak_start_cancel_leaves_no_task_behind(crds: ControlPlane, controller_kube: Kube) -> None:
+    """Sixty watch start/cancel cycles, half cancelled mid-call, all unwind: no trio or asyncio task is left."""
+    tasks_before = trio.lowlevel.current_statistics().tasks_living
+    aio_before = await trio_asyncio.aio_as_trio(_asyncio_tasks)()
+    with anyio.fail_after(240):
+        await _start_and_cancel_watches(controller_kube, 60)
+    await anyio.sleep(0.5)
+    assert trio.lowlevel.current_statistics().tasks_living <= tasks_before
+    assert await trio_asyncio.aio_as_trio(_asyncio_tasks)() <= aio_before
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known leak: each cancelled established watch keeps one TLS socket open (aiohttp/trio-asyncio); "
+    "tracked as its own issue",
+)
+async def test_cancelled_watches_release_their_sockets(crds: ControlPlane, controller_kube: Kube) -> None:
+    """Cancelled watches give their sockets back to the system."""
+    fds_before = len(os.listdir("/proc/self/fd"))
+    with anyio.fail_after(120):
+        await _start_and_cancel_watches(controller_kube, 40)
+    await anyio.sleep(0.5)
+    gc.collect()
+    fds = _open_fds()
+    assert len(fds) <= fds_before + 5, collections.Counter(f.split(":")[0] for f in fds)
+
+
+def _open_fds() -> list[str]:
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            found.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return found
+
+
+async def _asyncio_tasks() -> int:
+    return len(asyncio.all_tasks())
