@@ -72,9 +72,10 @@ async def call(fn: Callable[P, Awaitable[R]], *args: P.args, **kwargs: P.kwargs)
             await finished.wait()
         except trio.Cancelled:
             stop.set()
+            # The shield stays up (lowering it would let the outer cancellation straight in); the
+            # scope's own deadline bounds how long the asyncio side may take to unwind.
             for scope in grace:
                 scope.deadline = trio.current_time() + STOP_GRACE_S
-                scope.shield = False
             raise
     assert result is not None
     return result.unwrap()
