@@ -55,19 +55,7 @@ async def test_v1alpha1_object_reads_back_as_v1alpha2(crds: ControlPlane, contro
 async def test_kubectl_shows_printer_columns(crds: ControlPlane, controller_kube: Kube) -> None:
     """`kubectl get nodeupgradejobs` shows phase and node counts written into status."""
     name = _unique("cols")
-    crds.kubectl(
-        "create",
-        "-f",
-        "-",
-        input=msgspec.json.encode(
-            {
-                "apiVersion": "operations.kubeedge.io/v1alpha2",
-                "kind": "NodeUpgradeJob",
-                "metadata": {"name": name},
-                "spec": {"version": "v1.21.0", "nodeNames": ["a", "b"]},
-            }
-        ).decode(),
-    )
+    _create(crds, "NodeUpgradeJob", name, {"version": "v1.21.0", "nodeNames": ["a", "b"]})
 
     def mutate(job: v1alpha2.NodeUpgradeJob) -> v1alpha2.NodeUpgradeJob:
         status = v1alpha2.NodeUpgradeJobStatus(
@@ -92,19 +80,7 @@ async def test_concurrent_status_writers_never_lose_an_update(crds: ControlPlane
     """Twenty writers each set their own node entry at once; every change is present at the end."""
     name = _unique("race")
     nodes = [f"n{i}" for i in range(20)]
-    crds.kubectl(
-        "create",
-        "-f",
-        "-",
-        input=msgspec.json.encode(
-            {
-                "apiVersion": "operations.kubeedge.io/v1alpha2",
-                "kind": "ImagePrePullJob",
-                "metadata": {"name": name},
-                "spec": {"imagePrePullTemplate": {"images": ["busybox"], "nodeNames": nodes}},
-            }
-        ).decode(),
-    )
+    _create(crds, "ImagePrePullJob", name, {"imagePrePullTemplate": {"images": ["busybox"], "nodeNames": nodes}})
 
     def init(job: v1alpha2.ImagePrePullJob) -> v1alpha2.ImagePrePullJob:
         entries = tuple(v1alpha2.ImagePrePullNodeTaskStatus(node_name=n, phase=NodeTaskPhase.PENDING) for n in nodes)
@@ -142,7 +118,7 @@ async def test_watch_delivers_snapshot_then_changes_and_survives_an_apiserver_re
 ) -> None:
     """A watch lists first, then streams changes; across an apiserver restart it relists and keeps going."""
     before, during = _unique("w1"), _unique("w2")
-    crds.kubectl("create", "-f", "-", input=_prepull(before))
+    _create_prepull(crds, before)
     send, receive = anyio.create_memory_object_stream[WatchEvent](max_buffer_size=math.inf)
     seen: set[str] = set()
     relists = 0
@@ -163,39 +139,26 @@ async def test_watch_delivers_snapshot_then_changes_and_survives_an_apiserver_re
             await tg.start(controller_kube.watch, PREPULLS, send)
             await wait_for(before)
             await anyio.to_thread.run_sync(crds.restart_apiserver)
-            crds.kubectl("create", "-f", "-", input=_prepull(during))
+            _create_prepull(crds, during)
             await wait_for(during)
             tg.cancel_scope.cancel()
     assert relists >= 1
 
 
-def _prepull(name: str) -> str:
-    return msgspec.json.encode(
-        {
-            "apiVersion": "operations.kubeedge.io/v1alpha2",
-            "kind": "ImagePrePullJob",
-            "metadata": {"name": name},
-            "spec": {"imagePrePullTemplate": {"images": ["busybox"], "nodeNames": ["x"]}},
-        }
-    ).decode()
+def _create(cp: ControlPlane, kind: str, name: str, spec: dict[str, object]) -> None:
+    """Create a v1alpha2 node job with kubectl, as a user would."""
+    doc = {"apiVersion": "operations.kubeedge.io/v1alpha2", "kind": kind, "metadata": {"name": name}, "spec": spec}
+    cp.kubectl("create", "-f", "-", input=msgspec.json.encode(doc).decode())
+
+
+def _create_prepull(cp: ControlPlane, name: str) -> None:
+    _create(cp, "ImagePrePullJob", name, {"imagePrePullTemplate": {"images": ["busybox"], "nodeNames": ["x"]}})
 
 
 async def test_invalid_object_is_reported_not_fatal(crds: ControlPlane, controller_kube: Kube) -> None:
     """An object that does not decode is listed as Invalid with the field path, and the rest still decodes."""
     bad = _unique("bad")
-    crds.kubectl(
-        "create",
-        "-f",
-        "-",
-        input=msgspec.json.encode(
-            {
-                "apiVersion": "operations.kubeedge.io/v1alpha2",
-                "kind": "NodeUpgradeJob",
-                "metadata": {"name": bad},
-                "spec": {"version": "v1", "nodeNames": ["a"], "failureTolerate": "7"},
-            }
-        ).decode(),
-    )
+    _create(crds, "NodeUpgradeJob", bad, {"version": "v1", "nodeNames": ["a"], "failureTolerate": "7"})
     valid, invalid, version = await controller_kube.list(UPGRADES)
     assert version
     assert [i.name for i in invalid] == [bad]
