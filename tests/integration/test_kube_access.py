@@ -19,18 +19,19 @@ import trio
 import trio_asyncio
 
 from nodetask.phases import JobPhase, NodeTaskPhase
-from roles.kube import ApiError, Kube, NotFound, Relisted, Upserted, WatchEvent, open_kube
+from roles.kube import ApiError, Conflict, Kube, NotFound, Relisted, Upserted, WatchEvent, open_kube
 from roles.kube.errors import Unreachable
-from roles.kube.resources import NODES, job_resource
+from roles.kube.resources import EVENTS, LEASES, NODES, job_resource
 from schemas import v1alpha2
-from schemas.core import Node
-from schemas.kinds import IMAGE_PRE_PULL_JOB, NODE_UPGRADE_JOB
+from schemas.core import Event, Lease, LeaseSpec, Node, ObjectReference
+from schemas.kinds import CONFIG_UPDATE_JOB, IMAGE_PRE_PULL_JOB, NODE_UPGRADE_JOB
 from schemas.meta import ObjectMeta
 from tests.integration.controlplane import ControlPlane
 
 pytestmark = pytest.mark.integration
 UPGRADES = job_resource(NODE_UPGRADE_JOB)
 PREPULLS = job_resource(IMAGE_PRE_PULL_JOB)
+UPDATES = job_resource(CONFIG_UPDATE_JOB)
 DATA = Path(__file__).parent.parent / "data"
 
 
@@ -230,3 +231,53 @@ def _open_fds() -> list[str]:
 
 async def _asyncio_tasks() -> int:
     return len(asyncio.all_tasks())
+
+
+async def test_merge_patch_events_and_leases(crds: ControlPlane, controller_kube: Kube) -> None:
+    """A conditional merge patch adds a finalizer (409 when stale), and Events and Leases can be written."""
+    name = _unique("mp")
+    _create(crds, "ConfigUpdateJob", name, {"nodeNames": ["a"], "updateFields": {"a.b": "1"}})
+    job = await controller_kube.get(UPDATES, name)
+    patched = await controller_kube.merge_patch(
+        UPDATES,
+        name,
+        {
+            "metadata": {
+                "finalizers": ["kubeedge.io/configupdatejob-controller"],
+                "resourceVersion": job.metadata.resource_version,
+            }
+        },
+    )
+    assert patched.metadata.finalizers == ("kubeedge.io/configupdatejob-controller",)
+    with pytest.raises(Conflict):
+        await controller_kube.merge_patch(
+            UPDATES, name, {"metadata": {"finalizers": [], "resourceVersion": job.metadata.resource_version}}
+        )
+    await controller_kube.merge_patch(UPDATES, name, {"metadata": {"finalizers": None}})
+    event = Event(
+        metadata=ObjectMeta(name=f"{name}.1", namespace="default"),
+        involved_object=ObjectReference(
+            api_version="operations.kubeedge.io/v1alpha2", kind="ConfigUpdateJob", name=name, uid=job.metadata.uid
+        ),
+        reason="JobInit",
+        message="selected 1 node",
+        first_timestamp="2026-11-25T10:00:00Z",
+        last_timestamp="2026-11-25T10:00:00Z",
+    )
+    created = await controller_kube.create(EVENTS, event, namespace="default")
+    assert created.reason == "JobInit"
+    assert "selected 1 node" in crds.kubectl("describe", "configupdatejob", name).stdout
+    lease = await controller_kube.create(
+        LEASES,
+        Lease(
+            metadata=ObjectMeta(name=name, namespace="kube-system"),
+            spec=LeaseSpec(holder_identity="a", lease_duration_seconds=15),
+        ),
+        namespace="kube-system",
+    )
+    renewed = await controller_kube.replace(
+        LEASES, msgspec.structs.replace(lease, spec=msgspec.structs.replace(lease.spec, holder_identity="b"))
+    )
+    assert renewed.spec.holder_identity == "b"
+    with pytest.raises(Conflict):
+        await controller_kube.replace(LEASES, lease)
