@@ -281,3 +281,19 @@ async def test_merge_patch_events_and_leases(crds: ControlPlane, controller_kube
     assert renewed.spec.holder_identity == "b"
     with pytest.raises(Conflict):
         await controller_kube.replace(LEASES, lease)
+
+
+async def test_forbidden_watch_logs_and_backs_off_without_busy_looping(crds: ControlPlane) -> None:
+    """A watch the identity may not make logs each refusal with its retry delay and retries with growing delays."""
+    with structlog.testing.capture_logs() as logs:
+        async with open_kube(kubeconfig=str(crds.kubeconfig("edge")), log=structlog.get_logger()) as kube:
+            send, receive = anyio.create_memory_object_stream[WatchEvent](max_buffer_size=math.inf)
+            async with send, receive, anyio.create_task_group() as tg:
+                tg.start_soon(kube.watch, PREPULLS, send)
+                await anyio.sleep(4)
+                tg.cancel_scope.cancel()
+    failures = [e for e in logs if e["event"] == "watch_failed"]
+    assert 2 <= len(failures) <= 6, failures
+    assert all("403 Forbidden" in e["error"] for e in failures)
+    delays = [e["retry_in_s"] for e in failures]
+    assert max(delays) > delays[0]
