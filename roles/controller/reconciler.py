@@ -1,0 +1,251 @@
+"""The controller's I/O shell: watch jobs and nodes, one serial worker per job, write decisions.
+
+Each job has a worker that wakes when the job or a node changes, or when the job's earliest node
+deadline arrives (a cancel scope, not a polled ticker). A wake always reconciles the newest cached
+object, and every status write goes through :meth:`Kube.update_status`, which re-reads on conflict,
+so the controller never overwrites what a hub wrote meanwhile: it only changes the fields it owns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+import anyio.abc
+import msgspec
+import structlog
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from nodetask.clock import Clock, format_time
+from nodetask.phases import JobPhase
+from roles.controller import decide
+from roles.kube import ApiError, Deleted, Invalid, Kube, NotFound, Relisted, Upserted, WatchEvent
+from roles.kube.resources import EVENTS, NODES, Resource, job_resource
+from roles.kube.watching import Backoff
+from schemas import v1alpha2
+from schemas.core import Event, EventSource, Node, ObjectReference
+from schemas.kinds import Kind
+from schemas.meta import ObjectMeta
+
+Log = structlog.typing.FilteringBoundLogger
+Key = tuple[str, str]
+COMPONENT = "nodetaskd-controller"
+
+
+def _nudge(wake: MemoryObjectSendStream[None]) -> None:
+    # A full one-slot buffer means a wake is already pending: pokes coalesce.
+    with contextlib.suppress(anyio.WouldBlock):
+        wake.send_nowait(None)
+
+
+class Reconciler:
+    """Reconciles every job of ``kinds``. Run it with :meth:`run` inside a task group."""
+
+    def __init__(self, *, kube: Kube, clock: Clock, log: Log, kinds: Sequence[Kind]) -> None:
+        self._kube = kube
+        self._clock = clock
+        self._log = log
+        self._kinds = {k.plural: k for k in kinds}
+        self._jobs: dict[Key, Any] = {}
+        self._nodes: dict[str, Node] = {}
+        self._nodes_synced = anyio.Event()
+        self._wake: dict[Key, MemoryObjectSendStream[None]] = {}
+        self._invalid_reported: set[str] = set()
+        self.reconciles = 0
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Watch and reconcile until cancelled; ready once every watch has delivered its first list."""
+        async with anyio.create_task_group() as tg:
+            workers = tg  # workers live as long as the reconciler
+            node_send, node_recv = anyio.create_memory_object_stream[WatchEvent](max_buffer_size=math.inf)
+            tg.start_soon(self._consume_nodes, node_recv)
+            await tg.start(self._kube.watch, NODES, node_send)
+            for kind in self._kinds.values():
+                send, recv = anyio.create_memory_object_stream[WatchEvent](max_buffer_size=math.inf)
+                tg.start_soon(self._consume_jobs, kind, recv, workers)
+                await tg.start(self._kube.watch, job_resource(kind), send)
+            task_status.started()
+
+    async def _consume_nodes(self, events: MemoryObjectReceiveStream[WatchEvent]) -> None:
+        async with events:
+            async for event in events:
+                match event:
+                    case Relisted(objects=objects):
+                        self._nodes = {n.metadata.name: n for n in objects}
+                        self._nodes_synced.set()
+                    case Upserted(obj=node):
+                        self._nodes[node.metadata.name] = node
+                    case Deleted(obj=node):
+                        self._nodes.pop(node.metadata.name, None)
+                    case _:
+                        continue
+                self._wake_all()
+
+    async def _consume_jobs(
+        self, kind: Kind, events: MemoryObjectReceiveStream[WatchEvent], workers: anyio.abc.TaskGroup
+    ) -> None:
+        async with events:
+            async for event in events:
+                match event:
+                    case Relisted(objects=objects, invalid=invalid):
+                        current = {(kind.plural, j.metadata.name) for j in objects}
+                        for key in [k for k in self._jobs if k[0] == kind.plural and k not in current]:
+                            del self._jobs[key]
+                            self._poke(key, workers)
+                        for job in objects:
+                            self._upsert(kind, job, workers)
+                        for bad in invalid:
+                            await self._report_invalid(kind, bad)
+                    case Upserted(obj=job):
+                        self._upsert(kind, job, workers)
+                    case Deleted(obj=job):
+                        key = (kind.plural, job.metadata.name)
+                        self._jobs.pop(key, None)
+                        self._poke(key, workers)
+                    case Invalid() as bad:
+                        await self._report_invalid(kind, bad)
+
+    def _upsert(self, kind: Kind, job: Any, workers: anyio.abc.TaskGroup) -> None:
+        key = (kind.plural, job.metadata.name)
+        self._jobs[key] = job
+        self._poke(key, workers)
+
+    def _poke(self, key: Key, workers: anyio.abc.TaskGroup) -> None:
+        wake = self._wake.get(key)
+        if wake is None:
+            if key not in self._jobs:
+                return
+            wake, recv = anyio.create_memory_object_stream[None](max_buffer_size=1)
+            self._wake[key] = wake
+            workers.start_soon(self._worker, key, recv, name=f"job {key[0]}/{key[1]}")
+        _nudge(wake)
+
+    def _wake_all(self) -> None:
+        for wake in self._wake.values():
+            _nudge(wake)
+
+    async def _worker(self, key: Key, wake: MemoryObjectReceiveStream[None]) -> None:
+        kind = self._kinds[key[0]]
+        log = self._log.bind(job=key[1], kind=kind.kind)
+        backoff = Backoff(initial=1.0, cap=30.0)
+        await self._nodes_synced.wait()
+        try:
+            async with wake:
+                while (job := self._jobs.get(key)) is not None:
+                    try:
+                        due = await self._reconcile(kind, job, log)
+                        backoff.reset()
+                    except NotFound:
+                        due = None
+                    except ApiError as exc:
+                        due = anyio.current_time() + backoff.delay()
+                        log.warning("reconcile_failed", error=str(exc))
+                    with anyio.move_on_after(math.inf if due is None else max(0.0, due - anyio.current_time())):
+                        await wake.receive()
+        finally:
+            del self._wake[key]
+
+    def _connected(self, node: str) -> bool:
+        return decide.hub_of(self._nodes.get(node)) != ""
+
+    async def _reconcile(self, kind: Kind, job: Any, log: Log) -> float | None:
+        """One pass over ``job``; returns the loop time to look again (a node deadline), or None."""
+        self.reconciles += 1
+        resource = job_resource(kind)
+        meta = job.metadata
+        if meta.deletion_timestamp is not None:
+            if kind.finalizer in meta.finalizers:
+                rest = [f for f in meta.finalizers if f != kind.finalizer]
+                await self._kube.merge_patch(
+                    resource, meta.name, {"metadata": {"finalizers": rest, "resourceVersion": meta.resource_version}}
+                )
+                log.info("finalizer_removed")
+            return None
+        if kind.finalizer not in meta.finalizers:
+            await self._kube.merge_patch(
+                resource,
+                meta.name,
+                {
+                    "metadata": {
+                        "finalizers": [*meta.finalizers, kind.finalizer],
+                        "resourceVersion": meta.resource_version,
+                    }
+                },
+            )
+            log.info("finalizer_added")
+            return None
+        if job.status.phase is JobPhase.NONE:
+            updated = await self._kube.update_status(resource, meta.name, self._initialise(kind))
+            if updated is not None:
+                log.info("job_initialised", phase=updated.status.phase, nodes=len(updated.status.node_status))
+                await self._record(kind, updated, decide.notices(job.status, updated.status), log)
+            return None
+        if decide.is_final(kind, job.status.phase):
+            return None
+        before = job.status
+        updated = await self._kube.update_status(resource, meta.name, self._advance(kind))
+        if updated is None:
+            return None
+        if updated.status != before:
+            await self._record(kind, updated, decide.notices(before, updated.status), log)
+            if updated.status.phase is not before.phase:
+                log.info("job_phase", phase=updated.status.phase, reason=updated.status.reason)
+        due = decide.next_deadline(updated, connected=self._connected)
+        return None if due is None else self._clock.loop_time(due)
+
+    def _initialise(self, kind: Kind) -> Any:
+        def mutate(job: Any) -> Any:
+            if job.status.phase is not JobPhase.NONE:
+                return None
+            return msgspec.structs.replace(job, status=decide.initial_status(kind, job, self._nodes))
+
+        return mutate
+
+    def _advance(self, kind: Kind) -> Any:
+        def mutate(job: Any) -> Any:
+            if decide.is_final(kind, job.status.phase) or job.status.phase is JobPhase.NONE:
+                return None
+            status = decide.next_status(kind, job, now=self._clock.now(), connected=self._connected)
+            return None if status is None else msgspec.structs.replace(job, status=status)
+
+        return mutate
+
+    async def _record(self, kind: Kind, job: Any, notices: list[decide.Notice], log: Log) -> None:
+        """Write the notices as Events on the job; a failed Event write is logged, never fatal."""
+        now = format_time(self._clock.now())
+        for notice in notices:
+            event = Event(
+                metadata=ObjectMeta(name=f"{job.metadata.name}.{uuid.uuid4().hex[:12]}", namespace="default"),
+                involved_object=ObjectReference(
+                    api_version=v1alpha2.API_VERSION, kind=kind.kind, name=job.metadata.name, uid=job.metadata.uid
+                ),
+                reason=notice.reason,
+                message=notice.message,
+                type=notice.type,
+                first_timestamp=now,
+                last_timestamp=now,
+                source=EventSource(component=COMPONENT),
+                reporting_component=COMPONENT,
+            )
+            try:
+                await self._kube.create(EVENTS, event, namespace="default")
+            except ApiError as exc:
+                log.warning("event_not_recorded", reason=notice.reason, error=str(exc))
+
+    async def _report_invalid(self, kind: Kind, bad: Invalid) -> None:
+        """A job that does not decode fails with a reason naming the field, once per object."""
+        if bad.uid in self._invalid_reported:
+            return
+        resource: Resource[Any] = job_resource(kind)
+        patch = {"status": {"phase": JobPhase.FAILURE.value, "reason": f"invalid {kind.kind}: {bad.error}"}}
+        try:
+            await self._kube.merge_patch_raw(resource, bad.name, patch, subresource="status")
+        except ApiError as exc:
+            self._log.warning("invalid_job_not_reported", job=bad.name, error=str(exc))
+            return
+        self._invalid_reported.add(bad.uid)
+        self._log.warning("invalid_job", job=bad.name, kind=kind.kind, error=bad.error)

@@ -1,0 +1,181 @@
+"""The controller role against the real API server: finalizer, selection, phases, timeouts, deletion."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyio
+import msgspec
+import pytest
+import structlog
+
+from nodetask.clock import Clock
+from nodetask.phases import JobPhase, NodeTaskPhase
+from roles.controller import decide
+from roles.controller.reconciler import Reconciler
+from roles.kube import Kube, NotFound
+from roles.kube.resources import job_resource
+from schemas.kinds import IMAGE_PRE_PULL_JOB, KINDS, NODE_UPGRADE_JOB
+from tests.integration.controlplane import ControlPlane
+
+pytestmark = pytest.mark.integration
+UPGRADES = job_resource(NODE_UPGRADE_JOB)
+PREPULLS = job_resource(IMAGE_PRE_PULL_JOB)
+
+
+def _unique(prefix: str) -> str:
+    return f"{prefix}-{random.randrange(16**6):06x}"
+
+
+def _node(cp: ControlPlane, name: str, *, edge: bool = True, ready: bool = True) -> None:
+    labels = {"node-role.kubernetes.io/edge": ""} if edge else {}
+    cp.kubectl(
+        "create",
+        "-f",
+        "-",
+        input=msgspec.json.encode(
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
+        ).decode(),
+    )
+    status = {
+        "status": {
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True" if ready else "False",
+                    "reason": "Test",
+                    "message": "set by the test",
+                }
+            ]
+        }
+    }
+    cp.kubectl(
+        "patch", "node", name, "--subresource=status", "--type=merge", "-p", msgspec.json.encode(status).decode()
+    )
+
+
+def _job(cp: ControlPlane, kind: str, name: str, spec: dict[str, object]) -> None:
+    doc = {"apiVersion": "operations.kubeedge.io/v1alpha2", "kind": kind, "metadata": {"name": name}, "spec": spec}
+    cp.kubectl("create", "-f", "-", input=msgspec.json.encode(doc).decode())
+
+
+@pytest.fixture
+async def controller(crds: ControlPlane, controller_kube: Kube) -> AsyncIterator[Reconciler]:
+    """A running controller authenticated as the controller role."""
+    reconciler = Reconciler(kube=controller_kube, clock=Clock.start(), log=structlog.get_logger(), kinds=KINDS)
+    async with anyio.create_task_group() as tg:
+        await tg.start(reconciler.run)
+        yield reconciler
+        tg.cancel_scope.cancel()
+
+
+async def _until(kube: Kube, resource: Any, name: str, check: Callable[[Any], bool], limit_s: float = 30) -> Any:
+    with anyio.fail_after(limit_s):
+        while True:
+            job = await kube.get(resource, name)
+            if check(job):
+                return job
+            await anyio.sleep(0.2)
+
+
+async def test_job_gets_finalizer_nodes_and_progresses(
+    crds: ControlPlane, controller: Reconciler, cloud_kube: Kube
+) -> None:
+    """A new job gets the finalizer, its nodes with KubeEdge's reasons, InProgress, then Completed from hub results."""
+    ok1, ok2, cloud, down = (_unique(p) for p in ("edge", "edge", "cloud", "down"))
+    _node(crds, ok1)
+    _node(crds, ok2)
+    _node(crds, cloud, edge=False)
+    _node(crds, down, ready=False)
+    name = _unique("pp")
+    _job(
+        crds,
+        "ImagePrePullJob",
+        name,
+        {
+            "imagePrePullTemplate": {
+                "images": ["busybox"],
+                "nodeNames": [ok1, ok2, cloud, down, ok1],
+                "failureTolerate": "0.5",
+            }
+        },
+    )
+    job = await _until(cloud_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.IN_PROGRESS)
+    assert job.metadata.finalizers == ("kubeedge.io/imageprepulljob-controller",)
+    assert [(e.node_name, e.phase, e.reason) for e in job.status.node_status] == [
+        (ok1, NodeTaskPhase.PENDING, ""),
+        (ok2, NodeTaskPhase.PENDING, ""),
+        (cloud, NodeTaskPhase.FAILURE, decide.NOT_EDGE),
+        (down, NodeTaskPhase.FAILURE, decide.NOT_READY),
+    ]
+
+    def hub_finishes(j: Any) -> Any:  # what a hub would write for its nodes
+        entries = tuple(
+            msgspec.structs.replace(e, phase=NodeTaskPhase.SUCCESSFUL) if e.phase is NodeTaskPhase.PENDING else e
+            for e in j.status.node_status
+        )
+        return msgspec.structs.replace(j, status=msgspec.structs.replace(j.status, node_status=entries))
+
+    await cloud_kube.update_status(PREPULLS, name, hub_finishes)
+    done = await _until(cloud_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.COMPLETED)
+    assert done.status.node_counts.successful == 2
+    assert done.status.node_counts.failure == 2
+    described = crds.kubectl("describe", "imageprepulljob", name).stdout
+    assert "NodeTaskFailed" in described
+    assert "JobCompleted" in described
+
+
+async def test_selection_errors_fail_the_job(crds: ControlPlane, controller: Reconciler, cloud_kube: Kube) -> None:
+    """Neither nodeNames nor labelSelector: the job fails at once with KubeEdge's reason."""
+    name = _unique("none")
+    _job(crds, "NodeUpgradeJob", name, {"version": "v1.21.0"})
+    job = await _until(cloud_kube, UPGRADES, name, lambda j: j.status.phase is JobPhase.FAILURE)
+    assert job.status.reason == decide.NO_SELECTOR
+
+
+async def test_unconnected_node_times_out(crds: ControlPlane, controller: Reconciler, cloud_kube: Kube) -> None:
+    """A Pending node no hub holds becomes Unknown after timeoutSeconds, and the job fails."""
+    node, name = _unique("lonely"), _unique("to")
+    _node(crds, node)
+    _job(
+        crds,
+        "ImagePrePullJob",
+        name,
+        {"imagePrePullTemplate": {"images": ["busybox"], "nodeNames": [node], "timeoutSeconds": 2}},
+    )
+    job = await _until(cloud_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.FAILURE, limit_s=20)
+    assert job.status.node_status[0].phase is NodeTaskPhase.UNKNOWN
+    assert job.status.node_status[0].reason == decide.NOT_CONNECTED
+
+
+async def test_invalid_job_fails_with_the_field_named(crds: ControlPlane, controller: Reconciler) -> None:
+    """A job whose spec does not decode is failed with a reason naming the field."""
+    name = _unique("bad")
+    _job(crds, "NodeUpgradeJob", name, {"version": "v1", "nodeNames": ["a"], "failureTolerate": "3"})
+    with anyio.fail_after(20):
+        while True:
+            out = crds.kubectl("get", "nodeupgradejob", name, "-o", "jsonpath={.status.reason}").stdout
+            if out:
+                break
+            await anyio.sleep(0.2)
+    assert "failureTolerate must be a number within [0, 1]" in out
+
+
+async def test_deleted_job_loses_its_finalizer_and_goes(
+    crds: ControlPlane, controller: Reconciler, cloud_kube: Kube
+) -> None:
+    """Deleting a job removes the controller's finalizer, so the object disappears."""
+    node, name = _unique("edge"), _unique("del")
+    _node(crds, node)
+    _job(crds, "NodeUpgradeJob", name, {"version": "v1.21.0", "nodeNames": [node]})
+    await _until(cloud_kube, UPGRADES, name, lambda j: bool(j.metadata.finalizers))
+    crds.kubectl("delete", "nodeupgradejob", name, "--wait=false")
+    with anyio.fail_after(20):
+        while True:
+            try:
+                await cloud_kube.get(UPGRADES, name)
+            except NotFound:
+                break
+            await anyio.sleep(0.2)
