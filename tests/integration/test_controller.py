@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -19,14 +18,11 @@ from roles.kube import Kube, NotFound
 from roles.kube.resources import job_resource
 from schemas.kinds import IMAGE_PRE_PULL_JOB, KINDS, NODE_UPGRADE_JOB
 from tests.integration.controlplane import ControlPlane
+from tests.integration.objects import create_job, unique
 
 pytestmark = pytest.mark.integration
 UPGRADES = job_resource(NODE_UPGRADE_JOB)
 PREPULLS = job_resource(IMAGE_PRE_PULL_JOB)
-
-
-def _unique(prefix: str) -> str:
-    return f"{prefix}-{random.randrange(16**6):06x}"
 
 
 def _node(cp: ControlPlane, name: str, *, edge: bool = True, ready: bool = True) -> None:
@@ -56,11 +52,6 @@ def _node(cp: ControlPlane, name: str, *, edge: bool = True, ready: bool = True)
     )
 
 
-def _job(cp: ControlPlane, kind: str, name: str, spec: dict[str, object]) -> None:
-    doc = {"apiVersion": "operations.kubeedge.io/v1alpha2", "kind": kind, "metadata": {"name": name}, "spec": spec}
-    cp.kubectl("create", "-f", "-", input=msgspec.json.encode(doc).decode())
-
-
 @pytest.fixture
 async def controller(crds: ControlPlane, controller_kube: Kube) -> AsyncIterator[Reconciler]:
     """A running controller authenticated as the controller role."""
@@ -84,13 +75,13 @@ async def test_job_gets_finalizer_nodes_and_progresses(
     crds: ControlPlane, controller: Reconciler, cloud_kube: Kube
 ) -> None:
     """A new job gets the finalizer, its nodes with KubeEdge's reasons, InProgress, then Completed from hub results."""
-    ok1, ok2, cloud, down = (_unique(p) for p in ("edge", "edge", "cloud", "down"))
+    ok1, ok2, cloud, down = (unique(p) for p in ("edge", "edge", "cloud", "down"))
     _node(crds, ok1)
     _node(crds, ok2)
     _node(crds, cloud, edge=False)
     _node(crds, down, ready=False)
-    name = _unique("pp")
-    _job(
+    name = unique("pp")
+    create_job(
         crds,
         "ImagePrePullJob",
         name,
@@ -129,17 +120,17 @@ async def test_job_gets_finalizer_nodes_and_progresses(
 
 async def test_selection_errors_fail_the_job(crds: ControlPlane, controller: Reconciler, cloud_kube: Kube) -> None:
     """Neither nodeNames nor labelSelector: the job fails at once with KubeEdge's reason."""
-    name = _unique("none")
-    _job(crds, "NodeUpgradeJob", name, {"version": "v1.21.0"})
+    name = unique("none")
+    create_job(crds, "NodeUpgradeJob", name, {"version": "v1.21.0"})
     job = await _until(cloud_kube, UPGRADES, name, lambda j: j.status.phase is JobPhase.FAILURE)
     assert job.status.reason == decide.NO_SELECTOR
 
 
 async def test_unconnected_node_times_out(crds: ControlPlane, controller: Reconciler, cloud_kube: Kube) -> None:
     """A Pending node no hub holds becomes Unknown after timeoutSeconds, and the job fails."""
-    node, name = _unique("lonely"), _unique("to")
+    node, name = unique("lonely"), unique("to")
     _node(crds, node)
-    _job(
+    create_job(
         crds,
         "ImagePrePullJob",
         name,
@@ -152,8 +143,8 @@ async def test_unconnected_node_times_out(crds: ControlPlane, controller: Reconc
 
 async def test_invalid_job_fails_with_the_field_named(crds: ControlPlane, controller: Reconciler) -> None:
     """A job whose spec does not decode is failed with a reason naming the field."""
-    name = _unique("bad")
-    _job(crds, "NodeUpgradeJob", name, {"version": "v1", "nodeNames": ["a"], "failureTolerate": "3"})
+    name = unique("bad")
+    create_job(crds, "NodeUpgradeJob", name, {"version": "v1", "nodeNames": ["a"], "failureTolerate": "3"})
     with anyio.fail_after(20):
         while True:
             out = crds.kubectl("get", "nodeupgradejob", name, "-o", "jsonpath={.status.reason}").stdout
@@ -167,9 +158,9 @@ async def test_deleted_job_loses_its_finalizer_and_goes(
     crds: ControlPlane, controller: Reconciler, cloud_kube: Kube
 ) -> None:
     """Deleting a job removes the controller's finalizer, so the object disappears."""
-    node, name = _unique("edge"), _unique("del")
+    node, name = unique("edge"), unique("del")
     _node(crds, node)
-    _job(crds, "NodeUpgradeJob", name, {"version": "v1.21.0", "nodeNames": [node]})
+    create_job(crds, "NodeUpgradeJob", name, {"version": "v1.21.0", "nodeNames": [node]})
     await _until(cloud_kube, UPGRADES, name, lambda j: bool(j.metadata.finalizers))
     crds.kubectl("delete", "nodeupgradejob", name, "--wait=false")
     with anyio.fail_after(20):
