@@ -78,18 +78,19 @@ class Kube:
         self, resource: Resource[T], name: str, patch: dict[str, Any], *, namespace: str = "", subresource: str = ""
     ) -> T:
         """JSON merge patch; put ``metadata.resourceVersion`` in ``patch`` to make it conditional."""
-        path = resource.path(name, namespace=namespace, subresource=subresource)
-        data = await self._request("PATCH", path, body=_ENCODER.encode(patch), content_type=MERGE_PATCH)
-        self.writes += 1
+        data = await self._patch(resource.path(name, namespace=namespace, subresource=subresource), patch)
         return resource.decoder().decode(data)
 
     async def merge_patch_raw(
         self, resource: Resource[Any], name: str, patch: dict[str, Any], *, namespace: str = "", subresource: str = ""
     ) -> None:
         """A merge patch whose answer is not decoded: for objects that do not decode into their type."""
-        path = resource.path(name, namespace=namespace, subresource=subresource)
-        await self._request("PATCH", path, body=_ENCODER.encode(patch), content_type=MERGE_PATCH)
+        await self._patch(resource.path(name, namespace=namespace, subresource=subresource), patch)
+
+    async def _patch(self, path: str, patch: dict[str, Any]) -> bytes:
+        data = await self._request("PATCH", path, body=_ENCODER.encode(patch), content_type=MERGE_PATCH)
         self.writes += 1
+        return data
 
     async def delete(self, resource: Resource[Any], name: str, *, namespace: str = "") -> None:
         await self._request("DELETE", resource.path(name, namespace=namespace))
