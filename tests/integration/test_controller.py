@@ -10,8 +10,10 @@ import msgspec
 import pytest
 import structlog
 
+import roles.controller as controller_role
 from nodetask.clock import Clock
 from nodetask.phases import JobPhase, NodeTaskPhase
+from roles.config import ControllerConfig
 from roles.controller import decide
 from roles.controller.reconciler import Reconciler
 from roles.kube import Kube, NotFound
@@ -170,3 +172,15 @@ async def test_deleted_job_loses_its_finalizer_and_goes(
             except NotFound:
                 break
             await anyio.sleep(0.2)
+
+
+async def test_feature_gate_disables_the_v1alpha2_controllers(crds: ControlPlane, cloud_kube: Kube) -> None:
+    """With disableNodeTaskV1alpha2 the controller role leaves jobs alone (KubeEdge compatibility)."""
+    name = unique("gated")
+    create_job(crds, "NodeUpgradeJob", name, {"version": "v1.21.0", "nodeNames": ["a"]})
+    cfg = ControllerConfig(kubeconfig=str(crds.kubeconfig("controller")), feature_gates=("disableNodeTaskV1alpha2",))
+    with anyio.move_on_after(3):
+        await controller_role.run(cfg, log=structlog.get_logger())
+    job = await cloud_kube.get(UPGRADES, name)
+    assert job.metadata.finalizers == ()
+    assert job.status.phase is JobPhase.NONE
