@@ -60,13 +60,12 @@ class Reconciler:
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Watch and reconcile until cancelled; ready once every watch has delivered its first list."""
         async with anyio.create_task_group() as tg:
-            workers = tg  # workers live as long as the reconciler
             node_send, node_recv = anyio.create_memory_object_stream[WatchEvent](max_buffer_size=math.inf)
             tg.start_soon(self._consume_nodes, node_recv)
             await tg.start(self._kube.watch, NODES, node_send)
             for kind in self._kinds.values():
                 send, recv = anyio.create_memory_object_stream[WatchEvent](max_buffer_size=math.inf)
-                tg.start_soon(self._consume_jobs, kind, recv, workers)
+                tg.start_soon(self._consume_jobs, kind, recv, tg)  # job workers live as long as the reconciler
                 await tg.start(self._kube.watch, job_resource(kind), send)
             task_status.started()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -37,7 +38,13 @@ class Resource(Generic[T]):
         return path
 
     def decoder(self) -> msgspec.json.Decoder[T]:
-        return msgspec.json.Decoder(self.type)
+        """The typed decoder of this resource's objects, built once per type (every request uses it)."""
+        return _decoder(self.type)
+
+
+@functools.cache
+def _decoder(struct: type[T]) -> msgspec.json.Decoder[T]:
+    return msgspec.json.Decoder(struct)
 
 
 def job_resource(kind: Kind, version: str = "") -> Resource[Any]:
