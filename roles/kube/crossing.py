@@ -57,15 +57,14 @@ async def call(fn: Callable[P, Awaitable[R]], *args: P.args, **kwargs: P.kwargs)
     stop = asyncio.Event()
     result: outcome.Outcome[R] | None = None
     finished = trio.Event()
+    shield = trio.CancelScope(shield=True)
 
     async def run() -> None:
         nonlocal result
-        with trio.CancelScope(shield=True) as scope:
-            grace.append(scope)
+        with shield:
             result = await outcome.acapture(trio_asyncio.aio_as_trio(_stoppable), stop, fn, *args, **kwargs)
         finished.set()
 
-    grace: list[trio.CancelScope] = []
     async with trio.open_nursery() as nursery:
         nursery.start_soon(run)
         try:
@@ -74,8 +73,7 @@ async def call(fn: Callable[P, Awaitable[R]], *args: P.args, **kwargs: P.kwargs)
             stop.set()
             # The shield stays up (lowering it would let the outer cancellation straight in); the
             # scope's own deadline bounds how long the asyncio side may take to unwind.
-            for scope in grace:
-                scope.deadline = trio.current_time() + STOP_GRACE_S
+            shield.deadline = trio.current_time() + STOP_GRACE_S
             raise
     assert result is not None
     return result.unwrap()
