@@ -62,13 +62,19 @@ class ActionResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
 
 
 class Heartbeat(Message, frozen=True, tag="heartbeat"):
-    """Keeps a session alive; either side answers nothing, the arrival itself is the signal."""
+    """Keeps a session alive. The edge sends one every ``heartbeat_interval``; the hub echoes it, so
+    each side sees a frame at least that often and treats three silent intervals as a dead session."""
 
     sent_at: float = 0.0
 
 
 class Error(Message, frozen=True, tag="error"):
-    """The peer sent something this side cannot accept. ``code`` is stable, ``message`` is for humans."""
+    """The peer sent something this side cannot accept. ``code`` is stable, ``message`` is for humans.
+
+    Answering a report (``ref`` is its ``seq``), ``report_rejected`` (it can never be applied, e.g. an
+    unknown action) and ``job_gone`` (its job no longer exists) are final: the edge drops the report.
+    Any other code leaves it in the outbox to be sent again.
+    """
 
     code: str
     message: str

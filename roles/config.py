@@ -63,13 +63,33 @@ class ControllerConfig(_Config, frozen=True, kw_only=True):
 
 class CloudConfig(_Config, frozen=True, kw_only=True):
     kubeconfig: str = ""
+    hub_id: str = ""
+    """This instance's name, recorded on the Nodes it holds; empty means the host name."""
     listen: str = "0.0.0.0:10004"
     tls_cert_file: str = ""
     tls_key_file: str = ""
+    """Serving certificate and key (PEM); without them the hub speaks plain ws:// (development only)."""
+    token_namespace: str = "kube-system"
+    """Where the edges' token Secrets ``nodetaskd-edge-<node>`` live."""
     heartbeat_interval: Seconds = 15.0
+    missed_heartbeats: Annotated[int, msgspec.Meta(ge=1)] = 3
     status_coalesce_window: Annotated[float, msgspec.Meta(ge=0)] = 0.2
     max_frame_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 1 << 20
+    close_grace: Seconds = 5.0
     metrics_port: Port = 9091
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        host, sep, port = self.listen.rpartition(":")
+        if not sep or not host or not port.isdigit() or int(port) > 65535:
+            raise ValueError(f"listen {self.listen!r} is not host:port")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("tlsCertFile and tlsKeyFile must be given together")
+
+    @property
+    def listen_address(self) -> tuple[str, int]:
+        host, _, port = self.listen.rpartition(":")
+        return host.strip("[]"), int(port)
 
 
 class EdgeConfig(_Config, frozen=True, kw_only=True):

@@ -1,12 +1,60 @@
-"""The cloud role."""
+"""The cloud role: the websocket hub edge agents connect to (see :mod:`roles.cloud.hub`)."""
 
 from __future__ import annotations
 
-import structlog
+import socket
+import ssl
 
-from roles.config import RoleConfig
+import structlog
+from prometheus_client import CollectorRegistry
+
+from nodetask.clock import Clock
+from roles.cloud.hub import Hub, HubSettings
+from roles.cloud.metrics import HubMetrics
+from roles.config import CloudConfig, RoleConfig
+from roles.jobtypes import job_types
+from roles.kube import open_kube
+
+
+def settings_of(cfg: CloudConfig) -> HubSettings:
+    """The hub settings a cloud configuration asks for."""
+    return HubSettings(
+        hub_id=cfg.hub_id or socket.gethostname(),
+        heartbeat_interval=cfg.heartbeat_interval,
+        missed_heartbeats=cfg.missed_heartbeats,
+        coalesce_window=cfg.status_coalesce_window,
+        max_frame_bytes=cfg.max_frame_bytes,
+        token_namespace=cfg.token_namespace,
+        close_grace=cfg.close_grace,
+    )
+
+
+def server_tls(cfg: CloudConfig) -> ssl.SSLContext | None:
+    """The hub's TLS context, or None for plain ws:// when no certificate is configured."""
+    if not cfg.tls_cert_file:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file)
+    return context
 
 
 async def run(cfg: RoleConfig, *, log: structlog.typing.FilteringBoundLogger) -> None:
-    """Run the cloud role until cancelled."""
-    raise NotImplementedError("the cloud role is not implemented yet")
+    """Run one hub until cancelled."""
+    assert isinstance(cfg, CloudConfig)
+    tls = server_tls(cfg)
+    if tls is None:
+        log.warning("hub_without_tls", hint="set tlsCertFile and tlsKeyFile outside development")
+    host, port = cfg.listen_address
+    registry = CollectorRegistry()
+    async with open_kube(kubeconfig=cfg.kubeconfig, log=log) as kube:
+        hub = Hub(
+            kube=kube,
+            clock=Clock.start(),
+            log=log,
+            settings=settings_of(cfg),
+            job_types=job_types(),
+            metrics=HubMetrics(
+                registry, sessions=lambda: len(hub.sessions), kube=lambda: (kube.writes, kube.conflicts)
+            ),
+        )
+        await hub.run(host=host, port=port, ssl_context=tls)

@@ -37,8 +37,9 @@ _ENCODER = msgspec.json.Encoder()
 class Kube:
     """Typed access to the API server. Obtain one with :func:`open_kube`."""
 
-    def __init__(self, api: AioApi, *, log: Log) -> None:
+    def __init__(self, api: AioApi, *, log: Log, cross: crossing.Cross = crossing.call) -> None:
         self._api = api
+        self._cross = cross
         self._log = log
         self.conflicts = 0
         """409s met by :meth:`update_status` (a metric)."""
@@ -46,7 +47,8 @@ class Kube:
         """Successful writes (a metric)."""
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> bytes:
-        return await crossing.call(self._api.request, method, path, **kwargs)
+        data: bytes = await self._cross(self._api.request, method, path, **kwargs)
+        return data
 
     async def get(self, resource: Resource[T], name: str, *, namespace: str = "") -> T:
         """One object; :class:`~roles.kube.errors.NotFound` when absent."""
@@ -56,9 +58,10 @@ class Kube:
         self, resource: Resource[T], *, label_selector: str = "", namespace: str = ""
     ) -> tuple[list[T], list[Invalid], str]:
         """All objects, the ones that do not decode, and the list's resourceVersion."""
-        return await crossing.call(
+        listed: tuple[list[T], list[Invalid], str] = await self._cross(
             list_objects, self._api, resource, label_selector=label_selector, namespace=namespace
         )
+        return listed
 
     async def create(self, resource: Resource[T], obj: T, *, namespace: str = "") -> T:
         body = _ENCODER.encode(obj)
@@ -162,7 +165,7 @@ class Kube:
             namespace=namespace,
         )
         async with anyio.create_task_group() as tg:
-            tg.start_soon(crossing.call, loop)
+            tg.start_soon(self._cross, loop)
             await listed.wait()
             task_status.started()
 
@@ -172,13 +175,14 @@ async def open_kube(*, kubeconfig: str, log: Log) -> AsyncIterator[Kube]:
     """Open the asyncio loop and an API client; close both on exit (even when cancelled)."""
     async with trio_asyncio.open_loop() as loop:
         loop.set_exception_handler(functools.partial(log_asyncio_error, log=log))
-        api = await crossing.call(AioApi.connect, kubeconfig)
+        cross = crossing.bound(loop)
+        api = await cross(AioApi.connect, kubeconfig)
         try:
-            yield Kube(api, log=log)
+            yield Kube(api, log=log, cross=cross)
         finally:
             with anyio.move_on_after(5, shield=True):
                 try:
-                    await crossing.call(api.close)
+                    await cross(api.close)
                 except asyncio.CancelledError:
                     # trio-asyncio cancels every asyncio task when the loop's own scope is cancelled
                     # (e.g. a test's teardown); the session is then closed by the loop's shutdown.

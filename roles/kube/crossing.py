@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar
 
 import outcome
@@ -49,11 +49,35 @@ async def _stoppable(stop: asyncio.Event, fn: Callable[..., Awaitable[R]], *args
 
 
 async def call(fn: Callable[P, Awaitable[R]], *args: P.args, **kwargs: P.kwargs) -> R:
-    """Await the asyncio coroutine function ``fn(*args, **kwargs)`` from trio.
+    """Await the asyncio coroutine function ``fn(*args, **kwargs)`` from trio, on the current loop.
 
     Cancellation: a trio cancellation stops the asyncio call cooperatively and waits (up to
     :data:`STOP_GRACE_S`) for it to unwind, then re-raises ``trio.Cancelled``.
     """
+    return await _cross(None, fn, *args, **kwargs)
+
+
+Cross = Callable[..., Coroutine[Any, Any, Any]]
+"""The signature of :func:`call`."""
+
+
+def bound(loop: asyncio.AbstractEventLoop) -> Cross:
+    """:func:`call` pinned to ``loop``.
+
+    trio-asyncio picks "the current loop" from a context variable, so a task that opened several
+    loops (a test running a controller and two hubs) would otherwise run one client's requests on
+    another client's loop, which aiohttp refuses.
+    """
+
+    async def call_on(fn: Callable[..., Awaitable[R]], *args: Any, **kwargs: Any) -> R:
+        return await _cross(loop, fn, *args, **kwargs)
+
+    return call_on
+
+
+async def _cross(
+    loop: asyncio.AbstractEventLoop | None, fn: Callable[..., Awaitable[R]], *args: Any, **kwargs: Any
+) -> R:
     stop = asyncio.Event()
     result: outcome.Outcome[R] | None = None
     finished = trio.Event()
@@ -62,7 +86,7 @@ async def call(fn: Callable[P, Awaitable[R]], *args: P.args, **kwargs: P.kwargs)
     async def run() -> None:
         nonlocal result
         with shield:
-            result = await outcome.acapture(trio_asyncio.aio_as_trio(_stoppable), stop, fn, *args, **kwargs)
+            result = await outcome.acapture(trio_asyncio.aio_as_trio(_stoppable, loop=loop), stop, fn, *args, **kwargs)
         finished.set()
 
     async with trio.open_nursery() as nursery:

@@ -1,0 +1,129 @@
+"""The status changes a cloud hub makes to a job, as pure functions over immutable job objects.
+
+A hub owns a node entry from the moment it claims it for dispatch: the claim itself (Pending ->
+InProgress with ``dispatchTime``) and every reported result after it. Each change is a function
+``job -> (job or None, outcome)`` so that the status writer can apply several of them to one fresh
+copy of the job, write once, and re-apply all of them after a conflict.
+
+Claims are what make a job's ``concurrency`` hold across several hub instances: a claim succeeds
+only while fewer than ``concurrency`` nodes of the job are InProgress *in the object being
+written*, and the write is conditional on that object's resourceVersion. Two hubs can therefore
+never both take the last free slot (KubeEdge counts concurrency per CloudCore instance).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from flows.jobtype import ExtendError, JobType, apply_result
+from nodetask.flow import UnknownActionError
+from nodetask.messages import ActionResult
+from nodetask.phases import JobPhase, NodeTaskPhase
+from schemas.access import targeting
+
+__all__ = [
+    "Change",
+    "ClaimOutcome",
+    "RecordOutcome",
+    "claim",
+    "dispatchable",
+    "record",
+]
+
+Job = Any
+"""A v1alpha2 job object of any kind (their Structs share the fields used here)."""
+
+Change = Callable[[Job], tuple[Job | None, Any]]
+"""A pure status change: the new job (None: unchanged) and an outcome for whoever asked."""
+
+
+class ClaimOutcome(enum.StrEnum):
+    """What became of a claim to dispatch one node."""
+
+    CLAIMED = "claimed"
+    FULL = "full"
+    """Every concurrency slot of the job is taken (by this hub or another); try after a change."""
+    TAKEN = "taken"
+    """The node is no longer Pending: another hub claimed it or the controller ended it."""
+    GONE = "gone"
+    """The job is not the one the claim was for (deleted, re-created) or no longer runs."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordOutcome:
+    """What became of a reported result. ``error`` is set when it can never be applied."""
+
+    applied: bool
+    error: str = ""
+
+    @property
+    def acknowledge(self) -> bool:
+        """The edge may forget the report: it is recorded (now or before)."""
+        return not self.error
+
+
+RUNNING = frozenset({JobPhase.INIT, JobPhase.IN_PROGRESS})
+
+
+def dispatchable(job: Job) -> bool:
+    """Whether hubs dispatch ``job``'s nodes: it is initialised and not finished."""
+    return job.status.phase in RUNNING
+
+
+def _index(job: Job, node: str) -> int:
+    for i, entry in enumerate(job.status.node_status):
+        if entry.node_name == node:
+            return i
+    return -1
+
+
+def _with_entry(job: Job, index: int, entry: Any) -> Job:
+    entries = list(job.status.node_status)
+    entries[index] = entry
+    return msgspec.structs.replace(job, status=msgspec.structs.replace(job.status, node_status=tuple(entries)))
+
+
+def claim(node: str, *, uid: str, now: str) -> Change:
+    """Take ``node`` of job ``uid`` for dispatch at ``now`` if a concurrency slot is free."""
+
+    def change(job: Job) -> tuple[Job | None, ClaimOutcome]:
+        if job.metadata.uid != uid or not dispatchable(job):
+            return None, ClaimOutcome.GONE
+        index = _index(job, node)
+        if index < 0:
+            return None, ClaimOutcome.GONE
+        entry = job.status.node_status[index]
+        if entry.phase is not NodeTaskPhase.PENDING:
+            return None, ClaimOutcome.TAKEN
+        running = sum(e.phase is NodeTaskPhase.IN_PROGRESS for e in job.status.node_status)
+        if running >= targeting(job).effective_concurrency:
+            return None, ClaimOutcome.FULL
+        claimed = msgspec.structs.replace(entry, phase=NodeTaskPhase.IN_PROGRESS, reason="", dispatch_time=now)
+        return _with_entry(job, index, claimed), ClaimOutcome.CLAIMED
+
+    return change
+
+
+def record(job_type: JobType, node: str, result: ActionResult, *, uid: str, now: str) -> Change:
+    """Record ``result`` for ``node`` of job ``uid``; a duplicate is recognised and changes nothing."""
+
+    def change(job: Job) -> tuple[Job | None, RecordOutcome]:
+        if job.metadata.uid != uid:
+            return None, RecordOutcome(applied=False, error=f"job {job.metadata.name} was re-created")
+        index = _index(job, node)
+        if index < 0:
+            return None, RecordOutcome(applied=False, error=f"node {node} is not a target of this job")
+        try:
+            entry = apply_result(job_type, job.status.node_status[index], result, now=now)
+        except (UnknownActionError, ExtendError) as exc:
+            return None, RecordOutcome(applied=False, error=str(exc))
+        if entry is None:
+            return None, RecordOutcome(applied=False)
+        return _with_entry(job, index, entry), RecordOutcome(applied=True)
+
+    return change

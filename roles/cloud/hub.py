@@ -1,0 +1,510 @@
+"""The cloud hub: edge sessions over websockets, job runners, and reports written into job status.
+
+Who does what:
+
+* the job watch keeps a cache of every job; a job in Init or InProgress gets a
+  :class:`~roles.cloud.runner.JobRunner` (keyed by UID: a re-created job's runner starts only after
+  the old one has unwound), and every job gets a :class:`~roles.cloud.status_writer.StatusWriter`;
+* a session handler authenticates the edge (bearer token, node named in the path), reads Hello,
+  records on the Node which hub holds the session and the agent version, offers the node to every
+  runner, and then serves frames until the edge goes or stops heartbeating;
+* a report is applied through the job's status writer and acknowledged only after that write.
+
+Shutdown (SIGTERM): every session is closed with 1001 "going away" while the websocket server is
+still running, within ``close_grace`` seconds, so that edges reconnect to another hub at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import anyio
+import anyio.abc
+import structlog
+import trio_websocket
+from anyio.streams.memory import MemoryObjectReceiveStream
+
+from flows.jobtype import JobType
+from nodetask import messages
+from nodetask.clock import Clock
+from nodetask.messages import (
+    Ack,
+    Error,
+    Heartbeat,
+    Hello,
+    MessageError,
+    Report,
+    ReportAck,
+    Upstream,
+    Welcome,
+)
+from roles.cloud.auth import AuthError, TokenBook, bearer_token
+from roles.cloud.changes import RecordOutcome, dispatchable, record
+from roles.cloud.metrics import HubMetrics
+from roles.cloud.runner import JobRunner
+from roles.cloud.sessions import Session, SessionTable
+from roles.cloud.status_writer import StatusWriter
+from roles.kube import ApiError, Conflict, Deleted, Kube, NotFound, Relisted, Upserted, WatchEvent
+from roles.kube.resources import NODES, job_resource
+from roles.kube.watching import Backoff
+from schemas.core import AGENT_VERSION_ANNOTATION, HUB_ANNOTATION
+
+Log = structlog.typing.FilteringBoundLogger
+Key = tuple[str, str]
+
+EDGE_PATH_PREFIX: Final = "/nodes/"
+GOING_AWAY: Final = 1001
+HEARTBEAT_MISSED: Final = 4008
+REPLACED: Final = 4009
+PROTOCOL: Final = 1002
+
+# Error codes a hub answers reports with; an edge drops a report answered with either.
+REPORT_REJECTED: Final = "report_rejected"
+JOB_GONE: Final = "job_gone"
+
+
+@dataclass(frozen=True, slots=True)
+class HubSettings:
+    """What the hub needs from the cloud role's configuration."""
+
+    hub_id: str
+    heartbeat_interval: float = 15.0
+    missed_heartbeats: int = 3
+    coalesce_window: float = 0.2
+    max_frame_bytes: int = 1 << 20
+    token_namespace: str = "kube-system"
+    close_grace: float = 5.0
+    hello_timeout: float = 10.0
+
+
+@dataclass(slots=True)
+class _JobState:
+    job: Any
+    writer: StatusWriter
+    runner: JobRunner | None = None
+    history: list[JobRunner] = field(default_factory=list)
+
+
+def _fresher(new: Any, old: Any) -> bool:
+    # resourceVersions are etcd revisions; a write's answer may arrive after a newer watch event.
+    try:
+        return int(new.metadata.resource_version) >= int(old.metadata.resource_version)
+    except ValueError:
+        return True
+
+
+class Hub:
+    """One cloud hub instance. Run with :meth:`run`."""
+
+    def __init__(
+        self,
+        *,
+        kube: Kube,
+        clock: Clock,
+        log: Log,
+        settings: HubSettings,
+        job_types: Mapping[str, JobType],
+        metrics: HubMetrics,
+    ) -> None:
+        self._kube = kube
+        self._clock = clock
+        self._log = log.bind(hub=settings.hub_id)
+        self.settings = settings
+        self._types = dict(job_types)
+        self._by_plural = {jt.kind.plural: jt for jt in job_types.values()}
+        self.metrics = metrics
+        self.sessions = SessionTable()
+        self._tokens = TokenBook(kube, namespace=settings.token_namespace, log=self._log)
+        self._jobs: dict[Key, _JobState] = {}
+        self._synced = anyio.Event()
+        self._jobs_tg: anyio.abc.TaskGroup | None = None
+        self.port = 0
+
+    # --------------------------------------------------------------------------------- lifecycle
+
+    async def run(
+        self,
+        *,
+        host: str,
+        port: int,
+        ssl_context: ssl.SSLContext | None,
+        task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Watch jobs and serve edges until cancelled; ready (with the bound port) once both are."""
+        async with anyio.create_task_group() as tg:
+            self._jobs_tg = tg
+            for jt in self._types.values():
+                send, recv = anyio.create_memory_object_stream[WatchEvent](max_buffer_size=math.inf)
+                tg.start_soon(self._consume_jobs, jt, recv)
+                await tg.start(self._kube.watch, job_resource(jt.kind), send)
+            self._synced.set()
+            server_scope = anyio.CancelScope(shield=True)
+            server_ready = anyio.Event()
+            tg.start_soon(self._serve, host, port, ssl_context, server_scope, server_ready)
+            await server_ready.wait()
+            task_status.started(self.port)
+            try:
+                await anyio.sleep_forever()
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await self._close_sessions()
+                    server_scope.cancel()
+
+    async def _serve(
+        self,
+        host: str,
+        port: int,
+        ssl_context: ssl.SSLContext | None,
+        scope: anyio.CancelScope,
+        ready: anyio.Event,
+    ) -> None:
+        # Shielded so that sessions can still complete their close handshake during shutdown;
+        # run() cancels the scope once they have.
+        with scope:
+            async with anyio.create_task_group() as tg:
+                server = await tg.start(
+                    _serve_websocket, self._handle, host, port, ssl_context, self.settings.max_frame_bytes
+                )
+                self.port = server.port
+                ready.set()
+
+    async def _close_sessions(self) -> None:
+        sessions = self.sessions.all()
+        if not sessions:
+            return
+        self._log.info("closing_sessions", count=len(sessions))
+        with anyio.move_on_after(self.settings.close_grace):
+            async with anyio.create_task_group() as tg:
+                for session in sessions:
+                    tg.start_soon(session.ws.aclose, GOING_AWAY, "hub shutting down")
+
+    # ------------------------------------------------------------------------------------- jobs
+
+    async def _consume_jobs(self, jt: JobType, events: MemoryObjectReceiveStream[WatchEvent]) -> None:
+        plural = jt.kind.plural
+        async with events:
+            async for event in events:
+                match event:
+                    case Relisted(objects=objects):
+                        names = {job.metadata.name for job in objects}
+                        for key in [k for k in self._jobs if k[0] == plural and k[1] not in names]:
+                            await self._forget(key)
+                        for job in objects:
+                            await self._upsert(jt, job)
+                    case Upserted(obj=job):
+                        await self._upsert(jt, job)
+                    case Deleted(obj=job):
+                        await self._forget((plural, job.metadata.name))
+                    case _:
+                        continue
+
+    def _on_written(self, jt: JobType) -> Any:
+        def written(job: Any) -> None:
+            self.metrics.status_batches.inc()
+            state = self._jobs.get((jt.kind.plural, job.metadata.name))
+            if state is not None and state.job.metadata.uid == job.metadata.uid and _fresher(job, state.job):
+                state.job = job
+                if state.runner is not None:
+                    state.runner.update(job)
+
+        return written
+
+    async def _upsert(self, jt: JobType, job: Any) -> None:
+        assert self._jobs_tg is not None
+        key = (jt.kind.plural, job.metadata.name)
+        state = self._jobs.get(key)
+        if state is None:
+            writer = StatusWriter(
+                self._kube,
+                job_resource(jt.kind),
+                job.metadata.name,
+                window=self.settings.coalesce_window,
+                log=self._log.bind(job=job.metadata.name),
+                on_written=self._on_written(jt),
+            )
+            self._jobs_tg.start_soon(writer.run)
+            state = self._jobs[key] = _JobState(job=job, writer=writer)
+        elif state.job.metadata.uid == job.metadata.uid and not _fresher(job, state.job):
+            return
+        state.job = job
+        runner = state.runner
+        if runner is not None and runner.uid != job.metadata.uid:
+            await self._stop_runner(state)
+            runner = None
+        wanted = dispatchable(job) and job.metadata.deletion_timestamp is None
+        if runner is not None:
+            runner.update(job)
+            if not wanted:
+                await self._stop_runner(state)
+        elif wanted:
+            runner = JobRunner(
+                job=job,
+                job_type=jt,
+                sessions=self.sessions,
+                writer=state.writer,
+                clock=self._clock,
+                log=self._log,
+                on_dispatch=self.metrics.dispatch_latency.observe,
+            )
+            state.runner = runner
+            state.history.append(runner)
+            await self._jobs_tg.start(runner.run)
+
+    async def _stop_runner(self, state: _JobState) -> None:
+        runner = state.runner
+        if runner is None:
+            return
+        state.runner = None
+        runner.stop()
+        await runner.finished.wait()
+        self._log.info("runner_stopped", job=runner.name, uid=runner.uid, dispatched=len(runner.dispatched))
+
+    async def _forget(self, key: Key) -> None:
+        state = self._jobs.pop(key, None)
+        if state is None:
+            return
+        await self._stop_runner(state)
+        state.writer.close()
+
+    def runners(self) -> list[JobRunner]:
+        """Every runner this hub has started, current or ended (tests and benchmarks read them)."""
+        return [r for state in self._jobs.values() for r in state.history]
+
+    # --------------------------------------------------------------------------------- sessions
+
+    async def _handle(self, request: trio_websocket.WebSocketRequest) -> None:
+        path = request.path.split("?", 1)[0]
+        node = path[len(EDGE_PATH_PREFIX) :] if path.startswith(EDGE_PATH_PREFIX) else ""
+        try:
+            await self._tokens.check(node, bearer_token(request.headers))
+        except AuthError as exc:
+            self.metrics.auth_failures.labels(status=str(exc.status)).inc()
+            self._log.warning("edge_refused", node=node, status=exc.status, error=str(exc))
+            await request.reject(exc.status, body=str(exc).encode())
+            return
+        ws = await request.accept()
+        log = self._log.bind(node=node)
+        hello = await self._hello(ws, node, log)
+        if hello is None:
+            return
+        session = Session(
+            node=node, version=hello.version, capabilities=hello.capabilities, ws=ws, on_sent=self._count_out
+        )
+        # Welcome goes out before the session is visible to the runners: it must be the first frame.
+        welcome = Welcome(hub=self.settings.hub_id, heartbeat_interval=self.settings.heartbeat_interval)
+        if not await self._send(session, welcome):
+            return
+        replaced = self.sessions.add(session)
+        try:
+            if replaced is not None:
+                log.info("session_replaced")
+                await replaced.ws.aclose(REPLACED, "replaced by a newer session")
+            await self._mark_node(node, hello.version, log)
+            log.info("edge_connected", version=hello.version)
+            for state in list(self._jobs.values()):
+                if state.runner is not None:
+                    state.runner.offer(node)
+            await self._receive(session, log)
+        finally:
+            current = self.sessions.remove(session)
+            with anyio.CancelScope(shield=True), anyio.move_on_after(self.settings.close_grace):
+                if current:
+                    await self._unmark_node(node, log)
+                await ws.aclose(GOING_AWAY if ws.closed is None else 1000)
+            log.info("edge_disconnected", reason=str(ws.closed))
+
+    async def _hello(self, ws: trio_websocket.WebSocketConnection, node: str, log: Log) -> Hello | None:
+        with anyio.move_on_after(self.settings.hello_timeout):
+            try:
+                frame = await ws.get_message()
+            except trio_websocket.ConnectionClosed:
+                return None
+            try:
+                msg = messages.decode_upstream(frame)
+            except MessageError as exc:
+                msg = None
+                problem = str(exc)
+            else:
+                problem = (
+                    ""
+                    if isinstance(msg, Hello) and msg.node == node
+                    else "the first frame must be a Hello for this node"
+                )
+            if isinstance(msg, Hello) and not problem:
+                self.metrics.messages_in.labels(op="hello").inc()
+                return msg
+            self.metrics.rejected.labels(reason="bad_hello").inc()
+            log.warning("bad_hello", error=problem)
+            with contextlib.suppress(trio_websocket.ConnectionClosed):
+                await ws.send_message(messages.encode(Error(code="bad_hello", message=problem)))
+            await ws.aclose(PROTOCOL, "expected hello")
+            return None
+        log.warning("hello_timed_out")
+        await ws.aclose(PROTOCOL, "no hello")
+        return None
+
+    async def _send(self, session: Session, msg: messages.Downstream) -> bool:
+        return await session.send(msg)
+
+    def _count_out(self, op: str) -> None:
+        self.metrics.messages_out.labels(op=op).inc()
+
+    async def _receive(self, session: Session, log: Log) -> None:
+        deadline = self.settings.heartbeat_interval * self.settings.missed_heartbeats
+        async with anyio.create_task_group() as tg:
+            while True:
+                with anyio.move_on_after(deadline) as scope:
+                    try:
+                        frame = await session.ws.get_message()
+                    except trio_websocket.ConnectionClosed:
+                        break
+                if scope.cancelled_caught:
+                    log.warning("heartbeat_missed", seconds=deadline)
+                    await session.ws.aclose(HEARTBEAT_MISSED, "no heartbeat")
+                    break
+                try:
+                    msg: Upstream = messages.decode_upstream(frame)
+                except MessageError as exc:
+                    await self._reject(session, "malformed", str(exc), log)
+                    continue
+                self.metrics.messages_in.labels(op=type(msg).__struct_config__.tag).inc()
+                match msg:
+                    case Heartbeat():
+                        await self._send(session, Heartbeat(sent_at=msg.sent_at))
+                    case Ack(id=msg_id):
+                        latency = session.acked(msg_id)
+                        if latency is not None:
+                            self.metrics.ack_latency.observe(latency)
+                    case Report():
+                        if msg.route.node != session.node:
+                            await self._reject(
+                                session,
+                                "foreign_node",
+                                f"report for node {msg.route.node} refused",
+                                log,
+                                ref=str(msg.seq),
+                            )
+                            continue
+                        # Each report waits for its write without holding up heartbeats or other reports.
+                        tg.start_soon(self._apply_report, session, msg, log)
+                    case Error(code=code, message=text):
+                        log.warning("edge_error", code=code, error=text)
+                    case Hello():
+                        await self._reject(session, "unexpected", "hello was already received", log)
+            tg.cancel_scope.cancel()
+
+    async def _reject(self, session: Session, reason: str, text: str, log: Log, *, ref: str = "") -> None:
+        self.metrics.rejected.labels(reason=reason).inc()
+        log.warning("frame_rejected", reason=reason, error=text)
+        await self._send(session, Error(code=reason, message=text, ref=ref))
+
+    # --------------------------------------------------------------------------------- upstream
+
+    async def _apply_report(self, session: Session, report: Report, log: Log) -> None:
+        started = anyio.current_time()
+        log = log.bind(job=report.route.job, action=report.action, seq=report.seq)
+        jt = self._types.get(report.route.job_type)
+        if jt is None:
+            await self._send(
+                session,
+                Error(code=REPORT_REJECTED, message=f"unknown job type {report.route.job_type}", ref=str(report.seq)),
+            )
+            return
+        outcome = await self.record(jt, report.route.job, report.route.node, report.result, uid=report.job_uid, log=log)
+        if outcome is None:
+            await self._send(
+                session, Error(code=JOB_GONE, message=f"job {report.route.job} no longer exists", ref=str(report.seq))
+            )
+        elif outcome.acknowledge:
+            self.metrics.report_latency.observe(anyio.current_time() - started)
+            await self._send(session, ReportAck(job_uid=report.job_uid, seq=report.seq))
+        else:
+            self.metrics.rejected.labels(reason=REPORT_REJECTED).inc()
+            log.warning("report_rejected", error=outcome.error)
+            await self._send(session, Error(code=REPORT_REJECTED, message=outcome.error, ref=str(report.seq)))
+
+    async def record(
+        self, jt: JobType, job: str, node: str, result: messages.ActionResult, *, uid: str, log: Log
+    ) -> RecordOutcome | None:
+        """Write ``result`` into job ``job``'s status; None if the job is gone.
+
+        API errors other than NotFound are retried with backoff for as long as the caller waits:
+        a report is either written or still held by the edge, never lost in between.
+        """
+        await self._synced.wait()
+        backoff = Backoff(initial=0.2, cap=5.0)
+        while True:
+            state = self._jobs.get((jt.kind.plural, job))
+            if state is None:
+                log.warning("report_for_missing_job")
+                return None
+            if not uid:
+                uid = state.job.metadata.uid
+            try:
+                outcome: RecordOutcome = await state.writer.submit(
+                    record(jt, node, result, uid=uid, now=self._clock.stamp())
+                )
+            except NotFound:
+                log.warning("report_for_missing_job")
+                return None
+            except ApiError as exc:
+                log.warning("report_write_retry", error=str(exc))
+                await anyio.sleep(backoff.delay())
+                continue
+            if outcome.applied:
+                log.info("report_applied")
+            return outcome
+
+    # ------------------------------------------------------------------------------ node marks
+
+    async def _mark_node(self, node: str, version: str, log: Log) -> None:
+        annotations = {HUB_ANNOTATION: self.settings.hub_id, AGENT_VERSION_ANNOTATION: version}
+        try:
+            await self._kube.merge_patch(NODES, node, {"metadata": {"annotations": annotations}})
+        except ApiError as exc:
+            # The session still works; the controller then sees the node as not connected.
+            log.warning("node_not_marked", error=str(exc))
+
+    async def _unmark_node(self, node: str, log: Log) -> None:
+        for _ in range(5):
+            try:
+                current = await self._kube.get(NODES, node)
+                if current.metadata.annotations.get(HUB_ANNOTATION) != self.settings.hub_id:
+                    return  # another hub holds the node now
+                patch = {
+                    "metadata": {
+                        "resourceVersion": current.metadata.resource_version,
+                        "annotations": {HUB_ANNOTATION: None},
+                    }
+                }
+                await self._kube.merge_patch(NODES, node, patch)
+                return
+            except Conflict:
+                continue
+            except ApiError as exc:
+                log.warning("node_not_unmarked", error=str(exc))
+                return
+
+
+async def _serve_websocket(
+    handler: Any,
+    host: str,
+    port: int,
+    ssl_context: ssl.SSLContext | None,
+    max_frame_bytes: int,
+    *,
+    task_status: anyio.abc.TaskStatus[Any] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    await trio_websocket.serve_websocket(
+        handler,
+        host,
+        port,
+        ssl_context,
+        max_message_size=max_frame_bytes,
+        task_status=task_status,
+    )

@@ -1,0 +1,69 @@
+"""The cloud hub's Prometheus metrics, registered in a registry the role owns."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class _KubeCounters(Collector):
+    """Reads the API client's write and conflict counters at scrape time."""
+
+    def __init__(self, read: Callable[[], tuple[int, int]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        writes, conflicts = self._read()
+        yield CounterMetricFamily("nodetaskd_hub_api_writes", "Writes to the API server.", value=writes)
+        yield CounterMetricFamily(
+            "nodetaskd_hub_api_conflicts", "409 conflicts met by status writes (each retried).", value=conflicts
+        )
+
+
+class HubMetrics:
+    """Counters, gauges and histograms of one hub."""
+
+    def __init__(
+        self, registry: CollectorRegistry, *, sessions: Callable[[], int], kube: Callable[[], tuple[int, int]]
+    ) -> None:
+        self.connected = Gauge("nodetaskd_hub_connected_edges", "Edge sessions held.", registry=registry)
+        self.connected.set_function(sessions)
+        self.messages_in = Counter(
+            "nodetaskd_hub_messages_in", "Frames received from edges, by op.", ["op"], registry=registry
+        )
+        self.messages_out = Counter(
+            "nodetaskd_hub_messages_out", "Frames sent to edges, by op.", ["op"], registry=registry
+        )
+        self.rejected = Counter(
+            "nodetaskd_hub_rejected_frames", "Frames refused, by reason.", ["reason"], registry=registry
+        )
+        self.auth_failures = Counter(
+            "nodetaskd_hub_auth_failures", "Handshakes refused, by HTTP status.", ["status"], registry=registry
+        )
+        self.dispatch_latency = Histogram(
+            "nodetaskd_hub_dispatch_latency_seconds",
+            "From a node task's claim being written to its RunAction being sent.",
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.ack_latency = Histogram(
+            "nodetaskd_hub_ack_latency_seconds",
+            "From a RunAction being sent to the edge acknowledging it.",
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.report_latency = Histogram(
+            "nodetaskd_hub_report_latency_seconds",
+            "From a report arriving to its status write succeeding (coalescing window included).",
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.status_batches = Counter(
+            "nodetaskd_hub_status_writes", "Coalesced job status writes that succeeded.", registry=registry
+        )
+        registry.register(_KubeCounters(kube))

@@ -1,0 +1,208 @@
+"""One job's dispatch on one hub: a node task per connected node, under the job's concurrency.
+
+A runner belongs to one job UID. It starts a node task in the shared pool for every target node
+connected to this hub that is Pending (to be claimed) or already InProgress (adopted after a hub
+restart or an edge moving between hubs: the edge resumes from its own store and re-sends its
+reports). A node task:
+
+1. claims the node through the status writer, which is what bounds concurrency across hubs
+   (a claim only succeeds while fewer than ``concurrency`` nodes are InProgress);
+2. sends ``RunAction`` to the node's session, and again on every reconnect until the node settles
+   (the edge is idempotent per job UID, so this is how unacknowledged sends are retried);
+3. ends when the node's entry leaves InProgress (a final report, or the controller's Unknown),
+   or when ``timeoutSeconds`` since its dispatch have passed.
+
+The pool token is held across all three in one ``async with`` (see :mod:`nodetask.pool`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.abc
+import msgspec
+import structlog
+
+from flows.jobtype import JobType
+from nodetask.clock import Clock, parse_time
+from nodetask.messages import RunAction
+from nodetask.phases import ConditionStatus, NodeTaskPhase
+from nodetask.pool import JobPool, NodeTaskEnd, open_job_pool
+from nodetask.route import Route
+from roles.cloud.changes import ClaimOutcome, claim
+from roles.cloud.sessions import SessionTable
+from roles.cloud.status_writer import StatusWriter
+from roles.kube import ApiError, NotFound
+from roles.kube.watching import Backoff
+from schemas import v1alpha2
+from schemas.access import targeting
+
+Log = structlog.typing.FilteringBoundLogger
+
+
+class JobRunner:
+    """Dispatches job ``job.metadata.uid`` to this hub's sessions until stopped."""
+
+    def __init__(
+        self,
+        *,
+        job: Any,
+        job_type: JobType,
+        sessions: SessionTable,
+        writer: StatusWriter,
+        clock: Clock,
+        log: Log,
+        credentials: dict[str, str] | None = None,
+        on_dispatch: Callable[[float], None] = lambda _: None,
+    ) -> None:
+        self.uid: str = job.metadata.uid
+        self.name: str = job.metadata.name
+        self.job = job
+        self._type = job_type
+        self._sessions = sessions
+        self._writer = writer
+        self._clock = clock
+        self._log = log.bind(job=self.name, uid=self.uid)
+        self._credentials = credentials or {}
+        self._on_dispatch = on_dispatch
+        self._spec = msgspec.Raw(msgspec.json.encode(job.spec))
+        self._changed = anyio.Event()
+        self._stop = anyio.Event()
+        self._pool: JobPool | None = None
+        self.finished = anyio.Event()
+        self.dispatched: list[tuple[str, float]] = []
+        """(node, loop time) of every claim this runner made, for tests and benchmarks."""
+
+    # ------------------------------------------------------------------------------- driven by the hub
+
+    def update(self, job: Any) -> None:
+        """A newer copy of the job (from the watch or from a write)."""
+        self.job = job
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    def stop(self) -> None:
+        """Interrupt every node task; :attr:`finished` is set once they have all unwound."""
+        self._stop.set()
+
+    def offer(self, node: str) -> None:
+        """Start ``node``'s task if it targets this job, is connected here and still needs work."""
+        pool = self._pool
+        if pool is None or node in pool or node not in self._sessions:
+            return
+        entry = self._entry(node)
+        if entry is None or entry.phase not in (NodeTaskPhase.PENDING, NodeTaskPhase.IN_PROGRESS):
+            return
+        pool.start(node, lambda: self._node_task(node), timeout=math.inf, on_end=self._ended)
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Run until :meth:`stop`; node tasks already dispatched go first, then Pending ones in order."""
+        try:
+            async with open_job_pool(uid=self.uid, concurrency=targeting(self.job).effective_concurrency) as pool:
+                self._pool = pool
+                entries = self.job.status.node_status
+                for phase in (NodeTaskPhase.IN_PROGRESS, NodeTaskPhase.PENDING):
+                    for entry in entries:
+                        if entry.phase is phase:
+                            self.offer(entry.node_name)
+                task_status.started()
+                await self._stop.wait()
+                pool.interrupt()
+        finally:
+            self.finished.set()
+
+    # ---------------------------------------------------------------------------------- node tasks
+
+    def _entry(self, node: str) -> Any:
+        for entry in self.job.status.node_status:
+            if entry.node_name == node:
+                return entry
+        return None
+
+    def _ended(self, node: str, end: NodeTaskEnd) -> None:
+        if end is not NodeTaskEnd.FINISHED:
+            self._log.info("node_task_ended", node=node, end=end)
+
+    async def _node_task(self, node: str) -> None:
+        log = self._log.bind(node=node)
+        entry = self._entry(node)
+        if entry is not None and entry.phase is NodeTaskPhase.PENDING and not await self._claim(node, log):
+            return
+        entry = self._entry(node)
+        if entry is None or entry.phase is not NodeTaskPhase.IN_PROGRESS:
+            return
+        with anyio.move_on_at(self._deadline(entry)) as scope:
+            await self._serve(node, log)
+        if scope.cancelled_caught:
+            log.warning("node_task_timed_out", timeout=targeting(self.job).effective_timeout)
+
+    async def _claim(self, node: str, log: Log) -> bool:
+        backoff = Backoff(initial=0.5, cap=10.0)
+        while True:
+            changed = self._changed
+            try:
+                outcome = await self._writer.submit(claim(node, uid=self.uid, now=self._clock.stamp()))
+            except NotFound:
+                return False
+            except ApiError as exc:
+                log.warning("claim_failed", error=str(exc))
+                await anyio.sleep(backoff.delay())
+                continue
+            match outcome:
+                case ClaimOutcome.CLAIMED:
+                    self.dispatched.append((node, anyio.current_time()))
+                    log.info("node_dispatched")
+                    return True
+                case ClaimOutcome.FULL:
+                    await changed.wait()
+                case _:
+                    log.info("node_not_claimed", outcome=outcome)
+                    return False
+
+    def _deadline(self, entry: Any) -> float:
+        timeout = targeting(self.job).effective_timeout
+        try:
+            return self._clock.loop_time(parse_time(entry.dispatch_time)) + timeout
+        except ValueError:
+            return anyio.current_time() + timeout
+
+    def _next_action(self, entry: Any) -> str:
+        flow = self._type.flow
+        if not entry.action_flow:
+            return flow.first
+        last = entry.action_flow[-1]
+        return flow.next(last.action, last.status is ConditionStatus.TRUE) or flow.first
+
+    async def _serve(self, node: str, log: Log) -> None:
+        """(Re)send the node's action on every session until its entry leaves InProgress."""
+        async with anyio.create_task_group() as tg:
+
+            async def until_settled() -> None:
+                while (entry := self._entry(node)) is not None and entry.phase is NodeTaskPhase.IN_PROGRESS:
+                    await self._changed.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(until_settled)
+            sends = 0
+            claimed_at = anyio.current_time()
+            while True:
+                session = await self._sessions.wait_for(node)
+                sends += 1
+                route = Route(v1alpha2.API_VERSION, self._type.resource_type, self.name, node)
+                msg = RunAction(
+                    id=f"{self.uid}/{node}/{sends}",
+                    route=route,
+                    job_uid=self.uid,
+                    action=self._next_action(self._entry(node)),
+                    spec=self._spec,
+                    credentials=self._credentials,
+                )
+                session.expect_ack(msg.id)
+                if await session.send(msg):
+                    log.debug("run_action_sent", action=msg.action, attempt=sends)
+                    if sends == 1:
+                        self._on_dispatch(anyio.current_time() - claimed_at)
+                await session.closed.wait()

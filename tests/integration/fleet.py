@@ -1,0 +1,49 @@
+"""Test fleets on the real control plane: edge Nodes (as a kubelet registers them) and their tokens."""
+
+from __future__ import annotations
+
+import base64
+import secrets
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+
+import anyio
+import structlog
+
+from roles.cloud.auth import TOKEN_KEY, token_secret_name
+from roles.kube import Kube, open_kube
+from roles.kube.resources import NODES, SECRETS
+from schemas.core import EDGE_ROLE_LABEL, Node, NodeCondition, NodeStatus, Secret
+from schemas.meta import ObjectMeta
+from tests.integration.controlplane import ControlPlane
+
+TOKEN_NAMESPACE = "kube-system"
+
+
+@asynccontextmanager
+async def admin(cp: ControlPlane) -> AsyncIterator[Kube]:
+    """A client with the cluster-admin identity, for set-up."""
+    async with open_kube(kubeconfig=str(cp.kubeconfig("admin")), log=structlog.get_logger()) as kube:
+        yield kube
+
+
+async def register_edges(cp: ControlPlane, names: Iterable[str]) -> dict[str, str]:
+    """Create Ready edge Nodes and their token Secrets; returns each node's token."""
+    tokens: dict[str, str] = {}
+    async with admin(cp) as kube, anyio.create_task_group() as tg:
+        for name in names:
+            tokens[name] = secrets.token_urlsafe(24)
+            tg.start_soon(_register, kube, name, tokens[name])
+    return tokens
+
+
+async def _register(kube: Kube, name: str, token: str) -> None:
+    node = await kube.create(NODES, Node(metadata=ObjectMeta(name=name, labels={EDGE_ROLE_LABEL: ""})))
+    ready = NodeStatus(conditions=(NodeCondition(type="Ready", status="True", reason="Test", message="test"),))
+    await kube.replace(NODES, Node(metadata=node.metadata, status=ready), subresource="status")
+    secret = Secret(
+        metadata=ObjectMeta(name=token_secret_name(name), namespace=TOKEN_NAMESPACE),
+        type="Opaque",
+        data={TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+    )
+    await kube.create(SECRETS, secret, namespace=TOKEN_NAMESPACE)

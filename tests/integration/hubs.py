@@ -1,0 +1,115 @@
+"""Running hubs, a controller and light edges in the test process, against the real control plane."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from functools import partial
+
+import anyio
+import structlog
+from prometheus_client import CollectorRegistry
+
+from nodetask.clock import Clock
+from roles.cloud.hub import Hub, HubSettings
+from roles.cloud.metrics import HubMetrics
+from roles.controller.reconciler import Reconciler
+from roles.jobtypes import job_types
+from roles.kube import open_kube
+from schemas.kinds import KINDS
+from tests.integration.controlplane import ControlPlane
+from tools.lightedge import Interval, LightEdge
+
+
+def free_port() -> int:
+    """A TCP port free on loopback right now (a restarted hub binds the same one)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass(slots=True)
+class RunningHub:
+    hub: Hub
+    url: str
+    registry: CollectorRegistry
+    scope: anyio.CancelScope
+
+
+@asynccontextmanager
+async def running_hub(
+    cp: ControlPlane,
+    hub_id: str,
+    *,
+    port: int = 0,
+    window: float = 0.05,
+    heartbeat: float = 1.0,
+    close_grace: float = 2.0,
+) -> AsyncIterator[RunningHub]:
+    """A hub authenticated as the cloud role, serving plain ws:// on loopback until the block ends."""
+    registry = CollectorRegistry()
+    settings = HubSettings(hub_id=hub_id, heartbeat_interval=heartbeat, coalesce_window=window, close_grace=close_grace)
+    async with open_kube(kubeconfig=str(cp.kubeconfig("cloud")), log=structlog.get_logger()) as kube:
+        hub = Hub(
+            kube=kube,
+            clock=Clock.start(),
+            log=structlog.get_logger(),
+            settings=settings,
+            job_types=job_types(),
+            metrics=HubMetrics(
+                registry, sessions=lambda: len(hub.sessions), kube=lambda: (kube.writes, kube.conflicts)
+            ),
+        )
+        async with anyio.create_task_group() as tg:
+            bound = await tg.start(partial(hub.run, host="127.0.0.1", port=port, ssl_context=None))
+            yield RunningHub(hub=hub, url=f"ws://127.0.0.1:{bound}", registry=registry, scope=tg.cancel_scope)
+            tg.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def running_controller(cp: ControlPlane) -> AsyncIterator[Reconciler]:
+    """The controller role's reconciler, authenticated as the controller."""
+    async with open_kube(kubeconfig=str(cp.kubeconfig("controller")), log=structlog.get_logger()) as kube:
+        reconciler = Reconciler(kube=kube, clock=Clock.start(), log=structlog.get_logger(), kinds=KINDS)
+        async with anyio.create_task_group() as tg:
+            await tg.start(reconciler.run)
+            yield reconciler
+            tg.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def running_edges(edges: Iterable[LightEdge]) -> AsyncIterator[list[LightEdge]]:
+    """Light edges, each connected once before the block starts."""
+    fleet = list(edges)
+    async with anyio.create_task_group() as tg:
+        for edge in fleet:
+            await tg.start(edge.run)
+        yield fleet
+        tg.cancel_scope.cancel()
+
+
+def light_edge(node: str, url: str, token: str, **kwargs: object) -> LightEdge:
+    return LightEdge(node=node, url=url, token=token, job_types=job_types(), **kwargs)  # type: ignore[arg-type]
+
+
+def peak_overlap(intervals: Iterable[Interval]) -> int:
+    """The most intervals open at one moment (an interval ending as another starts does not overlap it)."""
+    spans = list(intervals)
+    marks = sorted([(i.start, 1) for i in spans] + [(i.end, -1) for i in spans])
+    peak = current = 0
+    for _, step in marks:
+        current += step
+        peak = max(peak, current)
+    return peak
+
+
+async def eventually(check: Callable[[], object], limit_s: float = 20, interval: float = 0.05) -> None:
+    """Wait until ``check()`` is truthy; fail after ``limit_s`` seconds."""
+    with anyio.fail_after(limit_s):
+        while True:
+            if check():
+                return
+            await anyio.sleep(interval)

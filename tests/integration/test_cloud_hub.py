@@ -1,0 +1,248 @@
+"""The cloud hub on the real control plane with real websockets on loopback and light edges."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import pytest
+import trio_websocket
+
+from nodetask import messages
+from nodetask.messages import Error, Heartbeat, Hello, Report, Welcome
+from nodetask.phases import JobPhase, NodeTaskPhase
+from nodetask.route import Route
+from roles.kube import Kube
+from roles.kube.resources import NODES, job_resource
+from schemas.core import AGENT_VERSION_ANNOTATION, HUB_ANNOTATION
+from schemas.kinds import IMAGE_PRE_PULL_JOB
+from tests.integration.controlplane import ControlPlane
+from tests.integration.fleet import admin, register_edges
+from tests.integration.hubs import (
+    eventually,
+    free_port,
+    light_edge,
+    peak_overlap,
+    running_controller,
+    running_edges,
+    running_hub,
+)
+from tests.integration.objects import create_job, unique
+
+pytestmark = pytest.mark.integration
+PREPULLS = job_resource(IMAGE_PRE_PULL_JOB)
+
+
+def _prepull(nodes: list[str], *, concurrency: int = 1, timeout: int = 60) -> dict[str, object]:
+    template = {
+        "nodeNames": nodes,
+        "concurrency": concurrency,
+        "timeoutSeconds": timeout,
+        "images": ["registry.local/app:1", "registry.local/db:2"],
+    }
+    return {"imagePrePullTemplate": template}
+
+
+async def _until(kube: Kube, name: str, check: Callable[[Any], bool], limit_s: float = 40) -> Any:
+    with anyio.fail_after(limit_s):
+        while True:
+            job = await kube.get(PREPULLS, name)
+            if check(job):
+                return job
+            await anyio.sleep(0.1)
+
+
+def _assert_each_action_once(job: Any) -> None:
+    for entry in job.status.node_status:
+        actions = [a.action for a in entry.action_flow]
+        assert actions == ["Check", "Pull"], (entry.node_name, actions)
+
+
+async def test_job_completes_across_two_hubs_within_its_concurrency(crds: ControlPlane, cloud_kube: Kube) -> None:
+    """Edges split over two hubs all finish, no node fails falsely, and at most `concurrency` run at once."""
+    nodes = [unique("hub2") for _ in range(6)]
+    tokens = await register_edges(crds, nodes)
+    name = unique("across")
+    async with (
+        running_controller(crds),
+        running_hub(crds, "hub-a") as a,
+        running_hub(crds, "hub-b") as b,
+        running_edges(
+            light_edge(n, (a if i % 2 else b).url, tokens[n], delay=0.15) for i, n in enumerate(nodes)
+        ) as edges,
+    ):
+        create_job(crds, "ImagePrePullJob", name, _prepull(nodes, concurrency=2))
+        job = await _until(cloud_kube, name, lambda j: j.status.phase is JobPhase.COMPLETED)
+    assert [e.phase for e in job.status.node_status] == [NodeTaskPhase.SUCCESSFUL] * 6
+    _assert_each_action_once(job)
+    assert all(e.dispatch_time for e in job.status.node_status)
+    assert all(img.status == "True" for e in job.status.node_status for img in e.image_status)
+    intervals = [i for edge in edges for i in edge.intervals.values()]
+    assert len(intervals) == 6
+    assert peak_overlap(intervals) == 2
+    assert {len(r.dispatched) for r in a.hub.runners()} | {len(r.dispatched) for r in b.hub.runners()} <= {0, 1, 2, 3}
+    assert sum(len(r.dispatched) for r in a.hub.runners()) == 3
+    assert sum(len(r.dispatched) for r in b.hub.runners()) == 3
+
+
+async def test_hub_restarted_mid_job_finishes_it_without_losing_or_repeating_results(
+    crds: ControlPlane, cloud_kube: Kube
+) -> None:
+    """A hub stopped while nodes are in flight and started again resumes them and the Pending ones."""
+    nodes = [unique("restart") for _ in range(4)]
+    tokens = await register_edges(crds, nodes)
+    name = unique("restart")
+    port = free_port()
+    edges = [light_edge(n, f"ws://127.0.0.1:{port}", tokens[n], delay=0.4) for n in nodes]
+    async with running_controller(crds), anyio.create_task_group() as fleet:
+        # The edges outlive the first hub: they keep their outbox and reconnect to the second.
+        for edge in edges:
+            fleet.start_soon(edge.run)
+        async with running_hub(crds, "hub-r", port=port):
+            create_job(crds, "ImagePrePullJob", name, _prepull(nodes, concurrency=2))
+            await _until(cloud_kube, name, lambda j: any(a for e in j.status.node_status for a in e.action_flow))
+        async with running_hub(crds, "hub-r", port=port):
+            job = await _until(cloud_kube, name, lambda j: j.status.phase is JobPhase.COMPLETED)
+        fleet.cancel_scope.cancel()
+    assert [e.phase for e in job.status.node_status] == [NodeTaskPhase.SUCCESSFUL] * 4
+    _assert_each_action_once(job)
+    assert peak_overlap(i for edge in edges for i in edge.intervals.values()) <= 2
+    assert all(edge.connects >= 2 for edge in edges if edge.intervals)
+
+
+async def test_edge_that_drops_mid_flow_reconnects_and_finishes(crds: ControlPlane, cloud_kube: Kube) -> None:
+    """An edge whose connection is cut after its first report reconnects, flushes its outbox and finishes."""
+    nodes = [unique("drop")]
+    tokens = await register_edges(crds, nodes)
+    name = unique("drop")
+    async with running_controller(crds), running_hub(crds, "hub-d") as hub:
+        edge = light_edge(nodes[0], hub.url, tokens[nodes[0]], delay=0.5)
+        async with running_edges([edge]):
+            create_job(crds, "ImagePrePullJob", name, _prepull(nodes))
+            await eventually(lambda: edge.acked)
+            edge.cut()
+            job = await _until(cloud_kube, name, lambda j: j.status.phase is JobPhase.COMPLETED)
+    _assert_each_action_once(job)
+    assert edge.connects >= 2
+
+
+async def test_report_for_another_node_is_refused(crds: ControlPlane, cloud_kube: Kube) -> None:
+    """A session may only report for its own node: a report naming another node is refused, not applied."""
+    nodes = [unique("own"), unique("other")]
+    tokens = await register_edges(crds, nodes)
+    name = unique("foreign")
+    async with running_controller(crds), running_hub(crds, "hub-f") as hub:
+        create_job(crds, "ImagePrePullJob", name, _prepull(nodes[1:]))
+        job = await _until(cloud_kube, name, lambda j: j.status.node_status)
+        edge = light_edge(nodes[0], hub.url, tokens[nodes[0]])
+        async with running_edges([edge]):
+            route = Route("operations.kubeedge.io/v1alpha2", "imageprepulljob", name, nodes[1])
+            await edge.send(Report(route=route, job_uid=job.metadata.uid, seq=1, action="Check", succ=True))
+            await eventually(lambda: edge.errors)
+    assert edge.errors[0].code == "foreign_node"
+    assert edge.errors[0].ref == "1"
+    assert hub.registry.get_sample_value("nodetaskd_hub_rejected_frames_total", {"reason": "foreign_node"}) == 1
+    job = await cloud_kube.get(PREPULLS, name)
+    assert job.status.node_status[0].action_flow == ()
+
+
+async def test_bad_frames_get_an_error_and_the_session_survives(crds: ControlPlane) -> None:
+    """Malformed, unknown and oversized frames are answered or closed, never crash the hub."""
+    node = unique("bad")
+    tokens = await register_edges(crds, [node])
+    headers = [(b"authorization", f"Bearer {tokens[node]}".encode())]
+    async with running_hub(crds, "hub-x") as hub:
+        url = f"{hub.url}/nodes/{node}"
+        async with trio_websocket.open_websocket_url(url, extra_headers=headers) as ws:
+            await ws.send_message(messages.encode(Hello(node=node, version="v1")))
+            assert isinstance(messages.decode_downstream(await ws.get_message()), Welcome)
+            frames: list[str | bytes] = [
+                "not json",
+                '{"op": "teleport"}',
+                '{"op": "report", "route": "a/b", "seq": 1}',
+                b"\xff",
+            ]
+            for frame in frames:
+                await ws.send_message(frame)
+                reply = messages.decode_downstream(await ws.get_message())
+                assert isinstance(reply, Error)
+                assert reply.code == "malformed"
+            await ws.send_message(messages.encode(Heartbeat(sent_at=1.0)))
+            assert messages.decode_downstream(await ws.get_message()) == Heartbeat(sent_at=1.0)
+
+            async def send_oversized() -> None:
+                # The hub may close while the frame is still being sent, or answer the close after.
+                await ws.send_message("x" * (2 << 20))
+                await ws.get_message()
+
+            with pytest.raises(trio_websocket.ConnectionClosed) as closed:
+                await send_oversized()
+            assert closed.value.reason is not None
+            assert closed.value.reason.code == 1009
+        # The hub still serves the next session.
+        async with trio_websocket.open_websocket_url(url, extra_headers=headers) as ws:
+            await ws.send_message(messages.encode(Hello(node=node, version="v1")))
+            assert isinstance(messages.decode_downstream(await ws.get_message()), Welcome)
+    assert hub.registry.get_sample_value("nodetaskd_hub_rejected_frames_total", {"reason": "malformed"}) == 4
+
+
+@pytest.mark.parametrize(
+    ("token", "status"),
+    [("", 401), ("wrong-token", 403)],
+)
+async def test_handshake_without_the_nodes_token_is_rejected(crds: ControlPlane, token: str, status: int) -> None:
+    """An edge without a bearer token, or with a wrong one, is refused before any frame."""
+    node = unique("auth")
+    await register_edges(crds, [node])
+    async with running_hub(crds, "hub-auth") as hub:
+        headers = [(b"authorization", f"Bearer {token}".encode())] if token else []
+        with pytest.raises(trio_websocket.ConnectionRejected) as rejected:
+            async with trio_websocket.open_websocket_url(f"{hub.url}/nodes/{node}", extra_headers=headers):
+                pass
+    assert rejected.value.status_code == status
+    assert hub.registry.get_sample_value("nodetaskd_hub_auth_failures_total", {"status": str(status)}) == 1
+
+
+async def test_token_of_one_node_does_not_open_another_nodes_session(crds: ControlPlane) -> None:
+    """A valid token is bound to its node: presenting it for another node is refused."""
+    mine, theirs = unique("mine"), unique("theirs")
+    tokens = await register_edges(crds, [mine, theirs])
+    async with running_hub(crds, "hub-bind") as hub:
+        headers = [(b"authorization", f"Bearer {tokens[mine]}".encode())]
+        with pytest.raises(trio_websocket.ConnectionRejected) as rejected:
+            async with trio_websocket.open_websocket_url(f"{hub.url}/nodes/{theirs}", extra_headers=headers):
+                pass
+    assert rejected.value.status_code == 403
+
+
+async def test_session_is_recorded_on_the_node_and_cleared_when_it_ends(crds: ControlPlane) -> None:
+    """The hub writes which instance holds the node and the agent version, and removes the hub on disconnect."""
+    node = unique("mark")
+    tokens = await register_edges(crds, [node])
+    async with admin(crds) as kube, running_hub(crds, "hub-m") as hub:
+        async with running_edges([light_edge(node, hub.url, tokens[node], version="v1.2.3")]):
+            marked = await kube.get(NODES, node)
+        with anyio.fail_after(10):
+            while True:
+                cleared = await kube.get(NODES, node)
+                if HUB_ANNOTATION not in cleared.metadata.annotations:
+                    break
+                await anyio.sleep(0.05)
+    assert marked.metadata.annotations[HUB_ANNOTATION] == "hub-m"
+    assert marked.metadata.annotations[AGENT_VERSION_ANNOTATION] == "v1.2.3"
+    assert cleared.metadata.annotations[AGENT_VERSION_ANNOTATION] == "v1.2.3"
+
+
+async def test_stopping_the_hub_closes_sessions_with_going_away(crds: ControlPlane) -> None:
+    """A hub shutting down sends every edge a 1001 close frame so they reconnect elsewhere at once."""
+    node = unique("bye")
+    tokens = await register_edges(crds, [node])
+    edge = light_edge(node, "", tokens[node], reconnect_delay=30)
+    async with running_edges([]) as _, anyio.create_task_group() as tg:
+        async with running_hub(crds, "hub-bye") as hub:
+            edge.url = hub.url
+            await tg.start(edge.run)
+        await eventually(lambda: edge.close_codes)
+        tg.cancel_scope.cancel()
+    assert edge.close_codes == [1001]

@@ -1,0 +1,215 @@
+"""A lightweight in-process edge agent for integration tests and benchmarks.
+
+It speaks the real wire protocol to a real hub - token handshake, Hello, heartbeats, RunAction
+acknowledgements, an outbox of reports re-sent until acknowledged, resumption per job UID - but
+fakes the device: each action takes ``delay`` seconds and fails when its name is in ``fail``.
+The real agent is ``nodetaskd --role=edge``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import anyio
+import anyio.abc
+import trio_websocket
+
+from flows import imageprepulljob, nodeupgradejob
+from flows.jobtype import JobType
+from nodetask import messages
+from nodetask.messages import Ack, Error, Heartbeat, Hello, Report, ReportAck, RunAction, Welcome
+from nodetask.phases import ConditionStatus
+from nodetask.route import Route
+from schemas.v1alpha2 import ImagePrePullJobSpec, ImageStatus, NodeUpgradeJobSpec
+
+DROPPED_CODES = frozenset({"report_rejected", "job_gone"})
+
+
+@dataclass(slots=True)
+class Interval:
+    """When this edge worked on a node task: first RunAction to the final action's end.
+
+    Contained in the hub's view of the task (claim to final report written), so a peak overlap of
+    these intervals above the job's concurrency proves the hubs over-dispatched.
+    """
+
+    job_uid: str
+    start: float
+    end: float = math.inf
+
+
+@dataclass(slots=True)
+class LightEdge:
+    """One simulated edge. Run :meth:`run` in a task group; cancel it to stop the edge."""
+
+    node: str
+    url: str
+    token: str
+    job_types: Mapping[str, JobType]
+    delay: float = 0.05
+    fail: frozenset[str] = frozenset()
+    version: str = "v1.0.0"
+    ssl_context: ssl.SSLContext | None = None
+    reconnect_delay: float = 0.2
+
+    outbox: dict[int, Report] = field(default_factory=dict)
+    acked: list[Report] = field(default_factory=list)
+    dropped: list[tuple[Report, str]] = field(default_factory=list)
+    errors: list[Error] = field(default_factory=list)
+    intervals: dict[str, Interval] = field(default_factory=dict)
+    run_actions: list[RunAction] = field(default_factory=list)
+    close_codes: list[int] = field(default_factory=list)
+    connects: int = 0
+    _seq: int = 0
+    _ws: trio_websocket.WebSocketConnection | None = None
+    _connected: anyio.Event = field(default_factory=anyio.Event)
+    _finished: dict[str, Report] = field(default_factory=dict)
+    _cut: anyio.CancelScope | None = None
+    _ready: anyio.abc.TaskStatus[None] | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self._ws is not None
+
+    async def wait_connected(self) -> None:
+        while self._ws is None:
+            await self._connected.wait()
+
+    def cut(self) -> None:
+        """Drop the current connection abruptly (as a network failure would); the edge reconnects."""
+        if self._cut is not None:
+            self._cut.cancel()
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Connect, serve, and reconnect after every loss until cancelled; ready once first connected."""
+        self._ready = task_status
+        async with anyio.create_task_group() as work:
+            while True:
+                try:
+                    await self._session(work)
+                except* (OSError, trio_websocket.HandshakeError, trio_websocket.ConnectionClosed) as group:
+                    for exc in group.exceptions:
+                        if isinstance(exc, trio_websocket.ConnectionClosed) and exc.reason is not None:
+                            self.close_codes.append(exc.reason.code)
+                await anyio.sleep(self.reconnect_delay)
+
+    async def _session(self, work: anyio.abc.TaskGroup) -> None:
+        headers = [(b"authorization", f"Bearer {self.token}".encode())]
+        url = f"{self.url.rstrip('/')}/nodes/{self.node}"
+        async with trio_websocket.open_websocket_url(url, ssl_context=self.ssl_context, extra_headers=headers) as ws:
+            await ws.send_message(messages.encode(Hello(node=self.node, version=self.version)))
+            welcome = messages.decode_downstream(await ws.get_message())
+            if not isinstance(welcome, Welcome):
+                raise trio_websocket.HandshakeError(f"expected welcome, got {welcome!r}")
+            self.connects += 1
+            with anyio.CancelScope() as self._cut:
+                self._ws = ws
+                self._connected.set()
+                self._connected = anyio.Event()
+                if self._ready is not None:
+                    self._ready.started()
+                    self._ready = None
+                try:
+                    for report in sorted(self.outbox.values(), key=lambda r: r.seq):
+                        await ws.send_message(messages.encode(report))
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(self._heartbeat, ws, welcome.heartbeat_interval)
+                        await self._receive(ws, work, welcome.heartbeat_interval)
+                        tg.cancel_scope.cancel()
+                finally:
+                    self._ws = None
+            if self._cut.cancelled_caught:
+                raise trio_websocket.ConnectionClosed(None)
+            if ws.closed is not None:
+                self.close_codes.append(ws.closed.code)
+
+    async def _heartbeat(self, ws: trio_websocket.WebSocketConnection, interval: float) -> None:
+        while True:
+            await anyio.sleep(interval)
+            await ws.send_message(messages.encode(Heartbeat(sent_at=anyio.current_time())))
+
+    async def _receive(
+        self, ws: trio_websocket.WebSocketConnection, work: anyio.abc.TaskGroup, interval: float
+    ) -> None:
+        while True:
+            with anyio.fail_after(interval * 3):
+                frame = await ws.get_message()
+            match messages.decode_downstream(frame):
+                case RunAction() as run:
+                    self.run_actions.append(run)
+                    await ws.send_message(messages.encode(Ack(id=run.id)))
+                    await self._start(run, work)
+                case ReportAck(seq=seq):
+                    report = self.outbox.pop(seq, None)
+                    if report is not None:
+                        self.acked.append(report)
+                case Error(code=code, ref=ref) as err:
+                    self.errors.append(err)
+                    if code in DROPPED_CODES and ref.isdigit() and int(ref) in self.outbox:
+                        report = self.outbox.pop(int(ref))
+                        self.dropped.append((report, code))
+                case _:
+                    pass
+
+    async def _start(self, run: RunAction, work: anyio.abc.TaskGroup) -> None:
+        if run.job_uid in self.intervals:
+            # Re-delivered: never re-run; re-send the latest result so a restarted hub resynchronises.
+            last = self._finished.get(run.job_uid)
+            if last is not None:
+                await self.send(self._report(last.route, run.job_uid, last.action, last.succ, last.extend))
+            return
+        self.intervals[run.job_uid] = Interval(job_uid=run.job_uid, start=anyio.current_time())
+        work.start_soon(self._walk, run)
+
+    async def _walk(self, run: RunAction) -> None:
+        jt = self.job_types[run.route.job_type]
+        action: str | None = run.action
+        while action is not None:
+            await anyio.sleep(self.delay)
+            ok = action not in self.fail
+            report = self._report(run.route, run.job_uid, action, ok, self._extend(jt, run, action, ok))
+            self._finished[run.job_uid] = report
+            action = jt.flow.next(action, ok)
+            if action is None:
+                self.intervals[run.job_uid].end = anyio.current_time()
+            await self.send(report)
+
+    def _report(self, route: Route, uid: str, action: str, ok: bool, extend: str) -> Report:
+        self._seq += 1
+        report = Report(
+            route=route,
+            job_uid=uid,
+            seq=self._seq,
+            action=action,
+            succ=ok,
+            reason="" if ok else f"{action} failed on {self.node}",
+            extend=extend,
+        )
+        self.outbox[report.seq] = report
+        return report
+
+    async def send(self, msg: messages.Message) -> None:
+        """Send when connected; otherwise the outbox keeps reports for the next connection."""
+        ws = self._ws
+        if ws is None:
+            return
+        with contextlib.suppress(trio_websocket.ConnectionClosed):
+            await ws.send_message(messages.encode(msg))
+
+    def _extend(self, jt: JobType, run: RunAction, action: str, ok: bool) -> str:
+        if jt.flow is imageprepulljob.FLOW and action == imageprepulljob.PULL:
+            spec = imageprepulljob.JOB_TYPE.decode_spec(run.spec)
+            assert isinstance(spec, ImagePrePullJobSpec)
+            state = ConditionStatus.TRUE if ok else ConditionStatus.FALSE
+            return imageprepulljob.encode_extend(
+                tuple(ImageStatus(image=image, status=state) for image in spec.image_pre_pull_template.images)
+            )
+        if jt.flow is nodeupgradejob.FLOW and action == nodeupgradejob.UPGRADE and ok:
+            spec = nodeupgradejob.JOB_TYPE.decode_spec(run.spec)
+            assert isinstance(spec, NodeUpgradeJobSpec)
+            return f"{self.version},{spec.version}"
+        return ""
