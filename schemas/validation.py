@@ -1,0 +1,338 @@
+"""Admission rules for node jobs: validation and defaulting of the raw JSON object.
+
+Pure and backend-neutral, so the webhook (``roles/controller/admission.py``) and any other caller
+apply one set of rules. The rules work on the object as the API server sends it (decoded JSON, not
+a Struct) so that a field of the wrong type becomes a :class:`FieldError` naming its path instead of
+a decode failure that hides every other mistake. Once the rules pass, the object is also converted
+to its msgspec type, which catches the remaining type errors with the same path format.
+
+Beyond KubeEdge (whose webhook checks only v1alpha1 NodeUpgradeJobs): every kind in every served
+version is checked, ``failureTolerate``, ``concurrency`` and ``timeoutSeconds`` are bounded, images
+and ``updateFields`` must be non-empty, and an UPDATE that keeps the spec is admitted without
+re-checking it, so an object stored before the webhook existed can still lose its finalizer.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any, Final
+
+import msgspec
+
+from schemas.access import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_SECONDS
+from schemas.kinds import CONFIG_UPDATE_JOB, IMAGE_PRE_PULL_JOB, NODE_UPGRADE_JOB, Kind
+from schemas.manifest import ManifestError, kind_of
+from schemas.meta import check_tolerance
+
+__all__ = [
+    "IMMUTABLE_SPEC_MESSAGE",
+    "FieldError",
+    "PatchOperation",
+    "default_patch",
+    "is_image_reference",
+    "is_upgrade_image",
+    "is_version",
+    "validate_create",
+    "validate_update",
+]
+
+IMMUTABLE_SPEC_MESSAGE: Final = "spec fields are not allowed to update once it's created"
+"""KubeEdge's exact text for a changed spec."""
+NEITHER_SELECTOR_MESSAGE: Final = "both NodeNames and LabelSelector are NOT specified"
+BOTH_SELECTORS_MESSAGE: Final = "both NodeNames and LabelSelector are specified"
+
+_MAX_REFERENCE_LENGTH: Final = 1024
+"""Longer strings are rejected before any regex runs (Python's backtracking, unlike Go's RE2, is
+not linear, and no valid reference comes close: name 255 + tag 128 + digest)."""
+
+# KubeEdge's pkg/util/validation regexes. Go's \d is ASCII-only and its $ is the true end, hence
+# [0-9], re.ASCII and fullmatch.
+_VERSION: Final = re.compile(r"v[0-9]+\.[0-9]+\.[0-9]+(-[a-zA-Z0-9_.]+(?:-[a-zA-Z0-9_.]+)*)?", re.ASCII)
+_UPGRADE_IMAGE: Final = re.compile(
+    r"[A-Za-z0-9][A-Za-z0-9._:-]*/[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*"
+    r"(@sha256:[A-Fa-f0-9]{64}|:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?",
+    re.ASCII,
+)
+
+# A container image reference as the CRI accepts it (the distribution/reference grammar): unlike
+# the upgrade image, a bare "busybox:latest" is valid, as in KubeEdge's own pre-pull sample.
+_ALNUM = r"[a-z0-9]+"
+_PATH_COMPONENT = rf"{_ALNUM}(?:(?:[._]|__|-+){_ALNUM})*"
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
+_IMAGE_REFERENCE: Final = re.compile(
+    rf"(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
+    r"(?::[\w][\w.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?",
+    re.ASCII,
+)
+
+_JSON_TYPES: Final = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"), (list, "array"))
+
+_MSGSPEC_PATH: Final = re.compile(r"(?s)(?P<message>.*) - at `\$\.?(?P<path>.*)`")
+
+
+class FieldError(msgspec.Struct, frozen=True, kw_only=True):
+    """One broken rule, at a JSON field path such as ``spec.version``."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+class PatchOperation(msgspec.Struct, frozen=True, kw_only=True):
+    """One RFC 6902 JSON Patch operation, as admission responses carry them."""
+
+    op: str
+    path: str
+    value: Any
+
+
+def is_version(value: str) -> bool:
+    """KubeEdge's version format: ``v1.21.0`` or ``v1.21.0-beta.1``."""
+    return len(value) <= _MAX_REFERENCE_LENGTH and _VERSION.fullmatch(value) is not None
+
+
+def is_upgrade_image(value: str) -> bool:
+    """KubeEdge's upgrade-image format: a repository with at least one ``/``, an optional tag or digest."""
+    return len(value) <= _MAX_REFERENCE_LENGTH and _UPGRADE_IMAGE.fullmatch(value) is not None
+
+
+def is_image_reference(value: str) -> bool:
+    """A container image reference the CRI can pull (``busybox:latest``, ``ghcr.io/a/b@sha256:...``)."""
+    return len(value) <= _MAX_REFERENCE_LENGTH and _IMAGE_REFERENCE.fullmatch(value) is not None
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _json_type(value: object) -> str:
+    """The JSON name of a decoded value's type, for messages."""
+    if value is None:
+        return "null"
+    # bool before int: bool is a subclass of int in Python, but not a JSON integer.
+    for python_type, name in _JSON_TYPES:
+        if isinstance(value, python_type):
+            return name
+    return "object"
+
+
+class _Checker:
+    """Collects the errors of one object; each ``check_*`` reads one field and never raises."""
+
+    def __init__(self) -> None:
+        self.errors: list[FieldError] = []
+
+    def fail(self, path: str, message: str) -> None:
+        self.errors.append(FieldError(path=path, message=message))
+
+    def typed(self, obj: Mapping[str, Any], key: str, path: str, expected: type, name: str) -> Any:
+        """The field's value if present (null counts as absent) and of ``expected`` type, else None."""
+        value = obj.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):  # JSON has no bool ints
+            self.fail(_join(path, key), f"must be {name}, got {_json_type(value)}")
+            return None
+        return value
+
+    def check_range(self, obj: Mapping[str, Any], key: str, path: str, minimum: int, maximum: int) -> None:
+        value = self.typed(obj, key, path, int, "an integer")
+        if value is not None and not minimum <= value <= maximum:
+            self.fail(f"{path}.{key}", f"must be within [{minimum}, {maximum}] when set, got {value}")
+
+    def check_tolerance(self, obj: Mapping[str, Any], path: str) -> None:
+        text = self.typed(obj, "failureTolerate", path, str, 'a decimal string such as "0.1"')
+        if text is None:
+            return
+        try:
+            # The same decoding the API types use, so admitted objects always decode.
+            check_tolerance(msgspec.convert(text, type=Decimal))
+        except (msgspec.ValidationError, ValueError):
+            self.fail(f"{path}.failureTolerate", f"must be a decimal number within [0, 1], got {text!r}")
+
+    def check_selectors(self, obj: Mapping[str, Any], path: str) -> None:
+        names = self.typed(obj, "nodeNames", path, list, "an array of node names")
+        selector = self.typed(obj, "labelSelector", path, dict, "a label selector object")
+        if (obj.get("nodeNames") is not None and names is None) or (
+            obj.get("labelSelector") is not None and selector is None
+        ):
+            return  # a wrong type, already reported
+        for i, name in enumerate(names or ()):
+            if not isinstance(name, str) or not name:
+                self.fail(f"{path}.nodeNames[{i}]", f"must be a non-empty node name, got {name!r}")
+        # KubeEdge's rule: an empty list means "not specified", an empty selector object does not.
+        if not names and selector is None:
+            self.fail(f"{path}.nodeNames", f"{NEITHER_SELECTOR_MESSAGE} (set exactly one of nodeNames, labelSelector)")
+        elif names and selector is not None:
+            self.fail(f"{path}.nodeNames", f"{BOTH_SELECTORS_MESSAGE} (set exactly one of nodeNames, labelSelector)")
+
+    def check_execution(self, obj: Mapping[str, Any], path: str) -> None:
+        """The limits every kind has: concurrency, timeoutSeconds, failureTolerate."""
+        self.check_range(obj, "concurrency", path, 1, 2**31 - 1)
+        self.check_range(obj, "timeoutSeconds", path, 1, 2**32 - 1)
+        self.check_tolerance(obj, path)
+
+
+def _check_upgrade(c: _Checker, spec: Mapping[str, Any]) -> None:
+    version = c.typed(spec, "version", "spec", str, "a string")
+    if spec.get("version") is None or version == "":
+        c.fail("spec.version", "is required, e.g. v1.21.0")
+    elif version is not None and not is_version(version):
+        c.fail("spec.version", f"must look like v1.21.0 or v1.21.0-beta.1, got {version!r}")
+    image = c.typed(spec, "image", "spec", str, "a string")
+    # Empty means the default installation-package image.
+    if image and not is_upgrade_image(image):
+        c.fail("spec.image", f"must be an image repository such as kubeedge/installation-package, got {image!r}")
+    c.check_selectors(spec, "spec")
+    c.check_execution(spec, "spec")
+
+
+def _check_prepull(c: _Checker, spec: Mapping[str, Any]) -> None:
+    path = "spec.imagePrePullTemplate"
+    template = c.typed(spec, "imagePrePullTemplate", "spec", dict, "an object")
+    if template is None:
+        if spec.get("imagePrePullTemplate") is None:
+            c.fail(path, "is required")
+        return
+    images = c.typed(template, "images", path, list, "an array of image references")
+    if template.get("images") is None or images == []:
+        c.fail(f"{path}.images", "must list at least one image")
+    for i, image in enumerate(images or ()):
+        if not isinstance(image, str) or not is_image_reference(image):
+            c.fail(f"{path}.images[{i}]", f"must be an image reference such as busybox:latest, got {image!r}")
+    secret = c.typed(template, "imageSecrets", path, str, "a string")
+    if secret:
+        namespace, _, name = secret.partition("/")
+        if not namespace or not name or "/" in name:
+            c.fail(f"{path}.imageSecrets", f"must be namespace/name of a Secret, got {secret!r}")
+    c.check_range(template, "retryTimes", path, 0, 2**31 - 1)
+    c.check_selectors(template, path)
+    c.check_execution(template, path)
+
+
+def _check_config_update(c: _Checker, spec: Mapping[str, Any]) -> None:
+    fields = c.typed(spec, "updateFields", "spec", dict, "an object of field paths to values")
+    if spec.get("updateFields") is None or fields == {}:
+        c.fail("spec.updateFields", "must set at least one field")
+    for key, value in (fields or {}).items():
+        if not key:
+            c.fail("spec.updateFields", "field paths must not be empty")
+        if not isinstance(value, str):
+            c.fail(f"spec.updateFields[{key!r}]", f"must be a string, got {_json_type(value)}")
+    c.check_selectors(spec, "spec")
+    c.check_execution(spec, "spec")
+
+
+_CHECKS: Final = {
+    NODE_UPGRADE_JOB.kind: _check_upgrade,
+    IMAGE_PRE_PULL_JOB.kind: _check_prepull,
+    CONFIG_UPDATE_JOB.kind: _check_config_update,
+}
+
+
+def _identify(c: _Checker, obj: Mapping[str, Any]) -> tuple[Kind, str] | None:
+    api_version = c.typed(obj, "apiVersion", "", str, "a string")
+    kind = c.typed(obj, "kind", "", str, "a string")
+    if api_version is None or kind is None:
+        if obj.get("apiVersion") is None:
+            c.fail("apiVersion", "is required")
+        if obj.get("kind") is None:
+            c.fail("kind", "is required")
+        return None
+    try:
+        return kind_of(api_version, kind)
+    except ManifestError as exc:
+        # A known kind in the wrong group or at an unserved version is the apiVersion's fault.
+        c.fail("apiVersion" if kind in _CHECKS else "kind", str(exc))
+        return None
+
+
+def _type_errors(obj: Mapping[str, Any], kind: Kind, version: str) -> list[FieldError]:
+    """Whatever the rules did not cover, as msgspec reports it when converting to the API type."""
+    try:
+        msgspec.convert(obj, type=kind.versions[version])
+    except msgspec.ValidationError as exc:
+        match = _MSGSPEC_PATH.fullmatch(str(exc))
+        if match is None:
+            return [FieldError(path="(object)", message=str(exc))]
+        return [FieldError(path=match["path"] or "(object)", message=match["message"])]
+    return []
+
+
+def validate_create(obj: object) -> tuple[FieldError, ...]:
+    """Every broken rule of a node job of any served kind and version; empty when it is valid.
+
+    Never raises: any JSON value is a valid input, and garbage yields errors naming its fields.
+    """
+    c = _Checker()
+    if not isinstance(obj, dict):
+        c.fail("(object)", f"must be an object, got {_json_type(obj)}")
+        return tuple(c.errors)
+    identity = _identify(c, obj)
+    if identity is None:
+        return tuple(c.errors)
+    kind, version = identity
+    spec = c.typed(obj, "spec", "", dict, "an object")
+    if spec is None:
+        if obj.get("spec") is None:
+            c.fail("spec", "is required")
+        return tuple(c.errors)
+    _CHECKS[kind.kind](c, spec)
+    if not c.errors:
+        # The API server prunes nulls of non-nullable fields before admission; do the same here so
+        # that null keeps meaning absent, as it does in the rules above.
+        c.errors.extend(_type_errors(_without_nulls(obj), kind, version))
+    return tuple(c.errors)
+
+
+def _without_nulls(value: Any) -> Any:
+    # Absent and null are the same field to the API types; a client that sends nulls back must not
+    # look like it changed the spec.
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
+def validate_update(new: object, old: object) -> tuple[FieldError, ...]:
+    """An update may change metadata and status, never the spec (KubeEdge's rule and text).
+
+    An unchanged spec is not re-validated, so objects admitted under older rules (or stored before
+    the webhook was registered) can still be updated, e.g. to remove their finalizer on deletion.
+    """
+    if not isinstance(new, dict) or not isinstance(old, dict):
+        return validate_create(new)
+    if _without_nulls(new.get("spec")) != _without_nulls(old.get("spec")):
+        return (FieldError(path="spec", message=IMMUTABLE_SPEC_MESSAGE),)
+    return ()
+
+
+def default_patch(obj: object) -> tuple[PatchOperation, ...]:
+    """JSON Patch operations that set the documented defaults where they are absent.
+
+    ``concurrency`` 1 and ``timeoutSeconds`` 300 (KubeEdge's mutating webhook, extended to every kind;
+    ImagePrePullJob's live under ``spec/imagePrePullTemplate``). Only absent or null fields are
+    set: an explicit ``0`` is left for validation to reject rather than silently rewritten. Objects
+    too malformed to locate the fields get no patch; validation reports them.
+    """
+    if not isinstance(obj, dict) or not isinstance(spec := obj.get("spec"), dict):
+        return ()
+    pointer = "/spec"
+    if obj.get("kind") == IMAGE_PRE_PULL_JOB.kind:
+        spec = spec.get("imagePrePullTemplate")
+        pointer = "/spec/imagePrePullTemplate"
+        if not isinstance(spec, dict):
+            return ()
+    ops = []
+    if spec.get("concurrency") is None:
+        ops.append(PatchOperation(op="add", path=f"{pointer}/concurrency", value=DEFAULT_CONCURRENCY))
+    if spec.get("timeoutSeconds") is None:
+        ops.append(PatchOperation(op="add", path=f"{pointer}/timeoutSeconds", value=DEFAULT_TIMEOUT_SECONDS))
+    return tuple(ops)

@@ -1,0 +1,297 @@
+"""The admission webhooks registered with the real API server: jobs are defaulted, invalid ones refused.
+
+The webhook server runs in the test's own event loop, so every kubectl call runs in a worker thread:
+a blocking call would stop the loop from answering the very webhook call kubectl is waiting for.
+"""
+
+from __future__ import annotations
+
+import ssl
+import subprocess
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import msgspec
+import prometheus_client
+import pytest
+import structlog
+import trio
+
+from roles.controller.admission import (
+    VALIDATING_WEBHOOK_NAME,
+    admission_routes,
+    register_webhooks,
+    webhook_configurations,
+)
+from roles.http import health_routes, router, serve_http
+from roles.kube import Kube
+from roles.tls import generate_serving_certificate, server_ssl_context
+from tests.integration.controlplane import ControlPlane
+from tests.integration.objects import unique
+
+pytestmark = pytest.mark.integration
+
+V1 = "operations.kubeedge.io/v1alpha1"
+V2 = "operations.kubeedge.io/v1alpha2"
+TEST_LABEL = "nodetaskd-test"
+
+
+@dataclass
+class Cluster:
+    """kubectl as admin, off the event loop, with every created job labelled for clean-up."""
+
+    cp: ControlPlane
+    run_id: str
+    registry: prometheus_client.CollectorRegistry
+    port: int = 0
+    ca_bundle: bytes = b""
+
+    async def kubectl(self, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+        return await trio.to_thread.run_sync(partial(self.cp.kubectl, *args, input=input, check=False))
+
+    def job(self, kind: str, spec: dict[str, Any], *, api_version: str = V2, name: str = "") -> dict[str, Any]:
+        metadata = {"name": name or unique(kind.lower()), "labels": {TEST_LABEL: self.run_id}}
+        return {"apiVersion": api_version, "kind": kind, "metadata": metadata, "spec": spec}
+
+    async def create(self, obj: dict[str, Any], *, dry_run: bool = False) -> subprocess.CompletedProcess[str]:
+        args = ["create", "--validate=false", "-o", "json", "-f", "-"]
+        if dry_run:
+            args.append("--dry-run=server")
+        return await self.kubectl(*args, input=msgspec.json.encode(obj).decode())
+
+    async def get(self, plural: str, name: str) -> Any:
+        result = await self.kubectl("get", plural, name, "-o", "json")
+        assert result.returncode == 0, result.stderr
+        return msgspec.json.decode(result.stdout)
+
+    async def replace(self, obj: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        return await self.kubectl(
+            "replace", "--validate=false", "-o", "json", "-f", "-", input=msgspec.json.encode(obj).decode()
+        )
+
+    async def refused(self, obj: dict[str, Any]) -> str:
+        """Create ``obj``, expect the validating webhook to refuse it, and return the API's message."""
+        result = await self.create(obj)
+        assert result.returncode != 0, f"admitted: {result.stdout}"
+        assert f'admission webhook "{VALIDATING_WEBHOOK_NAME}" denied the request' in result.stderr
+        return result.stderr
+
+
+def upgrade_spec(**fields: Any) -> dict[str, Any]:
+    return {"version": "v1.21.0", "image": "kubeedge/installation-package", "nodeNames": ["edge-1"]} | fields
+
+
+def prepull_spec(**fields: Any) -> dict[str, Any]:
+    return {"imagePrePullTemplate": {"images": ["busybox:latest"], "nodeNames": ["edge-1"]} | fields}
+
+
+async def _until(check: Any, *, what: str, limit_s: float = 30) -> None:
+    with trio.move_on_after(limit_s):
+        while True:
+            if await check():
+                return
+            await trio.sleep(0.2)
+    raise AssertionError(f"timed out waiting for: {what}")
+
+
+@pytest.fixture
+async def cluster(crds: ControlPlane, controller_kube: Kube, tmp_path: Path) -> AsyncIterator[Cluster]:
+    """The webhooks served over TLS on a free port and registered (as the controller role) until the test ends."""
+    log = structlog.get_logger()
+    cert = generate_serving_certificate(tmp_path / "tls", dns_names=["localhost"], ip_addresses=["127.0.0.1"])
+    registry = prometheus_client.CollectorRegistry()
+    handler = router(
+        [*admission_routes(registry=registry, log=log), *health_routes(ready=lambda: True, registry=registry)]
+    )
+    cluster = Cluster(crds, unique("webhook"), registry)
+    name = cluster.run_id
+    # Probes: dry-run creates show whether each webhook is (still) called.
+    invalid = cluster.job("NodeUpgradeJob", upgrade_spec(nodeNames=[]), name=f"{name}-probe")
+    valid = cluster.job("NodeUpgradeJob", upgrade_spec(), name=f"{name}-probe")
+
+    async def validating_active() -> bool:
+        return VALIDATING_WEBHOOK_NAME in (await cluster.create(invalid, dry_run=True)).stderr
+
+    async def mutating_active() -> bool:
+        result = await cluster.create(valid, dry_run=True)
+        return result.returncode == 0 and msgspec.json.decode(result.stdout)["spec"].get("concurrency") == 1
+
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(
+            partial(serve_http, handler, host="127.0.0.1", port=0, ssl_context=server_ssl_context(cert), log=log)
+        )
+        validating, mutating = webhook_configurations(
+            url_base=f"https://127.0.0.1:{port}", ca_bundle=cert.ca_bundle, name=name
+        )
+        try:
+            await register_webhooks(controller_kube, validating, mutating, log=log)
+            # The API server picks configurations up from a watch: wait until both are in force.
+            await _until(validating_active, what="validating webhook active")
+            await _until(mutating_active, what="mutating webhook active")
+            cluster.port, cluster.ca_bundle = port, cert.ca_bundle
+            yield cluster
+        finally:
+            with trio.move_on_after(60, shield=True):
+                await cluster.kubectl("delete", "validatingwebhookconfiguration", name, "--ignore-not-found")
+                await cluster.kubectl("delete", "mutatingwebhookconfiguration", name, "--ignore-not-found")
+                # Keep serving until the API server has dropped both, so a later test never meets a
+                # Fail-policy webhook whose server is gone.
+                await _until(lambda: _not(validating_active), what="validating webhook gone")
+                await _until(lambda: _not(mutating_active), what="mutating webhook gone")
+                await cluster.kubectl(
+                    "delete", "nodeupgradejobs,imageprepulljobs,configupdatejobs", "-l", f"{TEST_LABEL}={name}"
+                )
+            nursery.cancel_scope.cancel()
+
+
+async def _not(check: Any) -> bool:
+    return not await check()
+
+
+async def test_valid_jobs_are_admitted_and_defaulted(cluster: Cluster) -> None:
+    """Valid jobs of each kind (v1alpha1 and v1alpha2) are stored with concurrency 1 and timeoutSeconds 300."""
+    upgrade = cluster.job("NodeUpgradeJob", upgrade_spec())
+    prepull_v1 = cluster.job("ImagePrePullJob", prepull_spec(), api_version=V1)
+    config = cluster.job(
+        "ConfigUpdateJob", {"updateFields": {"modules.edgeStream.enable": "true"}, "labelSelector": {"matchLabels": {}}}
+    )
+    explicit = cluster.job("NodeUpgradeJob", upgrade_spec(concurrency=4, timeoutSeconds=60, failureTolerate="0.5"))
+    for obj in (upgrade, prepull_v1, config, explicit):
+        result = await cluster.create(obj)
+        assert result.returncode == 0, result.stderr
+
+    stored = await cluster.get("nodeupgradejobs", upgrade["metadata"]["name"])
+    assert (stored["spec"]["concurrency"], stored["spec"]["timeoutSeconds"]) == (1, 300)
+    template = (await cluster.get("imageprepulljobs", prepull_v1["metadata"]["name"]))["spec"]["imagePrePullTemplate"]
+    assert (template["concurrency"], template["timeoutSeconds"]) == (1, 300)
+    stored = await cluster.get("configupdatejobs", config["metadata"]["name"])
+    assert (stored["spec"]["concurrency"], stored["spec"]["timeoutSeconds"]) == (1, 300)
+    stored = await cluster.get("nodeupgradejobs", explicit["metadata"]["name"])
+    assert (stored["spec"]["concurrency"], stored["spec"]["timeoutSeconds"]) == (4, 60)
+
+
+class Refusal(NamedTuple):
+    kind: str
+    api_version: str
+    spec: dict[str, Any]
+    field: str
+    says: str
+
+
+REFUSALS = {
+    "bad-version": Refusal(
+        "NodeUpgradeJob", V2, upgrade_spec(version="1.21"), "spec.version", "must look like v1.21.0"
+    ),
+    "bad-version-v1alpha1": Refusal(
+        "NodeUpgradeJob", V1, upgrade_spec(version="v1.21"), "spec.version", "must look like v1.21.0"
+    ),
+    "bad-image": Refusal("NodeUpgradeJob", V2, upgrade_spec(image="installation-package"), "spec.image", "repository"),
+    "both-selectors": Refusal(
+        "NodeUpgradeJob",
+        V2,
+        upgrade_spec(labelSelector={"matchLabels": {"a": "b"}}),
+        "spec.nodeNames",
+        "both NodeNames and LabelSelector are specified",
+    ),
+    "neither-selector": Refusal(
+        "ImagePrePullJob",
+        V2,
+        prepull_spec(nodeNames=[]),
+        "spec.imagePrePullTemplate.nodeNames",
+        "both NodeNames and LabelSelector are NOT specified",
+    ),
+    "empty-images": Refusal(
+        "ImagePrePullJob", V1, prepull_spec(images=[]), "spec.imagePrePullTemplate.images", "at least one image"
+    ),
+    "tolerance-out-of-range": Refusal(
+        "NodeUpgradeJob", V2, upgrade_spec(failureTolerate="1.5"), "spec.failureTolerate", "within [0, 1]"
+    ),
+    "concurrency-0": Refusal("NodeUpgradeJob", V2, upgrade_spec(concurrency=0), "spec.concurrency", "within [1,"),
+    "empty-update-fields": Refusal(
+        "ConfigUpdateJob", V2, {"updateFields": {}, "nodeNames": ["edge-1"]}, "spec.updateFields", "at least one field"
+    ),
+}
+
+
+@pytest.mark.parametrize("case", REFUSALS.values(), ids=REFUSALS.keys())
+async def test_invalid_jobs_are_refused_naming_the_field(cluster: Cluster, case: Refusal) -> None:
+    """Each broken rule makes the API server refuse the create with the webhook's message naming the field."""
+    message = await cluster.refused(cluster.job(case.kind, case.spec, api_version=case.api_version))
+    assert f"{case.field}: " in message
+    assert case.says in message
+
+
+async def test_spec_is_immutable_but_metadata_and_status_may_change(cluster: Cluster) -> None:
+    """An update changing the spec is refused with KubeEdge's text; labels and status still change."""
+    job = cluster.job("NodeUpgradeJob", upgrade_spec())
+    name = job["metadata"]["name"]
+    assert (await cluster.create(job)).returncode == 0
+
+    stored = await cluster.get("nodeupgradejobs", name)
+    stored["spec"]["version"] = "v1.22.0"
+    result = await cluster.replace(stored)
+    assert result.returncode != 0
+    assert "spec: spec fields are not allowed to update once it's created" in result.stderr
+
+    stored = await cluster.get("nodeupgradejobs", name)
+    stored["metadata"]["labels"]["extra"] = "yes"
+    result = await cluster.replace(stored)
+    assert result.returncode == 0, result.stderr
+    # A replace that leaves the defaults out gets them back from the mutating webhook, so its spec
+    # still equals the stored one.
+    stored = await cluster.get("nodeupgradejobs", name)
+    del stored["spec"]["concurrency"], stored["spec"]["timeoutSeconds"]
+    result = await cluster.replace(stored)
+    assert result.returncode == 0, result.stderr
+
+    status = msgspec.json.encode({"status": {"phase": "InProgress"}}).decode()
+    result = await cluster.kubectl(
+        "patch", "nodeupgradejob", name, "--subresource=status", "--type=merge", "-p", status
+    )
+    assert result.returncode == 0, result.stderr
+    stored = await cluster.get("nodeupgradejobs", name)
+    assert stored["status"]["phase"] == "InProgress"
+    assert stored["metadata"]["labels"]["extra"] == "yes"
+    assert stored["spec"]["version"] == "v1.21.0"
+
+
+async def test_decisions_are_counted_and_exposed_on_metrics(cluster: Cluster) -> None:
+    """The decision counter moves with each review the API server sends, and /metrics shows it over TLS."""
+    metric = "nodetaskd_controller_admission_decisions_total"
+    labels = {"webhook": "validating", "kind": "NodeUpgradeJob", "allowed": "false"}
+    before = cluster.registry.get_sample_value(metric, labels) or 0.0
+    await cluster.refused(cluster.job("NodeUpgradeJob", upgrade_spec(version="bogus")))
+    assert cluster.registry.get_sample_value(metric, labels) == before + 1
+    mutated = {"webhook": "mutating", "kind": "NodeUpgradeJob", "allowed": "true"}
+    assert (cluster.registry.get_sample_value(metric, mutated) or 0) >= 1
+
+    context = ssl.create_default_context(cadata=cluster.ca_bundle.decode())
+    stream = trio.SSLStream(await trio.open_tcp_stream("127.0.0.1", cluster.port), context, server_hostname="127.0.0.1")
+    async with stream:
+        await stream.send_all(b"GET /metrics HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n")
+        reply = b""
+        while chunk := await stream.receive_some(65536):
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 200 ")
+    line = f'{metric}{{allowed="false",kind="NodeUpgradeJob",webhook="validating"}} {before + 1}'
+    assert line.encode() in reply
+
+
+async def test_registering_again_updates_the_configurations_in_place(cluster: Cluster, controller_kube: Kube) -> None:
+    """A second registration (a restart with a new port or CA) patches the existing configurations."""
+    validating, mutating = webhook_configurations(
+        url_base=f"https://127.0.0.1:{cluster.port}",
+        ca_bundle=cluster.ca_bundle,
+        name=cluster.run_id,
+        timeout_seconds=7,
+    )
+    await register_webhooks(controller_kube, validating, mutating, log=structlog.get_logger())
+    for resource in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):
+        result = await cluster.kubectl("get", resource, cluster.run_id, "-o", "json")
+        assert result.returncode == 0, result.stderr
+        (webhook,) = msgspec.json.decode(result.stdout)["webhooks"]
+        assert webhook["timeoutSeconds"] == 7
+    await cluster.refused(cluster.job("NodeUpgradeJob", upgrade_spec(version="still-checked")))

@@ -1,0 +1,313 @@
+"""The HTTP server on loopback sockets (routing, limits, keep-alive, failures, TLS, health) and its certificates."""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import h11
+import prometheus_client
+import pytest
+import structlog
+import trio
+from cryptography import x509
+from structlog.testing import capture_logs
+
+from roles.http import Request, Response, Route, health_routes, router, serve_http
+from roles.tls import TlsError, generate_serving_certificate, load_serving_certificate, server_ssl_context
+
+LOOPBACK = "127.0.0.1"
+
+
+async def _echo(request: Request) -> Response:
+    return Response.text(200, f"{request.method} {request.path}?{request.query} {len(request.body)}")
+
+
+async def _boom(request: Request) -> Response:
+    raise RuntimeError("handler bug")
+
+
+ROUTES = (
+    Route("POST", "/echo", _echo),
+    Route("GET", "/echo", _echo),
+    Route("GET", "/files/", _echo, prefix=True),
+    Route("GET", "/boom", _boom),
+)
+
+
+@asynccontextmanager
+async def serving(**kwargs: Any) -> AsyncIterator[int]:
+    """The server on a free loopback port for the duration of the block."""
+    kwargs.setdefault("log", structlog.get_logger())
+    async with trio.open_nursery() as nursery:
+        port: int = await nursery.start(
+            partial(serve_http, kwargs.pop("handler", router(ROUTES)), host=LOOPBACK, port=0, **kwargs)
+        )
+        yield port
+        nursery.cancel_scope.cancel()
+
+
+class Client:
+    """A raw HTTP/1.1 client over one connection, parsing responses with h11."""
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self.conn = h11.Connection(h11.CLIENT)
+
+    async def request(
+        self, method: str, path: str, body: bytes = b"", headers: tuple[tuple[str, str], ...] = ()
+    ) -> tuple[int, dict[str, str], bytes]:
+        hdrs = [("host", "test"), ("content-length", str(len(body))), *headers]
+        data = self.conn.send(h11.Request(method=method, target=path, headers=hdrs)) or b""
+        data += self.conn.send(h11.Data(data=body)) or b""
+        data += self.conn.send(h11.EndOfMessage()) or b""
+        await self.stream.send_all(data)
+        return await self.response()
+
+    async def response(self) -> tuple[int, dict[str, str], bytes]:
+        status, headers, body = 0, {}, b""
+        while True:
+            event = self.conn.next_event()
+            if event is h11.NEED_DATA:
+                self.conn.receive_data(bytes(await self.stream.receive_some(65536)))
+            elif isinstance(event, h11.Response):
+                status = event.status_code
+                headers = {k.decode(): v.decode() for k, v in event.headers}
+            elif isinstance(event, h11.Data):
+                body += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                if self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE:
+                    self.conn.start_next_cycle()
+                return status, headers, body
+            else:
+                raise AssertionError(f"unexpected {event!r}")
+
+
+async def _raw(port: int, data: bytes) -> bytes:
+    """Send ``data`` on a new connection and read until the server closes it."""
+    stream = await trio.open_tcp_stream(LOOPBACK, port)
+    async with stream:
+        await stream.send_all(data)
+        received = b""
+        while chunk := await stream.receive_some(65536):
+            received += chunk
+        return received
+
+
+async def test_keep_alive_serves_several_requests_on_one_connection() -> None:
+    """One connection carries several requests, with path, query and body passed to the handler."""
+    with trio.fail_after(10):
+        async with serving() as port:
+            client = Client(await trio.open_tcp_stream(LOOPBACK, port))
+            async with client.stream:
+                for i in range(3):
+                    status, headers, body = await client.request("POST", f"/echo?i={i}", b"x" * i)
+                    assert (status, body) == (200, f"POST /echo?i={i} {i}\n".encode())
+                    assert headers["content-type"] == "text/plain; charset=utf-8"
+
+
+async def test_router_answers_404_unknown_path_and_405_with_allow() -> None:
+    """An unknown path is 404, a known path with another method is 405 listing the allowed ones."""
+    with trio.fail_after(10):
+        async with serving() as port:
+            client = Client(await trio.open_tcp_stream(LOOPBACK, port))
+            async with client.stream:
+                assert (await client.request("GET", "/nope"))[0] == 404
+                status, headers, _ = await client.request("DELETE", "/echo")
+                assert status == 405
+                assert headers["allow"] == "GET, POST"
+                status, _, body = await client.request("GET", "/files/a/b")
+                assert (status, body) == (200, b"GET /files/a/b? 0\n")
+
+
+async def test_router_prefers_exact_path_over_prefix() -> None:
+    """An exact route wins over a prefix route covering the same path; a longer prefix over a shorter."""
+
+    async def tag(name: str, _: Request) -> Response:
+        return Response.text(200, name)
+
+    handle = router(
+        [
+            Route("GET", "/", partial(tag, "root"), prefix=True),
+            Route("GET", "/a/", partial(tag, "a"), prefix=True),
+            Route("GET", "/a/exact", partial(tag, "exact")),
+        ]
+    )
+
+    async def get(path: str) -> bytes:
+        return (await handle(Request(method="GET", path=path, query="", headers=(), body=b""))).body
+
+    assert await get("/a/exact") == b"exact\n"
+    assert await get("/a/other") == b"a\n"
+    assert await get("/b") == b"root\n"
+
+
+async def test_oversized_body_is_413_and_connection_closed() -> None:
+    """A declared body over the limit is refused with 413 before it is read, and the connection closes."""
+    with trio.fail_after(10):
+        async with serving(max_body_bytes=100) as port:
+            reply = await _raw(port, b"POST /echo HTTP/1.1\r\nhost: t\r\ncontent-length: 101\r\n\r\n")
+            assert reply.startswith(b"HTTP/1.1 413 ")
+            assert b"connection: close" in reply.lower()
+
+
+async def test_oversized_chunked_body_is_413() -> None:
+    """A chunked body that grows over the limit is refused with 413 while it is read."""
+    with trio.fail_after(10):
+        async with serving(max_body_bytes=100) as port:
+            chunk = b"64\r\n" + b"x" * 100 + b"\r\n"
+            reply = await _raw(
+                port, b"POST /echo HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n" + chunk + chunk
+            )
+            assert reply.startswith(b"HTTP/1.1 413 ")
+
+
+async def test_malformed_request_is_400() -> None:
+    """Garbage instead of a request line gets 400 and a closed connection, and the server keeps serving."""
+    with trio.fail_after(10):
+        async with serving() as port:
+            reply = await _raw(port, b"this is not http\r\n\r\n")
+            assert reply.startswith(b"HTTP/1.1 400 ")
+            client = Client(await trio.open_tcp_stream(LOOPBACK, port))
+            async with client.stream:
+                assert (await client.request("GET", "/echo"))[0] == 200
+
+
+async def test_handler_exception_is_500_logged_and_server_survives() -> None:
+    """A handler that raises yields 500 and one error event; the same connection keeps working."""
+    with trio.fail_after(10), capture_logs() as logs:
+        async with serving(log=structlog.get_logger()) as port:
+            client = Client(await trio.open_tcp_stream(LOOPBACK, port))
+            async with client.stream:
+                status, _, body = await client.request("GET", "/boom")
+                assert (status, body) == (500, b"internal server error\n")
+                assert (await client.request("GET", "/echo"))[0] == 200
+    failures = [e for e in logs if e["event"] == "http_handler_failed"]
+    assert len(failures) == 1
+    assert failures[0]["path"] == "/boom"
+    assert failures[0]["log_level"] == "error"
+
+
+async def test_idle_connection_is_closed_after_timeout() -> None:
+    """A connection that sends nothing is closed by the server once the idle timeout passes."""
+    with trio.fail_after(10):
+        async with serving(idle_timeout=0.2) as port:
+            started = trio.current_time()
+            assert await _raw(port, b"") == b""
+            assert 0.2 <= trio.current_time() - started < 5
+
+
+async def test_slow_request_body_gets_408() -> None:
+    """A request whose body stalls past the idle timeout is answered 408 and closed."""
+    with trio.fail_after(10):
+        async with serving(idle_timeout=0.2) as port:
+            reply = await _raw(port, b"POST /echo HTTP/1.1\r\nhost: t\r\ncontent-length: 10\r\n\r\nabc")
+            assert reply.startswith(b"HTTP/1.1 408 ")
+
+
+async def test_expect_continue_is_honoured() -> None:
+    """A client waiting for 100 Continue gets it, then the final response."""
+    with trio.fail_after(10):
+        async with serving() as port:
+            stream = await trio.open_tcp_stream(LOOPBACK, port)
+            async with stream:
+                await stream.send_all(
+                    b"POST /echo HTTP/1.1\r\nhost: t\r\ncontent-length: 3\r\nexpect: 100-continue\r\n\r\n"
+                )
+                interim = await stream.receive_some(65536)
+                assert interim.startswith(b"HTTP/1.1 100 ")
+                await stream.send_all(b"abc")
+                final = await stream.receive_some(65536)
+                assert final.startswith(b"HTTP/1.1 200 ")
+
+
+async def test_health_ready_and_metrics_endpoints() -> None:
+    """healthz is 200, readyz follows the callback (503 then 200), metrics exposes the registry."""
+    registry = prometheus_client.CollectorRegistry()
+    counter = prometheus_client.Counter("test_things", "Things counted by the test.", registry=registry)
+    counter.inc(3)
+    ready = False
+    handler = router(health_routes(ready=lambda: ready, registry=registry))
+    with trio.fail_after(10):
+        async with serving(handler=handler) as port:
+            client = Client(await trio.open_tcp_stream(LOOPBACK, port))
+            async with client.stream:
+                assert (await client.request("GET", "/healthz"))[0] == 200
+                assert (await client.request("GET", "/livez"))[0] == 200
+                assert (await client.request("GET", "/readyz"))[0] == 503
+                ready = True
+                assert (await client.request("GET", "/readyz"))[0] == 200
+                status, headers, body = await client.request("GET", "/metrics")
+                assert status == 200
+                assert headers["content-type"] == prometheus_client.exposition.CONTENT_TYPE_LATEST
+                assert b"test_things_total 3.0" in body
+
+
+async def test_tls_serves_and_a_failed_handshake_leaves_other_connections_alone(tmp_path: Path) -> None:
+    """HTTPS works with the generated certificate; a plain-text peer on the TLS port breaks only itself."""
+    cert = generate_serving_certificate(tmp_path, dns_names=["localhost"], ip_addresses=[LOOPBACK])
+    client_context = ssl.create_default_context(cadata=cert.ca_bundle.decode())
+    with trio.fail_after(10), capture_logs() as logs:
+        async with serving(ssl_context=server_ssl_context(cert), log=structlog.get_logger()) as port:
+            good = Client(
+                trio.SSLStream(await trio.open_tcp_stream(LOOPBACK, port), client_context, server_hostname=LOOPBACK)
+            )
+            async with good.stream:
+                assert (await good.request("GET", "/echo"))[0] == 200
+                # A plain HTTP request to the TLS port: its handshake fails, its connection is closed.
+                reply = await _raw(port, b"GET /echo HTTP/1.1\r\nhost: t\r\n\r\n")
+                assert not reply.startswith(b"HTTP/1.1 200")
+                # The TLS connection opened before is unaffected.
+                assert (await good.request("GET", "/echo"))[0] == 200
+    assert any(e["event"] == "http_connection_broken" for e in logs)
+    assert not any(e["log_level"] == "error" for e in logs)
+
+
+async def test_port_zero_reports_the_bound_port() -> None:
+    """Starting on port 0 reports the real port, which accepts connections."""
+    with trio.fail_after(10):
+        async with serving() as port:
+            assert port > 0
+            stream = await trio.open_tcp_stream(LOOPBACK, port)
+            await stream.aclose()
+
+
+@pytest.mark.parametrize("path", ["/echo", "/boom"])
+async def test_head_request_gets_no_body(path: str) -> None:
+    """A HEAD request (here answered 405 or routed) never gets a body that would corrupt the stream."""
+    with trio.fail_after(10):
+        async with serving() as port:
+            client = Client(await trio.open_tcp_stream(LOOPBACK, port))
+            async with client.stream:
+                status, _, body = await client.request("HEAD", path)
+                assert (status, body) == (405, b"")
+                assert (await client.request("GET", "/echo"))[0] == 200
+
+
+def test_generated_certificate_names_its_hosts_and_loads_back(tmp_path: Path) -> None:
+    """The serving certificate carries the DNS names and IPs asked for, is signed by the bundle's CA, and reloads."""
+
+    cert = generate_serving_certificate(tmp_path, dns_names=["webhook.local"], ip_addresses=[LOOPBACK, "::1"])
+    assert (tmp_path / "tls.key").stat().st_mode & 0o777 == 0o600
+    leaf = x509.load_pem_x509_certificate(cert.cert_file.read_bytes())
+    sans = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.DNSName) == ["webhook.local"]
+    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == [LOOPBACK, "::1"]
+    ca = x509.load_pem_x509_certificate(cert.ca_bundle)
+    leaf.verify_directly_issued_by(ca)
+    loaded = load_serving_certificate(cert.cert_file, cert.key_file, ca_file=tmp_path / "ca.crt")
+    assert loaded == cert
+
+
+def test_loading_a_key_of_another_certificate_fails_naming_the_files(tmp_path: Path) -> None:
+    """A key that does not belong to the certificate is refused before any server starts."""
+    first = generate_serving_certificate(tmp_path / "a", dns_names=["a"])
+    second = generate_serving_certificate(tmp_path / "b", dns_names=["b"])
+    with pytest.raises(TlsError, match="does not belong"):
+        load_serving_certificate(first.cert_file, second.key_file)
+    with pytest.raises(TlsError, match="cannot read"):
+        load_serving_certificate(tmp_path / "missing.crt", first.key_file)
