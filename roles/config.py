@@ -76,20 +76,30 @@ class CloudConfig(_Config, frozen=True, kw_only=True):
     status_coalesce_window: Annotated[float, msgspec.Meta(ge=0)] = 0.2
     max_frame_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 1 << 20
     close_grace: Seconds = 5.0
-    metrics_port: Port = 9091
+    http_listen: str = "0.0.0.0:10002"
+    """Health, readiness, metrics and KubeEdge's report endpoint (TLS when the hub has a certificate)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        host, sep, port = self.listen.rpartition(":")
-        if not sep or not host or not port.isdigit() or int(port) > 65535:
-            raise ValueError(f"listen {self.listen!r} is not host:port")
+        for key, value in (("listen", self.listen), ("httpListen", self.http_listen)):
+            host, sep, port = value.rpartition(":")
+            if not sep or not host or not port.isdigit() or int(port) > 65535:
+                raise ValueError(f"{key} {value!r} is not host:port")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ValueError("tlsCertFile and tlsKeyFile must be given together")
 
     @property
     def listen_address(self) -> tuple[str, int]:
-        host, _, port = self.listen.rpartition(":")
-        return host.strip("[]"), int(port)
+        return _address(self.listen)
+
+    @property
+    def http_address(self) -> tuple[str, int]:
+        return _address(self.http_listen)
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return host.strip("[]"), int(port)
 
 
 class EdgeConfig(_Config, frozen=True, kw_only=True):

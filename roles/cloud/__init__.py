@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import socket
 import ssl
 
+import anyio
 import structlog
 from prometheus_client import CollectorRegistry
 
@@ -12,6 +14,7 @@ from nodetask.clock import Clock
 from roles.cloud.hub import Hub, HubSettings
 from roles.cloud.metrics import HubMetrics
 from roles.config import CloudConfig, RoleConfig
+from roles.http import health_routes, router, serve_http
 from roles.jobtypes import job_types
 from roles.kube import open_kube
 
@@ -57,4 +60,11 @@ async def run(cfg: RoleConfig, *, log: structlog.typing.FilteringBoundLogger) ->
                 registry, sessions=lambda: len(hub.sessions), kube=lambda: (kube.writes, kube.conflicts)
             ),
         )
-        await hub.run(host=host, port=port, ssl_context=tls)
+        http_host, http_port = cfg.http_address
+        routes = router((*health_routes(ready=hub.ready, registry=registry), *hub.http_routes()))
+        async with anyio.create_task_group() as tg:
+            await tg.start(
+                functools.partial(serve_http, routes, host=http_host, port=http_port, ssl_context=tls, log=log)
+            )
+            await hub.run(host=host, port=port, ssl_context=tls)
+            tg.cancel_scope.cancel()

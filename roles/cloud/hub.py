@@ -21,6 +21,7 @@ import math
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from http import HTTPStatus
 from typing import Any, Final
 
 import anyio
@@ -49,6 +50,7 @@ from roles.cloud.metrics import HubMetrics
 from roles.cloud.runner import JobRunner
 from roles.cloud.sessions import Session, SessionTable
 from roles.cloud.status_writer import StatusWriter
+from roles.http import Request, Response, Route
 from roles.kube import ApiError, Conflict, Deleted, Kube, NotFound, Relisted, Upserted, WatchEvent
 from roles.kube.resources import NODES, job_resource
 from roles.kube.watching import Backoff
@@ -62,6 +64,9 @@ GOING_AWAY: Final = 1001
 HEARTBEAT_MISSED: Final = 4008
 REPLACED: Final = 4009
 PROTOCOL: Final = 1002
+
+# KubeEdge's v1alpha1 task types, accepted by the HTTP endpoint as aliases.
+LEGACY_TASK_TYPES: Final = {"upgrade": "nodeupgradejob", "prepull": "imageprepulljob"}
 
 # Error codes a hub answers reports with; an edge drops a report answered with either.
 REPORT_REJECTED: Final = "report_rejected"
@@ -459,6 +464,57 @@ class Hub:
             if outcome.applied:
                 log.info("report_applied")
             return outcome
+
+    # ------------------------------------------------------------------------ KubeEdge HTTP path
+
+    def http_routes(self) -> tuple[Route, ...]:
+        """``POST /task/{taskType}/name/{job}/node/{node}/status``, KubeEdge's report endpoint.
+
+        The body is KubeEdge's upstream message ``{action, succ, finishTime, reason, extend}``; the
+        caller authenticates as ``node`` with its bearer token. The answer ``ok`` comes only after
+        the status write, like a websocket ReportAck.
+        """
+        return (Route("POST", "/task/", self._task_status, prefix=True),)
+
+    def ready(self) -> bool:
+        """Serving edges and holding a synced job cache."""
+        return self._synced.is_set() and self.port != 0
+
+    async def _task_status(self, request: Request) -> Response:
+        target = await self._task_target(request)
+        if isinstance(target, Response):
+            return target
+        jt, job, node = target
+        try:
+            result = messages.decode_result(request.body)
+        except MessageError as exc:
+            self.metrics.rejected.labels(reason="malformed").inc()
+            return Response.text(HTTPStatus.BAD_REQUEST, str(exc))
+        log = self._log.bind(node=node, job=job, action=result.action, via="http")
+        outcome = await self.record(jt, job, node, result, uid="", log=log)
+        if outcome is None:
+            return Response.text(HTTPStatus.NOT_FOUND, f"job {job} not found")
+        if not outcome.acknowledge:
+            self.metrics.rejected.labels(reason=REPORT_REJECTED).inc()
+            return Response.text(HTTPStatus.UNPROCESSABLE_ENTITY, outcome.error)
+        return Response.text(HTTPStatus.OK, "ok")
+
+    async def _task_target(self, request: Request) -> tuple[JobType, str, str] | Response:
+        """The job type, job and node a report is for, once the caller proved it is that node."""
+        parts = request.path.strip("/").split("/")
+        if len(parts) != 7 or (parts[0], parts[2], parts[4], parts[6]) != ("task", "name", "node", "status"):
+            return Response.text(HTTPStatus.NOT_FOUND, "expected /task/{taskType}/name/{job}/node/{node}/status")
+        task_type, job, node = parts[1], parts[3], parts[5]
+        jt = self._types.get(LEGACY_TASK_TYPES.get(task_type, task_type))
+        if jt is None:
+            return Response.text(HTTPStatus.NOT_FOUND, f"unknown task type {task_type!r}")
+        scheme, _, token = (request.header("authorization") or "").partition(" ")
+        try:
+            await self._tokens.check(node, token.strip() if scheme.lower() == "bearer" else "")
+        except AuthError as exc:
+            self.metrics.auth_failures.labels(status=str(exc.status)).inc()
+            return Response.text(exc.status, str(exc))
+        return jt, job, node
 
     # ------------------------------------------------------------------------------ node marks
 

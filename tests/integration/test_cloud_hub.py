@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import functools
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from typing import Any
 
 import anyio
 import pytest
+import structlog
 import trio_websocket
 
 from nodetask import messages
 from nodetask.messages import Error, Heartbeat, Hello, Report, Welcome
 from nodetask.phases import JobPhase, NodeTaskPhase
 from nodetask.route import Route
+from roles.http import router, serve_http
 from roles.kube import Kube
 from roles.kube.resources import NODES, job_resource
 from schemas.core import AGENT_VERSION_ANNOTATION, HUB_ANNOTATION
@@ -246,3 +251,43 @@ async def test_stopping_the_hub_closes_sessions_with_going_away(crds: ControlPla
         await eventually(lambda: edge.close_codes)
         tg.cancel_scope.cancel()
     assert edge.close_codes == [1001]
+
+
+def _post(url: str, body: bytes, token: str) -> tuple[int, str]:
+    request = urllib.request.Request(url, data=body, method="POST", headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, answer.read().decode().strip()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode().strip()
+
+
+async def test_kubeedge_http_status_endpoint_records_a_report_as_that_node(
+    crds: ControlPlane, cloud_kube: Kube
+) -> None:
+    """POST /task/{type}/name/{job}/node/{node}/status writes the result, authenticated as the node."""
+    mine, other = unique("http"), unique("http")
+    tokens = await register_edges(crds, [mine, other])
+    name = unique("http")
+    async with running_controller(crds), running_hub(crds, "hub-http") as hub, anyio.create_task_group() as tg:
+        port = await tg.start(
+            functools.partial(
+                serve_http, router(hub.hub.http_routes()), host="127.0.0.1", port=0, log=structlog.get_logger()
+            )
+        )
+        create_job(crds, "ImagePrePullJob", name, _prepull([mine]))
+        await _until(cloud_kube, name, lambda j: j.status.node_status)
+        base = f"http://127.0.0.1:{port}/task/imageprepulljob/name/{name}/node"
+        body = b'{"action": "Check", "succ": true, "finishTime": "2026-11-26T01:00:00Z"}'
+        answers = [
+            await anyio.to_thread.run_sync(_post, f"{base}/{mine}/status", body, "wrong"),
+            await anyio.to_thread.run_sync(_post, f"{base}/{mine}/status", body, tokens[other]),
+            await anyio.to_thread.run_sync(_post, f"{base}/{mine}/status", b'{"succ": "yes"}', tokens[mine]),
+            await anyio.to_thread.run_sync(_post, f"{base}/{mine}/status", body, tokens[mine]),
+            await anyio.to_thread.run_sync(_post, f"{base}/{mine}/status", body, tokens[mine]),
+        ]
+        tg.cancel_scope.cancel()
+    assert [code for code, _ in answers] == [403, 403, 400, 200, 200]
+    assert answers[2][1].startswith("malformed action result")
+    job = await cloud_kube.get(PREPULLS, name)
+    assert [(a.action, a.time) for a in job.status.node_status[0].action_flow] == [("Check", "2026-11-26T01:00:00Z")]
