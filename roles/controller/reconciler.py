@@ -11,7 +11,8 @@ from __future__ import annotations
 import contextlib
 import math
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import anyio
@@ -36,6 +37,10 @@ Key = tuple[str, str]
 COMPONENT = "nodetaskd-controller"
 
 
+def _ignore(kind: Kind, seconds: float) -> None:
+    return None
+
+
 def _nudge(wake: MemoryObjectSendStream[None]) -> None:
     # A full one-slot buffer means a wake is already pending: pokes coalesce.
     with contextlib.suppress(anyio.WouldBlock):
@@ -45,7 +50,15 @@ def _nudge(wake: MemoryObjectSendStream[None]) -> None:
 class Reconciler:
     """Reconciles every job of ``kinds``. Run it with :meth:`run` inside a task group."""
 
-    def __init__(self, *, kube: Kube, clock: Clock, log: Log, kinds: Sequence[Kind]) -> None:
+    def __init__(
+        self,
+        *,
+        kube: Kube,
+        clock: Clock,
+        log: Log,
+        kinds: Sequence[Kind],
+        on_reconciled: Callable[[Kind, float], None] = _ignore,
+    ) -> None:
         self._kube = kube
         self._clock = clock
         self._log = log
@@ -56,6 +69,13 @@ class Reconciler:
         self._wake: dict[Key, MemoryObjectSendStream[None]] = {}
         self._invalid_reported: set[str] = set()
         self.reconciles = 0
+        self._on_reconciled = on_reconciled
+        """Called with each pass's kind and duration in seconds (the reconcile-latency metric)."""
+
+    @property
+    def jobs(self) -> Mapping[Key, Any]:
+        """A read-only view of the job cache, keyed by (plural, name): metrics read it at scrape time."""
+        return MappingProxyType(self._jobs)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Watch and reconcile until cancelled; ready once every watch has delivered its first list."""
@@ -135,6 +155,7 @@ class Reconciler:
         try:
             async with wake:
                 while (job := self._jobs.get(key)) is not None:
+                    started = anyio.current_time()
                     try:
                         due = await self._reconcile(kind, job, log)
                         backoff.reset()
@@ -143,6 +164,7 @@ class Reconciler:
                     except ApiError as exc:
                         due = anyio.current_time() + backoff.delay()
                         log.warning("reconcile_failed", error=str(exc))
+                    self._on_reconciled(kind, anyio.current_time() - started)
                     with anyio.move_on_after(math.inf if due is None else max(0.0, due - anyio.current_time())):
                         await wake.receive()
         finally:

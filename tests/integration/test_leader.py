@@ -1,0 +1,240 @@
+"""Two controllers under leader election against the real API server: one acts, the other takes over.
+
+Each instance is wired as the controller role wires it: an elector, a fresh reconciler per term, metrics.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyio
+import anyio.abc
+import msgspec
+import pytest
+import structlog
+from prometheus_client import CollectorRegistry
+
+from nodetask.clock import Clock
+from nodetask.phases import JobPhase, NodeTaskPhase
+from roles.controller.leader import Elector
+from roles.controller.metrics import ControllerMetrics
+from roles.controller.reconciler import Reconciler
+from roles.kube import Kube, open_kube
+from roles.kube.resources import EVENTS, LEASES, NODES, job_resource
+from schemas.core import EDGE_ROLE_LABEL, Node
+from schemas.kinds import IMAGE_PRE_PULL_JOB, KINDS
+from schemas.meta import ObjectMeta
+from tests.integration.controlplane import ControlPlane
+from tests.integration.objects import create_job, unique
+
+pytestmark = pytest.mark.integration
+PREPULLS = job_resource(IMAGE_PRE_PULL_JOB)
+LEASE_S = 3
+NAMESPACE = "kube-system"
+LOG = structlog.get_logger()
+
+
+@pytest.fixture
+async def admin_kube(crds: ControlPlane) -> AsyncIterator[Kube]:
+    """A cluster-admin client, for setting up nodes and reading Events."""
+    async with open_kube(kubeconfig=str(crds.kubeconfig("admin")), log=LOG) as kube:
+        yield kube
+
+
+@pytest.fixture
+async def second_kube(crds: ControlPlane) -> AsyncIterator[Kube]:
+    """A second controller-role client: each instance counts its own writes."""
+    async with open_kube(kubeconfig=str(crds.kubeconfig("controller")), log=LOG) as kube:
+        yield kube
+
+
+class Instance:
+    """One controller instance: an elector and, per term, a fresh reconciler."""
+
+    def __init__(self, kube: Kube, *, lease: str, identity: str, release: bool = True) -> None:
+        self.kube = kube
+        self.elector = Elector(
+            kube, name=lease, namespace=NAMESPACE, identity=identity, duration=LEASE_S, log=LOG, release=release
+        )
+        self.reconcilers: list[Reconciler] = []
+        self.registry = CollectorRegistry()
+        self.metrics = ControllerMetrics(self.registry, kube=kube, leader=self.elector)
+
+    async def work(self) -> None:
+        """One term's work, wired as the controller role wires it."""
+        reconciler = Reconciler(
+            kube=self.kube,
+            clock=Clock.start(),
+            log=LOG.bind(identity=self.elector.identity),
+            kinds=KINDS,
+            on_reconciled=self.metrics.observe_reconcile,
+        )
+        self.reconcilers.append(reconciler)
+        with self.metrics.tracking(reconciler):
+            await reconciler.run()
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        return self.registry.get_sample_value(f"nodetaskd_controller_{name}", labels)
+
+    @property
+    def reconciles(self) -> int:
+        return sum(r.reconciles for r in self.reconcilers)
+
+
+async def edge_nodes(kube: Kube, *names: str) -> None:
+    """Ready edge nodes, as the tests in test_controller.py make them, through the API (faster than kubectl)."""
+    for name in names:
+        await kube.create(NODES, Node(metadata=ObjectMeta(name=name, labels={EDGE_ROLE_LABEL: ""})))
+        ready = {"type": "Ready", "status": "True", "reason": "Test", "message": "set by the test"}
+        await kube.merge_patch(NODES, name, {"status": {"conditions": [ready]}}, subresource="status")
+
+
+async def until(check: Callable[[], bool], limit_s: float = 15) -> float:
+    """Wait for ``check()``; returns the loop time when it held."""
+    with anyio.fail_after(limit_s):
+        while True:
+            if check():
+                return anyio.current_time()
+            await anyio.sleep(0.05)
+
+
+async def job_until(kube: Kube, name: str, check: Callable[[Any], bool], limit_s: float = 15) -> Any:
+    with anyio.fail_after(limit_s):
+        while True:
+            job = await kube.get(PREPULLS, name)
+            if check(job):
+                return job
+            await anyio.sleep(0.1)
+
+
+def prepull(crds: ControlPlane, name: str, nodes: list[str]) -> None:
+    create_job(crds, "ImagePrePullJob", name, {"imagePrePullTemplate": {"images": ["busybox"], "nodeNames": nodes}})
+
+
+async def hub_finishes(kube: Kube, name: str) -> None:
+    """What a hub writes when every Pending node of the job succeeded."""
+
+    def mutate(job: Any) -> Any:
+        entries = tuple(
+            msgspec.structs.replace(e, phase=NodeTaskPhase.SUCCESSFUL) if e.phase is NodeTaskPhase.PENDING else e
+            for e in job.status.node_status
+        )
+        return msgspec.structs.replace(job, status=msgspec.structs.replace(job.status, node_status=entries))
+
+    await kube.update_status(PREPULLS, name, mutate)
+
+
+async def event_reasons(kube: Kube, job: str) -> Counter[str]:
+    events, _, _ = await kube.list(EVENTS, namespace="default")
+    return Counter(e.reason for e in events if e.involved_object.name == job)
+
+
+async def test_exactly_one_of_two_controllers_acts(
+    crds: ControlPlane, controller_kube: Kube, second_kube: Kube, admin_kube: Kube
+) -> None:
+    """Two controllers started together: one wins the lease and does all the work, the other writes nothing."""
+    lease = unique("lease")
+    a = Instance(controller_kube, lease=lease, identity="a")
+    b = Instance(second_kube, lease=lease, identity="b")
+    node, name = unique("edge"), unique("one")
+    await edge_nodes(admin_kube, node)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(a.elector.lead, a.work)
+        tg.start_soon(b.elector.lead, b.work)
+        await until(lambda: a.elector.is_leader or b.elector.is_leader)
+        leader, follower = (a, b) if a.elector.is_leader else (b, a)
+        prepull(crds, name, [node])
+        await job_until(admin_kube, name, lambda j: j.status.phase is JobPhase.IN_PROGRESS)
+        await hub_finishes(admin_kube, name)
+        await job_until(admin_kube, name, lambda j: j.status.phase is JobPhase.COMPLETED)
+        await anyio.sleep(LEASE_S)  # several renewals, during which the follower keeps out
+        assert leader.elector.is_leader
+        assert not follower.elector.is_leader
+        assert (leader.metric("leader"), follower.metric("leader")) == (1, 0)
+        assert (leader.metric("jobs", kind="ImagePrePullJob", phase="Completed") or 0) >= 1
+        assert follower.metric("jobs", kind="ImagePrePullJob", phase="Completed") is None
+        assert (leader.metric("reconcile_duration_seconds_count", kind="ImagePrePullJob") or 0) >= 3
+        assert (leader.metric("api_writes_total") or 0) >= 4  # finalizer, init, phases, lease renewals
+        assert follower.metric("api_writes_total") == 0
+        tg.cancel_scope.cancel()
+    assert leader.reconciles > 0
+    assert (follower.reconciles, follower.reconcilers, follower.kube.writes) == (0, [], 0)
+    held = await admin_kube.get(LEASES, lease, namespace=NAMESPACE)
+    assert held.spec.lease_transitions is None  # one holder all along (now released)
+    assert held.spec.holder_identity is None
+
+
+async def test_killed_leader_is_replaced_within_the_lease_duration(
+    crds: ControlPlane, controller_kube: Kube, second_kube: Kube, admin_kube: Kube
+) -> None:
+    """A leader killed without releasing is replaced once its lease runs out, and no job is processed twice."""
+    lease = unique("lease")
+    a = Instance(controller_kube, lease=lease, identity="a", release=False)
+    b = Instance(second_kube, lease=lease, identity="b")
+    n1, n2, before, during = unique("edge"), unique("edge"), unique("before"), unique("during")
+    await edge_nodes(admin_kube, n1, n2)
+    async with anyio.create_task_group() as tg:
+        a_scope = anyio.CancelScope()
+
+        async def run_a(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+            with a_scope:
+                await a.elector.term(a.work, task_status=task_status)
+
+        await tg.start(run_a)
+        tg.start_soon(b.elector.lead, b.work)
+        prepull(crds, before, [n1, n2])
+        await job_until(admin_kube, before, lambda j: j.status.phase is JobPhase.IN_PROGRESS)
+        a_scope.cancel()  # a kill: no release, the lease names a until it runs out
+        killed = anyio.current_time()
+        prepull(crds, during, [n1])  # created while nobody leads
+        await hub_finishes(admin_kube, before)
+        # Nobody may act before a's lease can have run out (a renewed at most 1 s before the kill).
+        await anyio.sleep_until(killed + LEASE_S * 2 / 3 - 0.2)
+        orphan = await admin_kube.get(PREPULLS, during)
+        took_over = await until(lambda: b.elector.is_leader, limit_s=LEASE_S + 3)
+        done = await job_until(admin_kube, before, lambda j: j.status.phase is JobPhase.COMPLETED)
+        later = await job_until(admin_kube, during, lambda j: j.status.phase is JobPhase.IN_PROGRESS)
+        tg.cancel_scope.cancel()
+    # a renewed at most one renew interval (1 s) before the kill, and b counts from when it saw that.
+    assert LEASE_S * 2 / 3 <= took_over - killed <= LEASE_S + 1.5
+    assert (orphan.metadata.finalizers, orphan.status.phase) == ((), JobPhase.NONE)
+    assert [e.node_name for e in done.status.node_status] == [n1, n2]
+    assert done.metadata.finalizers == ("kubeedge.io/imageprepulljob-controller",)
+    assert done.status.node_counts is not None
+    assert done.status.node_counts.successful == 2
+    assert [e.node_name for e in later.status.node_status] == [n1]
+    assert await event_reasons(admin_kube, before) == {"JobInit": 1, "JobInProgress": 1, "JobCompleted": 1}
+    assert await event_reasons(admin_kube, during) == {"JobInit": 1, "JobInProgress": 1}
+    assert a.reconciles > 0
+    assert b.reconciles > 0
+    held = await admin_kube.get(LEASES, lease, namespace=NAMESPACE)
+    assert held.spec.lease_transitions == 1
+
+
+async def test_released_lease_is_taken_over_at_once(
+    crds: ControlPlane, controller_kube: Kube, second_kube: Kube
+) -> None:
+    """A leader shut down cleanly releases the lease, and the follower leads within one retry period."""
+    lease = unique("lease")
+    a = Instance(controller_kube, lease=lease, identity="a")
+    b = Instance(second_kube, lease=lease, identity="b")
+    async with anyio.create_task_group() as tg:
+        a_scope = anyio.CancelScope()
+
+        async def run_a(*, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+            with a_scope:
+                await a.elector.term(a.work, task_status=task_status)
+
+        await tg.start(run_a)
+        tg.start_soon(b.elector.lead, b.work)
+        await anyio.sleep(1.5)
+        assert not b.elector.is_leader
+        a_scope.cancel()
+        stopped = anyio.current_time()
+        took_over = await until(lambda: b.elector.is_leader, limit_s=LEASE_S)
+        tg.cancel_scope.cancel()
+    assert took_over - stopped < 1.0  # far less than the 3 s the lease would otherwise last
+    held = await second_kube.get(LEASES, lease, namespace=NAMESPACE)
+    assert held.spec.lease_transitions == 1
