@@ -49,9 +49,21 @@ class ControllerConfig(_Config, frozen=True, kw_only=True):
     feature_gates: tuple[str, ...] = ()
     lease_name: str = "nodetaskd-controller"
     lease_namespace: str = "kube-system"
+    identity: str = ""
+    """This instance's name in the leader Lease; empty means host name and process id."""
     lease_duration: Seconds = 15.0
     timeout_sweep_interval: Seconds = 10.0
+    listen_host: str = "0.0.0.0"
+    """Where the webhook and the health/metrics endpoints listen."""
     webhook_port: Port = 9443
+    """0 turns the admission webhooks off."""
+    webhook_url: str = ""
+    """The HTTPS base URL the API server calls the webhooks at; when set, the controller registers them."""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""
+    """The webhook's serving certificate; without one, a CA and certificate are generated in ``certDir``."""
+    cert_dir: str = "/var/lib/nodetaskd/controller-tls"
     metrics_port: Port = 9090
 
     def __post_init__(self) -> None:
@@ -59,6 +71,10 @@ class ControllerConfig(_Config, frozen=True, kw_only=True):
         unknown = set(self.feature_gates) - FEATURE_GATES
         if unknown:
             raise ValueError(f"featureGates: unknown gate(s) {', '.join(sorted(unknown))}")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ValueError("tlsCertFile and tlsKeyFile must be given together")
+        if self.webhook_url and not self.webhook_url.startswith("https://"):
+            raise ValueError(f"webhookUrl {self.webhook_url!r} must be an https:// URL")
 
 
 class CloudConfig(_Config, frozen=True, kw_only=True):

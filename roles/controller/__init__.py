@@ -1,27 +1,91 @@
 """The controller role: owns every node job's lifecycle in the API server.
 
-Selection, initial node entries, job phase, timeouts and Events are decided here (single active
-instance); the hubs only execute. ``--feature-gates=disableNodeTaskV1alpha2`` turns the v1alpha2
-controllers off, as in KubeEdge.
+Selection, initial node entries, job phase, timeouts and Events are decided here by the one
+instance holding the leader Lease; the hubs only execute. Every instance serves the admission
+webhooks and its health and metrics endpoints, leader or not, so admission never depends on the
+election. ``--feature-gates=disableNodeTaskV1alpha2`` turns the v1alpha2 controllers off, as in
+KubeEdge.
 """
 
 from __future__ import annotations
 
+import functools
+import ipaddress
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import anyio
 import structlog
+from prometheus_client import CollectorRegistry
 
 from nodetask.clock import Clock
 from roles.config import ControllerConfig, RoleConfig
+from roles.controller.admission import admission_routes, register_webhooks, webhook_configurations
+from roles.controller.leader import Elector, default_identity
+from roles.controller.metrics import ControllerMetrics
 from roles.controller.reconciler import Reconciler
+from roles.http import health_routes, router, serve_http
 from roles.kube import open_kube
+from roles.tls import ServingCertificate, generate_serving_certificate, load_serving_certificate, server_ssl_context
 from schemas.kinds import KINDS
 
+Log = structlog.typing.FilteringBoundLogger
 
-async def run(cfg: RoleConfig, *, log: structlog.typing.FilteringBoundLogger) -> None:
+
+def serving_certificate(cfg: ControllerConfig) -> ServingCertificate:
+    """The webhook's certificate: the configured files, or a fresh CA and certificate for its URL host."""
+    if cfg.tls_cert_file:
+        ca = Path(cfg.tls_ca_file) if cfg.tls_ca_file else None
+        return load_serving_certificate(Path(cfg.tls_cert_file), Path(cfg.tls_key_file), ca_file=ca)
+    host = urlsplit(cfg.webhook_url).hostname or "localhost"
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return generate_serving_certificate(Path(cfg.cert_dir), dns_names=[host, "localhost"])
+    return generate_serving_certificate(
+        Path(cfg.cert_dir), dns_names=["localhost"], ip_addresses=sorted({host, "127.0.0.1"})
+    )
+
+
+async def run(cfg: RoleConfig, *, log: Log) -> None:
     """Run the controller until cancelled."""
     assert isinstance(cfg, ControllerConfig)
     kinds = () if "disableNodeTaskV1alpha2" in cfg.feature_gates else KINDS
     if not kinds:
         log.warning("controllers_disabled", gate="disableNodeTaskV1alpha2")
+    registry = CollectorRegistry()
     async with open_kube(kubeconfig=cfg.kubeconfig, log=log) as kube:
-        reconciler = Reconciler(kube=kube, clock=Clock.start(), log=log, kinds=kinds)
-        await reconciler.run()
+        elector = Elector(
+            kube,
+            name=cfg.lease_name,
+            namespace=cfg.lease_namespace,
+            identity=cfg.identity or default_identity(),
+            duration=cfg.lease_duration,
+            log=log,
+        )
+        metrics = ControllerMetrics(registry, kube=kube, leader=elector)
+
+        async def reconcile() -> None:
+            # A fresh reconciler per term: a lost term's cache may be stale.
+            reconciler = Reconciler(
+                kube=kube, clock=Clock.start(), log=log, kinds=kinds, on_reconciled=metrics.observe_reconcile
+            )
+            with metrics.tracking(reconciler):
+                await reconciler.run()
+
+        async with anyio.create_task_group() as tg:
+            routes = list(health_routes(ready=lambda: True, registry=registry))
+            if cfg.webhook_port:
+                cert = serving_certificate(cfg)
+                webhooks = router(admission_routes(registry=registry, log=log))
+                serve = functools.partial(serve_http, webhooks, host=cfg.listen_host, port=cfg.webhook_port, log=log)
+                await tg.start(functools.partial(serve, ssl_context=server_ssl_context(cert)))
+                if cfg.webhook_url:
+                    validating, mutating = webhook_configurations(url_base=cfg.webhook_url, ca_bundle=cert.ca_bundle)
+                    await register_webhooks(kube, validating, mutating, log=log)
+            await tg.start(
+                functools.partial(serve_http, router(routes), host=cfg.listen_host, port=cfg.metrics_port, log=log)
+            )
+            log.info("controller_serving", webhook_port=cfg.webhook_port, metrics_port=cfg.metrics_port)
+            await elector.lead(reconcile)
+            tg.cancel_scope.cancel()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -174,11 +175,21 @@ async def test_deleted_job_loses_its_finalizer_and_goes(
             await anyio.sleep(0.2)
 
 
-async def test_feature_gate_disables_the_v1alpha2_controllers(crds: ControlPlane, cloud_kube: Kube) -> None:
+async def test_feature_gate_disables_the_v1alpha2_controllers(
+    crds: ControlPlane, cloud_kube: Kube, tmp_path: Path
+) -> None:
     """With disableNodeTaskV1alpha2 the controller role leaves jobs alone (KubeEdge compatibility)."""
     name = unique("gated")
     create_job(crds, "NodeUpgradeJob", name, {"version": "v1.21.0", "nodeNames": ["a"]})
-    cfg = ControllerConfig(kubeconfig=str(crds.kubeconfig("controller")), feature_gates=("disableNodeTaskV1alpha2",))
+    cfg = ControllerConfig(
+        kubeconfig=str(crds.kubeconfig("controller")),
+        feature_gates=("disableNodeTaskV1alpha2",),
+        lease_name=unique("gated-lease"),
+        listen_host="127.0.0.1",
+        webhook_port=0,
+        metrics_port=0,
+        cert_dir=str(tmp_path),
+    )
     with anyio.move_on_after(3):
         await controller_role.run(cfg, log=structlog.get_logger())
     job = await cloud_kube.get(UPGRADES, name)

@@ -1,0 +1,85 @@
+"""``nodetaskd --role=controller`` as a real process: leads, serves and registers its webhooks, stops cleanly."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import anyio
+import msgspec
+import pytest
+
+from nodetask.phases import JobPhase
+from roles.kube import Kube
+from roles.kube.resources import job_resource
+from schemas.kinds import IMAGE_PRE_PULL_JOB
+from tests.integration.controlplane import ControlPlane
+from tests.integration.hubs import free_port
+from tests.integration.objects import create_job, unique
+from tools.controlplane import ControlPlaneError
+
+pytestmark = pytest.mark.integration
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return answer.status, answer.read().decode()
+    except OSError:
+        return 0, ""
+
+
+async def test_controller_process_leads_validates_defaults_and_stops_on_sigterm(
+    crds: ControlPlane, cloud_kube: Kube, tmp_path: Path
+) -> None:
+    """The process registers its webhooks, rejects a bad job, defaults a good one, reconciles it, exits 0."""
+    webhook_port, metrics_port = free_port(), free_port()
+    config = {
+        "kubeconfig": str(crds.kubeconfig("controller")),
+        "identity": "process-test",
+        "leaseName": unique("process-lease"),
+        "leaseDuration": 3,
+        "listenHost": "127.0.0.1",
+        "webhookPort": webhook_port,
+        "webhookUrl": f"https://127.0.0.1:{webhook_port}",
+        "certDir": str(tmp_path / "tls"),
+        "metricsPort": metrics_port,
+    }
+    (tmp_path / "controller.yaml").write_bytes(msgspec.yaml.encode(config))
+    command = [sys.executable, "-m", "roles.cli", "--role=controller", f"--config={tmp_path / 'controller.yaml'}"]
+    process = await anyio.open_process(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = f"http://127.0.0.1:{metrics_port}/metrics"
+    try:
+        with anyio.fail_after(30):
+            while True:
+                if "nodetaskd_controller_leader 1.0" in (await anyio.to_thread.run_sync(_get, metrics))[1]:
+                    break
+                await anyio.sleep(0.2)
+        with pytest.raises(ControlPlaneError, match=r"spec\.version"):
+            create_job(crds, "NodeUpgradeJob", unique("bad"), {"version": "latest", "nodeNames": ["a"]})
+        name = unique("defaulted")
+        create_job(crds, "ImagePrePullJob", name, {"imagePrePullTemplate": {"nodeNames": ["a"], "images": ["a/b:1"]}})
+        with anyio.fail_after(20):
+            while True:
+                job = await cloud_kube.get(job_resource(IMAGE_PRE_PULL_JOB), name)
+                if job.status.phase is not JobPhase.NONE:
+                    break
+                await anyio.sleep(0.2)
+        process.send_signal(signal.SIGTERM)
+        with anyio.fail_after(15):
+            code = await process.wait()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        # The webhooks outlive the process on purpose; the tests after this one must not meet them.
+        crds.kubectl(
+            "delete", "validatingwebhookconfiguration,mutatingwebhookconfiguration", "nodetaskd", "--ignore-not-found"
+        )
+    assert code == 0
+    template = job.spec.image_pre_pull_template
+    assert (template.concurrency, template.timeout_seconds) == (1, 300)
+    assert job.metadata.finalizers == ("kubeedge.io/imageprepulljob-controller",)
