@@ -1,0 +1,92 @@
+"""The hub's pure status changes: claims bound concurrency, records apply once, other jobs are refused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flows import imageprepulljob
+from nodetask.messages import ActionResult
+from nodetask.phases import JobPhase, NodeTaskPhase
+from roles.cloud.changes import ClaimOutcome, claim, record
+from schemas.meta import ObjectMeta
+from schemas.v1alpha2 import (
+    ImagePrePullJob,
+    ImagePrePullJobSpec,
+    ImagePrePullJobStatus,
+    ImagePrePullNodeTaskStatus,
+    ImagePrePullTemplate,
+)
+
+JT = imageprepulljob.JOB_TYPE
+NOW = "2026-11-26T00:00:00Z"
+
+
+def _job(phases: list[NodeTaskPhase], *, concurrency: int, uid: str = "u1") -> ImagePrePullJob:
+    return ImagePrePullJob(
+        metadata=ObjectMeta(name="j", uid=uid),
+        spec=ImagePrePullJobSpec(
+            image_pre_pull_template=ImagePrePullTemplate(images=("a/b:1",), concurrency=concurrency)
+        ),
+        status=ImagePrePullJobStatus(
+            phase=JobPhase.IN_PROGRESS,
+            node_status=tuple(ImagePrePullNodeTaskStatus(node_name=f"n{i}", phase=p) for i, p in enumerate(phases)),
+        ),
+    )
+
+
+def _running(job: Any) -> int:
+    return sum(e.phase is NodeTaskPhase.IN_PROGRESS for e in job.status.node_status)
+
+
+@settings(max_examples=200)
+@given(
+    nodes=st.integers(min_value=1, max_value=12),
+    concurrency=st.integers(min_value=1, max_value=5),
+    order=st.lists(st.integers(min_value=0, max_value=11), max_size=40),
+)
+def test_claims_in_any_order_never_exceed_concurrency(nodes: int, concurrency: int, order: list[int]) -> None:
+    """However many hubs claim whichever nodes, at most `concurrency` nodes end up InProgress."""
+    job: Any = _job([NodeTaskPhase.PENDING] * nodes, concurrency=concurrency)
+    claimed = 0
+    for i in order:
+        new, outcome = claim(f"n{i % nodes}", uid="u1", now=NOW)(job)
+        if outcome is ClaimOutcome.CLAIMED:
+            claimed += 1
+            job = new
+        else:
+            assert new is None
+        assert _running(job) <= concurrency
+    assert claimed == min(concurrency, len({i % nodes for i in order}))
+
+
+def test_claim_sets_dispatch_time_and_refuses_taken_or_foreign_jobs() -> None:
+    """A claim stamps dispatchTime; a node no longer Pending or a re-created job is not claimed."""
+    job = _job([NodeTaskPhase.PENDING, NodeTaskPhase.SUCCESSFUL], concurrency=2)
+    new, outcome = claim("n0", uid="u1", now=NOW)(job)
+    assert outcome is ClaimOutcome.CLAIMED
+    assert new is not None
+    assert new.status.node_status[0].dispatch_time == NOW
+    assert claim("n1", uid="u1", now=NOW)(job) == (None, ClaimOutcome.TAKEN)
+    assert claim("n0", uid="other", now=NOW)(job) == (None, ClaimOutcome.GONE)
+    assert claim("missing", uid="u1", now=NOW)(job) == (None, ClaimOutcome.GONE)
+
+
+def test_record_applies_once_and_rejects_what_can_never_apply() -> None:
+    """A result is recorded once; its duplicate changes nothing; an unknown action or old job is an error."""
+    job = _job([NodeTaskPhase.IN_PROGRESS], concurrency=1)
+    check = ActionResult(action="Check", succ=True, finish_time=NOW)
+    new, outcome = record(JT, "n0", check, uid="u1", now=NOW)(job)
+    assert outcome.applied
+    assert new is not None
+    assert [a.action for a in new.status.node_status[0].action_flow] == ["Check"]
+    again, dup = record(JT, "n0", check, uid="u1", now=NOW)(new)
+    assert again is None
+    assert (dup.applied, dup.acknowledge) == (False, True)
+    _, unknown = record(JT, "n0", ActionResult(action="Teleport", succ=True), uid="u1", now=NOW)(job)
+    assert not unknown.acknowledge
+    assert "Teleport" in unknown.error
+    _, old = record(JT, "n0", check, uid="u0", now=NOW)(job)
+    assert "re-created" in old.error

@@ -1,0 +1,126 @@
+"""The per-job status writer: coalescing, re-application after a conflict, errors, abandoned changes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, cast
+
+import anyio
+import pytest
+import structlog
+import trio.testing
+
+from roles.cloud.status_writer import StatusWriter
+from roles.kube import ApiError, Kube
+from roles.kube.resources import NODES
+
+
+class FakeStatusApi:
+    """Holds one integer 'object'; ``update_status`` re-reads and re-applies ``conflicts`` extra times."""
+
+    def __init__(self, *, conflicts: int = 0, error: ApiError | None = None) -> None:
+        self.value = 0
+        self.writes = 0
+        self.conflicts = conflicts
+        self.error = error
+
+    async def update_status(self, _resource: Any, _name: str, mutate: Callable[[int], int | None]) -> int:
+        await anyio.sleep(0.01)
+        if self.error is not None:
+            raise self.error
+        for _ in range(self.conflicts):
+            self.value += 100  # another writer got in first; the batch is applied again to the new value
+            mutate(self.value)
+        self.conflicts = 0
+        new = mutate(self.value)
+        if new is not None:
+            self.value = new
+            self.writes += 1
+        return self.value
+
+
+def _add(n: int) -> Callable[[int], tuple[int | None, int]]:
+    def change(value: int) -> tuple[int | None, int]:
+        return value + n, value + n
+
+    return change
+
+
+def _writer(api: FakeStatusApi, window: float) -> StatusWriter:
+    return StatusWriter(cast("Kube", api), NODES, "job", window=window, log=structlog.get_logger())
+
+
+async def _submit_all(writer: StatusWriter, changes: list[Any]) -> list[Any]:
+    outcomes: list[Any] = [None] * len(changes)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(writer.run)
+
+        async def one(i: int) -> None:
+            outcomes[i] = await writer.submit(changes[i])
+
+        async with anyio.create_task_group() as submitters:
+            for i in range(len(changes)):
+                submitters.start_soon(one, i)
+        writer.close()
+    return outcomes
+
+
+async def test_changes_submitted_within_the_window_make_one_write(autojump_clock: trio.testing.MockClock) -> None:
+    """Ten changes arriving together are applied in order by a single write."""
+    api = FakeStatusApi()
+    outcomes = await _submit_all(_writer(api, 0.2), [_add(1)] * 10)
+    assert api.writes == 1
+    assert api.value == 10
+    assert sorted(outcomes) == list(range(1, 11))
+
+
+async def test_window_zero_writes_once_per_change(autojump_clock: trio.testing.MockClock) -> None:
+    """With coalescing off, every change is its own write."""
+    api = FakeStatusApi()
+    await _submit_all(_writer(api, 0.0), [_add(1)] * 5)
+    assert api.writes == 5
+
+
+async def test_outcomes_come_from_the_attempt_that_was_written(autojump_clock: trio.testing.MockClock) -> None:
+    """After a conflict the batch is re-applied to the fresh object and submitters see that result."""
+    api = FakeStatusApi(conflicts=2)
+    outcomes = await _submit_all(_writer(api, 0.1), [_add(1)])
+    assert outcomes == [201]
+    assert api.value == 201
+
+
+async def test_a_failed_write_raises_in_every_submitter(autojump_clock: trio.testing.MockClock) -> None:
+    """An API error reaches each submitter of the batch, so none of them acknowledges anything."""
+    api = FakeStatusApi(error=ApiError(503, "Unavailable", "etcd is down"))
+    writer = _writer(api, 0.1)
+    failures = 0
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(writer.run)
+
+        async def one() -> None:
+            nonlocal failures
+            with pytest.raises(ApiError):
+                await writer.submit(_add(1))
+            failures += 1
+
+        async with anyio.create_task_group() as submitters:
+            for _ in range(3):
+                submitters.start_soon(one)
+        writer.close()
+    assert failures == 3
+    assert api.value == 0
+
+
+async def test_a_change_whose_submitter_gave_up_before_the_write_is_skipped(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A cancelled submitter's change is not written when its batch has not started."""
+    api = FakeStatusApi()
+    writer = _writer(api, 1.0)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(writer.run)
+        with anyio.move_on_after(0.5):
+            await writer.submit(_add(5))
+        assert await writer.submit(_add(1)) == 1
+        writer.close()
+    assert api.value == 1
