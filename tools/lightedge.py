@@ -21,7 +21,7 @@ import trio_websocket
 from flows import imageprepulljob, nodeupgradejob
 from flows.jobtype import JobType
 from nodetask import messages
-from nodetask.messages import Ack, Error, Heartbeat, Hello, Report, ReportAck, RunAction, Welcome
+from nodetask.messages import Ack, Cancel, Error, Heartbeat, Hello, Report, ReportAck, RunAction, Welcome
 from nodetask.phases import ConditionStatus
 from nodetask.route import Route
 from schemas.v1alpha2 import ImagePrePullJobSpec, ImageStatus, NodeUpgradeJobSpec
@@ -62,6 +62,7 @@ class LightEdge:
     errors: list[Error] = field(default_factory=list)
     intervals: dict[str, Interval] = field(default_factory=dict)
     run_actions: list[RunAction] = field(default_factory=list)
+    cancels: list[Cancel] = field(default_factory=list)
     close_codes: list[int] = field(default_factory=list)
     connects: int = 0
     _seq: int = 0
@@ -143,6 +144,8 @@ class LightEdge:
                     self.run_actions.append(run)
                     await ws.send_message(messages.encode(Ack(id=run.id)))
                     await self._start(run, work)
+                case Cancel() as cancel:
+                    self.cancels.append(cancel)
                 case ReportAck(seq=seq):
                     report = self.outbox.pop(seq, None)
                     if report is not None:

@@ -19,8 +19,9 @@ from __future__ import annotations
 import contextlib
 import math
 import ssl
+from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Final
 
@@ -64,6 +65,7 @@ GOING_AWAY: Final = 1001
 HEARTBEAT_MISSED: Final = 4008
 REPLACED: Final = 4009
 PROTOCOL: Final = 1002
+RUNNER_HISTORY: Final = 256
 
 # KubeEdge's v1alpha1 task types, accepted by the HTTP endpoint as aliases.
 LEGACY_TASK_TYPES: Final = {"upgrade": "nodeupgradejob", "prepull": "imageprepulljob"}
@@ -92,7 +94,6 @@ class _JobState:
     job: Any
     writer: StatusWriter
     runner: JobRunner | None = None
-    history: list[JobRunner] = field(default_factory=list)
 
 
 def _fresher(new: Any, old: Any) -> bool:
@@ -128,6 +129,7 @@ class Hub:
         self._jobs: dict[Key, _JobState] = {}
         self._synced = anyio.Event()
         self._jobs_tg: anyio.abc.TaskGroup | None = None
+        self._history: deque[JobRunner] = deque(maxlen=RUNNER_HISTORY)
         self.port = 0
 
     # --------------------------------------------------------------------------------- lifecycle
@@ -257,7 +259,7 @@ class Hub:
                 on_dispatch=self.metrics.dispatch_latency.observe,
             )
             state.runner = runner
-            state.history.append(runner)
+            self._history.append(runner)
             await self._jobs_tg.start(runner.run)
 
     async def _stop_runner(self, state: _JobState) -> None:
@@ -277,8 +279,8 @@ class Hub:
         state.writer.close()
 
     def runners(self) -> list[JobRunner]:
-        """Every runner this hub has started, current or ended (tests and benchmarks read them)."""
-        return [r for state in self._jobs.values() for r in state.history]
+        """The runners this hub started, oldest first, current or ended (the last RUNNER_HISTORY)."""
+        return list(self._history)
 
     # --------------------------------------------------------------------------------- sessions
 

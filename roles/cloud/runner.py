@@ -28,7 +28,7 @@ import structlog
 
 from flows.jobtype import JobType
 from nodetask.clock import Clock, parse_time
-from nodetask.messages import RunAction
+from nodetask.messages import Cancel, RunAction
 from nodetask.phases import ConditionStatus, NodeTaskPhase
 from nodetask.pool import JobPool, NodeTaskEnd, open_job_pool
 from nodetask.route import Route
@@ -41,6 +41,8 @@ from schemas import v1alpha2
 from schemas.access import targeting
 
 Log = structlog.typing.FilteringBoundLogger
+
+CANCEL_GRACE_S = 2.0
 
 
 class JobRunner:
@@ -73,6 +75,8 @@ class JobRunner:
         self._stop = anyio.Event()
         self._pool: JobPool | None = None
         self.finished = anyio.Event()
+        self._sent: set[str] = set()
+        """Nodes sent a RunAction whose task has not settled: they get a Cancel if the job goes."""
         self.dispatched: list[tuple[str, float]] = []
         """(node, loop time) of every claim this runner made, for tests and benchmarks."""
 
@@ -111,8 +115,19 @@ class JobRunner:
                 task_status.started()
                 await self._stop.wait()
                 pool.interrupt()
+            await self._cancel_on_edges()
         finally:
             self.finished.set()
+
+    async def _cancel_on_edges(self) -> None:
+        """Tell the edges still working on this job that it is gone (best effort, bounded)."""
+        with anyio.move_on_after(CANCEL_GRACE_S):
+            for node in sorted(self._sent):
+                session = self._sessions.get(node)
+                if session is not None:
+                    route = Route(v1alpha2.API_VERSION, self._type.resource_type, self.name, node)
+                    await session.send(Cancel(route=route, job_uid=self.uid))
+                    self._log.info("node_task_cancelled", node=node)
 
     # ---------------------------------------------------------------------------------- node tasks
 
@@ -183,6 +198,7 @@ class JobRunner:
             async def until_settled() -> None:
                 while (entry := self._entry(node)) is not None and entry.phase is NodeTaskPhase.IN_PROGRESS:
                     await self._changed.wait()
+                self._sent.discard(node)  # settled: nothing to cancel on the edge
                 tg.cancel_scope.cancel()
 
             tg.start_soon(until_settled)
@@ -202,6 +218,7 @@ class JobRunner:
                 )
                 session.expect_ack(msg.id)
                 if await session.send(msg):
+                    self._sent.add(node)
                     log.debug("run_action_sent", action=msg.action, attempt=sends)
                     if sends == 1:
                         self._on_dispatch(anyio.current_time() - claimed_at)

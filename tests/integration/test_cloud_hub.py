@@ -18,7 +18,7 @@ from nodetask.messages import Error, Heartbeat, Hello, Report, Welcome
 from nodetask.phases import JobPhase, NodeTaskPhase
 from nodetask.route import Route
 from roles.http import router, serve_http
-from roles.kube import Kube
+from roles.kube import Kube, NotFound
 from roles.kube.resources import NODES, job_resource
 from schemas.core import AGENT_VERSION_ANNOTATION, HUB_ANNOTATION
 from schemas.kinds import IMAGE_PRE_PULL_JOB
@@ -291,3 +291,41 @@ async def test_kubeedge_http_status_endpoint_records_a_report_as_that_node(
     assert answers[2][1].startswith("malformed action result")
     job = await cloud_kube.get(PREPULLS, name)
     assert [(a.action, a.time) for a in job.status.node_status[0].action_flow] == [("Check", "2026-11-26T01:00:00Z")]
+
+
+async def test_job_recreated_under_the_same_name_gets_a_fresh_runner_after_the_old_one_unwound(
+    crds: ControlPlane, cloud_kube: Kube
+) -> None:
+    """Deleting a job mid-flight stops its runner; a new job of the same name runs from scratch."""
+    nodes = [unique("again") for _ in range(3)]
+    tokens = await register_edges(crds, nodes)
+    name = unique("again")
+    async with (
+        running_controller(crds),
+        running_hub(crds, "hub-again") as hub,
+        running_edges(light_edge(n, hub.url, tokens[n], delay=0.5) for n in nodes) as edges,
+    ):
+        create_job(crds, "ImagePrePullJob", name, _prepull(nodes, concurrency=1))
+        first = await _until(cloud_kube, name, lambda j: any(e.action_flow for e in j.status.node_status))
+        # kubectl blocks this thread: never let it wait for the finalizer the controller must remove.
+        crds.kubectl("delete", "imageprepulljob", name, "--wait=false")
+        with anyio.fail_after(20):
+            while True:
+                try:
+                    await cloud_kube.get(PREPULLS, name)
+                except NotFound:
+                    break
+                await anyio.sleep(0.1)
+        create_job(crds, "ImagePrePullJob", name, _prepull(nodes, concurrency=1))
+        second = await _until(cloud_kube, name, lambda j: j.status.phase is JobPhase.COMPLETED)
+    assert second.metadata.uid != first.metadata.uid
+    _assert_each_action_once(second)
+    old, new = [r for r in hub.hub.runners() if r.name == name]
+    assert (old.uid, new.uid) == (first.metadata.uid, second.metadata.uid)
+    assert old.finished.is_set()
+    assert len(old.dispatched) == 1  # concurrency 1: the deletion stopped it after its first node
+    assert [node for node, _ in new.dispatched] == nodes
+    assert old.dispatched[0][1] < new.dispatched[0][1]
+    # The edge working on the deleted job was told to stop; the others never heard of it.
+    cancelled = [c for edge in edges for c in edge.cancels]
+    assert [(c.route.node, c.job_uid) for c in cancelled] == [(old.dispatched[0][0], first.metadata.uid)]
