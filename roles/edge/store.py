@@ -1,0 +1,781 @@
+"""The edge agent's durable local store: one SQLite file in WAL mode.
+
+It holds what must survive a restart of the agent, a reboot or a self-upgrade: the node tasks the
+hub sent, each action's result, the outbox of reports not yet acknowledged by a hub, the one
+upgrade-or-config-update that may run at a time (keadm's ``idempotency_record``, made durable and
+tied to its task so it cannot outlive it), and a few agent facts.
+
+SQLite calls block, so every one runs in a worker thread. The store owns ONE connection, used by
+one worker thread at a time: a ``CapacityLimiter(1)`` serializes the calls in arrival order
+(anyio's limiters are fair). A call's thread is never abandoned: a cancelled caller waits until its
+statement has committed or rolled back, so the file is never left mid-transaction.
+
+Every SQLite failure surfaces as :class:`StoreError`, naming the file and what went wrong (disk
+full, read-only, corrupt...). Each write is one transaction, so a failed write changes nothing.
+
+Schema changes are numbered migrations (``PRAGMA user_version``). Each records the oldest schema
+version whose code can still use the file: additive migrations keep it, so an agent rolled back
+after an upgrade still opens the store the newer agent wrote. Only SQL available since SQLite 3.24
+is used (no STRICT tables, no RETURNING), because agents link the device's own libsqlite3.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Final, TypeVar, final
+
+import anyio
+import anyio.to_thread
+import msgspec
+import structlog
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "ActionProgress",
+    "DroppedReport",
+    "EdgeStore",
+    "ExclusiveHold",
+    "NodeTask",
+    "OutboxReport",
+    "StoreError",
+    "StoreFault",
+    "TaskNotFoundError",
+    "TaskState",
+    "open_store",
+    "quarantine_store",
+]
+
+T = TypeVar("T")
+
+_BUSY_TIMEOUT_S: Final = 5.0
+_DROPPED_KEPT: Final = 1000
+"""How many dropped reports are kept for inspection; older ones are pruned as new ones arrive."""
+
+
+# ------------------------------------------------------------------------------------------- errors
+
+
+class StoreFault(StrEnum):
+    """What kind of failure a :class:`StoreError` is, so the role can react (e.g. quarantine a corrupt file)."""
+
+    FULL = "full"
+    READ_ONLY = "read_only"
+    CANNOT_OPEN = "cannot_open"
+    CORRUPT = "corrupt"
+    BUSY = "busy"
+    IO = "io"
+    SCHEMA = "schema"
+    OTHER = "other"
+
+
+_FAULT_TEXT: Final = {
+    StoreFault.FULL: "is full",
+    StoreFault.READ_ONLY: "is read-only",
+    StoreFault.CANNOT_OPEN: "cannot be opened",
+    StoreFault.CORRUPT: "is corrupt or not a database",
+    StoreFault.BUSY: "is locked by another process",
+    StoreFault.IO: "had an I/O error",
+    StoreFault.SCHEMA: "has an unusable schema",
+    StoreFault.OTHER: "failed",
+}
+
+# Primary result codes (https://sqlite.org/rescode.html); Python reports extended codes, whose low byte is these.
+_FAULT_BY_CODE: Final = {
+    3: StoreFault.CANNOT_OPEN,  # SQLITE_PERM
+    5: StoreFault.BUSY,  # SQLITE_BUSY
+    6: StoreFault.BUSY,  # SQLITE_LOCKED
+    8: StoreFault.READ_ONLY,  # SQLITE_READONLY
+    10: StoreFault.IO,  # SQLITE_IOERR
+    11: StoreFault.CORRUPT,  # SQLITE_CORRUPT
+    13: StoreFault.FULL,  # SQLITE_FULL
+    14: StoreFault.CANNOT_OPEN,  # SQLITE_CANTOPEN
+    26: StoreFault.CORRUPT,  # SQLITE_NOTADB
+}
+
+
+class StoreError(Exception):
+    """The store could not do what was asked; the message names the file and the cause."""
+
+    def __init__(self, path: Path, fault: StoreFault, cause: str) -> None:
+        super().__init__(f"edge store {path} {_FAULT_TEXT[fault]}: {cause}")
+        self.path = path
+        self.fault = fault
+        self.cause = cause
+
+
+class TaskNotFoundError(LookupError):
+    """No node task with this job UID is stored."""
+
+
+def _store_error(path: Path, exc: sqlite3.Error | OSError) -> StoreError:
+    if isinstance(exc, OSError):
+        return StoreError(path, StoreFault.CANNOT_OPEN, str(exc))
+    code = getattr(exc, "sqlite_errorcode", None)
+    fault = _FAULT_BY_CODE.get(code & 0xFF, StoreFault.OTHER) if isinstance(code, int) else StoreFault.OTHER
+    return StoreError(path, fault, str(exc))
+
+
+# ------------------------------------------------------------------------------------------ records
+
+
+class TaskState(StrEnum):
+    """Where a received node task stands on this node."""
+
+    RUNNING = "running"
+    WAITING_CONFIRMATION = "waiting_confirmation"
+    FINISHED = "finished"
+
+
+class _Record(msgspec.Struct, frozen=True, kw_only=True):
+    """Base of the values the store returns."""
+
+
+class NodeTask(_Record, frozen=True):
+    """A node task as received from a hub (a RunAction), and how far it has come."""
+
+    job_uid: str
+    route: str
+    job_type: str
+    spec: bytes
+    """The job's spec as the hub sent it (JSON)."""
+    run_action_id: str
+    received_at: datetime
+    state: TaskState
+    current_action: str
+
+
+class ActionProgress(_Record, frozen=True):
+    """The result of one action of one node task."""
+
+    job_uid: str
+    action: str
+    succ: bool
+    finish_time: str = ""
+    """RFC 3339, as reported."""
+    reason: str = ""
+    extend: str = ""
+
+
+class OutboxReport(_Record, frozen=True):
+    """A report waiting for a hub's acknowledgement; ``seq`` is never reused by this store file."""
+
+    seq: int
+    route: str
+    job_uid: str
+    action: str
+    succ: bool
+    finish_time: str = ""
+    reason: str = ""
+    extend: str = ""
+
+
+class DroppedReport(_Record, frozen=True):
+    """A report given up on (the hub refused it for good), kept for inspection."""
+
+    report: OutboxReport
+    reason: str
+    dropped_at: datetime
+
+
+class ExclusiveHold(_Record, frozen=True):
+    """The node task currently running an upgrade or config update on this node."""
+
+    job_uid: str
+    route: str
+    kind: str
+    since: datetime
+
+    def describe(self) -> str:
+        """A human description of the holder, for a refusal's reason."""
+        return f"{self.kind} {self.route} (job {self.job_uid}) since {self.since.isoformat()}"
+
+
+# ---------------------------------------------------------------------------------------- migrations
+
+
+@dataclass(frozen=True, slots=True)
+class _Migration:
+    version: int
+    oldest_reader: int
+    """The oldest schema version whose code can still use a store at ``version``."""
+    statements: tuple[str, ...]
+
+
+_MIGRATIONS: Final = (
+    _Migration(
+        version=1,
+        oldest_reader=1,
+        statements=(
+            "CREATE TABLE store_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+            """CREATE TABLE node_tasks (
+                job_uid TEXT PRIMARY KEY, route TEXT NOT NULL, job_type TEXT NOT NULL, spec BLOB NOT NULL,
+                run_action_id TEXT NOT NULL, received_at TEXT NOT NULL, state TEXT NOT NULL,
+                current_action TEXT NOT NULL)""",
+            """CREATE TABLE action_progress (
+                job_uid TEXT NOT NULL REFERENCES node_tasks (job_uid) ON DELETE CASCADE,
+                action TEXT NOT NULL, succ INTEGER NOT NULL, finish_time TEXT NOT NULL, reason TEXT NOT NULL,
+                extend TEXT NOT NULL, PRIMARY KEY (job_uid, action))""",
+            # AUTOINCREMENT, unlike a plain rowid, never hands out a value again, even after the
+            # highest row is deleted: a hub may still hold an acknowledgement for that seq.
+            """CREATE TABLE outbox (
+                seq INTEGER PRIMARY KEY AUTOINCREMENT, route TEXT NOT NULL, job_uid TEXT NOT NULL,
+                action TEXT NOT NULL, succ INTEGER NOT NULL, finish_time TEXT NOT NULL, reason TEXT NOT NULL,
+                extend TEXT NOT NULL)""",
+            """CREATE TABLE dropped_reports (
+                seq INTEGER PRIMARY KEY, route TEXT NOT NULL, job_uid TEXT NOT NULL, action TEXT NOT NULL,
+                succ INTEGER NOT NULL, finish_time TEXT NOT NULL, reason TEXT NOT NULL, extend TEXT NOT NULL,
+                drop_reason TEXT NOT NULL, dropped_at TEXT NOT NULL)""",
+            # One row at most; deleting its task releases it, so a forgotten task never blocks the node.
+            """CREATE TABLE exclusive_hold (
+                slot TEXT PRIMARY KEY CHECK (slot = 'node'),
+                job_uid TEXT NOT NULL REFERENCES node_tasks (job_uid) ON DELETE CASCADE,
+                kind TEXT NOT NULL, since TEXT NOT NULL)""",
+            "CREATE TABLE agent_facts (key TEXT PRIMARY KEY, value BLOB NOT NULL, updated_at TEXT NOT NULL)",
+        ),
+    ),
+)
+
+SCHEMA_VERSION: Final = _MIGRATIONS[-1].version
+
+
+@contextlib.contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    # IMMEDIATE takes the write lock up front, so a concurrent reader process (an inspection tool)
+    # makes us wait for the busy timeout instead of failing half-way through.
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        # SQLite rolls back by itself on some errors (SQLITE_FULL among them); a second ROLLBACK would fail.
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
+
+
+def _oldest_reader(conn: sqlite3.Connection) -> int:
+    row = conn.execute("SELECT value FROM store_meta WHERE key = 'oldest_reader'").fetchone()
+    return int(row[0]) if row else 0
+
+
+def _migrate_step(conn: sqlite3.Connection, migration: _Migration) -> None:
+    """Apply one migration, and record it, in one transaction."""
+    with _transaction(conn):
+        for statement in migration.statements:
+            conn.execute(statement)
+        conn.execute(
+            "INSERT INTO store_meta (key, value) VALUES ('oldest_reader', ?)"
+            " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+            (str(migration.oldest_reader),),
+        )
+        conn.execute(f"PRAGMA user_version = {int(migration.version)}")
+
+
+def _migrate(conn: sqlite3.Connection, path: Path) -> int:
+    """Bring the schema up to :data:`SCHEMA_VERSION`; returns the version found."""
+    found: int = conn.execute("PRAGMA user_version").fetchone()[0]
+    if found > SCHEMA_VERSION:
+        oldest = _oldest_reader(conn)
+        if oldest > SCHEMA_VERSION:
+            raise StoreError(
+                path,
+                StoreFault.SCHEMA,
+                f"schema version {found} needs an agent that reads version {oldest} or later;"
+                f" this agent reads up to {SCHEMA_VERSION}",
+            )
+        return found
+    for migration in _MIGRATIONS:
+        if migration.version > found:
+            _migrate_step(conn, migration)
+    return found
+
+
+# --------------------------------------------------------------------------------------------- store
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _stamp(moment: datetime) -> str:
+    # One zone for every stored time, so that their text sorts as the times do.
+    return moment.astimezone(UTC).isoformat()
+
+
+def _time(text: str) -> datetime:
+    return datetime.fromisoformat(text)
+
+
+_TASK_COLUMNS: Final = "job_uid, route, job_type, spec, run_action_id, received_at, state, current_action"
+_REPORT_COLUMNS: Final = "seq, route, job_uid, action, succ, finish_time, reason, extend"
+
+
+def _task(row: tuple[Any, ...]) -> NodeTask:
+    uid, route, job_type, spec, run_action_id, received_at, state, action = row
+    return NodeTask(
+        job_uid=uid,
+        route=route,
+        job_type=job_type,
+        spec=bytes(spec),
+        run_action_id=run_action_id,
+        received_at=_time(received_at),
+        state=TaskState(state),
+        current_action=action,
+    )
+
+
+def _report(row: tuple[Any, ...]) -> OutboxReport:
+    seq, route, uid, action, succ, finish_time, reason, extend = row
+    return OutboxReport(
+        seq=seq,
+        route=route,
+        job_uid=uid,
+        action=action,
+        succ=bool(succ),
+        finish_time=finish_time,
+        reason=reason,
+        extend=extend,
+    )
+
+
+def _get_task(conn: sqlite3.Connection, job_uid: str) -> NodeTask | None:
+    row = conn.execute(f"SELECT {_TASK_COLUMNS} FROM node_tasks WHERE job_uid = ?", (job_uid,)).fetchone()
+    return None if row is None else _task(row)
+
+
+def _require_task(conn: sqlite3.Connection, job_uid: str) -> NodeTask:
+    task = _get_task(conn, job_uid)
+    if task is None:
+        raise TaskNotFoundError(f"no node task with job UID {job_uid!r} is stored")
+    return task
+
+
+def _insert_report(conn: sqlite3.Connection, report: OutboxReport) -> OutboxReport:
+    cursor = conn.execute(
+        "INSERT INTO outbox (route, job_uid, action, succ, finish_time, reason, extend) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (report.route, report.job_uid, report.action, report.succ, report.finish_time, report.reason, report.extend),
+    )
+    assert cursor.lastrowid is not None
+    return msgspec.structs.replace(report, seq=cursor.lastrowid)
+
+
+def _connect(path: Path, max_bytes: int | None) -> tuple[sqlite3.Connection, int]:
+    """Open (creating if need be), configure, check and migrate; returns the connection and the version found."""
+    new = not path.exists()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+    try:
+        if new:
+            # The store may hold job specs (config values): keep it to the agent. -wal and -shm inherit this mode.
+            path.chmod(0o600)
+        # Reading the header here is what finds a file that is not a database.
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if mode != "wal":
+            raise StoreError(path, StoreFault.CANNOT_OPEN, f"write-ahead logging unavailable (journal mode {mode})")
+        # FULL, not NORMAL: in WAL mode NORMAL keeps the file consistent but a commit can vanish on power
+        # loss. We acknowledge a RunAction once stored, and the outbox's seq must never go back (a hub may
+        # hold an acknowledgement for it), so a commit must be on disk before we act on it. Writes are a
+        # few per action, so one fsync each costs nothing that matters.
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
+        if max_bytes is not None:
+            page_size: int = conn.execute("PRAGMA page_size").fetchone()[0]
+            conn.execute(f"PRAGMA max_page_count = {max(1, max_bytes // page_size)}")
+        # A damaged page would otherwise surface in the middle of a task; the store is small (reports
+        # leave once acknowledged), so checking it once per start is cheap.
+        problems = [row[0] for row in conn.execute("PRAGMA quick_check")]
+        if problems != ["ok"]:
+            raise StoreError(path, StoreFault.CORRUPT, "; ".join(str(p) for p in problems[:3]))
+        found = _migrate(conn, path)
+    except BaseException:
+        conn.close()
+        raise
+    return conn, found
+
+
+@final
+class EdgeStore:
+    """The agent's durable state. Make one with :func:`open_store`; all methods are safe to call concurrently.
+
+    Errors: every method raises :class:`StoreError` when SQLite fails, and ``anyio.ClosedResourceError``
+    once the store is closed. A failed write leaves the store exactly as it was.
+
+    Cancellation: a call whose statement has started completes (commits or rolls back) before the
+    cancellation is delivered.
+    """
+
+    def __init__(self, conn: sqlite3.Connection, *, path: Path, now: Callable[[], datetime]) -> None:
+        self._conn: sqlite3.Connection | None = conn
+        self._limiter = anyio.CapacityLimiter(1)
+        self._now = now
+        self.path = path
+
+    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        def run() -> T:
+            conn = self._conn
+            if conn is None:
+                raise anyio.ClosedResourceError
+            try:
+                return fn(conn)
+            except (sqlite3.Error, OSError) as exc:
+                raise _store_error(self.path, exc) from exc
+
+        return await anyio.to_thread.run_sync(run, limiter=self._limiter)
+
+    async def aclose(self) -> None:
+        """Close the connection (SQLite checkpoints the WAL into the file). Idempotent."""
+
+        def close() -> None:
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                conn.close()
+
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(close, limiter=self._limiter)
+
+    # ------------------------------------------------------------------------------- node tasks
+
+    async def add_task(
+        self, *, job_uid: str, route: str, job_type: str, spec: bytes, run_action_id: str, action: str
+    ) -> tuple[NodeTask, bool]:
+        """Store a received node task, starting at ``action``; returns the stored task and whether this call
+        stored it. A task already known by its job UID is left as it is (a re-delivered RunAction)."""
+        received_at = self._now()
+
+        def op(conn: sqlite3.Connection) -> tuple[NodeTask, bool]:
+            with _transaction(conn):
+                existing = _get_task(conn, job_uid)
+                if existing is not None:
+                    return existing, False
+                task = NodeTask(
+                    job_uid=job_uid,
+                    route=route,
+                    job_type=job_type,
+                    spec=spec,
+                    run_action_id=run_action_id,
+                    received_at=received_at,
+                    state=TaskState.RUNNING,
+                    current_action=action,
+                )
+                conn.execute(
+                    f"INSERT INTO node_tasks ({_TASK_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (job_uid, route, job_type, spec, run_action_id, _stamp(received_at), str(task.state), action),
+                )
+                return task, True
+
+        return await self._call(op)
+
+    async def get_task(self, job_uid: str) -> NodeTask | None:
+        """The stored node task with this job UID, if any."""
+        return await self._call(lambda conn: _get_task(conn, job_uid))
+
+    async def tasks(self, state: TaskState | None = None) -> tuple[NodeTask, ...]:
+        """The stored node tasks (in ``state`` if given), oldest first."""
+
+        def op(conn: sqlite3.Connection) -> tuple[NodeTask, ...]:
+            where, args = ("WHERE state = ?", (str(state),)) if state is not None else ("", ())
+            rows = conn.execute(f"SELECT {_TASK_COLUMNS} FROM node_tasks {where} ORDER BY received_at, rowid", args)
+            return tuple(_task(row) for row in rows)
+
+        return await self._call(op)
+
+    async def set_task_state(self, job_uid: str, *, state: TaskState, current_action: str) -> NodeTask:
+        """Move a node task on without a result (e.g. resumed after confirmation).
+
+        Errors: :class:`TaskNotFoundError`."""
+
+        def op(conn: sqlite3.Connection) -> NodeTask:
+            with _transaction(conn):
+                task = _require_task(conn, job_uid)
+                conn.execute(
+                    "UPDATE node_tasks SET state = ?, current_action = ? WHERE job_uid = ?",
+                    (str(state), current_action, job_uid),
+                )
+            return msgspec.structs.replace(task, state=state, current_action=current_action)
+
+        return await self._call(op)
+
+    async def remove_task(self, job_uid: str) -> bool:
+        """Forget a node task with its progress and any exclusive hold it has; its reports stay in the outbox."""
+        return await self._call(
+            lambda conn: conn.execute("DELETE FROM node_tasks WHERE job_uid = ?", (job_uid,)).rowcount == 1
+        )
+
+    # --------------------------------------------------------------------------------- progress
+
+    async def record_result(
+        self, progress: ActionProgress, *, state: TaskState, current_action: str | None = None
+    ) -> OutboxReport:
+        """Record an action's result, queue its report and move the task to ``state`` (and ``current_action``,
+        default the action reported), all in one transaction. Errors: :class:`TaskNotFoundError`."""
+
+        def op(conn: sqlite3.Connection) -> OutboxReport:
+            with _transaction(conn):
+                task = _require_task(conn, progress.job_uid)
+                conn.execute(
+                    "INSERT INTO action_progress (job_uid, action, succ, finish_time, reason, extend)"
+                    " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (job_uid, action) DO UPDATE SET succ = excluded.succ,"
+                    " finish_time = excluded.finish_time, reason = excluded.reason, extend = excluded.extend",
+                    (
+                        progress.job_uid,
+                        progress.action,
+                        progress.succ,
+                        progress.finish_time,
+                        progress.reason,
+                        progress.extend,
+                    ),
+                )
+                report = _insert_report(
+                    conn,
+                    OutboxReport(
+                        seq=0,
+                        route=task.route,
+                        job_uid=progress.job_uid,
+                        action=progress.action,
+                        succ=progress.succ,
+                        finish_time=progress.finish_time,
+                        reason=progress.reason,
+                        extend=progress.extend,
+                    ),
+                )
+                conn.execute(
+                    "UPDATE node_tasks SET state = ?, current_action = ? WHERE job_uid = ?",
+                    (str(state), current_action or progress.action, progress.job_uid),
+                )
+            return report
+
+        return await self._call(op)
+
+    async def progress(self, job_uid: str) -> tuple[ActionProgress, ...]:
+        """The recorded results of a node task's actions, in the order they were first recorded."""
+
+        def op(conn: sqlite3.Connection) -> tuple[ActionProgress, ...]:
+            rows = conn.execute(
+                "SELECT action, succ, finish_time, reason, extend FROM action_progress"
+                " WHERE job_uid = ? ORDER BY rowid",
+                (job_uid,),
+            )
+            return tuple(
+                ActionProgress(job_uid=job_uid, action=a, succ=bool(s), finish_time=f, reason=r, extend=e)
+                for a, s, f, r, e in rows
+            )
+
+        return await self._call(op)
+
+    # ----------------------------------------------------------------------------------- outbox
+
+    async def append(
+        self,
+        *,
+        route: str,
+        job_uid: str,
+        action: str,
+        succ: bool,
+        finish_time: str = "",
+        reason: str = "",
+        extend: str = "",
+    ) -> OutboxReport:
+        """Queue a report not tied to a stored result (use :meth:`record_result` for those); returns it with its seq."""
+        draft = OutboxReport(
+            seq=0,
+            route=route,
+            job_uid=job_uid,
+            action=action,
+            succ=succ,
+            finish_time=finish_time,
+            reason=reason,
+            extend=extend,
+        )
+        return await self._call(lambda conn: _insert_report(conn, draft))
+
+    async def pending(self, *, after: int = 0, limit: int | None = None) -> tuple[OutboxReport, ...]:
+        """The unacknowledged reports with a seq above ``after``, in seq order (at most ``limit``)."""
+
+        def op(conn: sqlite3.Connection) -> tuple[OutboxReport, ...]:
+            rows = conn.execute(
+                f"SELECT {_REPORT_COLUMNS} FROM outbox WHERE seq > ? ORDER BY seq LIMIT ?",
+                (after, -1 if limit is None else limit),
+            )
+            return tuple(_report(row) for row in rows)
+
+        return await self._call(op)
+
+    async def acknowledge(self, seq: int) -> bool:
+        """Forget a report a hub has durably applied; False if it was not pending (a repeated ack)."""
+        return await self._call(lambda conn: conn.execute("DELETE FROM outbox WHERE seq = ?", (seq,)).rowcount == 1)
+
+    async def drop(self, seq: int, reason: str) -> bool:
+        """Give up on a report a hub refused for good; it moves to the dropped reports. False if not pending."""
+        dropped_at = _stamp(self._now())
+
+        def op(conn: sqlite3.Connection) -> bool:
+            with _transaction(conn):
+                moved = conn.execute(
+                    f"INSERT INTO dropped_reports ({_REPORT_COLUMNS}, drop_reason, dropped_at)"
+                    f" SELECT {_REPORT_COLUMNS}, ?, ? FROM outbox WHERE seq = ?",
+                    (reason, dropped_at, seq),
+                ).rowcount
+                conn.execute("DELETE FROM outbox WHERE seq = ?", (seq,))
+                conn.execute(
+                    "DELETE FROM dropped_reports WHERE seq NOT IN"
+                    " (SELECT seq FROM dropped_reports ORDER BY seq DESC LIMIT ?)",
+                    (_DROPPED_KEPT,),
+                )
+            return moved == 1
+
+        return await self._call(op)
+
+    async def dropped(self) -> tuple[DroppedReport, ...]:
+        """The most recently dropped reports, in seq order."""
+
+        def op(conn: sqlite3.Connection) -> tuple[DroppedReport, ...]:
+            rows = conn.execute(f"SELECT {_REPORT_COLUMNS}, drop_reason, dropped_at FROM dropped_reports ORDER BY seq")
+            return tuple(
+                DroppedReport(report=_report(row[:8]), reason=row[8], dropped_at=_time(row[9])) for row in rows
+            )
+
+        return await self._call(op)
+
+    # ------------------------------------------------------------------------ exclusive operation
+
+    async def try_begin_exclusive(self, job_uid: str, kind: str) -> str | None:
+        """Take the node's one upgrade-or-config-update slot for a stored task: None when taken (or already
+        held by this task, as after a restart), else the holder's description. Errors: :class:`TaskNotFoundError`."""
+        since = _stamp(self._now())
+
+        def op(conn: sqlite3.Connection) -> str | None:
+            with _transaction(conn):
+                _require_task(conn, job_uid)
+                holder = _hold(conn)
+                if holder is not None:
+                    return None if holder.job_uid == job_uid else holder.describe()
+                conn.execute(
+                    "INSERT INTO exclusive_hold (slot, job_uid, kind, since) VALUES ('node', ?, ?, ?)",
+                    (job_uid, kind, since),
+                )
+                return None
+
+        return await self._call(op)
+
+    async def end_exclusive(self, job_uid: str) -> bool:
+        """Release the slot if this task holds it; False otherwise."""
+        return await self._call(
+            lambda conn: conn.execute("DELETE FROM exclusive_hold WHERE job_uid = ?", (job_uid,)).rowcount == 1
+        )
+
+    async def exclusive_hold(self) -> ExclusiveHold | None:
+        """Who holds the slot, if anyone."""
+        return await self._call(_hold)
+
+    # -------------------------------------------------------------------------------------- facts
+
+    async def set_fact(self, key: str, value: Any) -> None:
+        """Store a fact about the agent (any msgspec-encodable value) under ``key``, replacing the old one."""
+        encoded = msgspec.json.encode(value)
+        updated_at = _stamp(self._now())
+        await self._call(
+            lambda conn: conn.execute(
+                "INSERT INTO agent_facts (key, value, updated_at) VALUES (?, ?, ?) ON CONFLICT (key) DO UPDATE"
+                " SET value = excluded.value, updated_at = excluded.updated_at",
+                (key, encoded, updated_at),
+            )
+        )
+
+    async def get_fact(self, key: str, type_: type[T]) -> T | None:
+        """The fact under ``key`` decoded as ``type_``, or None. Errors: :class:`StoreError` if it is not one."""
+        row = await self._call(
+            lambda conn: conn.execute("SELECT value FROM agent_facts WHERE key = ?", (key,)).fetchone()
+        )
+        if row is None:
+            return None
+        try:
+            return msgspec.json.decode(row[0], type=type_)
+        except msgspec.DecodeError as exc:
+            raise StoreError(self.path, StoreFault.SCHEMA, f"fact {key!r}: {exc}") from exc
+
+    async def delete_fact(self, key: str) -> bool:
+        """Forget a fact; False if there was none."""
+        return await self._call(
+            lambda conn: conn.execute("DELETE FROM agent_facts WHERE key = ?", (key,)).rowcount == 1
+        )
+
+
+def _hold(conn: sqlite3.Connection) -> ExclusiveHold | None:
+    row = conn.execute(
+        "SELECT h.job_uid, t.route, h.kind, h.since FROM exclusive_hold h JOIN node_tasks t USING (job_uid)"
+    ).fetchone()
+    if row is None:
+        return None
+    return ExclusiveHold(job_uid=row[0], route=row[1], kind=row[2], since=_time(row[3]))
+
+
+@contextlib.asynccontextmanager
+async def open_store(
+    path: str | os.PathLike[str],
+    *,
+    now: Callable[[], datetime] = _utc_now,
+    max_bytes: int | None = None,
+    log: structlog.typing.FilteringBoundLogger | None = None,
+) -> AsyncIterator[EdgeStore]:
+    """Open (or create) the store at ``path``, migrating its schema, and close it on exit.
+
+    ``now`` stamps received, dropped and updated times (pass ``Clock.now`` for loop-derived time);
+    ``max_bytes`` caps the file's size, beyond which writes fail as on a full disk.
+
+    Errors: :class:`StoreError` when the file cannot be opened, is corrupt (``fault`` CORRUPT: see
+    :func:`quarantine_store`) or has a schema this agent cannot read.
+    """
+    file = Path(path)
+    logger = log if log is not None else structlog.get_logger()
+
+    def connect() -> tuple[sqlite3.Connection, int]:
+        try:
+            return _connect(file, max_bytes)
+        except (sqlite3.Error, OSError) as exc:
+            raise _store_error(file, exc) from exc
+
+    conn, found = await anyio.to_thread.run_sync(connect)
+    store = EdgeStore(conn, path=file, now=now)
+    logger.info("store_opened", path=str(file), found_version=found, schema_version=max(found, SCHEMA_VERSION))
+    try:
+        yield store
+    finally:
+        await store.aclose()
+
+
+async def quarantine_store(
+    path: str | os.PathLike[str],
+    *,
+    now: Callable[[], datetime] = _utc_now,
+    log: structlog.typing.FilteringBoundLogger | None = None,
+) -> Path:
+    """Move a corrupt store (with its -wal and -shm files) aside so that a fresh one can be created; returns
+    the new name of the main file. For a role that met ``StoreFault.CORRUPT`` and must not crash-loop on it.
+    """
+    file = Path(path)
+    suffix = now().astimezone(UTC).strftime(".corrupt-%Y%m%dT%H%M%SZ")
+    target = file.with_name(file.name + suffix)
+
+    def move() -> None:
+        for extra in ("-wal", "-shm"):
+            side = file.with_name(file.name + extra)
+            if side.exists():
+                side.replace(target.with_name(target.name + extra))
+        file.replace(target)
+
+    try:
+        await anyio.to_thread.run_sync(move)
+    except OSError as exc:
+        raise StoreError(file, StoreFault.CANNOT_OPEN, f"cannot move it aside: {exc}") from exc
+    (log if log is not None else structlog.get_logger()).warning(
+        "store_quarantined", path=str(file), moved_to=str(target)
+    )
+    return target
