@@ -117,6 +117,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     status = 0
     try:
         trio.run(_serve, role, cfg, log)
+    except* ConfigError as group:
+        # Settings the role can only check when it starts (a token file, a certificate...).
+        print(f"nodetaskd: error: {group.exceptions[0]}", file=sys.stderr)
+        status = EXIT_USAGE
     except* NotImplementedError as group:
         print(f"nodetaskd: error: {group.exceptions[0]}", file=sys.stderr)
         status = EXIT_UNAVAILABLE

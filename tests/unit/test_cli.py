@@ -72,3 +72,15 @@ def test_missing_config_file_is_named(tmp_path: Path, capsys: pytest.CaptureFixt
     """A config path that does not exist is reported with the path."""
     assert main(["--role=edge", f"--config={tmp_path / 'nope.yaml'}"]) == 2
     assert "cannot read config" in capsys.readouterr().err
+
+
+def test_edge_without_a_readable_token_file_exits_2_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A setting checked only at start (the token file) still ends in one line and exit status 2."""
+    missing = tmp_path / "token"
+    args = ["--role=edge", "--node-name=e1", "--hub-url=ws://127.0.0.1:1", f"--data-dir={tmp_path}"]
+    cfg = tmp_path / "edge.yaml"
+    cfg.write_text(f"tokenFile: {missing}\n")
+    assert main([*args, f"--config={cfg}"]) == 2
+    assert f"cannot read tokenFile {missing}" in capsys.readouterr().err

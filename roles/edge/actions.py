@@ -1,0 +1,157 @@
+"""The device actions of each job type, looked up by (job type, action name).
+
+An action is an async function of a :class:`TaskContext` returning an :class:`Outcome`; it never
+raises for a device failure (that is a failed outcome with a reason). Which actions exist is
+decided by :func:`build_actions` when the agent starts, from what the device offers (a container
+runtime or not), so nothing is registered at import time.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Final
+
+import msgspec
+
+from flows import configupdatejob, imageprepulljob, nodeupgradejob
+from nodetask.phases import ConditionStatus
+from roles.edge.checks import Thresholds, run_checks
+from roles.edge.store import EdgeStore, NodeTask
+from schemas.v1alpha2 import ImageStatus
+
+__all__ = ["Action", "Actions", "Outcome", "TaskContext", "build_actions"]
+
+# KubeEdge's version format for upgrades (admission and edge Check alike).
+VERSION: Final = re.compile(r"^v\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """An action's result, as reported upstream."""
+
+    succ: bool
+    reason: str = ""
+    extend: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskContext:
+    """What an action may use."""
+
+    task: NodeTask
+    spec: Any
+    """The decoded job spec (the job type's spec Struct)."""
+    node: str
+    version: str
+    data_dir: Path
+    thresholds: Thresholds
+    store: EdgeStore
+
+
+Action = Callable[[TaskContext], Awaitable[Outcome]]
+Actions = Mapping[tuple[str, str], Action]
+"""(resource type, action name) to the action."""
+
+PullImages = Callable[[tuple[str, ...], int, dict[str, str]], Awaitable[tuple[ImageStatus, ...]]]
+"""Pull ``images`` with ``retryTimes``, given registry credentials: per-image statuses."""
+
+EXCLUSIVE_KINDS: Final = frozenset({nodeupgradejob.JOB_TYPE.resource_type, configupdatejob.JOB_TYPE.resource_type})
+
+
+async def _checks(ctx: TaskContext, items: tuple[str, ...]) -> Outcome:
+    result = await run_checks(items, data_dir=ctx.data_dir, thresholds=ctx.thresholds)
+    return Outcome(result.ok, result.reason)
+
+
+async def _exclusive(ctx: TaskContext) -> Outcome | None:
+    """Take the node's one upgrade/config-update slot; a failed Outcome if another task holds it."""
+    holder = await ctx.store.try_begin_exclusive(ctx.task.job_uid, ctx.task.job_type)
+    if holder is not None:
+        return Outcome(False, f"the mutually exclusive task is being executed: {holder}")
+    return None
+
+
+def _unavailable(what: str) -> Action:
+    async def action(ctx: TaskContext) -> Outcome:
+        return Outcome(False, f"{what} is not available in nodetaskd {ctx.version} on this node")
+
+    return action
+
+
+# -------------------------------------------------------------------------------- ImagePrePullJob
+
+
+async def _prepull_check(ctx: TaskContext) -> Outcome:
+    return await _checks(ctx, ctx.spec.image_pre_pull_template.check_items)
+
+
+def _prepull_pull(pull: PullImages, credentials: Callable[[str], dict[str, str]]) -> Action:
+    async def action(ctx: TaskContext) -> Outcome:
+        template = ctx.spec.image_pre_pull_template
+        statuses = await pull(template.images, template.retry_times, credentials(ctx.task.job_uid))
+        failed = [s for s in statuses if s.status is not ConditionStatus.TRUE]
+        reason = "; ".join(f"{s.image}: {s.reason}" for s in failed)
+        return Outcome(not failed, reason, imageprepulljob.encode_extend(statuses))
+
+    return action
+
+
+# --------------------------------------------------------------------------------- NodeUpgradeJob
+
+
+async def _upgrade_check(ctx: TaskContext) -> Outcome:
+    if not VERSION.fullmatch(ctx.spec.version):
+        return Outcome(False, f"version {ctx.spec.version!r} is not of the form vX.Y.Z")
+    checked = await _checks(ctx, ctx.spec.check_items)
+    if not checked.succ:
+        return checked
+    return await _exclusive(ctx) or Outcome(True)
+
+
+async def _waiting_confirmation(ctx: TaskContext) -> Outcome:
+    # Always a success: with requireConfirmation the runner pauses after reporting it (KubeEdge).
+    return Outcome(True)
+
+
+# --------------------------------------------------------------------------------- ConfigUpdateJob
+
+
+async def _config_check(ctx: TaskContext) -> Outcome:
+    if not ctx.spec.update_fields:
+        return Outcome(False, "updateFields is empty")
+    return await _exclusive(ctx) or Outcome(True)
+
+
+def build_actions(*, pull: PullImages | None, credentials: Callable[[str], dict[str, str]]) -> Actions:
+    """The actions this agent can run; ``pull`` is None where no container runtime is reachable."""
+    prepull = imageprepulljob.JOB_TYPE.resource_type
+    upgrade = nodeupgradejob.JOB_TYPE.resource_type
+    config = configupdatejob.JOB_TYPE.resource_type
+    table: dict[tuple[str, str], Action] = {
+        (prepull, imageprepulljob.CHECK): _prepull_check,
+        (prepull, imageprepulljob.PULL): (
+            _prepull_pull(pull, credentials) if pull is not None else _unavailable("a container runtime")
+        ),
+        (upgrade, nodeupgradejob.CHECK): _upgrade_check,
+        (upgrade, nodeupgradejob.WAITING_CONFIRMATION): _waiting_confirmation,
+        (upgrade, nodeupgradejob.BACK_UP): _unavailable("agent self-upgrade"),
+        (upgrade, nodeupgradejob.UPGRADE): _unavailable("agent self-upgrade"),
+        (upgrade, nodeupgradejob.ROLL_BACK): _unavailable("agent self-upgrade"),
+        (config, configupdatejob.CHECK): _config_check,
+        (config, configupdatejob.BACK_UP): _unavailable("config update"),
+        (config, configupdatejob.UPDATE): _unavailable("config update"),
+        (config, configupdatejob.ROLL_BACK): _unavailable("config update"),
+    }
+    return MappingProxyType(table)
+
+
+def decode_spec(job_type: Any, raw: bytes) -> tuple[Any, str]:
+    """The job's spec and an empty error, or None and the reason it does not decode."""
+    try:
+        return job_type.decode_spec(raw), ""
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        return None, f"the job spec is invalid: {exc}"

@@ -1,0 +1,365 @@
+"""The edge agent: one connection to a hub at a time, node tasks walked locally, every result durable.
+
+* A RunAction is stored before it is acknowledged; a task re-delivered with the same job UID is
+  never run again - its latest recorded result is re-sent instead, so a restarted hub catches up.
+* Each action's result and its report are written in one store transaction; reports leave the
+  outbox in ``seq`` order and only when the hub acknowledges them (or refuses them for good), so
+  an agent restart or an outage loses nothing: the outbox is flushed first on every connection.
+* Tasks interrupted by an agent restart resume at their first unrecorded action.
+* The connection loop tries the hub URLs in turn with capped, jittered backoff; three silent
+  heartbeat intervals count as a dead session.
+"""
+
+from __future__ import annotations
+
+import itertools
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import anyio
+import anyio.abc
+import structlog
+import trio_websocket
+
+from flows import nodeupgradejob
+from flows.jobtype import JobType
+from nodetask import messages
+from nodetask.clock import Clock
+from nodetask.flow import UnknownActionError
+from nodetask.messages import (
+    Ack,
+    Cancel,
+    Confirm,
+    Error,
+    Heartbeat,
+    Hello,
+    MessageError,
+    Report,
+    ReportAck,
+    RunAction,
+    Welcome,
+)
+from nodetask.route import Route
+from roles.edge.actions import EXCLUSIVE_KINDS, Actions, Outcome, TaskContext, decode_spec
+from roles.edge.checks import Thresholds
+from roles.edge.store import ActionProgress, EdgeStore, NodeTask, StoreError, TaskState
+from roles.kube.watching import Backoff
+
+Log = structlog.typing.FilteringBoundLogger
+
+FINAL_ERRORS: Final = frozenset({"report_rejected", "job_gone"})
+HELLO_TIMEOUT_S: Final = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSettings:
+    """What the agent needs from the edge configuration."""
+
+    node: str
+    version: str
+    hub_urls: tuple[str, ...]
+    token: str
+    data_dir: Path
+    thresholds: Thresholds
+    ssl_context: ssl.SSLContext | None = None
+    reconnect_cap: float = 30.0
+    missed_heartbeats: int = 3
+
+
+class EdgeAgent:
+    """Run with :meth:`run`; cancel to stop (the store keeps everything for the next start)."""
+
+    def __init__(
+        self,
+        *,
+        settings: AgentSettings,
+        store: EdgeStore,
+        actions: Actions,
+        job_types: Mapping[str, JobType],
+        clock: Clock,
+        log: Log,
+    ) -> None:
+        self.settings = settings
+        self._store = store
+        self._actions = actions
+        self._types = job_types
+        self._clock = clock
+        self._log = log.bind(node=settings.node)
+        self._work: anyio.abc.TaskGroup | None = None
+        self._running: dict[str, anyio.CancelScope] = {}
+        self._outbox_changed = anyio.Event()
+        self._credentials: dict[str, dict[str, str]] = {}
+        self.connected = anyio.Event()
+        self.connects = 0
+
+    def credentials(self, job_uid: str) -> dict[str, str]:
+        """Registry credentials the hub sent with this job's RunAction (kept in memory only)."""
+        return self._credentials.get(job_uid, {})
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Resume stored tasks, then keep a hub connection until cancelled."""
+        async with anyio.create_task_group() as work:
+            self._work = work
+            for task in await self._store.tasks(TaskState.RUNNING):
+                self._log.info("task_resumed", job=task.route, action=task.current_action)
+                self._start(task.job_uid)
+            task_status.started()
+            await self._connect_forever()
+
+    # ----------------------------------------------------------------------------- connection
+
+    async def _connect_forever(self) -> None:
+        backoff = Backoff(initial=0.5, cap=self.settings.reconnect_cap)
+        for url in itertools.cycle(self.settings.hub_urls):
+            try:
+                await self._session(url)
+                backoff.reset()
+            except* (OSError, trio_websocket.HandshakeError, trio_websocket.ConnectionClosed, MessageError) as group:
+                self._log.info("hub_connection_lost", url=url, error=str(group.exceptions[0]))
+            await anyio.sleep(backoff.delay())
+
+    async def _session(self, url: str) -> None:
+        headers = [(b"authorization", f"Bearer {self.settings.token}".encode())]
+        endpoint = f"{url.rstrip('/')}/nodes/{self.settings.node}"
+        tls = self.settings.ssl_context if url.startswith("wss://") else None
+        async with trio_websocket.open_websocket_url(endpoint, ssl_context=tls, extra_headers=headers) as ws:
+            hello = Hello(node=self.settings.node, version=self.settings.version, capabilities=self._capabilities())
+            await ws.send_message(messages.encode(hello))
+            with anyio.fail_after(HELLO_TIMEOUT_S):
+                welcome = messages.decode_downstream(await ws.get_message())
+            if not isinstance(welcome, Welcome):
+                raise MessageError(f"expected a welcome from {url}, got {type(welcome).__name__}")
+            self.connects += 1
+            self.connected.set()
+            self._log.info("hub_connected", hub=welcome.hub, url=url)
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._heartbeat, ws, welcome.heartbeat_interval)
+                    tg.start_soon(self._send_outbox, ws)
+                    await self._receive(ws, welcome.heartbeat_interval * self.settings.missed_heartbeats)
+                    tg.cancel_scope.cancel()
+            finally:
+                self.connected = anyio.Event()
+
+    def _capabilities(self) -> tuple[str, ...]:
+        return tuple(sorted({f"{jt}/{action}" for jt, action in self._actions}))
+
+    async def _heartbeat(self, ws: trio_websocket.WebSocketConnection, interval: float) -> None:
+        while True:
+            await ws.send_message(messages.encode(Heartbeat(sent_at=anyio.current_time())))
+            await anyio.sleep(interval)
+
+    async def _send_outbox(self, ws: trio_websocket.WebSocketConnection) -> None:
+        # Everything unacknowledged goes out first, in seq order, then each new report as it lands.
+        sent = 0
+        while True:
+            changed = self._outbox_changed
+            for report in await self._store.pending(after=sent):
+                try:
+                    route = Route.parse(report.route)
+                except ValueError as exc:
+                    await self._store.drop(report.seq, f"unsendable route: {exc}")
+                    continue
+                frame = Report(
+                    route=route,
+                    job_uid=report.job_uid,
+                    seq=report.seq,
+                    action=report.action,
+                    succ=report.succ,
+                    finish_time=report.finish_time,
+                    reason=report.reason,
+                    extend=report.extend,
+                )
+                await ws.send_message(messages.encode(frame))
+                sent = report.seq
+            await changed.wait()
+
+    def _outbox_grew(self) -> None:
+        self._outbox_changed.set()
+        self._outbox_changed = anyio.Event()
+
+    async def _receive(self, ws: trio_websocket.WebSocketConnection, deadline: float) -> None:
+        while True:
+            with anyio.fail_after(deadline):
+                frame = await ws.get_message()
+            try:
+                msg = messages.decode_downstream(frame)
+            except MessageError as exc:
+                self._log.warning("bad_frame_from_hub", error=str(exc))
+                continue
+            match msg:
+                case RunAction():
+                    await self._on_run_action(ws, msg)
+                case ReportAck(seq=seq):
+                    await self._store.acknowledge(seq)
+                case Error(code=code, ref=ref, message=text) if code in FINAL_ERRORS and ref.isdigit():
+                    self._log.warning("report_refused", seq=int(ref), code=code, error=text)
+                    await self._store.drop(int(ref), f"{code}: {text}")
+                case Error(code=code, message=text):
+                    self._log.warning("hub_error", code=code, error=text)
+                case Confirm(job_uid=uid):
+                    await self.confirm(uid)
+                case Cancel(job_uid=uid):
+                    self._cancel(uid)
+                case _:
+                    pass
+
+    # ----------------------------------------------------------------------------- node tasks
+
+    async def _on_run_action(self, ws: trio_websocket.WebSocketConnection, run: RunAction) -> None:
+        if run.credentials:
+            self._credentials[run.job_uid] = dict(run.credentials)
+        try:
+            task, new = await self._store.add_task(
+                job_uid=run.job_uid,
+                route=str(run.route),
+                job_type=run.route.job_type,
+                spec=bytes(run.spec),
+                run_action_id=run.id,
+                action=run.action,
+            )
+        except StoreError as exc:
+            # Not acknowledged: the hub re-sends it after the next reconnect.
+            self._log.error("task_not_stored", job=str(run.route), error=str(exc))
+            return
+        await ws.send_message(messages.encode(Ack(id=run.id)))
+        if new:
+            self._log.info("task_received", job=str(run.route), action=run.action)
+            self._start(task.job_uid)
+        elif task.job_uid not in self._running:
+            await self._resend_latest(task)
+
+    async def _resend_latest(self, task: NodeTask) -> None:
+        """A re-delivered task: never run again, report the newest recorded result again."""
+        progress = await self._store.progress(task.job_uid)
+        if progress:
+            last = progress[-1]
+            await self._store.append(
+                route=task.route,
+                job_uid=task.job_uid,
+                action=last.action,
+                succ=last.succ,
+                finish_time=last.finish_time,
+                reason=last.reason,
+                extend=last.extend,
+            )
+            self._outbox_grew()
+
+    def _start(self, job_uid: str) -> None:
+        assert self._work is not None
+        if job_uid not in self._running:
+            scope = self._running[job_uid] = anyio.CancelScope()
+            self._work.start_soon(self._walk, job_uid, scope, name=f"task {job_uid}")
+
+    def _cancel(self, job_uid: str) -> None:
+        scope = self._running.get(job_uid)
+        if scope is not None:
+            self._log.info("task_cancelled", uid=job_uid)
+            scope.cancel()
+
+    async def confirm(self, job_uid: str) -> bool:
+        """Release a task waiting for confirmation; it resumes after WaitingConfirmation."""
+        task = await self._store.get_task(job_uid)
+        if task is None or task.state is not TaskState.WAITING_CONFIRMATION:
+            return False
+        await self._store.set_task_state(
+            job_uid, state=TaskState.RUNNING, current_action=nodeupgradejob.RESUME_AFTER_CONFIRMATION
+        )
+        self._log.info("task_confirmed", job=task.route)
+        self._start(job_uid)
+        return True
+
+    async def _walk(self, job_uid: str, scope: anyio.CancelScope) -> None:
+        try:
+            with scope:
+                await self._walk_task(job_uid)
+            if scope.cancelled_caught:
+                task = await self._store.get_task(job_uid)
+                if task is not None and task.state is not TaskState.FINISHED:
+                    cancelled = Outcome(False, "cancelled: the job was deleted or interrupted in the cloud")
+                    await self._record(task, task.current_action, cancelled, None)
+        except StoreError as exc:
+            # The store could not record a result; the task resumes from its last record next start.
+            self._log.error("task_stalled", uid=job_uid, error=str(exc))
+        finally:
+            del self._running[job_uid]
+
+    async def _walk_task(self, job_uid: str) -> None:
+        task = await self._store.get_task(job_uid)
+        if task is None:
+            return
+        log = self._log.bind(job=task.route)
+        jt = self._types.get(task.job_type)
+        if jt is None:
+            await self._record(task, task.current_action, Outcome(False, f"unknown job type {task.job_type}"), None)
+            return
+        spec, problem = decode_spec(jt, task.spec)
+        done = {p.action: p for p in await self._store.progress(job_uid)}
+        action: str | None = task.current_action
+        while action is not None and action in done:
+            action = self._next(jt, action, done[action].succ)
+        while action is not None:
+            action_fn = self._actions.get((task.job_type, action))
+            if problem:
+                outcome = Outcome(False, problem)
+            elif action not in jt.flow:
+                outcome = Outcome(False, f"invalid {task.job_type} action {action}")
+            elif action_fn is None:
+                outcome = Outcome(False, f"action {action} is not supported by this agent")
+            else:
+                log.info("action_started", action=action)
+                ctx = TaskContext(
+                    task=task,
+                    spec=spec,
+                    node=self.settings.node,
+                    version=self.settings.version,
+                    data_dir=self.settings.data_dir,
+                    thresholds=self.settings.thresholds,
+                    store=self._store,
+                )
+                outcome = await action_fn(ctx)
+            after = None if problem else self._next(jt, action, outcome.succ)
+            pause = (
+                after is not None
+                and action == nodeupgradejob.WAITING_CONFIRMATION
+                and bool(getattr(spec, "require_confirmation", False))
+            )
+            await self._record(task, action, outcome, after, pause=pause)
+            log.info("action_finished", action=action, succ=outcome.succ, reason=outcome.reason)
+            if pause:
+                log.info("waiting_for_confirmation")
+                return
+            action = after
+
+    def _next(self, jt: JobType, action: str, succ: bool) -> str | None:
+        try:
+            return jt.flow.next(action, succ)
+        except UnknownActionError:
+            return None
+
+    async def _record(
+        self, task: NodeTask, action: str, outcome: Outcome, after: str | None, *, pause: bool = False
+    ) -> None:
+        state = TaskState.FINISHED if after is None else TaskState.WAITING_CONFIRMATION if pause else TaskState.RUNNING
+        progress = ActionProgress(
+            job_uid=task.job_uid,
+            action=action,
+            succ=outcome.succ,
+            finish_time=self._clock.stamp(),
+            reason="" if outcome.succ else outcome.reason or f"action {action} failed",
+            extend=outcome.extend,
+        )
+        # Shielded: a Cancel arriving mid-write must not leave a result unreported.
+        with anyio.CancelScope(shield=True):
+            await self._store.record_result(progress, state=state, current_action=after or action)
+            if state is TaskState.FINISHED and task.job_type in EXCLUSIVE_KINDS:
+                await self._store.end_exclusive(task.job_uid)
+        self._outbox_grew()
+
+
+def edge_ssl_context(ca_file: str) -> ssl.SSLContext | None:
+    """A client TLS context trusting ``ca_file`` (the system roots when empty)."""
+    return ssl.create_default_context(cafile=ca_file or None)

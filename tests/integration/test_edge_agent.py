@@ -1,0 +1,226 @@
+"""The edge agent against a real hub and controller: durable outbox, outages, restarts, failed checks."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+import pytest
+import structlog
+
+from flows import imageprepulljob
+from nodetask.clock import Clock
+from nodetask.phases import ConditionStatus, JobPhase, NodeTaskPhase
+from roles.edge.actions import build_actions
+from roles.edge.agent import AgentSettings, EdgeAgent
+from roles.edge.checks import Thresholds
+from roles.edge.store import open_store
+from roles.jobtypes import job_types
+from roles.kube import Kube
+from roles.kube.resources import job_resource
+from schemas.kinds import IMAGE_PRE_PULL_JOB
+from schemas.v1alpha2 import ImageStatus
+from tests.integration.controlplane import ControlPlane
+from tests.integration.fleet import register_edges
+from tests.integration.hubs import eventually, free_port, running_controller, running_hub
+from tests.integration.objects import create_job, unique
+
+pytestmark = pytest.mark.integration
+PREPULLS = job_resource(IMAGE_PRE_PULL_JOB)
+
+
+class FakeRuntime:
+    """Stands in for the CRI runtime (tested on its own against containerd): pulls take ``delay``."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
+        self.pulls = 0
+
+    async def pull(self, images: tuple[str, ...], retry_times: int, creds: dict[str, str]) -> tuple[ImageStatus, ...]:
+        self.pulls += 1
+        await anyio.sleep(self.delay)
+        return tuple(ImageStatus(image=i, status=ConditionStatus.TRUE) for i in images)
+
+
+@asynccontextmanager
+async def running_agent(
+    node: str, token: str, url: str, data_dir: Path, runtime: FakeRuntime
+) -> AsyncIterator[EdgeAgent]:
+    """An in-process edge agent with its store in ``data_dir``."""
+    settings = AgentSettings(
+        node=node,
+        version="v0.1.0",
+        hub_urls=(url,),
+        token=token,
+        data_dir=data_dir,
+        # The checks run for real, but a busy CI machine must not fail them: nothing exceeds 100%.
+        thresholds=Thresholds(cpu=100.0, mem=100.0, disk=100.0),
+    )
+    async with open_store(data_dir / "store.sqlite") as store:
+        agent = EdgeAgent(
+            settings=settings,
+            store=store,
+            actions=build_actions(pull=runtime.pull, credentials=lambda _: {}),
+            job_types=job_types(),
+            clock=Clock.start(),
+            log=structlog.get_logger(),
+        )
+        async with anyio.create_task_group() as tg:
+            await tg.start(agent.run)
+            yield agent
+            tg.cancel_scope.cancel()
+
+
+def _prepull(nodes: list[str], *, check_items: tuple[str, ...] = (), concurrency: int = 2) -> dict[str, object]:
+    template = {
+        "nodeNames": nodes,
+        "concurrency": concurrency,
+        "timeoutSeconds": 120,
+        "checkItems": list(check_items),
+        "images": ["registry.local/app:1"],
+    }
+    return {"imagePrePullTemplate": template}
+
+
+async def _until(kube: Kube, name: str, phase: JobPhase, limit_s: float = 40) -> Any:
+    with anyio.fail_after(limit_s):
+        while True:
+            job = await kube.get(PREPULLS, name)
+            if job.status.phase is phase:
+                return job
+            await anyio.sleep(0.1)
+
+
+async def test_agents_finish_a_prepull_and_a_failed_check_is_reported_with_kubeedges_text(
+    crds: ControlPlane, cloud_kube: Kube, tmp_path: Path
+) -> None:
+    """Agents walk Check -> Pull; an unsupported check item fails the node with KubeEdge's reason."""
+    nodes = [unique("agent") for _ in range(3)]
+    tokens = await register_edges(crds, nodes)
+    good, bad = unique("pull"), unique("gpu")
+    runtime = FakeRuntime()
+    async with running_controller(crds), running_hub(crds, "hub-agents") as hub, contextlib.AsyncExitStack() as stack:
+        for node in nodes:
+            await stack.enter_async_context(running_agent(node, tokens[node], hub.url, tmp_path / node, runtime))
+        create_job(crds, "ImagePrePullJob", good, _prepull(nodes, check_items=("cpu", "mem", "disk")))
+        create_job(crds, "ImagePrePullJob", bad, _prepull(nodes[:1], check_items=("gpu",)))
+        done = await _until(cloud_kube, good, JobPhase.COMPLETED)
+        failed = await _until(cloud_kube, bad, JobPhase.FAILURE)
+    assert runtime.pulls == 3
+    for entry in done.status.node_status:
+        assert [(a.action, a.status) for a in entry.action_flow] == [("Check", "True"), ("Pull", "True")]
+        assert [(i.image, i.status) for i in entry.image_status] == [("registry.local/app:1", "True")]
+    entry = failed.status.node_status[0]
+    assert (entry.phase, entry.reason) == (NodeTaskPhase.FAILURE, "check item gpu not support")
+
+
+async def test_reports_made_during_an_outage_all_arrive_once_after_it(
+    crds: ControlPlane, cloud_kube: Kube, tmp_path: Path
+) -> None:
+    """With the hub gone mid-task, results queue in the store and are written exactly once on return."""
+    node = unique("outage")
+    tokens = await register_edges(crds, [node])
+    name = unique("outage")
+    port = free_port()
+    runtime = FakeRuntime(delay=2.0)
+    async with (
+        running_controller(crds),
+        running_agent(node, tokens[node], f"ws://127.0.0.1:{port}", tmp_path, runtime) as agent,
+    ):
+        async with running_hub(crds, "hub-outage", port=port):
+            create_job(crds, "ImagePrePullJob", name, _prepull([node]))
+            await eventually(lambda: runtime.pulls == 1)
+        # The hub is down while the pull finishes; the Pull report waits in the outbox.
+        await eventually(lambda: agent.connects == 1 and not agent.connected.is_set())
+        await anyio.sleep(2.5)
+        async with running_hub(crds, "hub-outage", port=port):
+            job = await _until(cloud_kube, name, JobPhase.COMPLETED)
+    assert [a.action for a in job.status.node_status[0].action_flow] == ["Check", "Pull"]
+    assert runtime.pulls == 1
+
+
+async def test_agent_killed_mid_action_resumes_at_that_action_after_restart(
+    crds: ControlPlane, cloud_kube: Kube, tmp_path: Path
+) -> None:
+    """An agent stopped during Pull resumes at Pull from its store, never re-running Check."""
+    node = unique("resume")
+    tokens = await register_edges(crds, [node])
+    name = unique("resume")
+    slow, fast = FakeRuntime(delay=60.0), FakeRuntime()
+    async with running_controller(crds), running_hub(crds, "hub-resume") as hub:
+        async with running_agent(node, tokens[node], hub.url, tmp_path, slow):
+            create_job(crds, "ImagePrePullJob", name, _prepull([node], check_items=("disk",)))
+            await eventually(lambda: slow.pulls == 1)
+        async with running_agent(node, tokens[node], hub.url, tmp_path, fast):
+            job = await _until(cloud_kube, name, JobPhase.COMPLETED)
+    assert fast.pulls == 1
+    assert [(a.action, a.status) for a in job.status.node_status[0].action_flow] == [
+        ("Check", "True"),
+        ("Pull", "True"),
+    ]
+
+
+async def test_killed_agent_process_delivers_its_results_after_restart(
+    crds: ControlPlane, cloud_kube: Kube, tmp_path: Path
+) -> None:
+    """Results recorded while the hub was away survive a SIGKILL of the agent and arrive after its restart."""
+    node = unique("kill")
+    tokens = await register_edges(crds, [node])
+    name = unique("kill")
+    port = free_port()
+    (tmp_path / "token").write_text(tokens[node])
+    config = {
+        "nodeName": node,
+        "hubUrls": [f"ws://127.0.0.1:{port}"],
+        "tokenFile": str(tmp_path / "token"),
+        "dataDir": str(tmp_path / "data"),
+        "maxCpuUsage": 100,
+    }
+    (tmp_path / "edge.yaml").write_bytes(msgspec.yaml.encode(config))
+    command = [sys.executable, "-m", "roles.cli", "--role=edge", f"--config={tmp_path / 'edge.yaml'}"]
+    async with running_controller(crds):
+        first = await anyio.open_process(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            async with running_hub(crds, "hub-kill", port=port) as hub:
+                await eventually(lambda: node in hub.hub.sessions)
+                # The hub stops as soon as the task is dispatched: the results can only be stored, not sent.
+                create_job(crds, "ImagePrePullJob", name, _prepull([node], check_items=("cpu",)))
+                await eventually(lambda: any(r.dispatched for r in hub.hub.runners() if r.name == name))
+            await anyio.sleep(2)
+            first.send_signal(signal.SIGKILL)
+            await first.wait()
+        finally:
+            if first.returncode is None:
+                first.kill()
+                await first.wait()
+        unreported = await cloud_kube.get(PREPULLS, name)
+        second = await anyio.open_process(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            async with running_hub(crds, "hub-kill", port=port):
+                job = await _until(cloud_kube, name, JobPhase.FAILURE)
+            second.send_signal(signal.SIGTERM)
+            with anyio.fail_after(10):
+                code = await second.wait()
+        finally:
+            if second.returncode is None:
+                second.kill()
+                await second.wait()
+    assert [a.action for a in unreported.status.node_status[0].action_flow] in ([], ["Check"])
+    entry = job.status.node_status[0]
+    assert [(a.action, a.status) for a in entry.action_flow] == [("Check", "True"), ("Pull", "False")]
+    assert entry.reason == "a container runtime is not available in nodetaskd v0.1.0 on this node"
+    assert code == 0
+
+
+def test_prepull_flow_is_what_the_agent_walks() -> None:
+    """The agent's actions cover every action of the ImagePrePullJob flow."""
+    actions = build_actions(pull=FakeRuntime().pull, credentials=lambda _: {})
+    assert {a for (t, a) in actions if t == "imageprepulljob"} == set(imageprepulljob.FLOW.actions)
