@@ -46,3 +46,7 @@ simulate *ARGS:
 fmt:
     .venv/bin/ruff check --fix .
     .venv/bin/ruff format .
+
+# Regenerate the CRI protobuf code from roles/edge/runtime/cri_pb/api.proto.
+cri-proto:
+    {{py}} -m grpc_tools.protoc -I . --python_out=. --pyi_out=. roles/edge/runtime/cri_pb/api.proto

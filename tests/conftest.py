@@ -1,3 +1,3 @@
-"""Shared pytest set-up: the local control plane plugin (used by the integration tests only)."""
+"""Shared pytest set-up: the local control plane and the containerd + registry plugins (integration tests)."""
 
-pytest_plugins = ["tests.integration.controlplane"]
+pytest_plugins = ["tests.integration.controlplane", "tools.containerd"]

@@ -1,0 +1,300 @@
+"""Registry credentials for an image, from a ``kubernetes.io/dockerconfigjson`` Secret.
+
+Why this exists: KubeEdge unmarshals the whole ``.dockerconfigjson`` into one CRI ``AuthConfig``,
+whose fields a ``{"auths": {...}}`` document does not have, so every pull ends up anonymous. Here
+the document is parsed once into per-registry entries, and each image gets the entry of its own
+registry, matched the way docker and the kubelet do:
+
+- an image's registry is the first path component when that looks like a host (contains ``.`` or
+  ``:``, is ``localhost``, or has upper case), else Docker Hub: ``nginx``, ``library/nginx`` and
+  ``docker.io/library/nginx`` are one image (``distribution/reference``'s normalisation);
+- a key may carry a scheme and a path (``https://index.docker.io/v1/``, ``http://reg:5000``,
+  ``reg.example.com/team``); ``/v1/`` and ``/v2/`` path prefixes mean the host itself, and the
+  Docker Hub aliases ``index.docker.io`` and ``registry-1.docker.io`` mean ``docker.io``;
+- ports must be equal (``reg:5000`` and ``reg`` are different registries); a ``*`` label matches
+  one DNS label (``*.example.com``, as the kubelet);
+- among several matching keys the one with the longest repository path wins, then an exact host
+  over a wildcard, then the first in the document.
+
+Everything here is pure: malformed input raises :class:`ValueError` naming what is wrong, never
+anything else, and nothing here logs (the password must never reach a log line or a repr).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import fnmatch
+import json
+import re
+from dataclasses import dataclass, field
+
+__all__ = [
+    "DOCKER_HUB",
+    "DockerConfig",
+    "ImageRef",
+    "RegistryAuth",
+    "parse_docker_config_json",
+    "parse_image",
+]
+
+DOCKER_HUB = "docker.io"
+"""The registry of an image reference without a host."""
+
+_HUB_ALIASES = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io"})
+
+# distribution/reference's grammar (regexp.go), anchored.
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_HOST = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])"
+_DOMAIN_RE = re.compile(rf"{_HOST}(?::[0-9]+)?")
+_PATH_RE = re.compile(rf"{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*")
+_TAG_RE = re.compile(r"[\w][\w.-]{0,127}", re.ASCII)
+_DIGEST_RE = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}")
+_IMAGE_ID_RE = re.compile(r"[0-9a-f]{64}")
+_MAX_NAME = 255
+# A key's host may hold ``*`` labels (``*.example.com``), which the reference grammar does not.
+_KEY_HOST_RE = re.compile(r"(?:[a-zA-Z0-9*-]+(?:\.[a-zA-Z0-9*-]+)*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?")
+
+
+@dataclass(frozen=True, slots=True)
+class ImageRef:
+    """An image reference split into its normalised parts."""
+
+    registry: str
+    """Host[:port] as written (``docker.io`` when the reference names no host)."""
+    repository: str
+    """The path inside the registry, e.g. ``library/nginx``."""
+    tag: str = ""
+    digest: str = ""
+
+    def __str__(self) -> str:
+        tag = f":{self.tag}" if self.tag else ""
+        digest = f"@{self.digest}" if self.digest else ""
+        return f"{self.registry}/{self.repository}{tag}{digest}"
+
+
+def parse_image(image: str) -> ImageRef:
+    """Split ``image`` the way ``distribution/reference.ParseNormalizedNamed`` does.
+
+    Errors: :class:`ValueError` naming the image and the broken part.
+    """
+    if not image:
+        raise ValueError("image reference is empty")
+    if _IMAGE_ID_RE.fullmatch(image):
+        raise ValueError(f"image reference {image!r} is a bare image ID, not a name")
+    rest, _, digest = image.partition("@")
+    if digest and not _DIGEST_RE.fullmatch(digest):
+        raise ValueError(f"image reference {image!r} has an invalid digest {digest!r}")
+    # A tag is whatever follows the last ':' after the last '/', so a port is never taken for one.
+    name, tag = rest, ""
+    colon = rest.rfind(":")
+    if colon > rest.rfind("/"):
+        name, tag = rest[:colon], rest[colon + 1 :]
+        if not _TAG_RE.fullmatch(tag):
+            raise ValueError(f"image reference {image!r} has an invalid tag {tag!r}")
+    if len(name) > _MAX_NAME:
+        raise ValueError(f"image reference {image!r} has a name longer than {_MAX_NAME} characters")
+    registry, repository = _split_registry(name, image)
+    if repository != repository.lower():
+        raise ValueError(f"image reference {image!r}: the repository name must be lowercase")
+    if not _PATH_RE.fullmatch(repository):
+        raise ValueError(f"image reference {image!r} has an invalid repository name {repository!r}")
+    return ImageRef(registry=registry, repository=repository, tag=tag, digest=digest)
+
+
+def _split_registry(name: str, image: str) -> tuple[str, str]:
+    """(registry, repository) of a name without tag or digest (``splitDockerDomain``)."""
+    first, slash, remainder = name.partition("/")
+    if not slash or ("." not in first and ":" not in first and first != "localhost" and first == first.lower()):
+        registry, repository = DOCKER_HUB, name
+    else:
+        registry, repository = first, remainder
+        if not _DOMAIN_RE.fullmatch(registry):
+            raise ValueError(f"image reference {image!r} has an invalid registry host {registry!r}")
+    if registry.lower() in _HUB_ALIASES:
+        registry = DOCKER_HUB
+        if "/" not in repository:
+            repository = f"library/{repository}"
+    return registry, repository
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryAuth:
+    """Credentials for one registry, as the CRI ``AuthConfig`` carries them.
+
+    Secrets are kept out of ``repr`` so that an accidental log line shows only who, not how.
+    """
+
+    registry: str
+    """The key of the ``auths`` entry these came from, as written in the Secret."""
+    username: str = ""
+    password: str = field(default="", repr=False)
+    identity_token: str = field(default="", repr=False)
+    registry_token: str = field(default="", repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    host: str  # lower-cased host[:port], Docker Hub aliases folded into docker.io
+    path: str  # repository prefix without slashes at either end, "" for the whole registry
+    auth: RegistryAuth
+
+    @property
+    def wildcard(self) -> bool:
+        return "*" in self.host
+
+    def matches(self, ref: ImageRef) -> bool:
+        if not _host_matches(self.host, ref.registry.lower()):
+            return False
+        return not self.path or ref.repository == self.path or ref.repository.startswith(f"{self.path}/")
+
+
+def _split_port(host: str) -> tuple[str, str]:
+    if host.startswith("["):  # [ipv6]:port
+        end = host.find("]")
+        return host[: end + 1], host[end + 2 :]
+    name, _, port = host.partition(":")
+    return name, port
+
+
+def _host_matches(pattern: str, host: str) -> bool:
+    if pattern == host:
+        return True
+    pattern_name, pattern_port = _split_port(pattern)
+    name, port = _split_port(host)
+    if pattern_port != port:
+        return False
+    pattern_labels, labels = pattern_name.split("."), name.split(".")
+    return len(pattern_labels) == len(labels) and all(
+        fnmatch.fnmatchcase(label, glob) for glob, label in zip(pattern_labels, labels, strict=True)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DockerConfig:
+    """The registries of one ``.dockerconfigjson`` document; see the module docstring for matching."""
+
+    entries: tuple[_Entry, ...] = ()
+
+    def auth_for(self, image: str) -> RegistryAuth | None:
+        """The credentials for ``image``'s registry, or None to pull anonymously.
+
+        Errors: :class:`ValueError` if ``image`` is not a valid image reference.
+        """
+        ref = parse_image(image)
+        best: _Entry | None = None
+        for entry in self.entries:
+            # Strictly better only, so that among equals the first in the document wins.
+            if entry.matches(ref) and (
+                best is None or (len(entry.path), not entry.wildcard) > (len(best.path), not best.wildcard)
+            ):
+                best = entry
+        return None if best is None else best.auth
+
+    @property
+    def registries(self) -> tuple[str, ...]:
+        """The keys of the document, in order (for logs: no secrets)."""
+        return tuple(entry.auth.registry for entry in self.entries)
+
+
+def parse_docker_config_json(data: bytes | str) -> DockerConfig:
+    """Parse the ``.dockerconfigjson`` of a ``kubernetes.io/dockerconfigjson`` Secret (decoded, not base64).
+
+    Each ``auths`` entry takes ``auth`` (base64 of ``user:password``; wins over the separate fields,
+    as in docker), or ``username``/``password``, or ``identitytoken``/``registrytoken``.
+
+    Errors: :class:`ValueError` naming the broken part (never the password).
+    """
+    try:
+        doc = json.loads(data)
+    except RecursionError:
+        raise ValueError(".dockerconfigjson is nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer too long to convert
+        raise ValueError(f".dockerconfigjson is not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f".dockerconfigjson must be a JSON object, not {_json_type(doc)}")
+    auths = doc.get("auths")
+    if auths is None:
+        raise ValueError('.dockerconfigjson has no "auths" object')
+    if not isinstance(auths, dict):
+        raise ValueError(f'.dockerconfigjson "auths" must be an object, not {_json_type(auths)}')
+    return DockerConfig(entries=tuple(_entry(key, value) for key, value in auths.items()))
+
+
+def _entry(key: str, value: object) -> _Entry:
+    where = f".dockerconfigjson auths[{key!r}]"
+    host, path = _parse_key(key, where)
+    if not isinstance(value, dict):
+        raise ValueError(f"{where} must be an object, not {_json_type(value)}")
+    fields: dict[str, str] = {}
+    for name in ("auth", "username", "password", "identitytoken", "registrytoken"):
+        raw = value.get(name)
+        if raw is None:
+            continue
+        if not isinstance(raw, str):
+            raise ValueError(f"{where}.{name} must be a string, not {_json_type(raw)}")
+        fields[name] = raw
+    username, password = fields.get("username", ""), fields.get("password", "")
+    if fields.get("auth"):
+        username, password = _decode_auth(fields["auth"], where)
+    identity_token, registry_token = fields.get("identitytoken", ""), fields.get("registrytoken", "")
+    if not (username or password or identity_token or registry_token):
+        raise ValueError(f"{where} has no credentials (auth, username/password, identitytoken or registrytoken)")
+    auth = RegistryAuth(
+        registry=key,
+        username=username,
+        password=password,
+        identity_token=identity_token,
+        registry_token=registry_token,
+    )
+    return _Entry(host=host, path=path, auth=auth)
+
+
+def _parse_key(key: str, where: str) -> tuple[str, str]:
+    """(host, path) of an ``auths`` key, as the kubelet's keyring reads it."""
+    rest = key
+    scheme, sep, after = key.partition("://")
+    if sep:
+        if scheme.lower() not in ("http", "https"):
+            raise ValueError(f"{where}: unsupported scheme {scheme!r} (only http and https)")
+        rest = after
+    host, _, path = rest.partition("/")
+    path = f"/{path}"
+    if path.startswith(("/v1/", "/v2/")):
+        path = path[3:]
+    path = "/".join(part for part in path.split("/") if part not in ("", "."))
+    host = host.lower()
+    if not host or not _KEY_HOST_RE.fullmatch(host):
+        raise ValueError(f"{where}: {host!r} is not a registry host[:port]")
+    if host in _HUB_ALIASES:
+        host = DOCKER_HUB
+    return host, path
+
+
+def _decode_auth(value: str, where: str) -> tuple[str, str]:
+    padded = value + "=" * (-len(value) % 4)
+    try:
+        decoded = base64.b64decode(padded, validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        raise ValueError(f"{where}.auth is not base64 of UTF-8 'username:password'") from None
+    username, sep, password = decoded.partition(":")
+    if not sep:
+        raise ValueError(f"{where}.auth does not decode to 'username:password' (no ':')")
+    return username, password
+
+
+def _json_type(value: object) -> str:
+    match value:
+        case None:
+            return "null"
+        case bool():
+            return "a boolean"
+        case int() | float():
+            return "a number"
+        case str():
+            return "a string"
+        case list():
+            return "an array"
+        case _:
+            return "an object"
