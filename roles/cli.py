@@ -21,6 +21,7 @@ import trio
 
 from roles.config import ConfigError, RoleConfig, load_config
 from roles.logs import configure_logging
+from roles.restart import RestartRequested, reexec
 
 ROLE_ALIASES = {"controller": "controller", "cloud": "cloud", "cloudhub": "cloud", "edge": "edge"}
 
@@ -86,7 +87,9 @@ def _runner(role: str) -> Callable[..., Awaitable[None]]:
     return run_edge
 
 
-async def _serve(role: str, cfg: RoleConfig, log: structlog.typing.FilteringBoundLogger) -> None:
+async def _serve(
+    role: str, cfg: RoleConfig, log: structlog.typing.FilteringBoundLogger, config_path: Path | None
+) -> None:
     run = _runner(role)
     # SIGTERM and SIGINT cancel the role; its task groups unwind and close what they own.
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -98,7 +101,7 @@ async def _serve(role: str, cfg: RoleConfig, log: structlog.typing.FilteringBoun
                     nursery.cancel_scope.cancel()
 
             nursery.start_soon(stop_on_signal)
-            await run(cfg, log=log)
+            await run(cfg, log=log, config_path=config_path)
             nursery.cancel_scope.cancel()
 
 
@@ -115,8 +118,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     log = configure_logging(level=cfg.log_level, fmt=cfg.log_format).bind(role=role)
     status = 0
+    restart = False
     try:
-        trio.run(_serve, role, cfg, log)
+        trio.run(_serve, role, cfg, log, args.config)
+    except* RestartRequested as group:
+        log.info("restarting", reason=str(group.exceptions[0]))
+        restart = True
     except* ConfigError as group:
         # Settings the role can only check when it starts (a token file, a certificate...).
         print(f"nodetaskd: error: {group.exceptions[0]}", file=sys.stderr)
@@ -124,6 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except* NotImplementedError as group:
         print(f"nodetaskd: error: {group.exceptions[0]}", file=sys.stderr)
         status = EXIT_UNAVAILABLE
+    if restart:
+        reexec()
     return status
 
 

@@ -128,6 +128,8 @@ class EdgeConfig(_Config, frozen=True, kw_only=True):
     max_cpu_usage: Percent = 80.0
     max_mem_usage: Percent = 80.0
     max_disk_usage: Percent = 80.0
+    config_update_health_deadline: Seconds = 60.0
+    """How long a restarted agent may take to reach a hub with an updated config before it is rolled back."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import socket
 import ssl
+from pathlib import Path
 
 import anyio
 import structlog
@@ -41,7 +42,7 @@ def server_tls(cfg: CloudConfig) -> ssl.SSLContext | None:
     return context
 
 
-async def run(cfg: RoleConfig, *, log: structlog.typing.FilteringBoundLogger) -> None:
+async def run(cfg: RoleConfig, *, log: structlog.typing.FilteringBoundLogger, config_path: Path | None = None) -> None:
     """Run one hub until cancelled."""
     assert isinstance(cfg, CloudConfig)
     tls = server_tls(cfg)

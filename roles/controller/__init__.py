@@ -47,7 +47,7 @@ def serving_certificate(cfg: ControllerConfig) -> ServingCertificate:
     )
 
 
-async def run(cfg: RoleConfig, *, log: Log) -> None:
+async def run(cfg: RoleConfig, *, log: Log, config_path: Path | None = None) -> None:
     """Run the controller until cancelled."""
     assert isinstance(cfg, ControllerConfig)
     kinds = () if "disableNodeTaskV1alpha2" in cfg.feature_gates else KINDS

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 from pathlib import Path
 
 import structlog
 
 from nodetask.clock import Clock
-from roles.config import ConfigError, EdgeConfig, RoleConfig
+from roles.config import EdgeConfig, RoleConfig
 from roles.edge.actions import build_actions
-from roles.edge.agent import AgentSettings, EdgeAgent, edge_ssl_context
-from roles.edge.checks import Thresholds
+from roles.edge.agent import AgentSettings, EdgeAgent
+from roles.edge.settings import settings_of
 from roles.edge.store import StoreError, StoreFault, open_store, quarantine_store
 from roles.jobtypes import job_types
 
@@ -20,40 +19,10 @@ Log = structlog.typing.FilteringBoundLogger
 STORE_FILE = "store.sqlite"
 
 
-def agent_version() -> str:
-    """This agent's version as KubeEdge writes versions (``v`` + the package version)."""
-    return f"v{importlib.metadata.version('nodetaskd')}"
-
-
-def settings_of(cfg: EdgeConfig) -> AgentSettings:
-    """The agent settings an edge configuration asks for; :class:`ConfigError` names what is missing."""
-    if not cfg.node_name:
-        raise ConfigError("nodeName is required for the edge role")
-    if not cfg.hub_urls:
-        raise ConfigError("hubUrls needs at least one ws:// or wss:// URL")
-    if not cfg.token_file:
-        raise ConfigError("tokenFile is required: the node's bearer token for the hubs")
-    try:
-        token = Path(cfg.token_file).read_text().strip()
-    except OSError as exc:
-        raise ConfigError(f"cannot read tokenFile {cfg.token_file}: {exc.strerror}") from None
-    if not token:
-        raise ConfigError(f"tokenFile {cfg.token_file} is empty")
-    return AgentSettings(
-        node=cfg.node_name,
-        version=agent_version(),
-        hub_urls=cfg.hub_urls,
-        token=token,
-        data_dir=Path(cfg.data_dir),
-        thresholds=Thresholds(cpu=cfg.max_cpu_usage, mem=cfg.max_mem_usage, disk=cfg.max_disk_usage),
-        ssl_context=edge_ssl_context(cfg.ca_file) if any(u.startswith("wss://") for u in cfg.hub_urls) else None,
-    )
-
-
-async def run(cfg: RoleConfig, *, log: Log) -> None:
+async def run(cfg: RoleConfig, *, log: Log, config_path: Path | None = None) -> None:
     """Run the edge agent until cancelled."""
     assert isinstance(cfg, EdgeConfig)
-    settings = settings_of(cfg)
+    settings = settings_of(cfg, config_file=config_path)
     clock = Clock.start()
     path = settings.data_dir / STORE_FILE
     try:

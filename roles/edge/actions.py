@@ -9,9 +9,7 @@ runtime or not), so nothing is registered at import time.
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -19,42 +17,16 @@ import msgspec
 
 from flows import configupdatejob, imageprepulljob, nodeupgradejob
 from nodetask.phases import ConditionStatus
-from roles.edge.checks import Thresholds, run_checks
-from roles.edge.store import EdgeStore, NodeTask
+from roles.edge import config_update
+from roles.edge.checks import run_checks
+from roles.edge.context import Action, Actions, Outcome, TaskContext, take_exclusive
 from schemas.v1alpha2 import ImageStatus
 
-__all__ = ["Action", "Actions", "Outcome", "TaskContext", "build_actions"]
+__all__ = ["EXCLUSIVE_KINDS", "PullImages", "build_actions", "decode_spec"]
 
 # KubeEdge's version format for upgrades (admission and edge Check alike).
 VERSION: Final = re.compile(r"^v\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
 
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """An action's result, as reported upstream."""
-
-    succ: bool
-    reason: str = ""
-    extend: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class TaskContext:
-    """What an action may use."""
-
-    task: NodeTask
-    spec: Any
-    """The decoded job spec (the job type's spec Struct)."""
-    node: str
-    version: str
-    data_dir: Path
-    thresholds: Thresholds
-    store: EdgeStore
-
-
-Action = Callable[[TaskContext], Awaitable[Outcome]]
-Actions = Mapping[tuple[str, str], Action]
-"""(resource type, action name) to the action."""
 
 PullImages = Callable[[tuple[str, ...], int, dict[str, str]], Awaitable[tuple[ImageStatus, ...]]]
 """Pull ``images`` with ``retryTimes``, given registry credentials: per-image statuses."""
@@ -65,14 +37,6 @@ EXCLUSIVE_KINDS: Final = frozenset({nodeupgradejob.JOB_TYPE.resource_type, confi
 async def _checks(ctx: TaskContext, items: tuple[str, ...]) -> Outcome:
     result = await run_checks(items, data_dir=ctx.data_dir, thresholds=ctx.thresholds)
     return Outcome(result.ok, result.reason)
-
-
-async def _exclusive(ctx: TaskContext) -> Outcome | None:
-    """Take the node's one upgrade/config-update slot; a failed Outcome if another task holds it."""
-    holder = await ctx.store.try_begin_exclusive(ctx.task.job_uid, ctx.task.job_type)
-    if holder is not None:
-        return Outcome(False, f"the mutually exclusive task is being executed: {holder}")
-    return None
 
 
 def _unavailable(what: str) -> Action:
@@ -109,21 +73,12 @@ async def _upgrade_check(ctx: TaskContext) -> Outcome:
     checked = await _checks(ctx, ctx.spec.check_items)
     if not checked.succ:
         return checked
-    return await _exclusive(ctx) or Outcome(True)
+    return await take_exclusive(ctx) or Outcome(True)
 
 
 async def _waiting_confirmation(ctx: TaskContext) -> Outcome:
     # Always a success: with requireConfirmation the runner pauses after reporting it (KubeEdge).
     return Outcome(True)
-
-
-# --------------------------------------------------------------------------------- ConfigUpdateJob
-
-
-async def _config_check(ctx: TaskContext) -> Outcome:
-    if not ctx.spec.update_fields:
-        return Outcome(False, "updateFields is empty")
-    return await _exclusive(ctx) or Outcome(True)
 
 
 def build_actions(*, pull: PullImages | None, credentials: Callable[[str], dict[str, str]]) -> Actions:
@@ -141,10 +96,10 @@ def build_actions(*, pull: PullImages | None, credentials: Callable[[str], dict[
         (upgrade, nodeupgradejob.BACK_UP): _unavailable("agent self-upgrade"),
         (upgrade, nodeupgradejob.UPGRADE): _unavailable("agent self-upgrade"),
         (upgrade, nodeupgradejob.ROLL_BACK): _unavailable("agent self-upgrade"),
-        (config, configupdatejob.CHECK): _config_check,
-        (config, configupdatejob.BACK_UP): _unavailable("config update"),
-        (config, configupdatejob.UPDATE): _unavailable("config update"),
-        (config, configupdatejob.ROLL_BACK): _unavailable("config update"),
+        (config, configupdatejob.CHECK): config_update.check,
+        (config, configupdatejob.BACK_UP): config_update.back_up,
+        (config, configupdatejob.UPDATE): config_update.update,
+        (config, configupdatejob.ROLL_BACK): config_update.roll_back,
     }
     return MappingProxyType(table)
 

@@ -43,8 +43,9 @@ from nodetask.messages import (
     Welcome,
 )
 from nodetask.route import Route
-from roles.edge.actions import EXCLUSIVE_KINDS, Actions, Outcome, TaskContext, decode_spec
+from roles.edge.actions import EXCLUSIVE_KINDS, decode_spec
 from roles.edge.checks import Thresholds
+from roles.edge.context import Actions, Outcome, TaskContext
 from roles.edge.store import ActionProgress, EdgeStore, NodeTask, StoreError, TaskState
 from roles.kube.watching import Backoff
 
@@ -67,6 +68,9 @@ class AgentSettings:
     ssl_context: ssl.SSLContext | None = None
     reconnect_cap: float = 30.0
     missed_heartbeats: int = 3
+    config_file: Path | None = None
+    """The YAML file this agent was started with; config updates rewrite it."""
+    health_deadline: float = 60.0
 
 
 class EdgeAgent:
@@ -94,6 +98,14 @@ class EdgeAgent:
         self._credentials: dict[str, dict[str, str]] = {}
         self.connected = anyio.Event()
         self.connects = 0
+
+    async def wait_connected(self, within: float) -> bool:
+        """Whether a hub session is (or becomes, within ``within`` seconds) established."""
+        with anyio.move_on_after(within):
+            while not self.connected.is_set():
+                await self.connected.wait()
+            return True
+        return False
 
     def credentials(self, job_uid: str) -> dict[str, str]:
         """Registry credentials the hub sent with this job's RunAction (kept in memory only)."""
@@ -319,6 +331,9 @@ class EdgeAgent:
                     data_dir=self.settings.data_dir,
                     thresholds=self.settings.thresholds,
                     store=self._store,
+                    config_file=self.settings.config_file,
+                    health_deadline=self.settings.health_deadline,
+                    wait_connected=self.wait_connected,
                 )
                 outcome = await action_fn(ctx)
             after = None if problem else self._next(jt, action, outcome.succ)

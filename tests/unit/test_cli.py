@@ -5,11 +5,20 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from roles.cli import main
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """main() configures structlog for the process; later tests must not log into a closed capture."""
+    yield
+    structlog.reset_defaults()
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

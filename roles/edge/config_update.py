@@ -1,0 +1,157 @@
+"""ConfigUpdateJob on the device: Check -> BackUp -> Update (-fail-> RollBack) on the agent's own config.
+
+Every step can be interrupted by the agent's own restart, so each is idempotent and keeps its
+progress as a store fact (``config_update/<job uid>``):
+
+* Check validates the whole resulting configuration strictly (the role's schema, plus what the
+  agent needs to start) before anything is written, and takes the node's exclusive slot;
+* BackUp copies the current file into ``<dataDir>/backup/``;
+* Update records ``written``, replaces the file atomically and asks for a restart; the restarted
+  process resumes Update, which now checks health (a hub session within ``healthDeadline``). On
+  success it reports Update; otherwise it restores the backup and fails, and RollBack restarts once
+  more to run on the restored file, then reports. Results are therefore always reported by the
+  process that runs the resulting configuration (KubeEdge loses them: #6448).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Final
+
+import msgspec
+import yaml
+
+from roles.config import ConfigError, EdgeConfig
+from roles.edge.config_fields import FieldError, apply_fields
+from roles.edge.context import Outcome, TaskContext, take_exclusive
+from roles.restart import RestartRequested
+
+__all__ = ["back_up", "check", "roll_back", "update"]
+
+FROZEN_KEYS: Final = ("nodeName", "dataDir")
+"""Keys a config update may not change: the node's identity and where its store lives."""
+
+
+class _Progress(msgspec.Struct, frozen=True):
+    stage: str
+    """``written``: the new file is in place; ``restored``: the backup is back; ``restarting``: the
+    agent restarts onto the restored file."""
+    backup: str
+
+
+def _fact(ctx: TaskContext) -> str:
+    return f"config_update/{ctx.task.job_uid}"
+
+
+def _backup_path(ctx: TaskContext) -> Path:
+    return ctx.data_dir / "backup" / f"config-{ctx.task.job_uid}.yaml"
+
+
+def _load(path: Path) -> dict[str, Any]:
+    document = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(document, dict):
+        raise ConfigError(f"{path} is not a mapping of options")
+    return document
+
+
+def candidate(ctx: TaskContext) -> tuple[dict[str, Any] | None, str]:
+    """The configuration the update would produce, or None and why it is refused."""
+    if ctx.config_file is None:
+        return None, "this agent runs without a config file (flags only): there is nothing to update"
+    try:
+        current = _load(ctx.config_file)
+        updated = apply_fields(current, ctx.spec.update_fields)
+    except (OSError, yaml.YAMLError, ConfigError, FieldError) as exc:
+        return None, f"cannot apply updateFields: {exc}"
+    for key in FROZEN_KEYS:
+        if updated.get(key) != current.get(key):
+            return None, f"updateFields may not change {key}"
+    try:
+        config = msgspec.convert(updated, type=EdgeConfig)
+        # Imported here: the settings module imports the agent, which imports the actions.
+        from roles.edge.settings import settings_of  # noqa: PLC0415
+
+        settings_of(config, config_file=ctx.config_file)
+    except (msgspec.ValidationError, ConfigError) as exc:
+        return None, f"the updated configuration is invalid: {exc}"
+    return updated, ""
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    mode = path.stat().st_mode & 0o7777 if path.exists() else 0o600
+    temporary = path.with_name(f".{path.name}.tmp")
+    with temporary.open("w") as out:
+        out.write(text)
+        out.flush()
+        os.fsync(out.fileno())
+    temporary.chmod(mode)
+    temporary.replace(path)
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+async def check(ctx: TaskContext) -> Outcome:
+    if not ctx.spec.update_fields:
+        return Outcome(False, "updateFields is empty")
+    _, problem = candidate(ctx)
+    if problem:
+        return Outcome(False, problem)
+    return await take_exclusive(ctx) or Outcome(True)
+
+
+async def back_up(ctx: TaskContext) -> Outcome:
+    assert ctx.config_file is not None  # Check refused the task otherwise
+    target = _backup_path(ctx)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(target, ctx.config_file.read_text())
+    except OSError as exc:
+        return Outcome(False, f"cannot back up {ctx.config_file} to {target}: {exc.strerror}")
+    return Outcome(True)
+
+
+async def update(ctx: TaskContext) -> Outcome:
+    assert ctx.config_file is not None
+    assert ctx.wait_connected is not None
+    progress = await ctx.store.get_fact(_fact(ctx), _Progress)
+    if progress is None:
+        new, problem = candidate(ctx)
+        if new is None:
+            return Outcome(False, problem)
+        await ctx.store.set_fact(_fact(ctx), _Progress(stage="written", backup=str(_backup_path(ctx))))
+        try:
+            _write_atomic(ctx.config_file, yaml.safe_dump(new, sort_keys=False))
+        except OSError as exc:
+            await ctx.store.delete_fact(_fact(ctx))
+            return Outcome(False, f"cannot write {ctx.config_file}: {exc.strerror}")
+        raise RestartRequested("configuration updated")
+    if progress.stage != "written":
+        return Outcome(False, "the update was already rolled back")
+    # This is the restarted agent, running the new configuration: is it healthy?
+    if await ctx.wait_connected(ctx.health_deadline):
+        await ctx.store.delete_fact(_fact(ctx))
+        return Outcome(True)
+    shutil.copyfile(progress.backup, ctx.config_file)
+    await ctx.store.set_fact(_fact(ctx), _Progress(stage="restored", backup=progress.backup))
+    return Outcome(
+        False,
+        f"the agent did not reach a hub within {ctx.health_deadline:g}s with the new configuration; "
+        "the previous configuration was restored",
+    )
+
+
+async def roll_back(ctx: TaskContext) -> Outcome:
+    assert ctx.config_file is not None
+    progress = await ctx.store.get_fact(_fact(ctx), _Progress)
+    if progress is not None and progress.stage in ("written", "restored"):
+        if progress.stage == "written":
+            shutil.copyfile(progress.backup, ctx.config_file)
+        await ctx.store.set_fact(_fact(ctx), _Progress(stage="restarting", backup=progress.backup))
+        raise RestartRequested("configuration rolled back")
+    await ctx.store.delete_fact(_fact(ctx))
+    return Outcome(True)
