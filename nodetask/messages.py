@@ -102,7 +102,10 @@ class RunAction(Message, frozen=True, tag="run_action"):
     spec: msgspec.Raw
     """The job's spec as JSON, decoded by the job type on the edge."""
     credentials: dict[str, str] = {}
-    """Registry host to a base64 ``user:password``, resolved by the cloud for this job's nodes only."""
+    """Image reference to its registry's credentials (``registry_auth.encode_credentials``), resolved
+    by the cloud from the job's ``imageSecrets`` and sent only to that job's nodes."""
+    credentials_error: str = ""
+    """Why the job's ``imageSecrets`` could not be resolved; the edge fails its pulls with it."""
 
 
 class ReportAck(Message, frozen=True, tag="report_ack"):

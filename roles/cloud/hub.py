@@ -16,6 +16,8 @@ still running, within ``close_grace`` seconds, so that edges reconnect to anothe
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import math
 import ssl
@@ -45,6 +47,7 @@ from nodetask.messages import (
     Upstream,
     Welcome,
 )
+from nodetask.registry_auth import DockerConfig, encode_credentials, parse_docker_config_json
 from roles.cloud.auth import AuthError, TokenBook, bearer_token
 from roles.cloud.changes import RecordOutcome, dispatchable, record
 from roles.cloud.metrics import HubMetrics
@@ -53,7 +56,7 @@ from roles.cloud.sessions import Session, SessionTable
 from roles.cloud.status_writer import StatusWriter
 from roles.http import Request, Response, Route
 from roles.kube import ApiError, Conflict, Deleted, Kube, NotFound, Relisted, Upserted, WatchEvent
-from roles.kube.resources import NODES, job_resource
+from roles.kube.resources import NODES, SECRETS, job_resource
 from roles.kube.watching import Backoff
 from schemas.core import AGENT_VERSION_ANNOTATION, HUB_ANNOTATION
 
@@ -66,6 +69,7 @@ HEARTBEAT_MISSED: Final = 4008
 REPLACED: Final = 4009
 PROTOCOL: Final = 1002
 RUNNER_HISTORY: Final = 256
+DOCKER_CONFIG_KEY: Final = ".dockerconfigjson"
 
 # KubeEdge's v1alpha1 task types, accepted by the HTTP endpoint as aliases.
 LEGACY_TASK_TYPES: Final = {"upgrade": "nodeupgradejob", "prepull": "imageprepulljob"}
@@ -249,6 +253,7 @@ class Hub:
             if not wanted:
                 await self._stop_runner(state)
         elif wanted:
+            credentials, credentials_error = await self._credentials(job)
             runner = JobRunner(
                 job=job,
                 job_type=jt,
@@ -257,10 +262,43 @@ class Hub:
                 clock=self._clock,
                 log=self._log,
                 on_dispatch=self.metrics.dispatch_latency.observe,
+                credentials=credentials,
+                credentials_error=credentials_error,
             )
             state.runner = runner
             self._history.append(runner)
             await self._jobs_tg.start(runner.run)
+
+    async def _credentials(self, job: Any) -> tuple[dict[str, str], str]:
+        """Each image's registry credentials from the job's ``imageSecrets``, or why there are none.
+
+        Only the entry of each image's own registry is sent, and only to this job's nodes.
+        """
+        template = getattr(job.spec, "image_pre_pull_template", None)
+        if template is None or not template.image_secrets:
+            return {}, ""
+        try:
+            config = await self._docker_config(template.image_secrets)
+            auths = {image: config.auth_for(image) for image in template.images}
+        except ValueError as exc:
+            return {}, f"imageSecrets {template.image_secrets}: {exc}"
+        return {image: encode_credentials(auth) for image, auth in auths.items() if auth is not None}, ""
+
+    async def _docker_config(self, reference: str) -> DockerConfig:
+        """The parsed ``.dockerconfigjson`` of Secret ``namespace/name``; ValueError says what is wrong."""
+        namespace, _, name = reference.partition("/")
+        if not namespace or not name:
+            raise ValueError("not of the form namespace/name")
+        try:
+            secret = await self._kube.get(SECRETS, name, namespace=namespace)
+        except NotFound:
+            raise ValueError("no such Secret") from None
+        except ApiError as exc:
+            raise ValueError(f"cannot be read: {exc}") from None
+        try:
+            return parse_docker_config_json(base64.b64decode(secret.data.get(DOCKER_CONFIG_KEY, ""), validate=True))
+        except binascii.Error as exc:
+            raise ValueError(f"{DOCKER_CONFIG_KEY} is not base64: {exc}") from None
 
     async def _stop_runner(self, state: _JobState) -> None:
         runner = state.runner

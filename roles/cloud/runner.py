@@ -58,6 +58,7 @@ class JobRunner:
         clock: Clock,
         log: Log,
         credentials: dict[str, str] | None = None,
+        credentials_error: str = "",
         on_dispatch: Callable[[float], None] = lambda _: None,
     ) -> None:
         self.uid: str = job.metadata.uid
@@ -69,6 +70,7 @@ class JobRunner:
         self._clock = clock
         self._log = log.bind(job=self.name, uid=self.uid)
         self._credentials = credentials or {}
+        self._credentials_error = credentials_error
         self._on_dispatch = on_dispatch
         self._spec = msgspec.Raw(msgspec.json.encode(job.spec))
         self._changed = anyio.Event()
@@ -215,6 +217,7 @@ class JobRunner:
                     action=self._next_action(self._entry(node)),
                     spec=self._spec,
                     credentials=self._credentials,
+                    credentials_error=self._credentials_error,
                 )
                 session.expect_ack(msg.id)
                 if await session.send(msg):

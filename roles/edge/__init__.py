@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Mapping
 from pathlib import Path
 
 import structlog
 
 from nodetask.clock import Clock
 from roles.config import EdgeConfig, RoleConfig
-from roles.edge.actions import build_actions
+from roles.edge.actions import AuthFor, PullImages, build_actions
 from roles.edge.agent import AgentSettings, EdgeAgent
+from roles.edge.runtime import open_image_service, pull_images
 from roles.edge.settings import settings_of
 from roles.edge.store import StoreError, StoreFault, open_store, quarantine_store
 from roles.jobtypes import job_types
+from schemas.v1alpha2 import ImageStatus
 
 Log = structlog.typing.FilteringBoundLogger
 
@@ -26,7 +30,7 @@ async def run(cfg: RoleConfig, *, log: Log, config_path: Path | None = None) -> 
     clock = Clock.start()
     path = settings.data_dir / STORE_FILE
     try:
-        await _run(settings, path, clock, log)
+        await _run(settings, cfg.cri_endpoint, path, clock, log)
     except* StoreError as group:
         error = group.exceptions[0]
         if not isinstance(error, StoreError) or error.fault is not StoreFault.CORRUPT:
@@ -34,20 +38,30 @@ async def run(cfg: RoleConfig, *, log: Log, config_path: Path | None = None) -> 
         # A corrupt store would fail every start: keep it for inspection and begin afresh.
         moved = await quarantine_store(path, log=log)
         log.error("store_quarantined", path=str(path), moved_to=str(moved))
-        await _run(settings, path, clock, log)
+        await _run(settings, cfg.cri_endpoint, path, clock, log)
 
 
-async def _run(settings: AgentSettings, path: Path, clock: Clock, log: Log) -> None:
-    async with open_store(path, now=clock.now, log=log) as store:
+async def _run(settings: AgentSettings, cri_endpoint: str, path: Path, clock: Clock, log: Log) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        store = await stack.enter_async_context(open_store(path, now=clock.now, log=log))
+        pull: PullImages | None = None
+        if cri_endpoint:
+            images = await stack.enter_async_context(open_image_service(cri_endpoint))
+
+            async def pull(images_: tuple[str, ...], retry_times: int, auth_for: AuthFor) -> tuple[ImageStatus, ...]:
+                return await pull_images(images, images_, retry_times=retry_times, auth_for=auth_for, log=log)
+
+        else:
+            log.warning("no_container_runtime", hint="criEndpoint is empty: image pulls will fail")
         agent: EdgeAgent
 
-        def credentials(job_uid: str) -> dict[str, str]:
+        def credentials(job_uid: str) -> tuple[Mapping[str, str], str]:
             return agent.credentials(job_uid)
 
         agent = EdgeAgent(
             settings=settings,
             store=store,
-            actions=build_actions(pull=None, credentials=credentials),
+            actions=build_actions(pull=pull, credentials=credentials),
             job_types=job_types(),
             clock=clock,
             log=log,

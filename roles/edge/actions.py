@@ -9,7 +9,7 @@ runtime or not), so nothing is registered at import time.
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -17,6 +17,7 @@ import msgspec
 
 from flows import configupdatejob, imageprepulljob, nodeupgradejob
 from nodetask.phases import ConditionStatus
+from nodetask.registry_auth import RegistryAuth, decode_credentials
 from roles.edge import config_update
 from roles.edge.checks import run_checks
 from roles.edge.context import Action, Actions, Outcome, TaskContext, take_exclusive
@@ -28,8 +29,11 @@ __all__ = ["EXCLUSIVE_KINDS", "PullImages", "build_actions", "decode_spec"]
 VERSION: Final = re.compile(r"^v\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
 
 
-PullImages = Callable[[tuple[str, ...], int, dict[str, str]], Awaitable[tuple[ImageStatus, ...]]]
-"""Pull ``images`` with ``retryTimes``, given registry credentials: per-image statuses."""
+AuthFor = Callable[[str], RegistryAuth | None]
+PullImages = Callable[[tuple[str, ...], int, AuthFor], Awaitable[tuple[ImageStatus, ...]]]
+"""Pull ``images`` with ``retryTimes``, each with its registry's credentials: per-image statuses."""
+Credentials = Callable[[str], tuple[Mapping[str, str], str]]
+"""A job's credentials by image as the hub sent them, and the hub's reason when it had none to send."""
 
 EXCLUSIVE_KINDS: Final = frozenset({nodeupgradejob.JOB_TYPE.resource_type, configupdatejob.JOB_TYPE.resource_type})
 
@@ -53,10 +57,20 @@ async def _prepull_check(ctx: TaskContext) -> Outcome:
     return await _checks(ctx, ctx.spec.image_pre_pull_template.check_items)
 
 
-def _prepull_pull(pull: PullImages, credentials: Callable[[str], dict[str, str]]) -> Action:
+def _prepull_pull(pull: PullImages, credentials: Credentials) -> Action:
     async def action(ctx: TaskContext) -> Outcome:
         template = ctx.spec.image_pre_pull_template
-        statuses = await pull(template.images, template.retry_times, credentials(ctx.task.job_uid))
+        creds, problem = credentials(ctx.task.job_uid)
+        if problem:
+            statuses = tuple(
+                ImageStatus(image=i, status=ConditionStatus.FALSE, reason=problem) for i in template.images
+            )
+            return Outcome(False, problem, imageprepulljob.encode_extend(statuses))
+
+        def auth_for(image: str) -> RegistryAuth | None:
+            return decode_credentials(creds[image]) if image in creds else None
+
+        statuses = await pull(template.images, template.retry_times, auth_for)
         failed = [s for s in statuses if s.status is not ConditionStatus.TRUE]
         reason = "; ".join(f"{s.image}: {s.reason}" for s in failed)
         return Outcome(not failed, reason, imageprepulljob.encode_extend(statuses))
@@ -81,7 +95,7 @@ async def _waiting_confirmation(ctx: TaskContext) -> Outcome:
     return Outcome(True)
 
 
-def build_actions(*, pull: PullImages | None, credentials: Callable[[str], dict[str, str]]) -> Actions:
+def build_actions(*, pull: PullImages | None, credentials: Credentials) -> Actions:
     """The actions this agent can run; ``pull`` is None where no container runtime is reachable."""
     prepull = imageprepulljob.JOB_TYPE.resource_type
     upgrade = nodeupgradejob.JOB_TYPE.resource_type

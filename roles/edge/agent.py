@@ -95,7 +95,7 @@ class EdgeAgent:
         self._work: anyio.abc.TaskGroup | None = None
         self._running: dict[str, anyio.CancelScope] = {}
         self._outbox_changed = anyio.Event()
-        self._credentials: dict[str, dict[str, str]] = {}
+        self._credentials: dict[str, tuple[Mapping[str, str], str]] = {}
         self.connected = anyio.Event()
         self.connects = 0
 
@@ -107,9 +107,13 @@ class EdgeAgent:
             return True
         return False
 
-    def credentials(self, job_uid: str) -> dict[str, str]:
-        """Registry credentials the hub sent with this job's RunAction (kept in memory only)."""
-        return self._credentials.get(job_uid, {})
+    def credentials(self, job_uid: str) -> tuple[Mapping[str, str], str]:
+        """Registry credentials the hub sent with this job's RunAction, and its reason when it sent none.
+
+        Kept in memory only: never written to disk. After an agent restart the hub re-sends them
+        with the RunAction that resynchronises the task, before a resumed pull needs them.
+        """
+        return self._credentials.get(job_uid, ({}, ""))
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Resume stored tasks, then keep a hub connection until cancelled."""
@@ -222,8 +226,8 @@ class EdgeAgent:
     # ----------------------------------------------------------------------------- node tasks
 
     async def _on_run_action(self, ws: trio_websocket.WebSocketConnection, run: RunAction) -> None:
-        if run.credentials:
-            self._credentials[run.job_uid] = dict(run.credentials)
+        if run.credentials or run.credentials_error:
+            self._credentials[run.job_uid] = (dict(run.credentials), run.credentials_error)
         try:
             task, new = await self._store.add_task(
                 job_uid=run.job_uid,

@@ -19,7 +19,7 @@ import structlog
 from flows import imageprepulljob
 from nodetask.clock import Clock
 from nodetask.phases import ConditionStatus, JobPhase, NodeTaskPhase
-from roles.edge.actions import build_actions
+from roles.edge.actions import AuthFor, build_actions
 from roles.edge.agent import AgentSettings, EdgeAgent
 from roles.edge.checks import Thresholds
 from roles.edge.store import open_store
@@ -44,7 +44,7 @@ class FakeRuntime:
         self.delay = delay
         self.pulls = 0
 
-    async def pull(self, images: tuple[str, ...], retry_times: int, creds: dict[str, str]) -> tuple[ImageStatus, ...]:
+    async def pull(self, images: tuple[str, ...], retry_times: int, auth_for: AuthFor) -> tuple[ImageStatus, ...]:
         self.pulls += 1
         await anyio.sleep(self.delay)
         return tuple(ImageStatus(image=i, status=ConditionStatus.TRUE) for i in images)
@@ -68,7 +68,7 @@ async def running_agent(
         agent = EdgeAgent(
             settings=settings,
             store=store,
-            actions=build_actions(pull=runtime.pull, credentials=lambda _: {}),
+            actions=build_actions(pull=runtime.pull, credentials=lambda _: ({}, "")),
             job_types=job_types(),
             clock=Clock.start(),
             log=structlog.get_logger(),
@@ -183,6 +183,7 @@ async def test_killed_agent_process_delivers_its_results_after_restart(
         "tokenFile": str(tmp_path / "token"),
         "dataDir": str(tmp_path / "data"),
         "maxCpuUsage": 100,
+        "criEndpoint": "",
     }
     (tmp_path / "edge.yaml").write_bytes(msgspec.yaml.encode(config))
     command = [sys.executable, "-m", "roles.cli", "--role=edge", f"--config={tmp_path / 'edge.yaml'}"]
@@ -222,5 +223,5 @@ async def test_killed_agent_process_delivers_its_results_after_restart(
 
 def test_prepull_flow_is_what_the_agent_walks() -> None:
     """The agent's actions cover every action of the ImagePrePullJob flow."""
-    actions = build_actions(pull=FakeRuntime().pull, credentials=lambda _: {})
+    actions = build_actions(pull=FakeRuntime().pull, credentials=lambda _: ({}, ""))
     assert {a for (t, a) in actions if t == "imageprepulljob"} == set(imageprepulljob.FLOW.actions)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from roles.edge.runtime.registry_auth import (
+from nodetask.registry_auth import (
     DockerConfig,
     ImageRef,
     RegistryAuth,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from nodetask.registry_auth import DockerConfig, RegistryAuth, parse_docker_config_json, parse_image
 from roles.edge.runtime.cri import (
     PULL_FAILED_REASON,
     CriError,
@@ -11,7 +12,6 @@ from roles.edge.runtime.cri import (
     open_image_service,
     pull_images,
 )
-from roles.edge.runtime.registry_auth import DockerConfig, RegistryAuth, parse_docker_config_json, parse_image
 
 __all__ = [
     "PULL_FAILED_REASON",

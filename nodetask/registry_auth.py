@@ -298,3 +298,27 @@ def _json_type(value: object) -> str:
             return "an array"
         case _:
             return "an object"
+
+
+# ------------------------------------------------------------------ credentials on the wire (RunAction)
+
+_WIRE_FIELDS = ("registry", "username", "password", "identity_token", "registry_token")
+
+
+def encode_credentials(auth: RegistryAuth) -> str:
+    """One image's credentials as the hub sends them in ``RunAction.credentials`` (JSON)."""
+    return json.dumps({name: getattr(auth, name) for name in _WIRE_FIELDS if getattr(auth, name)})
+
+
+def decode_credentials(text: str) -> RegistryAuth:
+    """The inverse of :func:`encode_credentials`. Errors: :class:`ValueError` naming what is wrong."""
+    try:
+        fields = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"credentials are not JSON: {exc.msg}") from None
+    if not isinstance(fields, dict) or not all(isinstance(v, str) for v in fields.values()):
+        raise ValueError("credentials must be a JSON object of strings")
+    unknown = set(fields) - set(_WIRE_FIELDS)
+    if unknown or "registry" not in fields:
+        raise ValueError(f"credentials have unknown fields {sorted(unknown)} or no registry")
+    return RegistryAuth(**fields)

@@ -1,0 +1,132 @@
+"""ImagePrePullJob end to end: controller, hub, real agent processes, real containerd and registries."""
+
+from __future__ import annotations
+
+import base64
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import msgspec
+import pytest
+
+from nodetask.phases import JobPhase, NodeTaskPhase
+from roles.kube import Kube
+from roles.kube.resources import SECRETS, job_resource
+from schemas.core import Secret
+from schemas.kinds import IMAGE_PRE_PULL_JOB
+from schemas.meta import ObjectMeta
+from tests.integration.controlplane import ControlPlane
+from tests.integration.fleet import admin, register_edges
+from tests.integration.hubs import running_controller, running_hub
+from tests.integration.objects import create_job, unique
+from tools.containerd import Containerd, Registry
+
+pytestmark = pytest.mark.integration
+PREPULLS = job_resource(IMAGE_PRE_PULL_JOB)
+
+
+def _home(node: str, token: str, url: str, cri: str, home: Path) -> list[str]:
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "token").write_text(token)
+    config = {
+        "nodeName": node,
+        "hubUrls": [url],
+        "tokenFile": str(home / "token"),
+        "dataDir": str(home / "data"),
+        "criEndpoint": cri,
+        "maxCpuUsage": 100,
+    }
+    (home / "edge.yaml").write_bytes(msgspec.yaml.encode(config))
+    return [sys.executable, "-m", "roles.cli", "--role=edge", f"--config={home / 'edge.yaml'}"]
+
+
+@asynccontextmanager
+async def agents(commands: list[list[str]]) -> AsyncIterator[list[anyio.abc.Process]]:
+    """Real agent processes, stopped with SIGTERM (and checked to exit 0) at the end."""
+    processes = [await anyio.open_process(c, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for c in commands]
+    try:
+        yield processes
+    finally:
+        for process in processes:
+            if process.returncode is None:
+                process.send_signal(signal.SIGTERM)
+        with anyio.move_on_after(15):
+            for process in processes:
+                await process.wait()
+        for process in processes:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+    assert [p.returncode for p in processes] == [0] * len(processes)
+
+
+async def _settled(kube: Kube, name: str) -> Any:
+    with anyio.fail_after(90):
+        while True:
+            job = await kube.get(PREPULLS, name)
+            if job.status.phase in (JobPhase.COMPLETED, JobPhase.FAILURE):
+                return job
+            await anyio.sleep(0.2)
+
+
+async def test_images_are_pulled_through_cri_with_the_secrets_credentials_per_registry(
+    crds: ControlPlane,
+    cloud_kube: Kube,
+    containerd: Containerd,
+    registry: Registry,
+    auth_registry: Registry,
+    tmp_path: Path,
+) -> None:
+    """Agents pull open and authenticated images; without the Secret the private image fails; a bad one fails."""
+    public = registry.push(unique("public"))
+    private = auth_registry.push(unique("private"))
+    missing = f"{registry.host}/{unique('missing')}:1"
+    secret_name = unique("pull-secret")
+    async with admin(crds) as kube:
+        dockerconfig = auth_registry.docker_config_json().encode()
+        await kube.create(
+            SECRETS,
+            Secret(
+                metadata=ObjectMeta(name=secret_name, namespace="default"),
+                type="kubernetes.io/dockerconfigjson",
+                data={".dockerconfigjson": base64.b64encode(dockerconfig).decode()},
+            ),
+            namespace="default",
+        )
+    nodes = [unique("cri") for _ in range(2)]
+    tokens = await register_edges(crds, nodes)
+    with_secret, without_secret, bad = unique("with"), unique("without"), unique("bad")
+
+    def template(images: list[str], secret: str = "", only: list[str] | None = None) -> dict[str, object]:
+        spec = {"nodeNames": only or nodes, "images": images, "concurrency": 2, "retryTimes": 1}
+        return {"imagePrePullTemplate": {**spec, "imageSecrets": secret} if secret else spec}
+
+    async with running_controller(crds), running_hub(crds, "hub-cri") as hub:
+        commands = [_home(n, tokens[n], hub.url, containerd.endpoint, tmp_path / n) for n in nodes]
+        async with agents(commands):
+            create_job(crds, "ImagePrePullJob", with_secret, template([public, private], f"default/{secret_name}"))
+            create_job(crds, "ImagePrePullJob", without_secret, template([private], only=nodes[:1]))
+            create_job(crds, "ImagePrePullJob", bad, template([public, missing], only=nodes[:1]))
+            done = {name: await _settled(cloud_kube, name) for name in (with_secret, without_secret, bad)}
+
+    job = done[with_secret]
+    assert job.status.phase is JobPhase.COMPLETED
+    for entry in job.status.node_status:
+        assert [(i.image, i.status) for i in entry.image_status] == [(public, "True"), (private, "True")]
+
+    anonymous = done[without_secret].status.node_status[0]
+    assert anonymous.phase is NodeTaskPhase.FAILURE
+    assert [(i.image, i.status) for i in anonymous.image_status] == [(private, "False")]
+    assert anonymous.image_status[0].reason
+
+    partial = done[bad].status.node_status[0]
+    assert partial.phase is NodeTaskPhase.FAILURE
+    assert [(i.image, i.status) for i in partial.image_status] == [(public, "True"), (missing, "False")]
+    assert missing in partial.reason
