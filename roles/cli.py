@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -19,7 +20,7 @@ import msgspec
 import structlog
 import trio
 
-from roles.config import ConfigError, RoleConfig, load_config
+from roles.config import ConfigError, EdgeConfig, RoleConfig, load_config
 from roles.logs import configure_logging
 from roles.restart import RestartRequested, reexec
 
@@ -47,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--node-name", help="edge: the node this agent acts for")
     p.add_argument("--hub-url", action="append", default=[], help="edge: a cloud hub URL (repeatable)")
     p.add_argument("--data-dir", help="edge: directory of the durable local state")
+    p.add_argument(
+        "--confirm", metavar="JOB", help="edge: release JOB's upgrade waiting for confirmation on this node, then exit"
+    )
     return p
 
 
@@ -105,6 +109,25 @@ async def _serve(
             nursery.cancel_scope.cancel()
 
 
+def _confirm(cfg: RoleConfig, job: str) -> int:
+    """Ask the running agent, over its control socket, to release ``job``."""
+    from roles.edge.agent import control_socket
+
+    assert isinstance(cfg, EdgeConfig)
+    path = control_socket(Path(cfg.data_dir))
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(10)
+            conn.connect(str(path))
+            conn.sendall(f"confirm {job}\n".encode())
+            answer = conn.recv(4096).decode(errors="replace").strip()
+    except OSError as exc:
+        print(f"nodetaskd: error: cannot reach the edge agent at {path}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    print(answer)
+    return 0 if answer.startswith("ok") else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     role = ROLE_ALIASES[args.role]
@@ -113,6 +136,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"nodetaskd: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if args.confirm is not None:
+        if role != "edge":
+            print("nodetaskd: error: --confirm applies to the edge role", file=sys.stderr)
+            return EXIT_USAGE
+        return _confirm(cfg, args.confirm)
     if args.check_config:
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(cfg).decode()) + "\n")
         return 0

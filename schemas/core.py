@@ -15,6 +15,8 @@ EDGE_ROLE_LABEL = "node-role.kubernetes.io/edge"
 HUB_ANNOTATION = "nodetask.kubeedge.io/hub"
 """Which cloud hub instance holds the node's session (absent: none). Written by the hubs."""
 AGENT_VERSION_ANNOTATION = "nodetask.kubeedge.io/agent-version"
+CONFIRM_ANNOTATION = "nodetask.kubeedge.io/confirm"
+"""On a NodeUpgradeJob: ``*`` or comma-separated node names whose upgrade may pass WaitingConfirmation."""
 """The version of the nodetaskd edge agent on the node, reported in its hello. Written by the hubs."""
 
 

@@ -20,16 +20,19 @@ from typing import Any
 
 import msgspec
 
+from flows import nodeupgradejob
 from flows.jobtype import ExtendError, JobType, apply_result
 from nodetask.flow import UnknownActionError
 from nodetask.messages import ActionResult
-from nodetask.phases import JobPhase, NodeTaskPhase
+from nodetask.phases import ConditionStatus, JobPhase, NodeTaskPhase
 from schemas.access import targeting
+from schemas.core import CONFIRM_ANNOTATION
 
 __all__ = [
     "Change",
     "ClaimOutcome",
     "RecordOutcome",
+    "awaits_confirmation",
     "claim",
     "dispatchable",
     "record",
@@ -68,6 +71,25 @@ class RecordOutcome:
 
 
 RUNNING = frozenset({JobPhase.INIT, JobPhase.IN_PROGRESS})
+
+
+def awaits_confirmation(job: Job, node: str) -> bool:
+    """Whether ``node`` paused after WaitingConfirmation and the job's confirm annotation releases it."""
+    wanted = job.metadata.annotations.get(CONFIRM_ANNOTATION, "")
+    names = {n.strip() for n in wanted.split(",")}
+    if not wanted or not ("*" in names or node in names):
+        return False
+    index = _index(job, node)
+    if index < 0:
+        return False
+    entry = job.status.node_status[index]
+    flow = entry.action_flow
+    return (
+        entry.phase is NodeTaskPhase.IN_PROGRESS
+        and bool(flow)
+        and flow[-1].action == nodeupgradejob.WAITING_CONFIRMATION
+        and flow[-1].status is ConditionStatus.TRUE
+    )
 
 
 def dispatchable(job: Job) -> bool:

@@ -28,12 +28,12 @@ import structlog
 
 from flows.jobtype import JobType
 from nodetask.clock import Clock, parse_time
-from nodetask.messages import Cancel, RunAction
+from nodetask.messages import Cancel, Confirm, RunAction
 from nodetask.phases import ConditionStatus, NodeTaskPhase
 from nodetask.pool import JobPool, NodeTaskEnd, open_job_pool
 from nodetask.route import Route
-from roles.cloud.changes import ClaimOutcome, claim
-from roles.cloud.sessions import SessionTable
+from roles.cloud.changes import ClaimOutcome, awaits_confirmation, claim
+from roles.cloud.sessions import Session, SessionTable
 from roles.cloud.status_writer import StatusWriter
 from roles.kube import ApiError, NotFound
 from roles.kube.watching import Backoff
@@ -225,4 +225,14 @@ class JobRunner:
                     log.debug("run_action_sent", action=msg.action, attempt=sends)
                     if sends == 1:
                         self._on_dispatch(anyio.current_time() - claimed_at)
-                await session.closed.wait()
+                async with anyio.create_task_group() as this_session:
+                    this_session.start_soon(self._confirm_when_asked, node, session, route, log)
+                    await session.closed.wait()
+                    this_session.cancel_scope.cancel()
+
+    async def _confirm_when_asked(self, node: str, session: Session, route: Route, log: Log) -> None:
+        """Send Confirm once the node waits for confirmation and the job's annotation releases it."""
+        while not awaits_confirmation(self.job, node):
+            await self._changed.wait()
+        if await session.send(Confirm(route=route, job_uid=self.uid)):
+            log.info("confirm_sent")

@@ -52,6 +52,14 @@ from roles.kube.watching import Backoff
 Log = structlog.typing.FilteringBoundLogger
 
 FINAL_ERRORS: Final = frozenset({"report_rejected", "job_gone"})
+CONTROL_TIMEOUT_S: Final = 5.0
+
+
+def control_socket(data_dir: Path) -> Path:
+    """The agent's local control socket."""
+    return data_dir / "control.sock"
+
+
 HELLO_TIMEOUT_S: Final = 10.0
 
 
@@ -122,8 +130,46 @@ class EdgeAgent:
             for task in await self._store.tasks(TaskState.RUNNING):
                 self._log.info("task_resumed", job=task.route, action=task.current_action)
                 self._start(task.job_uid)
+            await work.start(self._serve_control)
             task_status.started()
             await self._connect_forever()
+
+    # --------------------------------------------------------------------- local control socket
+
+    async def _serve_control(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Serve ``<dataDir>/control.sock``: one-line commands from ``nodetaskd --role=edge --confirm``."""
+        path = control_socket(self.settings.data_dir)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.unlink(missing_ok=True)  # a stale socket from a killed agent
+            listener = await anyio.create_unix_listener(path)
+            path.chmod(0o600)  # root (or the agent's user) only: confirming an upgrade is privileged
+        except OSError as exc:
+            # e.g. a data directory whose path is too long for a unix socket: the agent works without it.
+            self._log.warning("control_socket_unavailable", path=str(path), error=str(exc))
+            task_status.started()
+            return
+        task_status.started()
+        async with listener:
+            await listener.serve(self._control)
+
+    async def _control(self, stream: anyio.abc.SocketStream) -> None:
+        async with stream:
+            with anyio.move_on_after(CONTROL_TIMEOUT_S):
+                request = (await stream.receive(1024)).decode(errors="replace").strip()
+                command, _, job = request.partition(" ")
+                if command != "confirm" or not job:
+                    answer = f"error: unknown command {request!r}; expected: confirm <job name>"
+                else:
+                    answer = await self._confirm_by_name(job)
+                await stream.send(f"{answer}\n".encode())
+
+    async def _confirm_by_name(self, job: str) -> str:
+        for task in await self._store.tasks(TaskState.WAITING_CONFIRMATION):
+            if Route.parse(task.route).job == job:
+                await self.confirm(task.job_uid)
+                return f"ok: {job} resumes at {nodeupgradejob.RESUME_AFTER_CONFIRMATION}"
+        return f"error: no task of job {job} is waiting for confirmation on this node"
 
     # ----------------------------------------------------------------------------- connection
 

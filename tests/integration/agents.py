@@ -1,0 +1,61 @@
+"""In-process edge agents for integration tests (the real agent code with a fake container runtime)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import anyio
+import structlog
+
+from nodetask.clock import Clock
+from nodetask.phases import ConditionStatus
+from roles.edge.actions import AuthFor, build_actions
+from roles.edge.agent import AgentSettings, EdgeAgent
+from roles.edge.checks import Thresholds
+from roles.edge.store import open_store
+from roles.jobtypes import job_types
+from schemas.v1alpha2 import ImageStatus
+
+
+class FakeRuntime:
+    """Stands in for the CRI runtime (tested on its own against containerd): pulls take ``delay``."""
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
+        self.pulls = 0
+
+    async def pull(self, images: tuple[str, ...], retry_times: int, auth_for: AuthFor) -> tuple[ImageStatus, ...]:
+        self.pulls += 1
+        await anyio.sleep(self.delay)
+        return tuple(ImageStatus(image=i, status=ConditionStatus.TRUE) for i in images)
+
+
+@asynccontextmanager
+async def running_agent(
+    node: str, token: str, url: str, data_dir: Path, runtime: FakeRuntime
+) -> AsyncIterator[EdgeAgent]:
+    """An in-process edge agent with its store in ``data_dir``."""
+    settings = AgentSettings(
+        node=node,
+        version="v0.1.0",
+        hub_urls=(url,),
+        token=token,
+        data_dir=data_dir,
+        # The checks run for real, but a busy CI machine must not fail them: nothing exceeds 100%.
+        thresholds=Thresholds(cpu=100.0, mem=100.0, disk=100.0),
+    )
+    async with open_store(data_dir / "store.sqlite") as store:
+        agent = EdgeAgent(
+            settings=settings,
+            store=store,
+            actions=build_actions(pull=runtime.pull, credentials=lambda _: ({}, "")),
+            job_types=job_types(),
+            clock=Clock.start(),
+            log=structlog.get_logger(),
+        )
+        async with anyio.create_task_group() as tg:
+            await tg.start(agent.run)
+            yield agent
+            tg.cancel_scope.cancel()
