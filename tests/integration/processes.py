@@ -1,0 +1,194 @@
+"""The three roles as real processes for fault-injection tests, each with its own config and log file."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import msgspec
+
+from nodetask.phases import NodeTaskPhase
+from roles.kube import Kube, Upserted, WatchEvent
+from roles.kube.resources import Resource
+from tests.integration.controlplane import ControlPlane
+from tests.integration.fleet import register_edges
+from tests.integration.hubs import free_port
+from tests.integration.objects import unique
+
+
+@dataclass(slots=True)
+class RoleProcess:
+    """One ``nodetaskd`` process; it can be killed, stopped and started again with the same config."""
+
+    name: str
+    config: Path
+    role: str
+    log: Path
+    process: anyio.abc.Process | None = None
+    starts: int = 0
+    killed: bool = False
+    """Killed and not started again: its last exit status is SIGKILL's, by design."""
+
+    async def start(self) -> None:
+        command = [sys.executable, "-m", "roles.cli", f"--role={self.role}", f"--config={self.config}"]
+        with self.log.open("ab") as out:
+            self.process = await anyio.open_process(command, stdout=out, stderr=subprocess.STDOUT)
+        self.starts += 1
+        self.killed = False
+
+    async def kill(self) -> None:
+        """SIGKILL: no clean-up at all, as a crash or an OOM kill."""
+        if self.process is not None and self.process.returncode is None:
+            self.process.send_signal(signal.SIGKILL)
+            await self.process.wait()
+            self.killed = True
+
+    async def stop(self) -> int | None:
+        """SIGTERM, then SIGKILL after 15 s; the exit status (None if it had to be killed)."""
+        if self.process is None or self.process.returncode is not None:
+            return None if self.process is None else self.process.returncode
+        self.process.send_signal(signal.SIGTERM)
+        with anyio.move_on_after(15):
+            return await self.process.wait()
+        await self.kill()
+        return None
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+
+@dataclass(slots=True)
+class Fleet:
+    """A controller, hubs and edge agents as processes, with the nodes they serve."""
+
+    controller: RoleProcess
+    hubs: list[RoleProcess]
+    hub_urls: list[str]
+    edges: dict[str, RoleProcess]
+    exits: dict[str, int | None] = field(default_factory=dict)
+
+    def all(self) -> list[RoleProcess]:
+        return [self.controller, *self.hubs, *self.edges.values()]
+
+    def named(self, name: str) -> RoleProcess:
+        return next(p for p in self.all() if p.name == name)
+
+
+def _write(path: Path, config: dict[str, Any]) -> Path:
+    path.write_bytes(msgspec.yaml.encode(config))
+    return path
+
+
+@asynccontextmanager
+async def fleet(
+    cp: ControlPlane,
+    home: Path,
+    *,
+    edges: int,
+    hubs: int = 2,
+    hub_urls: Callable[[list[str], int], list[str]] | None = None,
+) -> AsyncIterator[Fleet]:
+    """Start one controller, ``hubs`` hubs and ``edges`` agents; stop them all (and check) at the end.
+
+    Edge ``i`` lists hub ``i % hubs`` first and the others after it, so it fails over when its
+    hub goes; ``hub_urls(urls, i)`` may choose differently (e.g. through a proxy).
+    """
+    nodes = [unique("fault") for _ in range(edges)]
+    tokens = await register_edges(cp, nodes)
+    controller = RoleProcess(
+        "controller",
+        _write(
+            home / "controller.yaml",
+            {
+                "kubeconfig": str(cp.kubeconfig("controller")),
+                "identity": unique("controller"),
+                "leaseName": unique("fault-lease"),
+                "leaseDuration": 3,
+                "listenHost": "127.0.0.1",
+                "webhookPort": 0,
+                "metricsPort": free_port(),
+            },
+        ),
+        "controller",
+        home / "controller.log",
+    )
+    hub_processes, urls = [], []
+    for i in range(hubs):
+        port = free_port()
+        urls.append(f"ws://127.0.0.1:{port}")
+        config = {
+            "kubeconfig": str(cp.kubeconfig("cloud")),
+            "hubId": f"hub-{i}",
+            "listen": f"127.0.0.1:{port}",
+            "httpListen": f"127.0.0.1:{free_port()}",
+            "heartbeatInterval": 1,
+            "statusCoalesceWindow": 0.1,
+        }
+        hub_processes.append(
+            RoleProcess(f"hub-{i}", _write(home / f"hub-{i}.yaml", config), "cloud", home / f"hub-{i}.log")
+        )
+    agents: dict[str, RoleProcess] = {}
+    for i, node in enumerate(nodes):
+        (home / node).mkdir()
+        (home / node / "token").write_text(tokens[node])
+        ordered = hub_urls(urls, i) if hub_urls else urls[i % hubs :] + urls[: i % hubs]
+        config = {
+            "nodeName": node,
+            "hubUrls": ordered,
+            "tokenFile": str(home / node / "token"),
+            "dataDir": str(home / node / "data"),
+            "criEndpoint": "",
+            "maxCpuUsage": 100,
+            "configUpdateHealthDeadline": 20,
+        }
+        agents[node] = RoleProcess(node, _write(home / node / "edge.yaml", config), "edge", home / node / "agent.log")
+    running = Fleet(controller=controller, hubs=hub_processes, hub_urls=urls, edges=agents)
+    try:
+        for process in running.all():
+            await process.start()
+        yield running
+    finally:
+        with anyio.CancelScope(shield=True):
+            for process in running.all():
+                running.exits[process.name] = await process.stop()
+
+
+@dataclass(slots=True)
+class JobHistory:
+    """Every version of one job the watch delivered: the evidence for "concurrency was never exceeded"."""
+
+    versions: list[Any] = field(default_factory=list)
+
+    def peak_in_progress(self) -> int:
+        return max(
+            (sum(e.phase is NodeTaskPhase.IN_PROGRESS for e in job.status.node_status) for job in self.versions),
+            default=0,
+        )
+
+
+@asynccontextmanager
+async def recording(kube: Kube, resource: Resource[Any], name: str) -> AsyncIterator[JobHistory]:
+    """Record every version of job ``name`` while the block runs."""
+    history = JobHistory()
+    send, receive = anyio.create_memory_object_stream[WatchEvent](max_buffer_size=float("inf"))
+
+    async def collect() -> None:
+        async with receive:
+            async for event in receive:
+                if isinstance(event, Upserted) and event.obj.metadata.name == name:
+                    history.versions.append(event.obj)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(collect)
+        await tg.start(kube.watch, resource, send)
+        yield history
+        tg.cancel_scope.cancel()
