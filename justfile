@@ -34,9 +34,9 @@ cluster-up:
 cluster-down:
     python3 tools/controlplane.py down
 
-# The main job. For now: a node job over a simulated fleet through the real core (virtual time).
+# The main job, live: control plane, containerd + registry, controller, 2 hubs, 12 edges, sample jobs; `just demo --help`.
 demo *ARGS:
-    {{py}} -m tools.simulate {{ARGS}}
+    {{py}} -m tools.demo {{ARGS}}
 
 # A node job over a simulated, in-process fleet through the real core, in virtual time.
 simulate *ARGS:

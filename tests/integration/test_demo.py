@@ -1,0 +1,134 @@
+"""``just demo`` end to end: a small fleet to its summary, Ctrl-C stopping everything, a clean second run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from tools.demo_procs import processes_mentioning
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+DISK_REASON = "current disk usage is"
+NO_RUNTIME = "a container runtime is not available"
+
+
+def _demo(state: Path, log: Path, *extra: str) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "tools.demo", "--nodes=4", f"--state-dir={state}", "--no-linger", *extra]
+    with open(log, "wb") as out:
+        return subprocess.Popen(command, cwd=REPO, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+
+
+def _wait_for(log: Path, text: str, process: subprocess.Popen[bytes], limit: float) -> None:
+    deadline = time.monotonic() + limit
+    while text not in log.read_text(errors="replace"):
+        assert process.poll() is None, f"the demo exited early:\n{log.read_text(errors='replace')[-3000:]}"
+        assert time.monotonic() < deadline, f"no {text!r} after {limit}s:\n{log.read_text(errors='replace')[-3000:]}"
+        time.sleep(0.2)
+
+
+def _finish(process: subprocess.Popen[bytes], limit: float) -> int:
+    try:
+        return process.wait(limit)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        raise
+
+
+def _nodes(job: dict[str, Any], phase: str) -> list[str]:
+    return [n["name"] for n in job["nodes"] if n["phase"] == phase]
+
+
+@pytest.fixture
+def state() -> Iterator[Path]:
+    """A short state directory: containerd's socket path must fit in 107 bytes, pytest's tmp_path may not."""
+    root = Path(tempfile.mkdtemp(prefix="ntd-demo-", dir="/tmp"))
+    try:
+        yield root / "state"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_demo_stops_on_ctrl_c_then_a_second_run_reaches_its_summary(state: Path, tmp_path: Path) -> None:
+    """Ctrl-C once everything runs stops every process; a second run in the same directory finishes the jobs."""
+    first_log = tmp_path / "first.log"
+    first = _demo(state, first_log)
+    try:
+        _wait_for(first_log, "edges connected", first, limit=120)
+        running = processes_mentioning(str(state))
+        first.send_signal(signal.SIGINT)
+        assert _finish(first, 60) == 130
+    finally:
+        if first.poll() is None:
+            first.kill()
+    output = first_log.read_text(errors="replace")
+    # etcd, kube-apiserver, a controller, two hubs, four edges (and containerd + registry where they run).
+    assert len(running) >= 9, running
+    assert "interrupted: stopping everything" in output
+    assert "no process of the demo is left" in output
+    assert processes_mentioning(str(state)) == {}
+
+    second_log, summary_file = tmp_path / "second.log", tmp_path / "summary.json"
+    second = _demo(state, second_log, "--timeout=90", f"--summary-json={summary_file}")
+    code = _finish(second, 170)
+    output = second_log.read_text(errors="replace")
+    assert code == 0, output[-4000:]
+    assert "summary" in output
+    assert "no process of the demo is left" in output
+    assert processes_mentioning(str(state)) == {}
+
+    summary = json.loads(summary_file.read_text())
+    assert summary["unfinished"] == []
+    assert [j["name"] for j in summary["jobs"]] == [
+        "prepull-all-edges",
+        "config-max-cpu-90",
+        "upgrade-canaries",
+        "prepull-tolerant",
+    ]
+    prepull, config, upgrade, tolerant = summary["jobs"]
+
+    if summary["runtimeProblem"]:
+        # No containerd here: every Pull fails on the runtime's absence, and the demo said so up front.
+        assert "NO CONTAINER RUNTIME" in output
+        assert prepull["phase"] == "Failure"
+        assert all(NO_RUNTIME in n["reason"] or "none.sock" in n["reason"] for n in prepull["nodes"])
+    else:
+        assert prepull["phase"] == "Completed"
+        assert _nodes(prepull, "Successful") == ["edge-01", "edge-02", "edge-03", "edge-04"]
+        # edge-04 runs with maxDiskUsage 1%: one failure of two, within failureTolerate 0.5.
+        assert tolerant["phase"] == "Completed"
+        assert _nodes(tolerant, "Successful") == ["edge-03"]
+        assert _nodes(tolerant, "Failure") == ["edge-04"]
+        assert DISK_REASON in tolerant["nodes"][1]["reason"]
+        assert "containerd holds 2 of the 2 seeded images" in output
+
+    assert config["phase"] == "Completed"
+    assert _nodes(config, "Successful") == ["edge-03", "edge-04"]
+    for node in ("edge-03", "edge-04"):
+        edge = msgspec.yaml.decode((state / "edges" / node / "edge.yaml").read_bytes())
+        assert edge["maxCpuUsage"] == 90
+
+    # The canaries pause for confirmation; the demo releases edge-01 from the cloud and edge-02 on the
+    # device, and both then fail at BackUp because agent self-upgrade is not built yet.
+    assert "confirming edge-01 from the cloud" in output
+    assert "confirming edge-02 on the device" in output
+    assert "ok: upgrade-canaries resumes at BackUp" in output
+    assert upgrade["phase"] == "Failure"
+    assert [(n["name"], n["phase"], n["lastAction"]) for n in upgrade["nodes"]] == [
+        ("edge-01", "Failure", "BackUp"),
+        ("edge-02", "Failure", "BackUp"),
+    ]
+    assert all("agent self-upgrade is not available" in n["reason"] for n in upgrade["nodes"])

@@ -1,0 +1,607 @@
+"""``just demo``: nodetaskd doing its job for real on this machine, from an empty state to a summary.
+
+What runs, all on loopback and all owned by this process:
+
+- a kube-apiserver + etcd (``tools/controlplane.py``; the first run on a machine builds kube-apiserver,
+  which takes minutes and shows its progress), with the CRDs and RBAC applied, and N edge Nodes
+  registered as a kubelet would (labelled ``node-role.kubernetes.io/edge``, Ready) with their tokens;
+- a containerd and a registry seeded with the sample jobs' images (``tools/containerd.py``) when they
+  can run here; otherwise the demo says so and the edges run without a container runtime;
+- ``nodetaskd --role=controller`` (admission webhooks registered), two ``--role=cloud`` hubs over TLS,
+  and N ``--role=edge`` agents split across the hubs, each with its own config, token and store.
+
+Then the sample jobs in ``containers/samples`` are applied and followed live until every job ends
+(or the time limit), a summary says what happened and why, and everything is stopped again - on
+Ctrl-C too. Whatever is not built yet in nodetaskd shows up as the reason the nodes report, never
+hidden. The state directory (default ``~/.cache/nodetaskd/demo``) keeps configs and logs until the
+next run wipes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import select
+import shutil
+import signal
+import ssl
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, Final
+
+import msgspec
+from rich.console import Console
+from rich.live import Live
+
+from roles.tls import generate_serving_certificate
+from tools import controlplane as _cp
+from tools.containerd import RuntimeServicesError
+from tools.demo_confirm import AFTER, Confirmer
+from tools.demo_fleet import (
+    RING_LABEL,
+    Edge,
+    Hub,
+    Layout,
+    controller_config,
+    edge_config,
+    hub_config,
+    nodetaskd,
+    plan_edges,
+)
+from tools.demo_kube import Api, ApiFailure, JobView, hubs_of_nodes, list_jobs, recent_events, register_edge
+from tools.demo_procs import Supervisor, kill_recorded, processes_in_sessions, write_record
+from tools.demo_runtime import Runtime, start_runtime
+from tools.demo_view import (
+    WAITING_CONFIRMATION,
+    events_table,
+    live_view,
+    paused_for_confirmation,
+    reasons,
+    summary_table,
+)
+
+SAMPLES_DIR: Final = _cp.REPO_ROOT / "containers" / "samples"
+CRD_DIR: Final = _cp.REPO_ROOT / "schemas" / "crds"
+SAMPLES: Final = (
+    "imageprepulljob.yaml",
+    "configupdatejob.yaml",
+    "nodeupgradejob.yaml",
+    "imageprepulljob-tolerant.yaml",
+)
+REGISTRY_PLACEHOLDER: Final = "REGISTRY/"
+NO_REGISTRY: Final = "registry.invalid/"
+"""Where images point when no registry runs (``.invalid`` never resolves; nothing pulls them anyway)."""
+MARKER_FILE: Final = ".nodetaskd-demo"
+"""Marks a directory as the demo's, so that only such a directory is ever wiped."""
+EVENTS_SHOWN: Final = 6
+POLL_SECONDS: Final = 1.0
+LINGER_LIMIT: Final = 900.0
+"""Longest the demo waits, after its summary, for Enter before stopping by itself."""
+
+
+class DemoError(RuntimeError):
+    """The demo cannot go on; the message says what failed and where its log is."""
+
+
+def default_state_dir() -> Path:
+    env = os.environ.get("NODETASKD_DEMO_DIR")
+    return Path(env).expanduser().resolve() if env else _cp.cache_dir() / "demo"
+
+
+@dataclass
+class Demo:
+    """One run: what it started (so that :meth:`stop` can stop exactly that) and what it saw."""
+
+    args: argparse.Namespace
+    console: Console
+    layout: Layout
+    procs: Supervisor
+    cp: _cp.ControlPlane | None = None
+    runtime: Runtime | None = None
+    runtime_problem: str = ""
+    api: Api | None = None
+    edges: list[Edge] = field(default_factory=list)
+    job_names: list[str] = field(default_factory=list)
+    jobs: list[JobView] = field(default_factory=list)
+    unfinished: list[str] = field(default_factory=list)
+    confirmer: Confirmer | None = None
+    started: float = field(default_factory=time.monotonic)
+
+    # ------------------------------------------------------------------------------ set-up
+
+    def say(self, message: str, style: str = "") -> None:
+        elapsed = time.monotonic() - self.started
+        self.console.print(f"[dim]{elapsed:6.1f}s[/dim] {message}", style=style, highlight=False)
+
+    def record(self) -> None:
+        pids = [*(self.cp.pids.values() if self.cp else ()), *(self.runtime.pids if self.runtime else ())]
+        write_record(self.layout.record, [*pids, *(c.pid for c in self.procs.children)])
+
+    def provision_cluster(self) -> Api:
+        if not _cp.apiserver_binary_path().exists():
+            self.say(
+                "kube-apiserver is not built on this machine yet: building it from Debian's source now "
+                "(about 7 minutes on 2 cores, once; progress below)",
+                "yellow",
+            )
+        binaries = _cp.ensure_binaries()
+        self.cp = cp = _cp.start(self.layout.cluster, binaries)
+        self.record()
+        self.say(f"control plane up: kube-apiserver {cp.server} + etcd (logs in {self.layout.cluster})")
+        cp.kubectl("apply", "-f", str(CRD_DIR))
+        cp.kubectl("wait", "--for=condition=established", "--timeout=60s", "-f", str(CRD_DIR), timeout=90)
+        cp.apply_rbac()
+        self.say(f"CRDs from {CRD_DIR.relative_to(_cp.REPO_ROOT)} established, RBAC applied")
+        return Api(server=cp.server, token=cp.tokens["admin"], context=cp.ssl_context())
+
+    def register_fleet(self, api: Api, hubs: list[Hub]) -> dict[str, str]:
+        self.edges = plan_edges(self.args.nodes, hubs)
+        tokens = {e.name: register_edge(api, e.name, {RING_LABEL: e.ring}) for e in self.edges}
+        canaries = ", ".join(e.name for e in self.edges if e.ring == "canary")
+        self.say(
+            f"{len(self.edges)} edge Nodes registered Ready with their token Secrets "
+            f"(kube-system/nodetaskd-edge-<node>); canary ring: {canaries}, main ring: the rest"
+        )
+        return tokens
+
+    def provision_runtime(self, repositories: list[str]) -> str:
+        """Start containerd + registry; return the CRI endpoint the edges get."""
+        if self.args.no_runtime:
+            self.runtime_problem = "--no-runtime was given"
+        else:
+            try:
+                self.runtime = start_runtime(self.layout.runtime, repositories)
+            except RuntimeServicesError as exc:
+                self.runtime_problem = " ".join(str(exc).split())[:300]
+        if self.runtime is None:
+            self.say(
+                f"NO CONTAINER RUNTIME: {self.runtime_problem}. The image pre-pulls run without one: "
+                "each edge's Pull action reports that no container runtime is available.",
+                "bold yellow",
+            )
+            return self.layout.no_runtime_socket()
+        self.record()
+        rt = self.runtime
+        self.say(
+            f"containerd at {rt.containerd.endpoint} and a registry at {rt.registry.host} "
+            f"seeded with {', '.join(rt.images)} (all edges share this containerd)"
+        )
+        return rt.containerd.endpoint
+
+    def start_control(self, hubs: list[Hub]) -> None:
+        assert self.cp is not None
+        layout = self.layout
+        cert = generate_serving_certificate(layout.hub_tls, dns_names=["localhost"])
+        webhook_port, metrics_port = _cp._free_ports(2)
+        config = controller_config(
+            layout, kubeconfig=self.cp.kubeconfig("controller"), webhook_port=webhook_port, metrics_port=metrics_port
+        )
+        self.procs.start("controller", nodetaskd("controller", config), log=layout.log("controller"))
+        for hub in hubs:
+            config = hub_config(
+                layout, hub, kubeconfig=self.cp.kubeconfig("cloud"), cert=cert.cert_file, key=cert.key_file
+            )
+            self.procs.start(hub.name, nodetaskd("cloud", config), log=layout.log(hub.name))
+        self.record()
+        metrics = f"http://127.0.0.1:{metrics_port}/metrics"
+        self.wait(
+            "the controller to lead and register its admission webhooks",
+            lambda: "nodetaskd_controller_leader 1.0" in _http(metrics) and self._webhooks_registered(),
+            limit=60,
+        )
+        self.say(f"controller leading, webhooks registered at https://127.0.0.1:{webhook_port} (log {layout.logs})")
+        client = ssl.create_default_context(cadata=cert.ca_bundle.decode())
+        for hub in hubs:
+            self.wait(f"{hub.name} to be ready", _answers_ok(hub.ready_url, client), limit=60)
+        self.say(f"hubs ready: {', '.join(f'{h.name} {h.url}' for h in hubs)} (TLS, CA {cert.cert_file.parent})")
+
+    def _webhooks_registered(self) -> bool:
+        assert self.api is not None
+        try:
+            self.api.get("/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/nodetaskd")
+        except ApiFailure:
+            return False
+        return True
+
+    def start_edges(self, tokens: dict[str, str], cri_endpoint: str) -> None:
+        assert self.api is not None
+        ca_file = self.layout.hub_tls / "ca.crt"
+        for edge in self.edges:
+            config = edge_config(self.layout, edge, token=tokens[edge.name], ca_file=ca_file, cri_endpoint=cri_endpoint)
+            self.procs.start(edge.name, nodetaskd("edge", config), log=self.layout.log(edge.name))
+        self.record()
+        full = next(e.name for e in self.edges if e.full_disk)
+        self.say(
+            f"{len(self.edges)} edge agents started (configs in {self.layout.root / 'edges'}); {full} runs with "
+            "maxDiskUsage 1%, so its disk check fails like a nearly full disk"
+        )
+        api = self.api
+        missing: list[str] = []
+
+        def all_connected() -> bool:
+            held = hubs_of_nodes(api)
+            missing[:] = [e.name for e in self.edges if not held.get(e.name)]
+            return not missing
+
+        limit = 60 + 3 * len(self.edges)
+        if self.wait("every edge to hold a hub session", all_connected, limit=limit, fatal=False):
+            held = hubs_of_nodes(api)
+            per_hub = {h: sum(1 for e in self.edges if held.get(e.name) == h) for h in sorted(set(held.values()))}
+            self.say("edges connected: " + ", ".join(f"{n} on {h}" for h, n in per_hub.items()))
+        else:
+            self.say(f"not connected after {limit}s: {', '.join(missing)} (see their logs)", "bold yellow")
+
+    def wait(self, what: str, ready: Callable[[], bool], *, limit: float, fatal: bool = True) -> bool:
+        """Poll ``ready`` up to ``limit`` seconds, failing early if a process the demo started died."""
+        deadline = time.monotonic() + limit
+        with self.console.status(f"waiting for {what}"):
+            while True:
+                dead = self.procs.dead()
+                if dead:
+                    first = dead[0]
+                    raise DemoError(
+                        f"{first.name} exited with status {first.popen.returncode} while waiting for {what}; "
+                        f"log {first.log}:\n{_cp._tail(first.log, 15)}"
+                    )
+                with contextlib.suppress(ApiFailure):
+                    if ready():
+                        return True
+                if time.monotonic() >= deadline:
+                    if fatal:
+                        raise DemoError(f"gave up waiting for {what} after {limit:.0f}s; logs in {self.layout.logs}")
+                    return False
+                time.sleep(0.5)
+
+    # ------------------------------------------------------------------------------ the jobs
+
+    def apply_jobs(self, registry: str) -> None:
+        """Apply the samples with one kubectl call (through the admission webhooks, as a user would)."""
+        assert self.cp is not None
+        manifests = [render_sample(SAMPLES_DIR / name, registry=registry) for name in SAMPLES]
+        self.job_names = [m["metadata"]["name"] for m in manifests]
+        listing = {"apiVersion": "v1", "kind": "List", "items": manifests}
+        out = self.cp.kubectl("apply", "-f", "-", input=json.dumps(listing)).stdout.split("\n")
+        self.say(f"kubectl apply -f containers/samples/ ({', '.join(SAMPLES)}):")
+        for line in filter(None, out):
+            self.say(f"  {line}")
+
+    def follow(self) -> None:
+        """Show the jobs live until every one has ended or the time limit passes."""
+        assert self.api is not None
+        api = self.api
+        deadline = time.monotonic() + self.args.timeout
+        phases: dict[str, str] = {}
+        assert self.cp is not None
+        confirmer = self.confirmer = Confirmer(cp=self.cp, procs=self.procs, layout=self.layout, say=self.say)
+        help_text = f"The demo releases each after {AFTER:.0f}s: one from the cloud, one on the device."
+        # Transient: the summary, printed next, replaces the last frame.
+        with Live(console=self.console, auto_refresh=False, transient=True) as live:
+            while True:
+                order = {name: i for i, name in enumerate(self.job_names)}
+                jobs = sorted(list_jobs(api), key=lambda j: order.get(j.name, len(order)))
+                events = recent_events(api, EVENTS_SHOWN)
+                self.jobs = jobs
+                for job in jobs:
+                    if phases.get(job.name, "") != job.phase:
+                        before = phases.get(job.name) or "(new)"
+                        phases[job.name] = job.phase
+                        self.say(f"{job.name}: {before} -> {job.phase or '(new)'}")
+                for job in jobs:
+                    confirmer.release(job)
+                confirmer.report()
+                for child in self.procs.dead():
+                    # Only a role process ends here: confirmations were reported (and removed) above.
+                    self.say(f"{child.name} exited with status {child.popen.returncode} (log {child.log})", "red")
+                    self.procs.children.remove(child)
+                elapsed = time.monotonic() - self.started
+                header = f"{self.runtime_line()}   elapsed {elapsed:.0f}s, limit {self.args.timeout:.0f}s for the jobs"
+                live.update(live_view(jobs, events, header=header, confirmation_help=help_text), refresh=True)
+                if len(jobs) == len(SAMPLES) and all(j.ended for j in jobs):
+                    break
+                if time.monotonic() >= deadline:
+                    self.unfinished = [j.name for j in jobs if not j.ended]
+                    self.say(f"time limit reached; not finished: {', '.join(self.unfinished)}", "bold yellow")
+                    break
+                time.sleep(POLL_SECONDS)
+        confirmer.finish()
+
+    def runtime_line(self) -> str:
+        if self.runtime is None:
+            return "runtime: NONE (running without a container runtime)"
+        return f"runtime: containerd {self.runtime.containerd.endpoint}, registry {self.runtime.registry.host}"
+
+    def summarize(self) -> None:
+        self.console.print()
+        if self.api is not None:
+            with contextlib.suppress(ApiFailure):
+                self.console.print(events_table(recent_events(self.api, EVENTS_SHOWN)))
+        self.console.print(summary_table(self.jobs, self.unfinished))
+        for line in self.findings():
+            self.console.print(f"- {line}", highlight=False)
+        kubeconfig = self.layout.cluster / "admin.kubeconfig"
+        self.console.print(
+            "\nTo look further (while the demo runs: in a terminal it waits for Enter here):", style="bold"
+        )
+        for command in (
+            f"export KUBECONFIG={kubeconfig}",
+            "kubectl get nodejobs",
+            f"kubectl get nodes -L {RING_LABEL} -L nodetask.kubeedge.io/hub",
+            "kubectl get imageprepulljob prepull-all-edges -o yaml",
+            "kubectl describe nodeupgradejob upgrade-canaries",
+            "kubectl get events -n default --sort-by=.lastTimestamp",
+        ):
+            self.console.print(f"  {command}", highlight=False)
+        self.console.print(f"Logs: {self.layout.logs}/<controller|hub-a|hub-b|edge-NN>.log", highlight=False)
+
+    def findings(self) -> list[str]:
+        """Plain sentences about what the run showed, each read from the jobs, files or containerd."""
+        out: list[str] = []
+        if self.runtime is None:
+            out.append(f"Ran WITHOUT a container runtime ({self.runtime_problem}).")
+        else:
+            pulled = self.runtime.pulled()
+            if pulled is not None:
+                held = [i for i in self.runtime.images if i in pulled]
+                out.append(
+                    f"containerd holds {len(held)} of the {len(self.runtime.images)} seeded images after the run."
+                )
+            if any("container runtime is not available" in r for job in self.jobs for r in reasons(job)):
+                out.append(
+                    "containerd was running, yet edges report no container runtime: this edge build does not "
+                    "pull through criEndpoint."
+                )
+        for job in self.jobs:
+            out.extend(self._job_findings(job))
+        return out
+
+    def _job_findings(self, job: JobView) -> list[str]:
+        out: list[str] = []
+        failed = job.counts.get("failure", 0) + job.counts.get("unknown", 0)
+        if job.phase == "Completed" and failed:
+            out.append(
+                f"{job.name}: Completed with {failed} of {job.counts.get('total', 0)} nodes failed: "
+                "within its failureTolerate."
+            )
+        paused = paused_for_confirmation(job)
+        if paused:
+            out.append(f"{job.name}: {', '.join(paused)} still waited for confirmation when the demo stopped.")
+        how = self.confirmer.how(job.name) if self.confirmer else ""
+        if how:
+            out.append(f"{job.name}: paused at WaitingConfirmation; the demo released {how}.")
+        timed_out = [n.name for n in job.nodes if n.phase == "Unknown" and n.last_action == WAITING_CONFIRMATION]
+        if timed_out:
+            out.append(f"{job.name}: {', '.join(timed_out)} timed out while waiting for confirmation.")
+        if job.kind == "ConfigUpdateJob":
+            updated = [n.name for n in job.nodes if n.phase == "Successful"]
+            readings: dict[str, list[str]] = {}
+            for name in updated:
+                readings.setdefault(str(self._edge_setting(name, "maxCpuUsage")), []).append(name)
+            for value, names in readings.items():
+                out.append(f"{job.name}: maxCpuUsage reads {value} in the edge.yaml of {_nodes(names)}.")
+        return out
+
+    def _edge_setting(self, node: str, key: str) -> object:
+        try:
+            config = msgspec.yaml.decode((self.layout.edge(node) / "edge.yaml").read_bytes())
+        except (OSError, msgspec.DecodeError):
+            return "(unreadable)"
+        return config.get(key, "(unset)") if isinstance(config, dict) else "(not a mapping)"
+
+    def linger(self) -> None:
+        """With a person at the terminal, keep everything up for the kubectl commands until Enter."""
+        if self.args.no_linger or not (sys.stdin.isatty() and self.console.is_terminal):
+            return
+        self.console.print(
+            f"\nEverything is still running. Press Enter (or Ctrl-C) to stop it all; "
+            f"it stops by itself after {LINGER_LIMIT / 60:.0f} minutes.",
+            style="bold",
+        )
+        select.select([sys.stdin], [], [], LINGER_LIMIT)
+
+    # ------------------------------------------------------------------------------ tear-down
+
+    def stop(self) -> list[str]:
+        """Stop everything this run started, in reverse order; returns processes left behind (none)."""
+        self.procs.stop()
+        if self.runtime is not None:
+            for error in self.runtime.stop():
+                self.say(error, "red")
+        if self.cp is not None:
+            try:
+                self.cp.stop()
+            except _cp.ControlPlaneError as exc:
+                self.say(str(exc), "red")
+        leaders = [
+            *self.procs.started,
+            *(self.cp.pids.values() if self.cp else ()),
+            *(self.runtime.pids if self.runtime else ()),
+        ]
+        left = [f"pid {pid}: {cmd[:160]}" for pid, cmd in processes_in_sessions(leaders).items()]
+        self.layout.record.unlink(missing_ok=True)
+        return left
+
+
+def _nodes(names: list[str]) -> str:
+    return f"all {len(names)} updated nodes" if len(names) > 3 else ", ".join(names)
+
+
+def render_sample(path: Path, *, registry: str) -> dict[str, Any]:
+    """The sample manifest with its images pointed at ``registry``."""
+    manifest: dict[str, Any] = msgspec.yaml.decode(path.read_bytes())
+    spec = manifest["spec"]
+    template = spec.get("imagePrePullTemplate")
+    if template is not None:
+        template["images"] = [i.replace(REGISTRY_PLACEHOLDER, registry, 1) for i in template["images"]]
+    return manifest
+
+
+def sample_repositories() -> list[str]:
+    """``name:tag`` of every image the samples pull from the demo registry."""
+    found: dict[str, None] = {}
+    for name in SAMPLES:
+        manifest = msgspec.yaml.decode((SAMPLES_DIR / name).read_bytes())
+        template = manifest["spec"].get("imagePrePullTemplate") or {}
+        for image in template.get("images", ()):
+            if image.startswith(REGISTRY_PLACEHOLDER):
+                found[image.removeprefix(REGISTRY_PLACEHOLDER)] = None
+    return list(found)
+
+
+def _answers_ok(url: str, context: ssl.SSLContext) -> Callable[[], bool]:
+    return lambda: _http(url, context).strip() == "ok"
+
+
+def _http(url: str, context: ssl.SSLContext | None = None) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=3, context=context) as answer:
+            return str(answer.read().decode(errors="replace"))
+    except OSError:
+        return ""
+
+
+@contextlib.contextmanager
+def exclusive(root: Path) -> Iterator[None]:
+    """Hold ``<root>.lock``: two demos on one state directory would wipe each other's files."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / f"{root.name}.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DemoError(f"another demo is running from {root}") from None
+        yield
+
+
+def fresh_state_dir(layout: Layout) -> list[str]:
+    """Empty the state directory (only a demo's), stopping leftovers of a killed run first."""
+    root = layout.root
+    leftovers: list[str] = []
+    if root.exists():
+        if any(root.iterdir()) and not (root / MARKER_FILE).exists():
+            raise DemoError(f"refusing to wipe {root}: it is not a demo state directory (no {MARKER_FILE})")
+        leftovers = kill_recorded(layout.record, str(root))
+        shutil.rmtree(root)
+    for directory in (root, layout.logs, layout.config):
+        directory.mkdir(parents=True, exist_ok=True)
+    (root / MARKER_FILE).write_text("state of `just demo`; wiped by the next run\n")
+    return leftovers
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="just demo", description="Run nodetaskd for real on this machine, then stop it all."
+    )
+    p.add_argument("--nodes", type=int, default=12, help="edge nodes (and edge processes) to run; at least 4")
+    p.add_argument("--state-dir", type=Path, help="where configs, logs and cluster state go (wiped at start)")
+    p.add_argument("--timeout", type=float, default=300, help="seconds the jobs may take before the summary")
+    p.add_argument("--no-runtime", action="store_true", help="do not start containerd and the registry")
+    p.add_argument("--no-linger", action="store_true", help="stop right after the summary")
+    p.add_argument("--summary-json", type=Path, help="also write the end state of the jobs to this file")
+    return p
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def run(demo: Demo) -> None:
+    """The demo's steps, in order; raises on anything that stops it."""
+    api = demo.api = demo.provision_cluster()
+    ports = _cp._free_ports(4)
+    hubs = [Hub("hub-a", ports[0], ports[1]), Hub("hub-b", ports[2], ports[3])]
+    tokens = demo.register_fleet(api, hubs)
+    cri_endpoint = demo.provision_runtime(sample_repositories())
+    demo.start_control(hubs)
+    demo.start_edges(tokens, cri_endpoint)
+    registry = f"{demo.runtime.registry.host}/" if demo.runtime else NO_REGISTRY
+    demo.apply_jobs(registry)
+    demo.say(f"follow along: export KUBECONFIG={demo.layout.cluster / 'admin.kubeconfig'}; kubectl get nodejobs -w")
+    demo.follow()
+    demo.summarize()
+    demo.linger()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.nodes < 4:
+        print("just demo: --nodes must be at least 4 (two canaries and a main ring of two or more)", file=sys.stderr)
+        return 2
+    root = (args.state_dir or default_state_dir()).expanduser().resolve()
+    console = Console(highlight=False)
+    if not console.is_terminal:
+        # Logs and CI: no terminal to fit, so do not squeeze the tables into 80 columns.
+        console = Console(highlight=False, width=140)
+    layout = Layout(root)
+    # SIGINT too: a shell starting the demo in the background hands it SIGINT ignored, and Ctrl-C
+    # (or kill -INT) must still stop everything.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _interrupt)
+    status = 1
+    demo: Demo | None = None
+    try:
+        with exclusive(root):
+            leftovers = fresh_state_dir(layout)
+            for line in leftovers:
+                console.print(f"stopped a leftover of an earlier run: {line}", style="yellow")
+            demo = Demo(args=args, console=console, layout=layout, procs=Supervisor(marker=str(root)))
+            demo.say(f"nodetaskd demo: {args.nodes} edges, 2 hubs, 1 controller; state and logs in {root}")
+            try:
+                run(demo)
+                status = 0
+            except KeyboardInterrupt:
+                console.print("\ninterrupted: stopping everything", style="bold yellow")
+                status = 130
+            except (DemoError, ApiFailure, _cp.ControlPlaneError) as exc:
+                console.print(f"demo failed: {exc}", style="bold red", highlight=False)
+            finally:
+                # A second Ctrl-C must not cut the tear-down short and leave processes behind.
+                for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                    signal.signal(signum, signal.SIG_IGN)
+                left = demo.stop()
+            if left:
+                console.print("processes left behind:\n  " + "\n  ".join(left), style="bold red")
+                status = status or 1
+            else:
+                demo.say(f"stopped: no process of the demo is left (logs and configs kept in {root})")
+    except DemoError as exc:
+        console.print(f"demo failed: {exc}", style="bold red", highlight=False)
+    except KeyboardInterrupt:
+        # Before anything was started (while wiping the previous run's state).
+        status = 130
+    if args.summary_json and demo is not None:
+        _write_summary(args.summary_json, demo, status)
+    return status
+
+
+def _write_summary(path: Path, demo: Demo, status: int) -> None:
+    summary = {
+        "status": status,
+        "runtime": demo.runtime_line(),
+        "runtimeProblem": demo.runtime_problem,
+        "unfinished": demo.unfinished,
+        "jobs": [
+            {
+                "kind": j.kind,
+                "name": j.name,
+                "phase": j.phase,
+                "reason": j.reason,
+                "counts": dict(j.counts),
+                "nodes": [
+                    {"name": n.name, "phase": n.phase, "reason": n.reason, "lastAction": n.last_action} for n in j.nodes
+                ],
+            }
+            for j in demo.jobs
+        ],
+    }
+    path.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

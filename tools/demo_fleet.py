@@ -1,0 +1,178 @@
+"""The demo's fleet: where each process keeps its files, and the YAML config of each role.
+
+Everything lives under one state directory, so a run is inspectable afterwards and the next run
+can wipe it whole::
+
+    <state>/cluster/            kube-apiserver + etcd (tools/controlplane.py), admin.kubeconfig
+    <state>/runtime/            containerd and the registry (tools/containerd.py), when available
+    <state>/tls/hub/            the hubs' serving certificate and the CA the edges trust
+    <state>/tls/controller/     the webhook certificate the controller generates (certDir)
+    <state>/config/             controller.yaml, hub-a.yaml, hub-b.yaml
+    <state>/edges/<node>/       edge.yaml, token, data/ (the agent's SQLite store)
+    <state>/logs/<name>.log     stdout + stderr of every nodetaskd process
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import msgspec
+
+CANARIES: Final = 2
+"""Nodes in the ``canary`` ring (the upgrade job's); the rest form the ``main`` ring."""
+RING_LABEL: Final = "demo.nodetaskd.io/ring"
+FULL_DISK_THRESHOLD: Final = 1.0
+"""maxDiskUsage of the one node whose disk check must fail (any real disk is more than 1% used)."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Paths inside the demo's state directory."""
+
+    root: Path
+
+    @property
+    def cluster(self) -> Path:
+        return self.root / "cluster"
+
+    @property
+    def runtime(self) -> Path:
+        return self.root / "runtime"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def hub_tls(self) -> Path:
+        return self.root / "tls" / "hub"
+
+    @property
+    def controller_tls(self) -> Path:
+        return self.root / "tls" / "controller"
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config"
+
+    @property
+    def record(self) -> Path:
+        """PIDs of the processes this run started, for the next run should this one be killed."""
+        return self.root / "pids"
+
+    def edge(self, node: str) -> Path:
+        return self.root / "edges" / node
+
+    def log(self, name: str) -> Path:
+        return self.logs / f"{name}.log"
+
+    def no_runtime_socket(self) -> str:
+        """A CRI endpoint where nothing listens: what the edges get when no containerd runs."""
+        return f"unix://{self.root / 'runtime' / 'none.sock'}"
+
+
+@dataclass(frozen=True)
+class Hub:
+    name: str
+    port: int
+    http_port: int
+
+    @property
+    def url(self) -> str:
+        return f"wss://127.0.0.1:{self.port}"
+
+    @property
+    def ready_url(self) -> str:
+        return f"https://127.0.0.1:{self.http_port}/readyz"
+
+
+@dataclass(frozen=True)
+class Edge:
+    name: str
+    ring: str
+    hubs: tuple[Hub, ...]
+    """Its primary hub first: the fleet is split across the hubs, each edge falling back to the other."""
+    full_disk: bool
+
+
+def plan_edges(count: int, hubs: Sequence[Hub]) -> list[Edge]:
+    """``edge-01``..: the first :data:`CANARIES` in the canary ring, the last with a full disk."""
+    width = max(2, len(str(count)))
+    edges = []
+    for i in range(count):
+        primary = hubs[i % len(hubs)]
+        order = (primary, *(h for h in hubs if h is not primary))
+        edges.append(
+            Edge(
+                name=f"edge-{i + 1:0{width}d}",
+                ring="canary" if i < CANARIES else "main",
+                hubs=order,
+                full_disk=i == count - 1,
+            )
+        )
+    return edges
+
+
+def write_yaml(path: Path, config: dict[str, object]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(msgspec.yaml.encode(config))
+    return path
+
+
+def nodetaskd(role: str, config: Path) -> list[str]:
+    """The command line of ``nodetaskd --role=ROLE`` under this interpreter (the project's venv)."""
+    return [sys.executable, "-m", "roles.cli", f"--role={role}", f"--config={config}"]
+
+
+def controller_config(layout: Layout, *, kubeconfig: Path, webhook_port: int, metrics_port: int) -> Path:
+    return write_yaml(
+        layout.config / "controller.yaml",
+        {
+            "kubeconfig": str(kubeconfig),
+            "identity": "demo-controller",
+            "listenHost": "127.0.0.1",
+            "webhookPort": webhook_port,
+            "webhookUrl": f"https://127.0.0.1:{webhook_port}",
+            "certDir": str(layout.controller_tls),
+            "metricsPort": metrics_port,
+            # Silent nodes are noticed within 2 s of their deadline rather than 10.
+            "timeoutSweepInterval": 2,
+        },
+    )
+
+
+def hub_config(layout: Layout, hub: Hub, *, kubeconfig: Path, cert: Path, key: Path) -> Path:
+    return write_yaml(
+        layout.config / f"{hub.name}.yaml",
+        {
+            "kubeconfig": str(kubeconfig),
+            "hubId": hub.name,
+            "listen": f"127.0.0.1:{hub.port}",
+            "httpListen": f"127.0.0.1:{hub.http_port}",
+            "tlsCertFile": str(cert),
+            "tlsKeyFile": str(key),
+        },
+    )
+
+
+def edge_config(layout: Layout, edge: Edge, *, token: str, ca_file: Path, cri_endpoint: str) -> Path:
+    home = layout.edge(edge.name)
+    (home / "data").mkdir(parents=True, exist_ok=True)
+    token_file = home / "token"
+    token_file.write_text(token)
+    token_file.chmod(0o600)
+    config: dict[str, object] = {
+        "nodeName": edge.name,
+        "hubUrls": [h.url for h in edge.hubs],
+        "tokenFile": str(token_file),
+        "caFile": str(ca_file),
+        "dataDir": str(home / "data"),
+        "criEndpoint": cri_endpoint,
+    }
+    if edge.full_disk:
+        config["maxDiskUsage"] = FULL_DISK_THRESHOLD
+    return write_yaml(home / "edge.yaml", config)
