@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
+import msgspec
 import structlog
 
 from nodetask.clock import Clock
@@ -59,3 +61,30 @@ async def running_agent(
             await tg.start(agent.run)
             yield agent
             tg.cancel_scope.cancel()
+
+
+def write_agent_config(home: Path, *, node: str, token: str, hub_urls: list[str], **options: object) -> Path:
+    """Write an agent's token file and config (its store under ``home/data``); returns the config's path.
+
+    The checks' thresholds default to 100% so a busy test machine never fails them; ``options``
+    (camelCase keys) override anything.
+    """
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "token").write_text(token)
+    config = {
+        "nodeName": node,
+        "hubUrls": hub_urls,
+        "tokenFile": str(home / "token"),
+        "dataDir": str(home / "data"),
+        "criEndpoint": "",
+        "maxCpuUsage": 100,
+        **options,
+    }
+    path = home / "edge.yaml"
+    path.write_bytes(msgspec.yaml.encode(config))
+    return path
+
+
+def agent_command(config: Path) -> list[str]:
+    """The command line of a real agent process with ``config``."""
+    return [sys.executable, "-m", "roles.cli", "--role=edge", f"--config={config}"]

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from typing import Any
 
+import anyio
 import msgspec
 
+from nodetask.phases import JobPhase
+from roles.kube import Kube, Resource
 from tests.integration.controlplane import ControlPlane
 
 
@@ -18,3 +23,20 @@ def create_job(cp: ControlPlane, kind: str, name: str, spec: dict[str, object]) 
     """Create a v1alpha2 node job."""
     doc = {"apiVersion": "operations.kubeedge.io/v1alpha2", "kind": kind, "metadata": {"name": name}, "spec": spec}
     cp.kubectl("create", "-f", "-", input=msgspec.json.encode(doc).decode())
+
+
+async def job_when(
+    kube: Kube, resource: Resource[Any], name: str, check: Callable[[Any], bool], *, limit_s: float = 60
+) -> Any:
+    """The job once ``check(job)`` holds, polled every 0.1 s; fails the test after ``limit_s`` seconds."""
+    with anyio.fail_after(limit_s):
+        while True:
+            job = await kube.get(resource, name)
+            if check(job):
+                return job
+            await anyio.sleep(0.1)
+
+
+def settled(job: Any) -> bool:
+    """The job reached Completed or Failure."""
+    return job.status.phase in (JobPhase.COMPLETED, JobPhase.FAILURE)

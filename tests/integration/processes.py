@@ -18,6 +18,7 @@ import msgspec
 from nodetask.phases import NodeTaskPhase
 from roles.kube import Kube, Upserted, WatchEvent
 from roles.kube.resources import Resource
+from tests.integration.agents import write_agent_config
 from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import register_edges
 from tests.integration.hubs import free_port
@@ -138,19 +139,11 @@ async def fleet(
         )
     agents: dict[str, RoleProcess] = {}
     for i, node in enumerate(nodes):
-        (home / node).mkdir()
-        (home / node / "token").write_text(tokens[node])
         ordered = hub_urls(urls, i) if hub_urls else urls[i % hubs :] + urls[: i % hubs]
-        config = {
-            "nodeName": node,
-            "hubUrls": ordered,
-            "tokenFile": str(home / node / "token"),
-            "dataDir": str(home / node / "data"),
-            "criEndpoint": "",
-            "maxCpuUsage": 100,
-            "configUpdateHealthDeadline": 20,
-        }
-        agents[node] = RoleProcess(node, _write(home / node / "edge.yaml", config), "edge", home / node / "agent.log")
+        edge_config = write_agent_config(
+            home / node, node=node, token=tokens[node], hub_urls=ordered, configUpdateHealthDeadline=20
+        )
+        agents[node] = RoleProcess(node, edge_config, "edge", home / node / "agent.log")
     running = Fleet(controller=controller, hubs=hub_processes, hub_urls=urls, edges=agents)
     try:
         for process in running.all():

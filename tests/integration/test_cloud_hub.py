@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -33,7 +32,7 @@ from tests.integration.hubs import (
     running_edges,
     running_hub,
 )
-from tests.integration.objects import create_job, unique
+from tests.integration.objects import create_job, job_when, unique
 
 pytestmark = pytest.mark.integration
 PREPULLS = job_resource(IMAGE_PRE_PULL_JOB)
@@ -47,15 +46,6 @@ def _prepull(nodes: list[str], *, concurrency: int = 1, timeout: int = 60) -> di
         "images": ["registry.local/app:1", "registry.local/db:2"],
     }
     return {"imagePrePullTemplate": template}
-
-
-async def _until(kube: Kube, name: str, check: Callable[[Any], bool], limit_s: float = 40) -> Any:
-    with anyio.fail_after(limit_s):
-        while True:
-            job = await kube.get(PREPULLS, name)
-            if check(job):
-                return job
-            await anyio.sleep(0.1)
 
 
 def _assert_each_action_once(job: Any) -> None:
@@ -78,7 +68,7 @@ async def test_job_completes_across_two_hubs_within_its_concurrency(crds: Contro
         ) as edges,
     ):
         create_job(crds, "ImagePrePullJob", name, _prepull(nodes, concurrency=2))
-        job = await _until(cloud_kube, name, lambda j: j.status.phase is JobPhase.COMPLETED)
+        job = await job_when(cloud_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.COMPLETED)
     assert [e.phase for e in job.status.node_status] == [NodeTaskPhase.SUCCESSFUL] * 6
     _assert_each_action_once(job)
     assert all(e.dispatch_time for e in job.status.node_status)
@@ -106,9 +96,11 @@ async def test_hub_restarted_mid_job_finishes_it_without_losing_or_repeating_res
             fleet.start_soon(edge.run)
         async with running_hub(crds, "hub-r", port=port):
             create_job(crds, "ImagePrePullJob", name, _prepull(nodes, concurrency=2))
-            await _until(cloud_kube, name, lambda j: any(a for e in j.status.node_status for a in e.action_flow))
+            await job_when(
+                cloud_kube, PREPULLS, name, lambda j: any(a for e in j.status.node_status for a in e.action_flow)
+            )
         async with running_hub(crds, "hub-r", port=port):
-            job = await _until(cloud_kube, name, lambda j: j.status.phase is JobPhase.COMPLETED)
+            job = await job_when(cloud_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.COMPLETED)
         fleet.cancel_scope.cancel()
     assert [e.phase for e in job.status.node_status] == [NodeTaskPhase.SUCCESSFUL] * 4
     _assert_each_action_once(job)
@@ -127,7 +119,7 @@ async def test_edge_that_drops_mid_flow_reconnects_and_finishes(crds: ControlPla
             create_job(crds, "ImagePrePullJob", name, _prepull(nodes))
             await eventually(lambda: edge.acked)
             edge.cut()
-            job = await _until(cloud_kube, name, lambda j: j.status.phase is JobPhase.COMPLETED)
+            job = await job_when(cloud_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.COMPLETED)
     _assert_each_action_once(job)
     assert edge.connects >= 2
 
@@ -139,7 +131,7 @@ async def test_report_for_another_node_is_refused(crds: ControlPlane, cloud_kube
     name = unique("foreign")
     async with running_controller(crds), running_hub(crds, "hub-f") as hub:
         create_job(crds, "ImagePrePullJob", name, _prepull(nodes[1:]))
-        job = await _until(cloud_kube, name, lambda j: j.status.node_status)
+        job = await job_when(cloud_kube, PREPULLS, name, lambda j: j.status.node_status)
         edge = light_edge(nodes[0], hub.url, tokens[nodes[0]])
         async with running_edges([edge]):
             route = Route("operations.kubeedge.io/v1alpha2", "imageprepulljob", name, nodes[1])
@@ -276,7 +268,7 @@ async def test_kubeedge_http_status_endpoint_records_a_report_as_that_node(
             )
         )
         create_job(crds, "ImagePrePullJob", name, _prepull([mine]))
-        await _until(cloud_kube, name, lambda j: j.status.node_status)
+        await job_when(cloud_kube, PREPULLS, name, lambda j: j.status.node_status)
         base = f"http://127.0.0.1:{port}/task/imageprepulljob/name/{name}/node"
         body = b'{"action": "Check", "succ": true, "finishTime": "2026-11-26T01:00:00Z"}'
         answers = [
@@ -306,7 +298,7 @@ async def test_job_recreated_under_the_same_name_gets_a_fresh_runner_after_the_o
         running_edges(light_edge(n, hub.url, tokens[n], delay=0.5) for n in nodes) as edges,
     ):
         create_job(crds, "ImagePrePullJob", name, _prepull(nodes, concurrency=1))
-        first = await _until(cloud_kube, name, lambda j: any(e.action_flow for e in j.status.node_status))
+        first = await job_when(cloud_kube, PREPULLS, name, lambda j: any(e.action_flow for e in j.status.node_status))
         # kubectl blocks this thread: never let it wait for the finalizer the controller must remove.
         crds.kubectl("delete", "imageprepulljob", name, "--wait=false")
         with anyio.fail_after(20):
@@ -317,7 +309,7 @@ async def test_job_recreated_under_the_same_name_gets_a_fresh_runner_after_the_o
                     break
                 await anyio.sleep(0.1)
         create_job(crds, "ImagePrePullJob", name, _prepull(nodes, concurrency=1))
-        second = await _until(cloud_kube, name, lambda j: j.status.phase is JobPhase.COMPLETED)
+        second = await job_when(cloud_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.COMPLETED)
     assert second.metadata.uid != first.metadata.uid
     _assert_each_action_once(second)
     old, new = [r for r in hub.hub.runners() if r.name == name]

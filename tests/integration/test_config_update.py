@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import anyio
 import anyio.abc
-import msgspec
 import pytest
 import yaml
 
@@ -20,34 +17,21 @@ from nodetask.phases import JobPhase, NodeTaskPhase
 from roles.kube import Kube
 from roles.kube.resources import job_resource
 from schemas.kinds import CONFIG_UPDATE_JOB
+from tests.integration.agents import agent_command, write_agent_config
 from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import register_edges
 from tests.integration.hubs import running_controller, running_hub
-from tests.integration.objects import create_job, unique
+from tests.integration.objects import create_job, job_when, settled, unique
 
 pytestmark = pytest.mark.integration
 CONFIG_UPDATES = job_resource(CONFIG_UPDATE_JOB)
 
 
-def _agent_home(node: str, token: str, url: str, home: Path) -> list[str]:
-    """Write the agent's token and config into ``home``; returns its command line."""
-    home.mkdir(parents=True, exist_ok=True)
-    (home / "token").write_text(token)
-    config = {
-        "nodeName": node,
-        "hubUrls": [url],
-        "tokenFile": str(home / "token"),
-        "dataDir": str(home / "data"),
-        "configUpdateHealthDeadline": 3,
-    }
-    (home / "edge.yaml").write_bytes(msgspec.yaml.encode(config))
-    return [sys.executable, "-m", "roles.cli", "--role=edge", f"--config={home / 'edge.yaml'}"]
-
-
 @asynccontextmanager
 async def agent_process(node: str, token: str, url: str, home: Path) -> AsyncIterator[anyio.abc.Process]:
     """``nodetaskd --role=edge`` with a config file in ``home``; stopped with SIGTERM at the end."""
-    command = _agent_home(node, token, url, home)
+    config = write_agent_config(home, node=node, token=token, hub_urls=[url], configUpdateHealthDeadline=3)
+    command = agent_command(config)
     process = await anyio.open_process(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         yield process
@@ -59,15 +43,6 @@ async def agent_process(node: str, token: str, url: str, home: Path) -> AsyncIte
         if process.returncode is None:
             process.kill()
             await process.wait()
-
-
-async def _settled(kube: Kube, name: str, limit_s: float = 60) -> Any:
-    with anyio.fail_after(limit_s):
-        while True:
-            job = await kube.get(CONFIG_UPDATES, name)
-            if job.status.phase in (JobPhase.COMPLETED, JobPhase.FAILURE):
-                return job
-            await anyio.sleep(0.2)
 
 
 def _update(nodes: list[str], fields: dict[str, str]) -> dict[str, object]:
@@ -91,7 +66,7 @@ async def test_config_updates_apply_roll_back_or_are_refused_and_each_is_reporte
         create_job(crds, "ConfigUpdateJob", jobs[ok], _update([ok], {"maxCpuUsage": "95", "logLevel": "debug"}))
         create_job(crds, "ConfigUpdateJob", jobs[unhealthy], _update([unhealthy], {"hubUrls[0]": "ws://127.0.0.1:9"}))
         create_job(crds, "ConfigUpdateJob", jobs[invalid], _update([invalid], {"maxCpuUsag": "95"}))
-        done = {node: await _settled(cloud_kube, name) for node, name in jobs.items()}
+        done = {node: await job_when(cloud_kube, CONFIG_UPDATES, name, settled) for node, name in jobs.items()}
         assert first.returncode is None  # restarted in place: the same process, a new program image
     applied = done[ok].status.node_status[0]
     assert done[ok].status.phase is JobPhase.COMPLETED

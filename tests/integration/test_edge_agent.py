@@ -5,12 +5,9 @@ from __future__ import annotations
 import contextlib
 import signal
 import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import anyio
-import msgspec
 import pytest
 
 from flows import imageprepulljob
@@ -19,11 +16,11 @@ from roles.edge.actions import build_actions
 from roles.kube import Kube
 from roles.kube.resources import job_resource
 from schemas.kinds import IMAGE_PRE_PULL_JOB
-from tests.integration.agents import FakeRuntime, running_agent
+from tests.integration.agents import FakeRuntime, agent_command, running_agent, write_agent_config
 from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import register_edges
 from tests.integration.hubs import eventually, free_port, running_controller, running_hub
-from tests.integration.objects import create_job, unique
+from tests.integration.objects import create_job, job_when, unique
 
 pytestmark = pytest.mark.integration
 PREPULLS = job_resource(IMAGE_PRE_PULL_JOB)
@@ -40,15 +37,6 @@ def _prepull(nodes: list[str], *, check_items: tuple[str, ...] = (), concurrency
     return {"imagePrePullTemplate": template}
 
 
-async def _until(kube: Kube, name: str, phase: JobPhase, limit_s: float = 40) -> Any:
-    with anyio.fail_after(limit_s):
-        while True:
-            job = await kube.get(PREPULLS, name)
-            if job.status.phase is phase:
-                return job
-            await anyio.sleep(0.1)
-
-
 async def test_agents_finish_a_prepull_and_a_failed_check_is_reported_with_kubeedges_text(
     crds: ControlPlane, cloud_kube: Kube, tmp_path: Path
 ) -> None:
@@ -62,8 +50,8 @@ async def test_agents_finish_a_prepull_and_a_failed_check_is_reported_with_kubee
             await stack.enter_async_context(running_agent(node, tokens[node], hub.url, tmp_path / node, runtime))
         create_job(crds, "ImagePrePullJob", good, _prepull(nodes, check_items=("cpu", "mem", "disk")))
         create_job(crds, "ImagePrePullJob", bad, _prepull(nodes[:1], check_items=("gpu",)))
-        done = await _until(cloud_kube, good, JobPhase.COMPLETED)
-        failed = await _until(cloud_kube, bad, JobPhase.FAILURE)
+        done = await job_when(cloud_kube, PREPULLS, good, lambda j: j.status.phase is JobPhase.COMPLETED)
+        failed = await job_when(cloud_kube, PREPULLS, bad, lambda j: j.status.phase is JobPhase.FAILURE)
     assert runtime.pulls == 3
     for entry in done.status.node_status:
         assert [(a.action, a.status) for a in entry.action_flow] == [("Check", "True"), ("Pull", "True")]
@@ -92,7 +80,7 @@ async def test_reports_made_during_an_outage_all_arrive_once_after_it(
         await eventually(lambda: agent.connects == 1 and not agent.connected.is_set())
         await anyio.sleep(2.5)
         async with running_hub(crds, "hub-outage", port=port):
-            job = await _until(cloud_kube, name, JobPhase.COMPLETED)
+            job = await job_when(cloud_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.COMPLETED)
     assert [a.action for a in job.status.node_status[0].action_flow] == ["Check", "Pull"]
     assert runtime.pulls == 1
 
@@ -110,7 +98,7 @@ async def test_agent_killed_mid_action_resumes_at_that_action_after_restart(
             create_job(crds, "ImagePrePullJob", name, _prepull([node], check_items=("disk",)))
             await eventually(lambda: slow.pulls == 1)
         async with running_agent(node, tokens[node], hub.url, tmp_path, fast):
-            job = await _until(cloud_kube, name, JobPhase.COMPLETED)
+            job = await job_when(cloud_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.COMPLETED)
     assert fast.pulls == 1
     assert [(a.action, a.status) for a in job.status.node_status[0].action_flow] == [
         ("Check", "True"),
@@ -126,17 +114,9 @@ async def test_killed_agent_process_delivers_its_results_after_restart(
     tokens = await register_edges(crds, [node])
     name = unique("kill")
     port = free_port()
-    (tmp_path / "token").write_text(tokens[node])
-    config = {
-        "nodeName": node,
-        "hubUrls": [f"ws://127.0.0.1:{port}"],
-        "tokenFile": str(tmp_path / "token"),
-        "dataDir": str(tmp_path / "data"),
-        "maxCpuUsage": 100,
-        "criEndpoint": "",
-    }
-    (tmp_path / "edge.yaml").write_bytes(msgspec.yaml.encode(config))
-    command = [sys.executable, "-m", "roles.cli", "--role=edge", f"--config={tmp_path / 'edge.yaml'}"]
+    command = agent_command(
+        write_agent_config(tmp_path, node=node, token=tokens[node], hub_urls=[f"ws://127.0.0.1:{port}"])
+    )
     async with running_controller(crds):
         first = await anyio.open_process(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
@@ -156,7 +136,7 @@ async def test_killed_agent_process_delivers_its_results_after_restart(
         second = await anyio.open_process(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             async with running_hub(crds, "hub-kill", port=port):
-                job = await _until(cloud_kube, name, JobPhase.FAILURE)
+                job = await job_when(cloud_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.FAILURE)
             second.send_signal(signal.SIGTERM)
             with anyio.fail_after(10):
                 code = await second.wait()

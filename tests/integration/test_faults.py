@@ -10,7 +10,7 @@ exits cleanly.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -25,26 +25,13 @@ from roles.kube.resources import job_resource
 from schemas.kinds import CONFIG_UPDATE_JOB
 from tests.integration.controlplane import ControlPlane
 from tests.integration.hubs import free_port
-from tests.integration.objects import create_job, unique
+from tests.integration.objects import create_job, job_when, settled, unique
 from tests.integration.processes import Fleet, JobHistory, fleet, recording
 
 pytestmark = pytest.mark.integration
 JOBS = job_resource(CONFIG_UPDATE_JOB)
 CONCURRENCY = 2
 EXPECTED = [("Check", "True"), ("BackUp", "True"), ("Update", "True")]
-
-
-async def _job(kube: Kube, name: str) -> Any:
-    return await kube.get(JOBS, name)
-
-
-async def _until(kube: Kube, name: str, check: Callable[[Any], bool], limit_s: float = 90) -> Any:
-    with anyio.fail_after(limit_s):
-        while True:
-            job = await _job(kube, name)
-            if check(job):
-                return job
-            await anyio.sleep(0.2)
 
 
 def _some_done_some_running(job: Any) -> bool:
@@ -68,7 +55,7 @@ async def faulty_job(
         spec = {"nodeNames": nodes, "updateFields": {"logLevel": "debug"}, "concurrency": CONCURRENCY}
         create_job(cp, "ConfigUpdateJob", name, {**spec, "timeoutSeconds": 120})
         yield running, name, history
-        job = await _until(kube, name, lambda j: j.status.phase in (JobPhase.COMPLETED, JobPhase.FAILURE))
+        job = await job_when(kube, JOBS, name, settled, limit_s=90)
     assert job.status.phase is JobPhase.COMPLETED, [(e.node_name, e.phase, e.reason) for e in job.status.node_status]
     for entry in job.status.node_status:
         assert [(a.action, a.status) for a in entry.action_flow] == EXPECTED, entry.node_name
@@ -83,7 +70,7 @@ async def test_a_hub_killed_mid_job_leaves_its_edges_to_the_other_hub(
 ) -> None:
     """SIGKILL of one hub: its edges fail over to the other hub, which adopts their node tasks."""
     async with faulty_job(crds, cloud_kube, tmp_path) as (running, name, _):
-        await _until(cloud_kube, name, _in_flight)
+        await job_when(cloud_kube, JOBS, name, _in_flight)
         await running.hubs[0].kill()
 
 
@@ -92,7 +79,7 @@ async def test_a_controller_restarted_mid_job_takes_the_lease_back_and_finishes(
 ) -> None:
     """SIGKILL of the controller, then a new one: it waits out the lease and carries the job on."""
     async with faulty_job(crds, cloud_kube, tmp_path) as (running, name, _):
-        await _until(cloud_kube, name, _some_done_some_running)
+        await job_when(cloud_kube, JOBS, name, _some_done_some_running)
         await running.controller.kill()
         await running.controller.start()
 
@@ -102,7 +89,7 @@ async def test_an_apiserver_restart_mid_job_is_survived_by_every_role(
 ) -> None:
     """kube-apiserver stops and starts again; watches resume and writes retry until it is back."""
     async with faulty_job(crds, cloud_kube, tmp_path) as (_, name, _):
-        await _until(cloud_kube, name, _in_flight)
+        await job_when(cloud_kube, JOBS, name, _in_flight)
         await anyio.to_thread.run_sync(crds.restart_apiserver)
 
 
@@ -111,7 +98,7 @@ async def test_an_edge_killed_mid_flow_resumes_from_its_store(
 ) -> None:
     """SIGKILL of an agent in the middle of its config update, then a restart: it finishes exactly once."""
     async with faulty_job(crds, cloud_kube, tmp_path) as (running, name, _):
-        job = await _until(cloud_kube, name, _in_flight)
+        job = await job_when(cloud_kube, JOBS, name, _in_flight)
         victim = next(e.node_name for e in job.status.node_status if e.phase is NodeTaskPhase.IN_PROGRESS)
         await running.edges[victim].kill()
         await anyio.sleep(1.5)
@@ -173,12 +160,13 @@ async def test_an_edge_cut_off_longer_than_a_heartbeat_reconnects_and_finishes(
         async with faulty_job(crds, cloud_kube, tmp_path, hub_urls=through_relay) as (running, name, _):
             relay.upstream = int(running.hub_urls[0].rsplit(":", 1)[1])
             cut_off = next(iter(running.edges))
-            await _until(cloud_kube, name, lambda j: bool(j.status.node_status))
+            await job_when(cloud_kube, JOBS, name, lambda j: bool(j.status.node_status))
             relay.cut()
             await anyio.sleep(5)
             relay.restore()
-            await _until(
+            await job_when(
                 cloud_kube,
+                JOBS,
                 name,
                 lambda j: any(e.node_name == cut_off and e.phase.terminal for e in j.status.node_status),
             )

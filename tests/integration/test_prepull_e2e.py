@@ -5,15 +5,12 @@ from __future__ import annotations
 import base64
 import signal
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import anyio
 import anyio.abc
-import msgspec
 import pytest
 
 from nodetask.phases import JobPhase, NodeTaskPhase
@@ -22,29 +19,15 @@ from roles.kube.resources import SECRETS, job_resource
 from schemas.core import Secret
 from schemas.kinds import IMAGE_PRE_PULL_JOB
 from schemas.meta import ObjectMeta
+from tests.integration.agents import agent_command, write_agent_config
 from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import admin, register_edges
 from tests.integration.hubs import running_controller, running_hub
-from tests.integration.objects import create_job, unique
+from tests.integration.objects import create_job, job_when, settled, unique
 from tools.containerd import Containerd, Registry
 
 pytestmark = pytest.mark.integration
 PREPULLS = job_resource(IMAGE_PRE_PULL_JOB)
-
-
-def _home(node: str, token: str, url: str, cri: str, home: Path) -> list[str]:
-    home.mkdir(parents=True, exist_ok=True)
-    (home / "token").write_text(token)
-    config = {
-        "nodeName": node,
-        "hubUrls": [url],
-        "tokenFile": str(home / "token"),
-        "dataDir": str(home / "data"),
-        "criEndpoint": cri,
-        "maxCpuUsage": 100,
-    }
-    (home / "edge.yaml").write_bytes(msgspec.yaml.encode(config))
-    return [sys.executable, "-m", "roles.cli", "--role=edge", f"--config={home / 'edge.yaml'}"]
 
 
 @asynccontextmanager
@@ -65,15 +48,6 @@ async def agents(commands: list[list[str]]) -> AsyncIterator[list[anyio.abc.Proc
                 process.kill()
                 await process.wait()
     assert [p.returncode for p in processes] == [0] * len(processes)
-
-
-async def _settled(kube: Kube, name: str) -> Any:
-    with anyio.fail_after(90):
-        while True:
-            job = await kube.get(PREPULLS, name)
-            if job.status.phase in (JobPhase.COMPLETED, JobPhase.FAILURE):
-                return job
-            await anyio.sleep(0.2)
 
 
 async def test_images_are_pulled_through_cri_with_the_secrets_credentials_per_registry(
@@ -109,12 +83,22 @@ async def test_images_are_pulled_through_cri_with_the_secrets_credentials_per_re
         return {"imagePrePullTemplate": {**spec, "imageSecrets": secret} if secret else spec}
 
     async with running_controller(crds), running_hub(crds, "hub-cri") as hub:
-        commands = [_home(n, tokens[n], hub.url, containerd.endpoint, tmp_path / n) for n in nodes]
+        commands = [
+            agent_command(
+                write_agent_config(
+                    tmp_path / n, node=n, token=tokens[n], hub_urls=[hub.url], criEndpoint=containerd.endpoint
+                )
+            )
+            for n in nodes
+        ]
         async with agents(commands):
             create_job(crds, "ImagePrePullJob", with_secret, template([public, private], f"default/{secret_name}"))
             create_job(crds, "ImagePrePullJob", without_secret, template([private], only=nodes[:1]))
             create_job(crds, "ImagePrePullJob", bad, template([public, missing], only=nodes[:1]))
-            done = {name: await _settled(cloud_kube, name) for name in (with_secret, without_secret, bad)}
+            done = {
+                name: await job_when(cloud_kube, PREPULLS, name, settled, limit_s=90)
+                for name in (with_secret, without_secret, bad)
+            }
 
     job = done[with_secret]
     assert job.status.phase is JobPhase.COMPLETED

@@ -18,7 +18,7 @@ from tests.integration.agents import FakeRuntime, running_agent
 from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import register_edges
 from tests.integration.hubs import running_controller, running_hub
-from tests.integration.objects import create_job, unique
+from tests.integration.objects import create_job, job_when, unique
 
 pytestmark = pytest.mark.integration
 UPGRADES = job_resource(NODE_UPGRADE_JOB)
@@ -27,15 +27,6 @@ UPGRADES = job_resource(NODE_UPGRADE_JOB)
 def _actions(job: Any, node: str) -> list[tuple[str, str]]:
     entries = [e for e in job.status.node_status if e.node_name == node]
     return [(a.action, a.status) for e in entries for a in e.action_flow]
-
-
-async def _until(kube: Kube, name: str, check: Any, limit_s: float = 40) -> Any:
-    with anyio.fail_after(limit_s):
-        while True:
-            job = await kube.get(UPGRADES, name)
-            if check(job):
-                return job
-            await anyio.sleep(0.1)
 
 
 async def test_confirmation_gate_is_released_from_the_cloud_and_from_the_device(
@@ -54,12 +45,14 @@ async def test_confirmation_gate_is_released_from_the_cloud_and_from_the_device(
         running_agent(by_device, tokens[by_device], hub.url, tmp_path / "d", FakeRuntime()),
     ):
         create_job(crds, "NodeUpgradeJob", name, spec)
-        waiting = await _until(cloud_kube, name, lambda j: all(_actions(j, n) == paused for n in (by_cloud, by_device)))
+        waiting = await job_when(
+            cloud_kube, UPGRADES, name, lambda j: all(_actions(j, n) == paused for n in (by_cloud, by_device))
+        )
         await anyio.sleep(1.0)  # nothing moves on its own while waiting
         assert _actions(await cloud_kube.get(UPGRADES, name), by_cloud) == paused
 
         crds.kubectl("annotate", "nodeupgradejob", name, f"{CONFIRM_ANNOTATION}={by_cloud}")
-        released = await _until(cloud_kube, name, lambda j: len(_actions(j, by_cloud)) > 2)
+        released = await job_when(cloud_kube, UPGRADES, name, lambda j: len(_actions(j, by_cloud)) > 2)
         assert _actions(released, by_device) == paused
 
         command = [
@@ -74,7 +67,7 @@ async def test_confirmation_gate_is_released_from_the_cloud_and_from_the_device(
         ]
         confirmed = await anyio.run_process(command, check=False)
         again = await anyio.run_process(command, check=False)
-        done = await _until(cloud_kube, name, lambda j: j.status.phase is JobPhase.FAILURE)
+        done = await job_when(cloud_kube, UPGRADES, name, lambda j: j.status.phase is JobPhase.FAILURE)
     assert waiting.status.phase is JobPhase.IN_PROGRESS
     assert (confirmed.returncode, confirmed.stdout.decode().strip()) == (0, f"ok: {name} resumes at BackUp")
     assert again.returncode == 1
