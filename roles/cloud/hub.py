@@ -225,6 +225,13 @@ class Hub:
 
         return written
 
+    def _cached(self, plural: str, name: str) -> Any:
+        def newest() -> Any:
+            state = self._jobs.get((plural, name))
+            return None if state is None else state.job
+
+        return newest
+
     async def _upsert(self, jt: JobType, job: Any) -> None:
         assert self._jobs_tg is not None
         key = (jt.kind.plural, job.metadata.name)
@@ -237,6 +244,7 @@ class Hub:
                 window=self.settings.coalesce_window,
                 log=self._log.bind(job=job.metadata.name),
                 on_written=self._on_written(jt),
+                cached=self._cached(jt.kind.plural, job.metadata.name),
             )
             self._jobs_tg.start_soon(writer.run)
             state = self._jobs[key] = _JobState(job=job, writer=writer)

@@ -52,6 +52,7 @@ class StatusWriter:
         window: float,
         log: Log,
         on_written: Callable[[Any], None] = lambda _: None,
+        cached: Callable[[], Any] = lambda: None,
     ) -> None:
         self._kube = kube
         self._resource = resource
@@ -59,6 +60,8 @@ class StatusWriter:
         self._window = window
         self._log = log
         self._on_written = on_written
+        self._cached = cached
+        """The newest copy of the job the hub holds, tried before reading it again."""
         self._send, self._recv = anyio.create_memory_object_stream[_Submitted](max_buffer_size=math.inf)
         self.batches = 0
         """Writes attempted that succeeded (a metric; a batch that changed nothing is not written)."""
@@ -118,7 +121,7 @@ class StatusWriter:
         # learn whether it happened, even when the hub is shutting down.
         with anyio.CancelScope(shield=True, deadline=anyio.current_time() + WRITE_DEADLINE_S) as scope:
             try:
-                updated = await self._kube.update_status(self._resource, self._name, mutate)
+                updated = await self._kube.update_status(self._resource, self._name, mutate, current=self._cached())
             except ApiError as exc:
                 error = exc
         if scope.cancelled_caught:

@@ -105,11 +105,14 @@ class Kube:
         mutate: Callable[[T], T | None],
         *,
         attempts: int = 8,
+        current: T | None = None,
     ) -> T | None:
         """Read, apply ``mutate``, write the status; on 409 re-read and re-apply, up to ``attempts`` times.
 
         ``mutate`` must be pure (it may run several times) and return None when nothing changes, in
-        which case nothing is written and the current object is returned.
+        which case nothing is written and the current object is returned. ``current``, a copy the
+        caller already holds (e.g. from a watch), saves the first read: a stale copy only costs
+        one 409 and a re-read (a decision to write nothing is always taken on a fresh read).
 
         Errors:
             :class:`~roles.kube.errors.NotFound` if the object is gone; the last
@@ -117,9 +120,15 @@ class Kube:
         """
         backoff = Backoff(initial=0.02, cap=1.0)
         for attempt in range(1, attempts + 1):
-            current = await self.get(resource, name)
+            fresh = current is None
+            if current is None:
+                current = await self.get(resource, name)
             changed = mutate(current)
             if changed is None:
+                if not fresh:
+                    # "Nothing to change" is only decided on a fresh read, never on the caller's copy.
+                    current = None
+                    continue
                 return current
             try:
                 return await self.replace(resource, changed, subresource="status")
@@ -127,6 +136,7 @@ class Kube:
                 self.conflicts += 1
                 if attempt == attempts:
                     raise
+                current = None
                 await anyio.sleep(backoff.delay())
         raise AssertionError("unreachable")
 

@@ -113,6 +113,37 @@ async def test_concurrent_status_writers_never_lose_an_update(crds: ControlPlane
     assert cloud_kube.conflicts > 0, "the writers never collided: the test proved nothing"
 
 
+async def test_a_stale_copy_given_to_update_status_costs_a_conflict_never_a_lost_change(
+    crds: ControlPlane, cloud_kube: Kube
+) -> None:
+    """Writing from an outdated copy is refused (409), re-read and re-applied; "no change" is re-checked fresh."""
+    name = unique("stale")
+    create_job(crds, "ImagePrePullJob", name, {"imagePrePullTemplate": {"images": ["a/b:1"], "nodeNames": ["n"]}})
+    stale = await cloud_kube.get(PREPULLS, name)
+
+    def reason(text: str):  # type: ignore[no-untyped-def]
+        def mutate(job: v1alpha2.ImagePrePullJob) -> v1alpha2.ImagePrePullJob | None:
+            if job.status.reason == text:
+                return None
+            status = msgspec.structs.replace(job.status, reason=text, phase=JobPhase.INIT)
+            return msgspec.structs.replace(job, status=status)
+
+        return mutate
+
+    await cloud_kube.update_status(PREPULLS, name, reason("first"))
+    conflicts = cloud_kube.conflicts
+    second = await cloud_kube.update_status(PREPULLS, name, reason("second"), current=stale)
+    assert second is not None
+    assert second.status.reason == "second"
+    assert cloud_kube.conflicts == conflicts + 1
+    # On the stale copy the reason is not yet "second", but the fresh object already has it: no write.
+    writes = cloud_kube.writes
+    unchanged = await cloud_kube.update_status(PREPULLS, name, reason("second"), current=stale)
+    assert unchanged is not None
+    assert unchanged.status.reason == "second"
+    assert cloud_kube.writes == writes
+
+
 async def test_watch_delivers_snapshot_then_changes_and_survives_an_apiserver_restart(
     crds: ControlPlane, controller_kube: Kube
 ) -> None:

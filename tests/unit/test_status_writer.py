@@ -24,7 +24,9 @@ class FakeStatusApi:
         self.conflicts = conflicts
         self.error = error
 
-    async def update_status(self, _resource: Any, _name: str, mutate: Callable[[int], int | None]) -> int:
+    async def update_status(
+        self, _resource: Any, _name: str, mutate: Callable[[int], int | None], *, current: int | None = None
+    ) -> int:
         await anyio.sleep(0.01)
         if self.error is not None:
             raise self.error
