@@ -130,6 +130,13 @@ class EdgeConfig(_Config, frozen=True, kw_only=True):
     max_disk_usage: Percent = 80.0
     config_update_health_deadline: Seconds = 60.0
     """How long a restarted agent may take to reach a hub with an updated config before it is rolled back."""
+    upgrade_image: str = ""
+    """Repository of the agent's upgrade artifacts (``{upgradeImage}:{version}``) for NodeUpgradeJobs
+    without ``spec.image``; empty means such jobs fail their Check."""
+    insecure_registries: tuple[str, ...] = ()
+    """Registry hosts (``host[:port]``) reached over plain HTTP; loopback registries always are, others use HTTPS."""
+    upgrade_health_deadline: Seconds = 60.0
+    """How long a newly installed agent version may take to reach a hub before the launcher rolls it back."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -18,7 +18,7 @@ import msgspec
 from flows import configupdatejob, imageprepulljob, nodeupgradejob
 from nodetask.phases import ConditionStatus
 from nodetask.registry_auth import RegistryAuth, decode_credentials
-from roles.edge import config_update
+from roles.edge import config_update, upgrade
 from roles.edge.checks import run_checks
 from roles.edge.context import Action, Actions, Outcome, TaskContext, take_exclusive
 from schemas.v1alpha2 import ImageStatus
@@ -43,9 +43,10 @@ async def _checks(ctx: TaskContext, items: tuple[str, ...]) -> Outcome:
     return Outcome(result.ok, result.reason)
 
 
-def _unavailable(what: str) -> Action:
+def _unavailable(what: str, why: str = "") -> Action:
     async def action(ctx: TaskContext) -> Outcome:
-        return Outcome(False, f"{what} is not available in nodetaskd {ctx.version} on this node")
+        because = f": {why}" if why else ""
+        return Outcome(False, f"{what} is not available in nodetaskd {ctx.version} on this node{because}")
 
     return action
 
@@ -81,13 +82,19 @@ def _prepull_pull(pull: PullImages, credentials: Credentials) -> Action:
 # --------------------------------------------------------------------------------- NodeUpgradeJob
 
 
-async def _upgrade_check(ctx: TaskContext) -> Outcome:
-    if not VERSION.fullmatch(ctx.spec.version):
-        return Outcome(False, f"version {ctx.spec.version!r} is not of the form vX.Y.Z")
-    checked = await _checks(ctx, ctx.spec.check_items)
-    if not checked.succ:
-        return checked
-    return await take_exclusive(ctx) or Outcome(True)
+def _upgrade_check(*, find_artifact: Callable[[TaskContext], Awaitable[Outcome | None]] | None) -> Action:
+    async def action(ctx: TaskContext) -> Outcome:
+        if not VERSION.fullmatch(ctx.spec.version):
+            return Outcome(False, f"version {ctx.spec.version!r} is not of the form vX.Y.Z")
+        checked = await _checks(ctx, ctx.spec.check_items)
+        if not checked.succ:
+            return checked
+        if find_artifact is not None and (missing := await find_artifact(ctx)) is not None:
+            return missing
+        # Last, so that a failed check never holds the node's slot.
+        return await take_exclusive(ctx) or Outcome(True)
+
+    return action
 
 
 async def _waiting_confirmation(ctx: TaskContext) -> Outcome:
@@ -95,21 +102,31 @@ async def _waiting_confirmation(ctx: TaskContext) -> Outcome:
     return Outcome(True)
 
 
-def build_actions(*, pull: PullImages | None, credentials: Credentials) -> Actions:
-    """The actions this agent can run; ``pull`` is None where no container runtime is reachable."""
+def build_actions(*, pull: PullImages | None, credentials: Credentials, self_upgrade: bool | None = None) -> Actions:
+    """The actions this agent can run; ``pull`` is None where no container runtime is reachable.
+
+    ``self_upgrade`` says whether the agent can restart onto another installed version, which
+    only its launcher can do (None: whether the launcher started this process). Without it the
+    NodeUpgradeJob still runs Check and WaitingConfirmation, and then fails with that reason.
+    """
+    if self_upgrade is None:
+        self_upgrade = upgrade.supervised()
+    no_upgrade = _unavailable("agent self-upgrade", "the agent does not run under roles.edge.launcher")
     prepull = imageprepulljob.JOB_TYPE.resource_type
-    upgrade = nodeupgradejob.JOB_TYPE.resource_type
+    node_upgrade = nodeupgradejob.JOB_TYPE.resource_type
     config = configupdatejob.JOB_TYPE.resource_type
     table: dict[tuple[str, str], Action] = {
         (prepull, imageprepulljob.CHECK): _prepull_check,
         (prepull, imageprepulljob.PULL): (
             _prepull_pull(pull, credentials) if pull is not None else _unavailable("a container runtime")
         ),
-        (upgrade, nodeupgradejob.CHECK): _upgrade_check,
-        (upgrade, nodeupgradejob.WAITING_CONFIRMATION): _waiting_confirmation,
-        (upgrade, nodeupgradejob.BACK_UP): _unavailable("agent self-upgrade"),
-        (upgrade, nodeupgradejob.UPGRADE): _unavailable("agent self-upgrade"),
-        (upgrade, nodeupgradejob.ROLL_BACK): _unavailable("agent self-upgrade"),
+        (node_upgrade, nodeupgradejob.CHECK): _upgrade_check(
+            find_artifact=upgrade.find_artifact if self_upgrade else None
+        ),
+        (node_upgrade, nodeupgradejob.WAITING_CONFIRMATION): _waiting_confirmation,
+        (node_upgrade, nodeupgradejob.BACK_UP): upgrade.back_up if self_upgrade else no_upgrade,
+        (node_upgrade, nodeupgradejob.UPGRADE): upgrade.upgrade if self_upgrade else no_upgrade,
+        (node_upgrade, nodeupgradejob.ROLL_BACK): upgrade.roll_back if self_upgrade else no_upgrade,
         (config, configupdatejob.CHECK): config_update.check,
         (config, configupdatejob.BACK_UP): config_update.back_up,
         (config, configupdatejob.UPDATE): config_update.update,

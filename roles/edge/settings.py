@@ -9,10 +9,21 @@ from roles.config import ConfigError, EdgeConfig
 from roles.edge.agent import AgentSettings, edge_ssl_context
 from roles.edge.checks import Thresholds
 
+VERSION_FILE = Path(__file__).resolve().parents[2] / "VERSION"
+"""Beside the packages when the agent runs from an installed upgrade (``<dataDir>/versions/<v>/VERSION``)."""
+
 
 def agent_version() -> str:
-    """This agent's version as KubeEdge writes versions (``v`` + the package version)."""
-    return f"v{importlib.metadata.version('nodetaskd')}"
+    """This agent's version as KubeEdge writes versions (``v`` + the package version).
+
+    An installed upgrade shares the base installation's virtualenv, whose package metadata still
+    names the base version: its own ``VERSION`` file says which version this code is.
+    """
+    try:
+        installed = VERSION_FILE.read_text().strip()
+    except OSError:
+        installed = ""
+    return installed or f"v{importlib.metadata.version('nodetaskd')}"
 
 
 def settings_of(cfg: EdgeConfig, *, config_file: Path | None = None) -> AgentSettings:

@@ -76,5 +76,8 @@ async def test_confirmation_gate_is_released_from_the_cloud_and_from_the_device(
         assert _actions(done, node) == [*paused, ("BackUp", "False")]
         entry = next(e for e in done.status.node_status if e.node_name == node)
         assert entry.phase is NodeTaskPhase.FAILURE
-        # Self-upgrade is not built yet; the node says so instead of pretending.
-        assert entry.reason == "agent self-upgrade is not available in nodetaskd v0.1.0 on this node"
+        # In-process agents have no launcher to restart them onto another version: BackUp says so.
+        assert entry.reason == (
+            "agent self-upgrade is not available in nodetaskd v0.1.0 on this node:"
+            " the agent does not run under roles.edge.launcher"
+        )

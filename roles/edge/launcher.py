@@ -1,0 +1,306 @@
+"""The edge agent's supervisor: runs the active version, restarts it, and rolls back a bad upgrade.
+
+    python -m roles.edge.launcher --config /etc/nodetaskd/edge.yaml [--data-dir DIR]
+
+The launcher runs from the base installation (the virtualenv or system package), never from an
+installed upgrade, so a broken new version cannot break the code that rolls it back. It starts
+``python -P -m roles.cli --role=edge`` with ``PYTHONPATH=<dataDir>/current`` when that link exists
+(``-P`` keeps the working directory off ``sys.path``, so ``current`` wins), and tells the agent, via
+:data:`roles.restart.SUPERVISOR_ENV`, to exit with :data:`roles.restart.EXIT_RESTART` instead of
+re-executing itself when it wants a restart. Then:
+
+* exit 75 (a restart was asked for: a config update, or the switch to a new version) starts the
+  agent again at once, from whatever ``current`` now points at;
+* while an upgrade is on probation (the marker ``<dataDir>/upgrade.json`` says ``switched``), the
+  new version must mark itself ``healthy`` within the marker's deadline (plus a grace). If it exits
+  non-zero :data:`MAX_FAILED_STARTS` times, marks itself ``unhealthy``, or misses the deadline, the
+  launcher points ``current`` back at the previous version, marks the upgrade ``rolled_back`` with
+  the reason, and starts the previous version, which reports Upgrade failed and RollBack;
+* any other crash restarts the agent with capped backoff; a configuration error (exit 2) or a
+  clean exit ends the launcher with the same status;
+* SIGTERM or SIGINT is forwarded to the agent; the launcher exits 0 once it has stopped.
+
+The marker and the ``current`` link are this module's contract with :mod:`roles.edge.upgrade`;
+both are written atomically (a temporary name, then ``os.replace``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from enum import StrEnum
+from pathlib import Path
+from typing import Final
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+import msgspec
+import structlog
+import trio
+
+from roles.config import ConfigError, EdgeConfig, load_config
+from roles.logs import configure_logging
+from roles.restart import EXIT_RESTART, SUPERVISOR_ENV
+
+__all__ = [
+    "MARKER_FILE",
+    "MarkerState",
+    "UpgradeMarker",
+    "current_target",
+    "main",
+    "read_marker",
+    "supervise",
+    "switch_current",
+    "write_marker",
+]
+
+Log = structlog.typing.FilteringBoundLogger
+
+MARKER_FILE: Final = "upgrade.json"
+CURRENT_LINK: Final = "current"
+MAX_FAILED_STARTS: Final = 3
+DEADLINE_GRACE_S: Final = 5.0
+"""Added to the marker's deadline: the new agent's own health check should time out first, with its reason."""
+STOP_GRACE_S: Final = 10.0
+POLL_S: Final = 0.2
+EXIT_USAGE: Final = 2
+
+
+class MarkerState(StrEnum):
+    """Where a self-upgrade stands, as the agents and the launcher record it in the marker."""
+
+    SWITCHED = "switched"
+    """``current`` points at the new version, which is on probation."""
+    HEALTHY = "healthy"
+    """The new version reached a hub: the upgrade is kept."""
+    UNHEALTHY = "unhealthy"
+    """The new version gave up on its health check and asks to be rolled back."""
+    ROLLED_BACK = "rolled_back"
+    """The launcher pointed ``current`` back at the previous version."""
+
+
+class UpgradeMarker(msgspec.Struct, frozen=True, kw_only=True):
+    """The self-upgrade in progress on this device (fields only ever added, with defaults)."""
+
+    job_uid: str
+    from_version: str
+    to_version: str
+    previous: str
+    """The ``current`` link's target before the switch; empty when the base installation ran."""
+    state: MarkerState
+    deadline_s: float
+    reason: str = ""
+
+
+def read_marker(data_dir: Path) -> UpgradeMarker | None:
+    """The marker, or None when there is none (or it is unreadable: then nothing is on probation)."""
+    try:
+        return msgspec.json.decode((data_dir / MARKER_FILE).read_bytes(), type=UpgradeMarker)
+    except (OSError, msgspec.DecodeError):
+        return None
+
+
+def _replace_atomically(path: Path, write: bytes | str, *, link: bool) -> None:
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.unlink(missing_ok=True)
+    if link:
+        temporary.symlink_to(write)
+    else:
+        with temporary.open("wb") as out:
+            out.write(write.encode() if isinstance(write, str) else write)
+            out.flush()
+            os.fsync(out.fileno())
+    os.replace(temporary, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_marker(data_dir: Path, marker: UpgradeMarker) -> None:
+    """Replace the marker atomically."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    _replace_atomically(data_dir / MARKER_FILE, msgspec.json.encode(marker), link=False)
+
+
+def current_target(data_dir: Path) -> str:
+    """Where ``<dataDir>/current`` points (relative to the data directory), or "" for the base installation."""
+    link = data_dir / CURRENT_LINK
+    return os.readlink(link) if link.is_symlink() else ""
+
+
+def switch_current(data_dir: Path, target: str) -> None:
+    """Point ``current`` at ``target`` (e.g. ``versions/v0.2.0``) atomically; "" removes it (the base installation)."""
+    link = data_dir / CURRENT_LINK
+    if target:
+        _replace_atomically(link, target, link=True)
+    else:
+        link.unlink(missing_ok=True)
+
+
+# ------------------------------------------------------------------------------------ supervisor
+
+
+def agent_command(config: Path, extra: Sequence[str] = ()) -> list[str]:
+    """The agent's command line under the launcher."""
+    return [sys.executable, "-P", "-m", "roles.cli", "--role=edge", f"--config={config}", *extra]
+
+
+def agent_environment(data_dir: Path) -> dict[str, str]:
+    """The launcher's environment, plus the active version on ``PYTHONPATH`` and the supervisor flag."""
+    env = dict(os.environ)
+    env[SUPERVISOR_ENV] = "launcher"
+    current = data_dir / CURRENT_LINK
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if current.exists():
+        # The link itself, not its target: an agent re-reading its own files sees the version it runs.
+        paths.insert(0, str(current))
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
+
+
+async def _stop(process: anyio.abc.Process) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        process.terminate()
+    with anyio.move_on_after(STOP_GRACE_S, shield=True):
+        await process.wait()
+    if process.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        with anyio.CancelScope(shield=True):
+            await process.wait()
+
+
+async def _roll_back(data_dir: Path, marker: UpgradeMarker, reason: str, log: Log) -> None:
+    def undo() -> None:
+        switch_current(data_dir, marker.previous)
+        rolled = msgspec.structs.replace(marker, state=MarkerState.ROLLED_BACK, reason=reason)
+        write_marker(data_dir, rolled)
+
+    await anyio.to_thread.run_sync(undo)
+    log.warning(
+        "upgrade_rolled_back",
+        job_uid=marker.job_uid,
+        from_version=marker.to_version,
+        to_version=marker.from_version,
+        reason=reason,
+    )
+
+
+async def _run_once(command: list[str], data_dir: Path, probation_until: float | None, log: Log) -> int | None:
+    """Run the agent once; its exit status, or None if it was stopped for missing its probation's deadline."""
+    env = await anyio.to_thread.run_sync(agent_environment, data_dir)
+    process = await anyio.open_process(command, env=env, stdin=None, stdout=None, stderr=None)
+    log.info("agent_started", pid=process.pid, version_path=env.get("PYTHONPATH", ""))
+    try:
+        if probation_until is None:
+            await process.wait()
+            return process.returncode
+        while process.returncode is None:
+            marker = await anyio.to_thread.run_sync(read_marker, data_dir)
+            if marker is None or marker.state is not MarkerState.SWITCHED:
+                # Healthy (or gave up): the rest of this run is no longer on probation.
+                await process.wait()
+                return process.returncode
+            if anyio.current_time() >= probation_until:
+                log.warning("agent_missed_health_deadline", pid=process.pid)
+                await _stop(process)
+                return None
+            with anyio.move_on_after(POLL_S):
+                await process.wait()
+        return process.returncode
+    finally:
+        if process.returncode is None:
+            # Cancelled (the launcher is stopping): the agent stops with it.
+            await _stop(process)
+
+
+async def supervise(command: list[str], data_dir: Path, *, log: Log, grace: float = DEADLINE_GRACE_S) -> int:
+    """Run the agent (``command``, see :func:`agent_command`) until it ends for good; returns the launcher's
+    exit status. ``grace`` is added to a probation's deadline. Cancel to stop (the agent is terminated)."""
+    failed_starts = 0
+    crash_delay = 0.5
+    probation: tuple[str, float] | None = None  # (job uid, deadline in loop time)
+    while True:
+        marker = await anyio.to_thread.run_sync(read_marker, data_dir)
+        on_probation = marker is not None and marker.state is MarkerState.SWITCHED
+        if marker is not None and marker.state is MarkerState.UNHEALTHY:
+            await _roll_back(data_dir, marker, marker.reason or f"{marker.to_version} reported itself unhealthy", log)
+            continue
+        until: float | None = None
+        if on_probation and marker is not None:
+            if probation is None or probation[0] != marker.job_uid:
+                probation = (marker.job_uid, anyio.current_time() + marker.deadline_s + grace)
+                failed_starts = 0
+            until = probation[1]
+        status = await _run_once(command, data_dir, until, log)
+        log.info("agent_exited", status=status)
+        marker = await anyio.to_thread.run_sync(read_marker, data_dir)
+        still_on_probation = on_probation and marker is not None and marker.state is MarkerState.SWITCHED
+        if status is None and still_on_probation and marker is not None:
+            reason = f"{marker.to_version} did not report healthy within {marker.deadline_s:g}s"
+            await _roll_back(data_dir, marker, reason, log)
+            continue
+        if status == EXIT_RESTART:
+            crash_delay = 0.5
+            continue
+        if still_on_probation and marker is not None:
+            failed_starts += 1
+            if failed_starts >= MAX_FAILED_STARTS:
+                reason = f"{marker.to_version} exited with status {status} {failed_starts} times before it was healthy"
+                await _roll_back(data_dir, marker, reason, log)
+            else:
+                await anyio.sleep(0.5)
+            continue
+        if status in (0, EXIT_USAGE):
+            return status or 0
+        log.warning("agent_crashed", status=status, restart_in_s=crash_delay)
+        await anyio.sleep(crash_delay)
+        crash_delay = min(crash_delay * 2, 30.0)
+
+
+async def _main(command: list[str], data_dir: Path, log: Log) -> int:
+    status = 0
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with anyio.create_task_group() as tg:
+
+            async def stop_on_signal() -> None:
+                async for signum in signals:
+                    log.info("signal_received", signal=signal.Signals(signum).name)
+                    tg.cancel_scope.cancel()  # the running agent is terminated as its scope unwinds
+
+            async def run() -> None:
+                nonlocal status
+                status = await supervise(command, data_dir, log=log)
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(stop_on_signal)
+            tg.start_soon(run)
+    return status
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nodetaskd-launcher", description="Supervise the nodetaskd edge agent.")
+    parser.add_argument("--config", type=Path, required=True, help="the agent's YAML configuration")
+    parser.add_argument("--data-dir", help="override the configuration's dataDir (passed on to the agent)")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config("edge", args.config, {"dataDir": args.data_dir})
+    except ConfigError as exc:
+        print(f"nodetaskd-launcher: error: {exc}", file=sys.stderr)  # noqa: T201
+        return EXIT_USAGE
+    assert isinstance(cfg, EdgeConfig)
+    log = configure_logging(level=cfg.log_level, fmt=cfg.log_format).bind(role="launcher")
+    extra = [f"--data-dir={args.data_dir}"] if args.data_dir else []
+    command = agent_command(args.config.resolve(), extra)
+    return trio.run(_main, command, Path(cfg.data_dir).resolve(), log)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
