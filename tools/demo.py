@@ -52,6 +52,7 @@ from tools.demo_fleet import (
     Layout,
     controller_config,
     edge_config,
+    edge_launcher,
     hub_config,
     nodetaskd,
     plan_edges,
@@ -67,8 +68,12 @@ from tools.demo_view import (
     reasons,
     summary_table,
 )
+from tools.upgrade_artifact import push as push_artifact
 
 SAMPLES_DIR: Final = _cp.REPO_ROOT / "containers" / "samples"
+UPGRADE_REPOSITORY: Final = "nodetaskd/agent"
+UPGRADE_VERSION: Final = "v0.2.0"
+"""What ``containers/samples/nodeupgradejob.yaml`` upgrades the canaries to."""
 CRD_DIR: Final = _cp.REPO_ROOT / "schemas" / "crds"
 SAMPLES: Final = (
     "imageprepulljob.yaml",
@@ -211,12 +216,21 @@ class Demo:
             return False
         return True
 
+    def publish_upgrade(self) -> None:
+        """Push this project, as agent version UPGRADE_VERSION, to the registry the upgrade job names."""
+        if self.runtime is None:
+            self.say("no registry: the agent upgrade's Check will report its artifact missing")
+            return
+        image = f"{self.runtime.registry.host}/{UPGRADE_REPOSITORY}"
+        push_artifact(image, UPGRADE_VERSION)
+        self.say(f"upgrade artifact: this project as agent {UPGRADE_VERSION}, pushed to {image}:{UPGRADE_VERSION}")
+
     def start_edges(self, tokens: dict[str, str], cri_endpoint: str) -> None:
         assert self.api is not None
         ca_file = self.layout.hub_tls / "ca.crt"
         for edge in self.edges:
             config = edge_config(self.layout, edge, token=tokens[edge.name], ca_file=ca_file, cri_endpoint=cri_endpoint)
-            self.procs.start(edge.name, nodetaskd("edge", config), log=self.layout.log(edge.name))
+            self.procs.start(edge.name, edge_launcher(config), log=self.layout.log(edge.name))
         self.record()
         full = next(e.name for e in self.edges if e.full_disk)
         self.say(
@@ -440,6 +454,8 @@ def render_sample(path: Path, *, registry: str) -> dict[str, Any]:
     template = spec.get("imagePrePullTemplate")
     if template is not None:
         template["images"] = [i.replace(REGISTRY_PLACEHOLDER, registry, 1) for i in template["images"]]
+    if isinstance(spec.get("image"), str):
+        spec["image"] = spec["image"].replace(REGISTRY_PLACEHOLDER, registry, 1)
     return manifest
 
 
@@ -518,6 +534,7 @@ def run(demo: Demo) -> None:
     hubs = [Hub("hub-a", ports[0], ports[1]), Hub("hub-b", ports[2], ports[3])]
     tokens = demo.register_fleet(api, hubs)
     cri_endpoint = demo.provision_runtime(sample_repositories())
+    demo.publish_upgrade()
     demo.start_control(hubs)
     demo.start_edges(tokens, cri_endpoint)
     registry = f"{demo.runtime.registry.host}/" if demo.runtime else NO_REGISTRY

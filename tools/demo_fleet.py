@@ -123,6 +123,11 @@ def write_yaml(path: Path, config: dict[str, object]) -> Path:
     return path
 
 
+def edge_launcher(config: Path) -> list[str]:
+    """An edge agent under its launcher, which restarts it onto an upgraded version and rolls back."""
+    return [sys.executable, "-m", "roles.edge.launcher", f"--config={config}"]
+
+
 def nodetaskd(role: str, config: Path) -> list[str]:
     """The command line of ``nodetaskd --role=ROLE`` under this interpreter (the project's venv)."""
     return [sys.executable, "-m", "roles.cli", f"--role={role}", f"--config={config}"]
