@@ -109,6 +109,12 @@ async def _serve(
             nursery.cancel_scope.cancel()
 
 
+def _leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first exception inside nested task-group exception groups."""
+    first = group.exceptions[0]
+    return _leaf(first) if isinstance(first, BaseExceptionGroup) else first
+
+
 def _confirm(cfg: RoleConfig, job: str) -> int:
     """Ask the running agent, over its control socket, to release ``job``."""
     from roles.edge.agent import control_socket
@@ -150,14 +156,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         trio.run(_serve, role, cfg, log, args.config)
     except* RestartRequested as group:
-        log.info("restarting", reason=str(group.exceptions[0]))
+        log.info("restarting", reason=str(_leaf(group)))
         restart = True
     except* ConfigError as group:
         # Settings the role can only check when it starts (a token file, a certificate...).
-        print(f"nodetaskd: error: {group.exceptions[0]}", file=sys.stderr)
+        print(f"nodetaskd: error: {_leaf(group)}", file=sys.stderr)
         status = EXIT_USAGE
     except* NotImplementedError as group:
-        print(f"nodetaskd: error: {group.exceptions[0]}", file=sys.stderr)
+        print(f"nodetaskd: error: {_leaf(group)}", file=sys.stderr)
         status = EXIT_UNAVAILABLE
     if restart:
         reexec()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -11,6 +13,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import psutil
 import pytest
 
 from nodetask.phases import JobPhase, NodeTaskPhase
@@ -51,7 +54,7 @@ async def launched_agent(node: str, token: str, url: str, home: Path) -> AsyncIt
 
 
 def _flow(job: Any) -> list[tuple[str, str]]:
-    return [(a.action, a.status) for a in job.status.node_status[0].action_flow]
+    return [(a.action, a.status) for e in job.status.node_status[:1] for a in e.action_flow]
 
 
 async def _annotated_version(kube: Kube, node: str, version: str) -> None:
@@ -129,3 +132,29 @@ async def test_agents_upgrade_themselves_roll_back_a_broken_version_and_refuse_a
     assert _flow(done[missing]) == [("Check", "False")]
     assert f"{images[missing]}:v0.2.0" in refused.reason
     assert "not found" in refused.reason
+
+
+async def test_an_agent_killed_during_its_upgrade_finishes_it_once_after_restart(
+    crds: ControlPlane, cloud_kube: Kube, registry: Registry, tmp_path: Path
+) -> None:
+    """The launcher and its agent are SIGKILLed mid-upgrade (a power cut); started again, the node finishes once."""
+    node = unique("upg-kill")
+    image = f"{registry.host}/nodetaskd/killed"
+    await anyio.to_thread.run_sync(lambda: upgrade_artifact.push(image, "v0.3.0"))
+    tokens = await register_edges(crds, [node])
+    name = unique("upgrade")
+    async with running_controller(crds), running_hub(crds, "hub-upgrade-kill") as hub:
+        async with launched_agent(node, tokens[node], hub.url, tmp_path) as first:
+            create_job(crds, "NodeUpgradeJob", name, {"version": "v0.3.0", "image": image, "nodeNames": [node]})
+            await job_when(cloud_kube, UPGRADES, name, lambda j: ("BackUp", "True") in _flow(j), limit_s=60)
+            tree = [first.pid, *(c.pid for c in psutil.Process(first.pid).children(recursive=True))]
+            for pid in tree:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            await first.wait()
+        async with launched_agent(node, tokens[node], hub.url, tmp_path):
+            job = await job_when(cloud_kube, UPGRADES, name, settled, limit_s=90)
+            await _annotated_version(cloud_kube, node, "v0.3.0")
+    entry = job.status.node_status[0]
+    assert (entry.phase, entry.current_version) == (NodeTaskPhase.SUCCESSFUL, "v0.3.0")
+    assert _flow(job) == [("Check", "True"), ("WaitingConfirmation", "True"), ("BackUp", "True"), ("Upgrade", "True")]
