@@ -42,6 +42,10 @@ demo *ARGS:
 simulate *ARGS:
     {{py}} -m tools.simulate {{ARGS}}
 
+# Run the benchmarks (own control plane on loopback) and write docs/benchmarks.md; `just bench --help`.
+bench *ARGS:
+    {{py}} -m bench.run {{ARGS}}
+
 # Format the code.
 fmt:
     .venv/bin/ruff check --fix .

@@ -1,0 +1,156 @@
+"""A fleet of light edges in a process of its own: ``python -m bench.fleet --url ws://... --count N``.
+
+The benchmarks run the edges apart from the hub so that the hub's memory and CPU are measured
+alone. Each edge is a :class:`tools.lightedge.LightEdge` speaking the real protocol. The process
+talks to the benchmark in JSON lines: it prints ``{"event": "connected", ...}`` once every edge is
+connected, then obeys one command per stdin line:
+
+* ``heartbeats K``: every edge sends K heartbeats at once (the hub echoes each);
+* ``reports K JOB UID``: every edge sends K reports for ImagePrePullJob ``JOB`` (UID ``UID``)
+  and the process prints ``{"event": "answered", ...}`` once the hub has answered them all;
+* ``stats``: print counters. End of input stops the process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import sys
+import time
+from collections.abc import Sequence
+
+import anyio
+import anyio.abc
+
+from bench.cluster import edge_token, node_name
+from nodetask.messages import Heartbeat, Report
+from nodetask.route import Route
+from roles.jobtypes import job_types
+from roles.logs import configure_logging
+from schemas import v1alpha2
+from tools.lightedge import LightEdge
+
+JOB_TYPE = "imageprepulljob"
+
+
+def raise_fd_limit() -> tuple[int, int]:
+    """Raise RLIMIT_NOFILE's soft limit to the hard limit; returns (soft before, hard)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return soft, hard
+
+
+def emit(event: str, **fields: object) -> None:
+    sys.stdout.write(json.dumps({"event": event, **fields}) + "\n")
+    sys.stdout.flush()
+
+
+async def _connect_all(edges: list[LightEdge], tg: anyio.abc.TaskGroup, parallel: int) -> float:
+    limiter = anyio.CapacityLimiter(parallel)
+    started = time.perf_counter()
+    async with anyio.create_task_group() as starting:
+
+        async def start_one(edge: LightEdge) -> None:
+            async with limiter:
+                await tg.start(edge.run)
+
+        for edge in edges:
+            starting.start_soon(start_one, edge)
+    return time.perf_counter() - started
+
+
+async def _heartbeats(edges: list[LightEdge], count: int) -> None:
+    started = time.perf_counter()
+
+    async def one(edge: LightEdge) -> None:
+        for _ in range(count):
+            await edge.send(Heartbeat(sent_at=anyio.current_time()))
+
+    async with anyio.create_task_group() as tg:
+        for edge in edges:
+            tg.start_soon(one, edge)
+    emit("sent", messages=len(edges) * count, seconds=time.perf_counter() - started)
+
+
+async def _reports(edges: list[LightEdge], count: int, job: str, uid: str) -> None:
+    before = sum(len(e.errors) + len(e.acked) for e in edges)
+    expected = before + len(edges) * count
+    started = time.perf_counter()
+
+    async def one(edge: LightEdge) -> None:
+        route = Route(v1alpha2.API_VERSION, JOB_TYPE, job, edge.node)
+        for seq in range(count):
+            report = Report(route=route, job_uid=uid, seq=1_000_000 + seq, action="Check", succ=True)
+            await edge.send(report)
+
+    async with anyio.create_task_group() as tg:
+        for edge in edges:
+            tg.start_soon(one, edge)
+    sent = time.perf_counter() - started
+    # LightEdge only appends to lists as answers arrive: poll them.
+    while sum(len(e.errors) + len(e.acked) for e in edges) < expected:  # noqa: ASYNC110
+        await anyio.sleep(0.01)
+    emit("answered", messages=len(edges) * count, sent_s=sent, seconds=time.perf_counter() - started)
+
+
+def _stats(edges: list[LightEdge]) -> None:
+    emit(
+        "stats",
+        connected=sum(e.connected for e in edges),
+        connects=sum(e.connects for e in edges),
+        run_actions=sum(len(e.run_actions) for e in edges),
+        acked=sum(len(e.acked) for e in edges),
+        errors=sum(len(e.errors) for e in edges),
+        outbox=sum(len(e.outbox) for e in edges),
+    )
+
+
+async def serve(args: argparse.Namespace) -> None:
+    types = job_types()
+    edges = [
+        LightEdge(
+            node=node_name(i),
+            url=args.url,
+            token=edge_token(args.seed, node_name(i)),
+            job_types=types,
+            delay=args.delay,
+            reconnect_delay=args.reconnect_delay,
+        )
+        for i in range(args.first, args.first + args.count)
+    ]
+    async with anyio.create_task_group() as tg:
+        seconds = await _connect_all(edges, tg, args.parallel)
+        emit("connected", count=len(edges), seconds=seconds)
+        async for line in anyio.wrap_file(sys.stdin):
+            match line.split():
+                case ["heartbeats", k]:
+                    await _heartbeats(edges, int(k))
+                case ["reports", k, job, uid]:
+                    await _reports(edges, int(k), job, uid)
+                case ["stats"]:
+                    _stats(edges)
+                case _:
+                    emit("unknown", line=line.strip())
+        tg.cancel_scope.cancel()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="bench.fleet", description=__doc__.splitlines()[0] if __doc__ else "")
+    p.add_argument("--url", required=True, help="the hub's ws:// URL")
+    p.add_argument("--seed", required=True, help="the fleet's token seed")
+    p.add_argument("--count", type=int, required=True)
+    p.add_argument("--first", type=int, default=0)
+    p.add_argument("--delay", type=float, default=0.01, help="seconds each action takes")
+    p.add_argument("--parallel", type=int, default=200, help="connections being opened at once")
+    p.add_argument("--reconnect-delay", type=float, default=1.0)
+    args = p.parse_args(argv)
+    soft, hard = raise_fd_limit()
+    emit("started", nofile_soft=soft, nofile_hard=hard)
+    configure_logging(level="error", fmt="console")
+    anyio.run(serve, args, backend="trio")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,307 @@
+"""Benchmark 2: how many edge sessions one hub process holds, at what memory and CPU.
+
+The hub is the real cloud role (``nodetaskd --role=cloud`` through :mod:`bench.hubproc`) in a
+process of its own, with plain ws:// on loopback and the default 15 s heartbeat; the edges are a
+:mod:`bench.fleet` process. For each size, a fresh hub and fleet:
+
+1. the hub starts and syncs its job cache; its RSS is read (the baseline);
+2. the fleet connects every edge, at most 200 handshakes at a time. Each session costs the hub a
+   token check (a Secret GET, cached afterwards) and a merge patch recording the session on the
+   Node. Connect time is until the last Node is marked;
+3. after a 3 s settle, RSS again: (RSS - baseline) / sessions is the memory per session;
+4. steady state: the hub's CPU over 30 s of heartbeats only (every edge every 15 s);
+5. heartbeat burst: 20,000 heartbeats (at least 5 per edge) at once; the hub's echo rate (its counter);
+6. report burst: 10,000 reports (at least 2 per edge) for an existing job not targeting them. Each
+   report is decoded, checked, passed through the job's coalescing status writer (one GET of the
+   job per 0.2 s window; no PUT, since the change is refused) and answered. The write itself is
+   what benchmark 1 measures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import os
+import re
+import subprocess
+import sys
+import time
+import tracemalloc
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+import psutil
+import structlog
+from prometheus_client import CollectorRegistry
+
+from bench import procs
+from bench.cluster import REPO, admin
+from nodetask.clock import Clock
+from roles.cloud.hub import Hub, HubSettings
+from roles.cloud.metrics import HubMetrics
+from roles.jobtypes import job_types
+from roles.kube import Kube, NotFound, open_kube
+from roles.kube.resources import job_resource
+from schemas.kinds import IMAGE_PRE_PULL_JOB
+from schemas.v1alpha2 import API_VERSION
+from tools.controlplane import ControlPlane
+
+PREPULLS = job_resource(IMAGE_PRE_PULL_JOB)
+HEARTBEAT_S = 15.0
+STEADY_S = 30.0
+HEARTBEAT_BURST = 20_000
+"""Heartbeats in a burst, at least 5 per edge."""
+REPORT_BURST = 10_000
+"""Reports in a burst, at least 2 per edge."""
+_SAMPLE = re.compile(r'^(\w+)(?:\{(\w+)="([^"]*)"\})? ([0-9.e+-]+)$')
+
+
+@dataclass(slots=True)
+class CapacityRun:
+    """One hub's measurements, filled in phase by phase."""
+
+    sessions: int
+    baseline_rss: int
+    nofile: tuple[int, int]
+    connect_s: float = 0.0
+    """Fleet start to every session welcomed (as the fleet saw it)."""
+    marked_s: float = 0.0
+    """Fleet start to every Node marked (the hub's own connect work done)."""
+    rss: int = 0
+    fleet_rss: int = 0
+    steady_cpu_pct: float = 0.0
+    """Hub CPU (% of one core) with heartbeats only."""
+    steady_heartbeats_per_s: float = 0.0
+    heartbeat_burst_per_s: float = 0.0
+    heartbeat_burst_cpu_pct: float = 0.0
+    report_burst_per_s: float = 0.0
+    report_burst_cpu_pct: float = 0.0
+    fleet_cpu_pct: float = 0.0
+    """The fleet process's CPU during the heartbeat burst (is the load generator the limit?)."""
+
+    @property
+    def per_session_bytes(self) -> float:
+        return (self.rss - self.baseline_rss) / self.sessions
+
+
+def _metrics(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m:
+            name, _, label, value = m.groups()
+            out[f"{name}:{label}" if label else name] = float(value)
+    return out
+
+
+async def _read_metrics(port: int) -> dict[str, float]:
+    return await anyio.to_thread.run_sync(_metrics, port)
+
+
+async def _ready(port: int, process: anyio.abc.Process) -> None:
+    def probe() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as resp:
+                return bool(resp.status == 200)
+        except OSError:
+            return False
+
+    with anyio.fail_after(60):
+        while not await anyio.to_thread.run_sync(probe):
+            if process.returncode is not None:
+                raise RuntimeError(f"the hub exited with status {process.returncode}")
+            await anyio.sleep(0.2)
+
+
+def _config(cp: ControlPlane, path: Path, *, hub_id: str, port: int, http_port: int) -> None:
+    path.write_text(
+        f"kubeconfig: {cp.kubeconfig('cloud')}\n"
+        f"hubId: {hub_id}\n"
+        f"listen: 127.0.0.1:{port}\n"
+        f"httpListen: 127.0.0.1:{http_port}\n"
+        f"heartbeatInterval: {HEARTBEAT_S}\n"
+        "closeGrace: 2\n"
+        "logLevel: error\n"
+    )
+
+
+async def _wait_metric(port: int, key: str, target: float, limit_s: float) -> dict[str, float]:
+    with anyio.fail_after(limit_s):
+        while True:
+            m = await _read_metrics(port)
+            if m.get(key, 0.0) >= target:
+                return m
+            await anyio.sleep(0.1)
+
+
+async def _target_job(kube: Kube, name: str) -> str:
+    """A job targeting one node outside the fleet; its UID."""
+    doc = {
+        "apiVersion": API_VERSION,
+        "kind": IMAGE_PRE_PULL_JOB.kind,
+        "metadata": {"name": name},
+        "spec": {"imagePrePullTemplate": {"images": ["registry.local/app:1"], "nodeNames": ["bench-absent"]}},
+    }
+    job = await kube.create(PREPULLS, doc)
+    uid: str = job.metadata.uid
+    return uid
+
+
+async def run_size(cp: ControlPlane, *, sessions: int, seed: str, state_dir: Path, index: int) -> CapacityRun:
+    """Start a hub process and a fleet of ``sessions`` edges, measure, stop both."""
+    port, http_port = procs.free_port(), procs.free_port()
+    hub_id = f"bench-cap-{sessions}-{index}"
+    cfg = state_dir / f"{hub_id}.yaml"
+    _config(cp, cfg, hub_id=hub_id, port=port, http_port=http_port)
+    job = f"bench-cap-{sessions}-{index}-{int(time.time())}"
+    argv = [sys.executable, "-m", "bench.hubproc", "--role=cloud", f"--config={cfg}"]
+    async with admin(cp) as kube:
+        hub = await anyio.open_process(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        fleet: procs.Fleet | None = None
+        try:
+            await _ready(http_port, hub)
+            await anyio.sleep(2)
+            baseline = procs.rss_bytes(hub.pid)
+            fleet = await procs.Fleet.spawn(url=f"ws://127.0.0.1:{port}", seed=seed, count=sessions, parallel=200)
+            run = CapacityRun(sessions=sessions, baseline_rss=baseline, nofile=psutil_nofile(hub.pid))
+            await _connect(run, fleet, hub.pid, http_port)
+            pids = {"hub": hub.pid, "fleet": fleet.pid}
+            await _steady(run, pids, http_port)
+            await _heartbeat_burst(run, fleet, pids, http_port)
+            uid = await _target_job(kube, job)
+            await anyio.sleep(1)  # the hub's job watch picks the job up
+            await _report_burst(run, fleet, pids, job, uid)
+        finally:
+            if hub.returncode is None:
+                hub.terminate()
+                with anyio.move_on_after(60, shield=True):
+                    await hub.wait()
+                if hub.returncode is None:
+                    hub.kill()
+            if fleet is not None:
+                await fleet.aclose()
+            with anyio.CancelScope(shield=True):
+                await hub.aclose()
+                with contextlib.suppress(NotFound):
+                    await kube.delete(PREPULLS, job)
+    return run
+
+
+async def _connect(run: CapacityRun, fleet: procs.Fleet, hub_pid: int, http_port: int) -> None:
+    started = time.perf_counter()
+    connected = await fleet.expect("connected", limit_s=1800)
+    run.connect_s = float(connected["seconds"])
+    # The hub marks each Node after welcoming its edge; its API writes count the marks.
+    await _wait_metric(http_port, "nodetaskd_hub_api_writes_total", run.sessions, limit_s=1800)
+    run.marked_s = time.perf_counter() - started
+    await anyio.sleep(3)
+    run.rss = procs.rss_bytes(hub_pid)
+    run.fleet_rss = procs.rss_bytes(fleet.pid)
+
+
+async def _steady(run: CapacityRun, pids: dict[str, int], http_port: int) -> None:
+    m0, cpu0 = await _read_metrics(http_port), procs.cpu_seconds(pids)
+    await anyio.sleep(STEADY_S)
+    m1, cpu1 = await _read_metrics(http_port), procs.cpu_seconds(pids)
+    run.steady_cpu_pct = procs.cpu_delta(cpu0, cpu1)["hub"] / STEADY_S * 100
+    key = "nodetaskd_hub_messages_in_total:heartbeat"
+    run.steady_heartbeats_per_s = (m1.get(key, 0.0) - m0.get(key, 0.0)) / STEADY_S
+
+
+async def _heartbeat_burst(run: CapacityRun, fleet: procs.Fleet, pids: dict[str, int], http_port: int) -> None:
+    key = "nodetaskd_hub_messages_out_total:heartbeat"
+    each = max(5, -(-HEARTBEAT_BURST // run.sessions))
+    m0, cpu0, started = await _read_metrics(http_port), procs.cpu_seconds(pids), time.perf_counter()
+    await fleet.command(f"heartbeats {each}")
+    await fleet.expect("sent", limit_s=600)
+    m1 = await _wait_metric(http_port, key, m0.get(key, 0.0) + run.sessions * each, limit_s=600)
+    elapsed, cpu = time.perf_counter() - started, procs.cpu_delta(cpu0, procs.cpu_seconds(pids))
+    run.heartbeat_burst_per_s = (m1[key] - m0.get(key, 0.0)) / elapsed
+    run.heartbeat_burst_cpu_pct = cpu["hub"] / elapsed * 100
+    run.fleet_cpu_pct = cpu["fleet"] / elapsed * 100
+
+
+async def _report_burst(run: CapacityRun, fleet: procs.Fleet, pids: dict[str, int], job: str, uid: str) -> None:
+    each = max(2, -(-REPORT_BURST // run.sessions))
+    cpu0 = procs.cpu_seconds(pids)
+    await fleet.command(f"reports {each} {job} {uid}")
+    answered = await fleet.expect("answered", limit_s=900)
+    cpu = procs.cpu_delta(cpu0, procs.cpu_seconds(pids))
+    seconds = float(answered["seconds"])
+    run.report_burst_per_s = run.sessions * each / seconds
+    run.report_burst_cpu_pct = cpu["hub"] / seconds * 100
+
+
+def psutil_nofile(pid: int) -> tuple[int, int]:
+    soft, hard = psutil.Process(pid).rlimit(psutil.RLIMIT_NOFILE)
+    return int(soft), int(hard)
+
+
+# ------------------------------------------------------------------------ where a session's memory goes
+
+
+async def heap_profile(cp: ControlPlane, *, sessions: int, seed: str) -> dict[str, Any]:
+    """Python heap per session, by source file (tracemalloc), with the hub in this process.
+
+    The same Hub class as the cloud role, run in the benchmark process so that tracemalloc can
+    compare the heap before and after ``sessions`` edges connect. tracemalloc counts Python
+    allocations only: the rest of the RSS growth is the allocator's overhead and fragmentation,
+    and buffers allocated outside Python.
+    """
+    tracemalloc.start(1)
+    port = procs.free_port()
+    log = structlog.get_logger()
+    fleet: procs.Fleet | None = None
+    try:
+        async with open_kube(kubeconfig=str(cp.kubeconfig("cloud")), log=log) as kube:
+            settings = HubSettings(hub_id="bench-heap", heartbeat_interval=HEARTBEAT_S, close_grace=2.0)
+            hub: Hub
+            metrics = HubMetrics(CollectorRegistry(), sessions=lambda: len(hub.sessions), kube=lambda: (0, 0))
+            hub = Hub(
+                kube=kube, clock=Clock.start(), log=log, settings=settings, job_types=job_types(), metrics=metrics
+            )
+            async with anyio.create_task_group() as tg:
+                await tg.start(functools.partial(hub.run, host="127.0.0.1", port=port, ssl_context=None))
+                await anyio.sleep(1)
+                gc.collect()
+                before, rss0 = tracemalloc.take_snapshot(), procs.rss_bytes(os.getpid())
+                fleet = await procs.Fleet.spawn(url=f"ws://127.0.0.1:{port}", seed=seed, count=sessions)
+                await fleet.expect("connected", limit_s=1800)
+                with anyio.fail_after(1800):
+                    while kube.writes < sessions:  # noqa: ASYNC110 - a counter, polled
+                        await anyio.sleep(0.1)
+                await anyio.sleep(3)
+                gc.collect()
+                after, rss1 = tracemalloc.take_snapshot(), procs.rss_bytes(os.getpid())
+                tg.cancel_scope.cancel()
+    finally:
+        if fleet is not None:
+            await fleet.aclose()
+        tracemalloc.stop()
+    stats = after.compare_to(before, "filename")
+    total = sum(s.size_diff for s in stats)
+    top = [
+        (_short(s.traceback[0].filename), s.size_diff / sessions, s.count_diff / sessions)
+        for s in stats[:12]
+        if s.size_diff > 0
+    ]
+    return {
+        "sessions": sessions,
+        "python_heap_per_session": total / sessions,
+        "rss_per_session": (rss1 - rss0) / sessions,
+        "top": top,
+    }
+
+
+def _short(filename: str) -> str:
+    for marker in ("site-packages/", "/lib/python3.11/", str(REPO) + "/"):
+        if marker in filename:
+            return filename.split(marker, 1)[1]
+    return filename

@@ -1,0 +1,95 @@
+"""Processes a benchmark runs or watches: the edge fleet, and CPU/memory readings by PID."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import anyio
+import anyio.abc
+import psutil
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from bench.cluster import REPO
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def cpu_seconds(pids: Mapping[str, int]) -> dict[str, float]:
+    """User + system CPU seconds used so far by each named process (children not included)."""
+    out: dict[str, float] = {}
+    for name, pid in pids.items():
+        try:
+            t = psutil.Process(pid).cpu_times()
+        except psutil.Error:
+            continue
+        out[name] = t.user + t.system
+    return out
+
+
+def cpu_delta(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
+    return {name: after[name] - before[name] for name in after if name in before}
+
+
+def rss_bytes(pid: int) -> int:
+    return int(psutil.Process(pid).memory_info().rss)
+
+
+class Fleet:
+    """A running ``bench.fleet`` process; see that module for its line protocol."""
+
+    def __init__(self, process: anyio.abc.Process) -> None:
+        self.process = process
+        assert process.stdout is not None
+        self._out = BufferedByteReceiveStream(process.stdout)
+        self.pid = process.pid
+
+    @classmethod
+    async def spawn(cls, *, url: str, seed: str, count: int, delay: float = 0.01, parallel: int = 200) -> Fleet:
+        argv: Sequence[str] = [
+            sys.executable, "-m", "bench.fleet", f"--url={url}", f"--seed={seed}", f"--count={count}",
+            f"--delay={delay}", f"--parallel={parallel}",
+        ]  # fmt: skip
+        process = await anyio.open_process(argv, cwd=REPO, stderr=subprocess.DEVNULL)
+        fleet = cls(process)
+        await fleet.expect("started", limit_s=30)
+        return fleet
+
+    async def expect(self, event: str, *, limit_s: float) -> dict[str, Any]:
+        """The next line whose event is ``event`` (other lines are skipped)."""
+        with anyio.fail_after(limit_s):
+            while True:
+                line = await self._out.receive_until(b"\n", 1 << 20)
+                msg: dict[str, Any] = json.loads(line)
+                if msg.get("event") == event:
+                    return msg
+
+    async def command(self, line: str) -> None:
+        assert self.process.stdin is not None
+        await self.process.stdin.send(line.encode() + b"\n")
+
+    async def aclose(self) -> None:
+        """End of input stops the fleet; kill it if it lingers."""
+        with anyio.CancelScope(shield=True):
+            assert self.process.stdin is not None
+            await self.process.stdin.aclose()
+            with anyio.move_on_after(10):
+                await self.process.wait()
+            if self.process.returncode is None:
+                self.process.kill()
+                await self.process.wait()
+            await self.process.aclose()
+
+
+def wall() -> float:
+    return time.perf_counter()

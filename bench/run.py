@@ -1,0 +1,191 @@
+"""``just bench``: run the benchmarks and write ``docs/benchmarks.md`` (plus PNGs under ``docs/bench/``).
+
+    python -m bench.run [--only codec|job|hub ...] [--job-sizes 100,1000,5000] [--hub-sizes ...]
+
+Raw results go to ``docs/bench/results.json``; a partial run (``--only``) keeps the other
+benchmarks' last results, and the report says when each was measured. Without ``--cluster-dir``
+the run starts its own kube-apiserver + etcd on loopback and stops it at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+
+from bench import cluster, codec, hub_capacity, job_cost, machine, report
+from bench.fleet import raise_fd_limit
+from roles.logs import configure_logging
+
+RESULTS = cluster.REPO / "docs" / "bench" / "results.json"
+
+
+def _sizes(text: str) -> list[int]:
+    return [int(s.replace("_", "")) for s in text.split(",") if s.strip()]
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _load() -> float:
+    """The 1-minute load average as a run ends (2 cores: above 2 means others were competing)."""
+    return os.getloadavg()[0]
+
+
+def _log(message: str) -> None:
+    sys.stderr.write(f"[bench] {message}\n")
+    sys.stderr.flush()
+
+
+async def _cluster_benchmarks(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    sizes = sorted({*args.job_sizes, *args.hub_sizes, args.profile_job, args.heap_sessions} - {0})
+    with tempfile.TemporaryDirectory(prefix="nodetaskd-bench-") as tmp:
+        async with cluster.control_plane(args.cluster_dir, Path(tmp) / "cp") as cp:
+            seed = cluster.fleet_seed(cp)
+            fleet = max([*args.job_sizes, args.profile_job] if "job" in args.only else [0])
+            fleet = max(fleet, max(args.hub_sizes) if "hub" in args.only else 0)
+            fleet = max(fleet, args.heap_sessions if "heap" in args.only else 0)
+            async with cluster.admin(cp) as kube:
+                _log(f"registering {fleet} edge Nodes and token Secrets")
+                took = await cluster.register_fleet(kube, count=fleet, sizes=sizes, seed=seed)
+                _log(f"registered in {took:.0f}s")
+            if "job" in args.only:
+                new = await _job_cost(cp, seed, args)
+                if new["runs"] or "job_cost" not in results:
+                    results["job_cost"] = new
+                else:  # only the profile was asked for: keep the stored runs
+                    results["job_cost"]["profiled"] = new["profiled"]
+                _save(results, args)
+            if "hub" in args.only:
+                results["hub_capacity"] = await _hub_capacity(cp, seed, args, Path(tmp))
+                _save(results, args)
+            if "heap" in args.only and args.heap_sessions:
+                _log(f"hub heap profile: {args.heap_sessions} sessions")
+                heap = await hub_capacity.heap_profile(cp, sessions=args.heap_sessions, seed=seed)
+                results.setdefault("hub_capacity", {"runs": [], "measured": _now()})["heap"] = heap
+                _save(results, args)
+
+
+async def _job_cost(cp: Any, seed: str, args: argparse.Namespace) -> dict[str, Any]:
+    runs: list[dict[str, Any]] = []
+    for nodes in args.job_sizes:
+        for window in (args.window, 0.0):
+            if window == 0.0 and nodes not in args.off_sizes:
+                continue
+            repeats = args.job_repeats if nodes <= args.cheap_job else args.big_job_repeats
+            limit = args.off_limit if window == 0.0 and nodes > args.cheap_off else args.job_limit
+            if window == 0.0 and nodes > args.cheap_off:
+                repeats = 1
+            for index in range(repeats):
+                _log(f"job: {nodes} nodes, coalescing window {window}s, run {index + 1}/{repeats}")
+                run = await job_cost.run_job(
+                    cp, nodes=nodes, window=window, seed=seed, delay=args.delay, limit_s=limit, index=index
+                )
+                _log(
+                    f"  {'completed' if run.completed else 'NOT completed'} in {run.seconds:.1f}s, "
+                    f"{run.hub_writes} hub writes, {run.hub_conflicts} conflicts, {run.object_bytes} bytes"
+                )
+                runs.append({**asdict(run), "load": _load()})
+    profiled = None
+    if args.profile_job:
+        nodes = args.profile_job
+        _log(f"job: {nodes} nodes under cProfile")
+        path = RESULTS.parent / f"profile-job-{nodes}.txt"
+        run = await job_cost.run_job(
+            cp, nodes=nodes, window=args.window, seed=seed, delay=args.delay, limit_s=args.job_limit, index=99,
+            profile=path,
+        )  # fmt: skip
+        profiled = {"nodes": nodes, "file": path.name, "seconds": run.seconds, "completed": run.completed}
+    return {"measured": _now(), "runs": runs, "window": args.window, "delay": args.delay,
+            "off_limit": args.off_limit, "profiled": profiled}  # fmt: skip
+
+
+async def _hub_capacity(cp: Any, seed: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    runs: list[dict[str, Any]] = []
+    for sessions in args.hub_sizes:
+        repeats = args.hub_repeats if sessions <= 1000 else args.big_hub_repeats
+        for index in range(repeats):
+            _log(f"hub: {sessions} sessions, run {index + 1}/{repeats}")
+            run = await hub_capacity.run_size(cp, sessions=sessions, seed=seed, state_dir=tmp, index=index)
+            _log(f"  connected in {run.connect_s:.1f}s, {run.per_session_bytes / 1024:.1f} KiB/session")
+            runs.append({**asdict(run), "per_session_bytes": run.per_session_bytes, "load": _load()})
+    return {"measured": _now(), "runs": runs}
+
+
+def _codec(args: argparse.Namespace) -> dict[str, Any]:
+    _log("codec")
+    rows = codec.run(iterations=args.codec_iterations, repeats=args.codec_repeats)
+    shares = [codec.route_share(iterations=args.codec_iterations) for _ in range(args.codec_repeats)]
+    what_if = codec.run_cached(iterations=args.codec_iterations, repeats=args.codec_repeats)
+    return {
+        "measured": _now(),
+        "rows": [asdict(r) for r in rows],
+        "what_if": [asdict(r) for r in what_if],
+        "route_share": statistics.median(shares),
+        "iterations": args.codec_iterations,
+        "repeats": args.codec_repeats,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="bench.run", description="Run the benchmarks and write docs/benchmarks.md.")
+    p.add_argument(
+        "--only", action="append", choices=("codec", "job", "hub", "heap"), help="run only these (repeatable)"
+    )
+    p.add_argument("--job-sizes", type=_sizes, default=[100, 1000, 5000], help="nodes per job, comma-separated")
+    p.add_argument("--off-sizes", type=_sizes, default=[100, 1000], help="sizes also run with coalescing off")
+    p.add_argument("--hub-sizes", type=_sizes, default=[1000, 5000, 10000], help="sessions, comma-separated")
+    p.add_argument("--window", type=float, default=0.2, help="the coalescing window when on (seconds)")
+    p.add_argument("--delay", type=float, default=0.01, help="seconds each edge action takes")
+    p.add_argument("--job-repeats", type=int, default=3, help="runs per job size up to --cheap-job nodes")
+    p.add_argument("--big-job-repeats", type=int, default=1, help="runs per larger job size")
+    p.add_argument("--cheap-job", type=int, default=1000)
+    p.add_argument("--cheap-off", type=int, default=100, help="larger coalescing-off jobs run once, capped")
+    p.add_argument("--job-limit", type=float, default=1800, help="seconds a job may take before it is cut off")
+    p.add_argument("--off-limit", type=float, default=300, help="cap for the larger coalescing-off jobs")
+    p.add_argument("--profile-job", type=int, default=1000, help="nodes of one extra job run under cProfile (0: none)")
+    p.add_argument("--hub-repeats", type=int, default=3, help="runs per hub size up to 1,000 sessions")
+    p.add_argument("--big-hub-repeats", type=int, default=2, help="runs per larger hub size")
+    p.add_argument("--heap-sessions", type=int, default=2000, help="sessions of the tracemalloc run (0: none)")
+    p.add_argument("--codec-iterations", type=int, default=50_000)
+    p.add_argument("--codec-repeats", type=int, default=7)
+    p.add_argument("--cluster-dir", type=Path, help="use the control plane running in this state directory")
+    p.add_argument("--out", type=Path, default=cluster.REPO / "docs" / "benchmarks.md")
+    p.add_argument("--render", action="store_true", help="only rewrite the report from the stored results")
+    args = p.parse_args(argv)
+    if args.render:
+        report.write(msgspec.json.decode(RESULTS.read_bytes()), out=args.out, images=RESULTS.parent)
+        return
+    args.only = args.only or ["codec", "job", "hub", "heap"]
+    raise_fd_limit()
+    configure_logging(level="error", fmt="console")
+    results: dict[str, Any] = msgspec.json.decode(RESULTS.read_bytes()) if RESULTS.exists() else {}
+    results["machine"] = machine.describe()
+    if "codec" in args.only:
+        results["codec"] = _codec(args)
+        _save(results, args)
+    if "job" in args.only or "hub" in args.only:
+        anyio.run(_cluster_benchmarks, args, results, backend="trio")
+
+
+def _save(results: dict[str, Any], args: argparse.Namespace) -> None:
+    """Store the results and rewrite the report (after each benchmark, so an interrupted run keeps some)."""
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_bytes(msgspec.json.format(msgspec.json.encode(results)) + b"\n")
+    report.write(results, out=args.out, images=RESULTS.parent)
+    _log(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
