@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import ssl
 from collections.abc import Mapping
@@ -106,6 +107,7 @@ class EdgeAgent:
         self._credentials: dict[str, tuple[Mapping[str, str], str]] = {}
         self.connected = anyio.Event()
         self.connects = 0
+        self._ws: trio_websocket.WebSocketConnection | None = None
 
     async def wait_connected(self, within: float) -> bool:
         """Whether a hub session is (or becomes, within ``within`` seconds) established."""
@@ -196,6 +198,7 @@ class EdgeAgent:
                 raise MessageError(f"expected a welcome from {url}, got {type(welcome).__name__}")
             self.connects += 1
             self.connected.set()
+            self._ws = ws
             self._log.info("hub_connected", hub=welcome.hub, url=url)
             try:
                 async with anyio.create_task_group() as tg:
@@ -205,6 +208,7 @@ class EdgeAgent:
                     tg.cancel_scope.cancel()
             finally:
                 self.connected = anyio.Event()
+                self._ws = None
 
     def _capabilities(self) -> tuple[str, ...]:
         return tuple(sorted({f"{jt}/{action}" for jt, action in self._actions}))
@@ -284,8 +288,9 @@ class EdgeAgent:
                 action=run.action,
             )
         except StoreError as exc:
-            # Not acknowledged: the hub re-sends it after the next reconnect.
+            # Not acknowledged (the hub re-sends it after the next reconnect), but the reason is reported.
             self._log.error("task_not_stored", job=str(run.route), error=str(exc))
+            await self._report_failure(run.route, run.job_uid, run.action, f"the edge cannot store the task: {exc}")
             return
         await ws.send_message(messages.encode(Ack(id=run.id)))
         if new:
@@ -419,10 +424,41 @@ class EdgeAgent:
         )
         # Shielded: a Cancel arriving mid-write must not leave a result unreported.
         with anyio.CancelScope(shield=True):
-            await self._store.record_result(progress, state=state, current_action=after or action)
-            if state is TaskState.FINISHED and task.job_type in EXCLUSIVE_KINDS:
-                await self._store.end_exclusive(task.job_uid)
+            try:
+                await self._store.record_result(progress, state=state, current_action=after or action)
+                if state is TaskState.FINISHED and task.job_type in EXCLUSIVE_KINDS:
+                    await self._store.end_exclusive(task.job_uid)
+            except StoreError as exc:
+                await self._report_unrecorded(task, action, exc)
+                raise
         self._outbox_grew()
+
+    async def _report_unrecorded(self, task: NodeTask, action: str, error: StoreError) -> None:
+        """The store cannot take a result (disk full, read-only): tell the hub, as a failure."""
+        self._log.error("result_not_recorded", job=task.route, action=action, error=str(error))
+        reason = f"the edge cannot record the result of {action}: {error}"
+        await self._report_failure(Route.parse(task.route), task.job_uid, action, reason)
+
+    async def _report_failure(self, route: Route, job_uid: str, action: str, reason: str) -> None:
+        """Send a failure report outside the outbox (``seq`` 0, nothing to acknowledge): best effort.
+
+        For when the store itself is what fails; the task stays where its last recorded result left
+        it and resumes from there once the store works again.
+        """
+        ws = self._ws
+        if ws is None:
+            return
+        report = Report(
+            route=route,
+            job_uid=job_uid,
+            seq=0,
+            action=action,
+            succ=False,
+            finish_time=self._clock.stamp(),
+            reason=reason,
+        )
+        with contextlib.suppress(trio_websocket.ConnectionClosed):
+            await ws.send_message(messages.encode(report))
 
 
 def edge_ssl_context(ca_file: str) -> ssl.SSLContext | None:

@@ -36,7 +36,7 @@ class FakeRuntime:
 
 @asynccontextmanager
 async def running_agent(
-    node: str, token: str, url: str, data_dir: Path, runtime: FakeRuntime
+    node: str, token: str, url: str, data_dir: Path, runtime: FakeRuntime, *, store_max_bytes: int | None = None
 ) -> AsyncIterator[EdgeAgent]:
     """An in-process edge agent with its store in ``data_dir``."""
     settings = AgentSettings(
@@ -48,7 +48,7 @@ async def running_agent(
         # The checks run for real, but a busy CI machine must not fail them: nothing exceeds 100%.
         thresholds=Thresholds(cpu=100.0, mem=100.0, disk=100.0),
     )
-    async with open_store(data_dir / "store.sqlite") as store:
+    async with open_store(data_dir / "store.sqlite", max_bytes=store_max_bytes) as store:
         agent = EdgeAgent(
             settings=settings,
             store=store,

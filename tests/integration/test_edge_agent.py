@@ -13,6 +13,7 @@ import pytest
 from flows import imageprepulljob
 from nodetask.phases import JobPhase, NodeTaskPhase
 from roles.edge.actions import build_actions
+from roles.edge.store import open_store
 from roles.kube import Kube
 from roles.kube.resources import job_resource
 from schemas.kinds import IMAGE_PRE_PULL_JOB
@@ -155,3 +156,30 @@ def test_prepull_flow_is_what_the_agent_walks() -> None:
     """The agent's actions cover every action of the ImagePrePullJob flow."""
     actions = build_actions(pull=FakeRuntime().pull, credentials=lambda _: ({}, ""))
     assert {a for (t, a) in actions if t == "imageprepulljob"} == set(imageprepulljob.FLOW.actions)
+
+
+async def test_a_full_store_is_reported_upstream_with_its_reason_and_loses_nothing_stored(
+    crds: ControlPlane, cloud_kube: Kube, tmp_path: Path
+) -> None:
+    """When the store cannot take a task (disk full), the hub hears why, and the store still opens."""
+    node = unique("full")
+    tokens = await register_edges(crds, [node])
+    name = unique("full")
+    async with open_store(tmp_path / "store.sqlite"):
+        pass  # the schema, and nothing more: the cap below leaves no room for a task
+    full = (tmp_path / "store.sqlite").stat().st_size
+    images = [f"registry.local/team-{i:03d}/an-image-with-a-long-name:{'v' * 40}" for i in range(100)]
+    spec: dict[str, object] = {"imagePrePullTemplate": {"nodeNames": [node], "images": images, "concurrency": 1}}
+    async with (
+        running_controller(crds),
+        running_hub(crds, "hub-full") as hub,
+        running_agent(node, tokens[node], hub.url, tmp_path, FakeRuntime(), store_max_bytes=full),
+    ):
+        create_job(crds, "ImagePrePullJob", name, spec)
+        job = await job_when(cloud_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.FAILURE)
+    entry = job.status.node_status[0]
+    assert entry.phase is NodeTaskPhase.FAILURE
+    assert entry.reason.startswith("the edge cannot store the task: edge store")
+    assert "is full" in entry.reason
+    async with open_store(tmp_path / "store.sqlite") as store:
+        assert await store.tasks() == ()

@@ -17,10 +17,11 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import msgspec
 import pytest
 
 from nodetask.phases import JobPhase, NodeTaskPhase
-from roles.kube import Kube
+from roles.kube import Kube, NotFound
 from roles.kube.resources import job_resource
 from schemas.kinds import CONFIG_UPDATE_JOB
 from tests.integration.controlplane import ControlPlane
@@ -52,8 +53,13 @@ async def faulty_job(
     name = unique("fault")
     async with fleet(cp, home, edges=4, **fleet_options) as running, recording(kube, JOBS, name) as history:
         nodes = list(running.edges)
-        spec = {"nodeNames": nodes, "updateFields": {"logLevel": "debug"}, "concurrency": CONCURRENCY}
-        create_job(cp, "ConfigUpdateJob", name, {**spec, "timeoutSeconds": 120})
+        spec = {
+            "nodeNames": nodes,
+            "updateFields": {"logLevel": "debug"},
+            "concurrency": CONCURRENCY,
+            "timeoutSeconds": 120,
+        }
+        create_job(cp, "ConfigUpdateJob", name, spec)
         yield running, name, history
         job = await job_when(kube, JOBS, name, settled, limit_s=90)
     assert job.status.phase is JobPhase.COMPLETED, [(e.node_name, e.phase, e.reason) for e in job.status.node_status]
@@ -103,6 +109,32 @@ async def test_an_edge_killed_mid_flow_resumes_from_its_store(
         await running.edges[victim].kill()
         await anyio.sleep(1.5)
         await running.edges[victim].start()
+
+
+async def test_a_job_deleted_mid_flight_and_recreated_under_its_name_runs_afresh(
+    crds: ControlPlane, cloud_kube: Kube, tmp_path: Path
+) -> None:
+    """Deleting the job while nodes run stops it; the same name created again completes on its own."""
+    async with faulty_job(crds, cloud_kube, tmp_path) as (running, name, _):
+        first = await job_when(cloud_kube, JOBS, name, _in_flight)
+        # kubectl would block this task while the controller (another process) removes the finalizer.
+        crds.kubectl("delete", "configupdatejob", name, "--wait=false")
+        with anyio.fail_after(30):
+            while True:
+                try:
+                    await cloud_kube.get(JOBS, name)
+                except NotFound:
+                    break
+                await anyio.sleep(0.2)
+        # An agent that was restarting onto its new config when the job went still finishes that
+        # update and holds the node's exclusive slot until then; a new update arriving meanwhile is
+        # refused by design. Give those a moment, as an operator re-creating a job would.
+        await anyio.sleep(5)
+        spec = msgspec.to_builtins(first.spec)
+        create_job(crds, "ConfigUpdateJob", name, spec)
+        again = await job_when(cloud_kube, JOBS, name, lambda j: bool(j.metadata.uid))
+        assert again.metadata.uid != first.metadata.uid
+        assert list(running.edges) == [e.node_name for e in first.status.node_status]
 
 
 class Blackhole:
