@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from roles.kube import Kube, NotFound
 from roles.kube.resources import job_resource
 from schemas.kinds import IMAGE_PRE_PULL_JOB, KINDS, NODE_UPGRADE_JOB
 from tests.integration.controlplane import ControlPlane
-from tests.integration.objects import create_job, unique
+from tests.integration.objects import create_job, job_when, unique
 
 pytestmark = pytest.mark.integration
 UPGRADES = job_resource(NODE_UPGRADE_JOB)
@@ -65,15 +65,6 @@ async def controller(crds: ControlPlane, controller_kube: Kube) -> AsyncIterator
         tg.cancel_scope.cancel()
 
 
-async def _until(kube: Kube, resource: Any, name: str, check: Callable[[Any], bool], limit_s: float = 30) -> Any:
-    with anyio.fail_after(limit_s):
-        while True:
-            job = await kube.get(resource, name)
-            if check(job):
-                return job
-            await anyio.sleep(0.2)
-
-
 async def test_job_gets_finalizer_nodes_and_progresses(
     crds: ControlPlane, controller: Reconciler, cloud_kube: Kube
 ) -> None:
@@ -96,7 +87,7 @@ async def test_job_gets_finalizer_nodes_and_progresses(
             }
         },
     )
-    job = await _until(cloud_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.IN_PROGRESS)
+    job = await job_when(cloud_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.IN_PROGRESS)
     assert job.metadata.finalizers == ("kubeedge.io/imageprepulljob-controller",)
     assert [(e.node_name, e.phase, e.reason) for e in job.status.node_status] == [
         (ok1, NodeTaskPhase.PENDING, ""),
@@ -113,7 +104,7 @@ async def test_job_gets_finalizer_nodes_and_progresses(
         return msgspec.structs.replace(j, status=msgspec.structs.replace(j.status, node_status=entries))
 
     await cloud_kube.update_status(PREPULLS, name, hub_finishes)
-    done = await _until(cloud_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.COMPLETED)
+    done = await job_when(cloud_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.COMPLETED)
     assert done.status.node_counts.successful == 2
     assert done.status.node_counts.failure == 2
     described = crds.kubectl("describe", "imageprepulljob", name).stdout
@@ -125,7 +116,7 @@ async def test_selection_errors_fail_the_job(crds: ControlPlane, controller: Rec
     """Neither nodeNames nor labelSelector: the job fails at once with KubeEdge's reason."""
     name = unique("none")
     create_job(crds, "NodeUpgradeJob", name, {"version": "v1.21.0"})
-    job = await _until(cloud_kube, UPGRADES, name, lambda j: j.status.phase is JobPhase.FAILURE)
+    job = await job_when(cloud_kube, UPGRADES, name, lambda j: j.status.phase is JobPhase.FAILURE)
     assert job.status.reason == decide.NO_SELECTOR
 
 
@@ -139,7 +130,7 @@ async def test_unconnected_node_times_out(crds: ControlPlane, controller: Reconc
         name,
         {"imagePrePullTemplate": {"images": ["busybox"], "nodeNames": [node], "timeoutSeconds": 2}},
     )
-    job = await _until(cloud_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.FAILURE, limit_s=20)
+    job = await job_when(cloud_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.FAILURE, limit_s=20)
     assert job.status.node_status[0].phase is NodeTaskPhase.UNKNOWN
     assert job.status.node_status[0].reason == decide.NOT_CONNECTED
 
@@ -164,7 +155,7 @@ async def test_deleted_job_loses_its_finalizer_and_goes(
     node, name = unique("edge"), unique("del")
     _node(crds, node)
     create_job(crds, "NodeUpgradeJob", name, {"version": "v1.21.0", "nodeNames": [node]})
-    await _until(cloud_kube, UPGRADES, name, lambda j: bool(j.metadata.finalizers))
+    await job_when(cloud_kube, UPGRADES, name, lambda j: bool(j.metadata.finalizers))
     crds.kubectl("delete", "nodeupgradejob", name, "--wait=false")
     with anyio.fail_after(20):
         while True:

@@ -25,13 +25,13 @@ from nodetask.phases import JobPhase, NodeTaskPhase
 from roles.controller import decide
 from roles.controller.reconciler import Reconciler
 from roles.kube import Kube, Upserted, WatchEvent, open_kube
-from roles.kube.resources import NODES, Resource, job_resource
+from roles.kube.resources import NODES, job_resource
 from schemas import v1alpha2
 from schemas.core import EDGE_ROLE_LABEL, HUB_ANNOTATION, Node
 from schemas.kinds import IMAGE_PRE_PULL_JOB, KINDS, NODE_UPGRADE_JOB
 from schemas.meta import ObjectMeta
 from tests.integration.controlplane import ControlPlane
-from tests.integration.objects import unique
+from tests.integration.objects import job_when, unique
 
 pytestmark = pytest.mark.integration
 UPGRADES = job_resource(NODE_UPGRADE_JOB)
@@ -74,17 +74,6 @@ def create(cp: ControlPlane, kind: str, name: str, spec: dict[str, object], *, f
     meta: dict[str, object] = {"name": name, **({"finalizers": list(finalizers)} if finalizers else {})}
     doc = {"apiVersion": "operations.kubeedge.io/v1alpha2", "kind": kind, "metadata": meta, "spec": spec}
     cp.kubectl("create", "-f", "-", input=msgspec.json.encode(doc).decode())
-
-
-async def until(
-    kube: Kube, resource: Resource[Any], name: str, check: Callable[[Any], bool], limit_s: float = 15
-) -> Any:
-    with anyio.fail_after(limit_s):
-        while True:
-            job = await kube.get(resource, name)
-            if check(job):
-                return job
-            await anyio.sleep(0.1)
 
 
 def on_node(node_name: str, change: Callable[[Any], Any]) -> Callable[[Any], Any | None]:
@@ -155,7 +144,7 @@ async def test_an_initialised_job_is_resumed_not_selected_again(
     reconciler = Reconciler(kube=controller_kube, clock=Clock.start(), log=LOG, kinds=KINDS)
     async with anyio.create_task_group() as tg:
         await tg.start(reconciler.run)
-        job = await until(cloud_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.IN_PROGRESS)
+        job = await job_when(cloud_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.IN_PROGRESS)
         tg.cancel_scope.cancel()
     # Selected afresh, the node that does not exist would have failed with "failed to get node".
     assert [(e.node_name, e.phase, e.reason) for e in job.status.node_status] == [
@@ -178,18 +167,18 @@ async def test_selection_by_label_and_by_names_explains_each_node(
     create(crds, "NodeUpgradeJob", by_label, {"version": "v1.21.0", "labelSelector": {"matchLabels": {"zone": zone}}})
     create(crds, "NodeUpgradeJob", by_name, {"version": "v1.21.0", "nodeNames": [c, "ghost-" + zone]})
     create(crds, "NodeUpgradeJob", nothing, {"version": "v1.21.0", "labelSelector": {"matchLabels": {"zone": "mars"}}})
-    selected = await until(cloud_kube, UPGRADES, by_label, lambda j: j.status.phase is not JobPhase.NONE)
+    selected = await job_when(cloud_kube, UPGRADES, by_label, lambda j: j.status.phase is not JobPhase.NONE)
     assert [(e.node_name, e.phase, e.reason) for e in selected.status.node_status] == [
         (a, NodeTaskPhase.FAILURE, decide.NOT_READY),
         (b, NodeTaskPhase.FAILURE, decide.NOT_EDGE),
         (c, NodeTaskPhase.PENDING, ""),
     ]
-    named = await until(cloud_kube, UPGRADES, by_name, lambda j: j.status.phase is not JobPhase.NONE)
+    named = await job_when(cloud_kube, UPGRADES, by_name, lambda j: j.status.phase is not JobPhase.NONE)
     assert [(e.node_name, e.phase, e.reason) for e in named.status.node_status] == [
         (c, NodeTaskPhase.PENDING, ""),
         ("ghost-" + zone, NodeTaskPhase.FAILURE, f'failed to get node, err: nodes "ghost-{zone}" not found'),
     ]
-    none = await until(cloud_kube, UPGRADES, nothing, lambda j: j.status.phase is JobPhase.FAILURE)
+    none = await job_when(cloud_kube, UPGRADES, nothing, lambda j: j.status.phase is JobPhase.FAILURE)
     assert (none.status.reason, none.status.node_status) == (decide.NO_MATCH, ())
 
 
@@ -205,7 +194,7 @@ async def test_silent_dispatched_node_times_out_at_dispatch_plus_timeout(
         name,
         {"imagePrePullTemplate": {"images": ["x"], "nodeNames": [n], "timeoutSeconds": 3}},
     )
-    await until(cloud_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.IN_PROGRESS)
+    await job_when(cloud_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.IN_PROGRESS)
     at = stamp()
     await cloud_kube.update_status(PREPULLS, name, on_node(n, dispatch(at)))
     due = parse_time(at) + timedelta(seconds=3)
@@ -238,9 +227,9 @@ async def test_late_result_revives_a_failed_upgrade_but_not_a_failed_prepull(
     )
     long_ago = format_time(datetime.now(UTC) - timedelta(minutes=1))
     for resource, name in ((UPGRADES, upgrade), (PREPULLS, prepull)):
-        await until(cloud_kube, resource, name, lambda j: j.status.phase is JobPhase.IN_PROGRESS)
+        await job_when(cloud_kube, resource, name, lambda j: j.status.phase is JobPhase.IN_PROGRESS)
         await cloud_kube.update_status(resource, name, on_node(n, dispatch(long_ago)))
-        failed = await until(cloud_kube, resource, name, lambda j: j.status.phase is JobPhase.FAILURE)
+        failed = await job_when(cloud_kube, resource, name, lambda j: j.status.phase is JobPhase.FAILURE)
         assert failed.status.node_status[0].reason == decide.TIMED_OUT
     # The node's final report arrives after its timeout (a slow device, a hub reconnecting).
     finished = (
@@ -250,7 +239,7 @@ async def test_late_result_revives_a_failed_upgrade_but_not_a_failed_prepull(
     for resource, name, job_type, action, extend in finished:
         result = ActionResult(action=action, succ=True, finish_time=stamp(), extend=extend)
         await cloud_kube.update_status(resource, name, on_node(n, report(job_type, result)))
-    revived = await until(cloud_kube, UPGRADES, upgrade, lambda j: j.status.phase is JobPhase.COMPLETED)
+    revived = await job_when(cloud_kube, UPGRADES, upgrade, lambda j: j.status.phase is JobPhase.COMPLETED)
     assert (revived.status.node_status[0].phase, revived.status.node_status[0].reason) == (NodeTaskPhase.SUCCESSFUL, "")
     assert revived.status.reason == ""
     await anyio.sleep(1.5)  # time for the controller to have (wrongly) recalculated the prepull
@@ -269,9 +258,9 @@ async def test_deleting_a_job_removes_only_our_finalizer_and_stops_calculating(
     create(
         crds, "ImagePrePullJob", name, {"imagePrePullTemplate": {"images": ["x"], "nodeNames": [n]}}, finalizers=[HOLD]
     )
-    await until(cloud_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.IN_PROGRESS)
+    await job_when(cloud_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.IN_PROGRESS)
     crds.kubectl("delete", "imageprepulljob", name, "--wait=false")
-    await until(
+    await job_when(
         cloud_kube, PREPULLS, name, lambda j: j.metadata.deletion_timestamp and j.metadata.finalizers == (HOLD,)
     )
     await cloud_kube.update_status(

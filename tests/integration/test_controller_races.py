@@ -25,7 +25,7 @@ from schemas.core import EDGE_ROLE_LABEL, HUB_ANNOTATION, Node
 from schemas.kinds import KINDS, NODE_UPGRADE_JOB
 from schemas.meta import ObjectMeta
 from tests.integration.controlplane import ControlPlane
-from tests.integration.objects import create_job, unique
+from tests.integration.objects import create_job, job_when, unique
 
 pytestmark = pytest.mark.integration
 UPGRADES = job_resource(NODE_UPGRADE_JOB)
@@ -100,15 +100,6 @@ async def hub(kube: Kube, job: str, nodes: Sequence[str], clock: Clock, recorded
             recorded[node].append(action)
 
 
-async def job_until(kube: Kube, name: str, check: Callable[[Any], bool], limit_s: float = 15) -> Any:
-    with anyio.fail_after(limit_s):
-        while True:
-            job = await kube.get(UPGRADES, name)
-            if check(job):
-                return job
-            await anyio.sleep(0.1)
-
-
 async def test_controller_never_overwrites_concurrent_hub_results(
     crds: ControlPlane, controller_kube: Kube, cloud_kube: Kube, admin_kube: Kube
 ) -> None:
@@ -126,12 +117,12 @@ async def test_controller_never_overwrites_concurrent_hub_results(
     recorded: dict[str, list[str]] = {}
     async with anyio.create_task_group() as tg:
         await tg.start(reconciler.run)
-        await job_until(cloud_kube, name, lambda j: j.status.phase is not JobPhase.NONE)
+        await job_when(cloud_kube, UPGRADES, name, lambda j: j.status.phase is not JobPhase.NONE)
         async with anyio.create_task_group() as hubs:
             for i in range(HUB_TASKS):
                 hubs.start_soon(hub, cloud_kube, name, connected[i::HUB_TASKS], clock, recorded)
         await hub(cloud_kube, name, [anchor], clock, recorded)
-        done = await job_until(cloud_kube, name, lambda j: j.status.phase is JobPhase.COMPLETED)
+        done = await job_when(cloud_kube, UPGRADES, name, lambda j: j.status.phase is JobPhase.COMPLETED)
         tg.cancel_scope.cancel()
     entries = {e.node_name: e for e in done.status.node_status}
     assert len(recorded) == CONNECTED + 1

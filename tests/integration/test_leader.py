@@ -27,7 +27,7 @@ from schemas.core import EDGE_ROLE_LABEL, Node
 from schemas.kinds import IMAGE_PRE_PULL_JOB, KINDS
 from schemas.meta import ObjectMeta
 from tests.integration.controlplane import ControlPlane
-from tests.integration.objects import create_job, unique
+from tests.integration.objects import create_job, job_when, unique
 
 pytestmark = pytest.mark.integration
 PREPULLS = job_resource(IMAGE_PRE_PULL_JOB)
@@ -100,15 +100,6 @@ async def until(check: Callable[[], bool], limit_s: float = 15) -> float:
             await anyio.sleep(0.05)
 
 
-async def job_until(kube: Kube, name: str, check: Callable[[Any], bool], limit_s: float = 15) -> Any:
-    with anyio.fail_after(limit_s):
-        while True:
-            job = await kube.get(PREPULLS, name)
-            if check(job):
-                return job
-            await anyio.sleep(0.1)
-
-
 def prepull(crds: ControlPlane, name: str, nodes: list[str]) -> None:
     create_job(crds, "ImagePrePullJob", name, {"imagePrePullTemplate": {"images": ["busybox"], "nodeNames": nodes}})
 
@@ -146,9 +137,9 @@ async def test_exactly_one_of_two_controllers_acts(
         await until(lambda: a.elector.is_leader or b.elector.is_leader)
         leader, follower = (a, b) if a.elector.is_leader else (b, a)
         prepull(crds, name, [node])
-        await job_until(admin_kube, name, lambda j: j.status.phase is JobPhase.IN_PROGRESS)
+        await job_when(admin_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.IN_PROGRESS)
         await hub_finishes(admin_kube, name)
-        await job_until(admin_kube, name, lambda j: j.status.phase is JobPhase.COMPLETED)
+        await job_when(admin_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.COMPLETED)
         await anyio.sleep(LEASE_S)  # several renewals, during which the follower keeps out
         assert leader.elector.is_leader
         assert not follower.elector.is_leader
@@ -185,7 +176,7 @@ async def test_killed_leader_is_replaced_within_the_lease_duration(
         await tg.start(run_a)
         tg.start_soon(b.elector.lead, b.work)
         prepull(crds, before, [n1, n2])
-        await job_until(admin_kube, before, lambda j: j.status.phase is JobPhase.IN_PROGRESS)
+        await job_when(admin_kube, PREPULLS, before, lambda j: j.status.phase is JobPhase.IN_PROGRESS)
         a_scope.cancel()  # a kill: no release, the lease names a until it runs out
         killed = anyio.current_time()
         prepull(crds, during, [n1])  # created while nobody leads
@@ -194,8 +185,8 @@ async def test_killed_leader_is_replaced_within_the_lease_duration(
         await anyio.sleep_until(killed + LEASE_S * 2 / 3 - 0.2)
         orphan = await admin_kube.get(PREPULLS, during)
         took_over = await until(lambda: b.elector.is_leader, limit_s=LEASE_S + 3)
-        done = await job_until(admin_kube, before, lambda j: j.status.phase is JobPhase.COMPLETED)
-        later = await job_until(admin_kube, during, lambda j: j.status.phase is JobPhase.IN_PROGRESS)
+        done = await job_when(admin_kube, PREPULLS, before, lambda j: j.status.phase is JobPhase.COMPLETED)
+        later = await job_when(admin_kube, PREPULLS, during, lambda j: j.status.phase is JobPhase.IN_PROGRESS)
         tg.cancel_scope.cancel()
     # a renewed at most one renew interval (1 s) before the kill, and b counts from when it saw that.
     assert LEASE_S * 2 / 3 <= took_over - killed <= LEASE_S + 1.5
