@@ -49,11 +49,13 @@ from roles.edge.checks import Thresholds
 from roles.edge.context import Actions, Outcome, TaskContext
 from roles.edge.store import ActionProgress, EdgeStore, NodeTask, StoreError, TaskState
 from roles.kube.watching import Backoff
+from roles.restart import RestartRequested
 
 Log = structlog.typing.FilteringBoundLogger
 
 FINAL_ERRORS: Final = frozenset({"report_rejected", "job_gone"})
 CONTROL_TIMEOUT_S: Final = 5.0
+DRAIN_BEFORE_RESTART_S: Final = 3.0
 
 
 def control_socket(data_dir: Path) -> Path:
@@ -104,6 +106,7 @@ class EdgeAgent:
         self._work: anyio.abc.TaskGroup | None = None
         self._running: dict[str, anyio.CancelScope] = {}
         self._outbox_changed = anyio.Event()
+        self._acked = anyio.Event()
         self._credentials: dict[str, tuple[Mapping[str, str], str]] = {}
         self.connected = anyio.Event()
         self.connects = 0
@@ -243,6 +246,16 @@ class EdgeAgent:
                 sent = report.seq
             await changed.wait()
 
+    async def _drain(self, within: float) -> bool:
+        """Wait (at most ``within`` seconds) until the hub acknowledged everything in the outbox."""
+        with anyio.move_on_after(within):
+            while True:
+                acked = self._acked
+                if not await self._store.pending(limit=1):
+                    return True
+                await acked.wait()
+        return False
+
     def _outbox_grew(self) -> None:
         self._outbox_changed.set()
         self._outbox_changed = anyio.Event()
@@ -261,6 +274,8 @@ class EdgeAgent:
                     await self._on_run_action(ws, msg)
                 case ReportAck(seq=seq):
                     await self._store.acknowledge(seq)
+                    self._acked.set()
+                    self._acked = anyio.Event()
                 case Error(code=code, ref=ref, message=text) if code in FINAL_ERRORS and ref.isdigit():
                     self._log.warning("report_refused", seq=int(ref), code=code, error=text)
                     await self._store.drop(int(ref), f"{code}: {text}")
@@ -342,7 +357,13 @@ class EdgeAgent:
     async def _walk(self, job_uid: str, scope: anyio.CancelScope) -> None:
         try:
             with scope:
-                await self._walk_task(job_uid)
+                try:
+                    await self._walk_task(job_uid)
+                except RestartRequested:
+                    # Let the hub have the reports already recorded before the agent goes away,
+                    # so that progress shows up now rather than after the restart.
+                    await self._drain(DRAIN_BEFORE_RESTART_S)
+                    raise
             if scope.cancelled_caught:
                 task = await self._store.get_task(job_uid)
                 if task is not None and task.state is not TaskState.FINISHED:
