@@ -11,6 +11,7 @@ predecessor) and ``seq``, the edge outbox position the hub acknowledges.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Final
 
 import msgspec
@@ -36,6 +37,10 @@ __all__ = [
     "decode_upstream",
     "encode",
 ]
+
+
+ROUTE_CACHE_SIZE: Final = 16384
+"""Parsed routes kept (one per node task in flight is what a hub needs)."""
 
 
 class MessageError(ValueError):
@@ -176,10 +181,18 @@ def _enc_hook(obj: Any) -> Any:
     raise NotImplementedError(f"cannot encode {type(obj).__name__}")
 
 
+@functools.lru_cache(maxsize=ROUTE_CACHE_SIZE)
+def _parse_route(text: str) -> Route:
+    # A hub sees the same route in every report of a node task; parsing it (five regular
+    # expressions) is most of a report's decode time (docs/benchmarks.md), so each is parsed once.
+    # Routes are immutable values, so sharing one instance between messages is safe.
+    return Route.parse(text)
+
+
 def _dec_hook(tp: type, obj: Any) -> Any:
     if tp is Route and isinstance(obj, str):
         try:
-            return Route.parse(obj)
+            return _parse_route(obj)
         except RouteError as exc:
             raise ValueError(str(exc)) from None
     raise NotImplementedError(f"cannot decode {tp!r}")

@@ -62,10 +62,14 @@ class Route:
         _check("job type", job_type, _JOB_TYPE, "a lower-case resource type such as nodeupgradejob")
         _check("job name", job, _NAME, "a Kubernetes object name")
         _check("node name", node, _NAME, "a Kubernetes object name")
-        self.api_version = api_version
-        self.job_type = job_type
-        self.job = job
-        self.node = node
+        set_ = object.__setattr__  # the instance is immutable once built (routes are shared and hashed)
+        set_(self, "api_version", api_version)
+        set_(self, "job_type", job_type)
+        set_(self, "job", job)
+        set_(self, "node", node)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"Route is immutable: cannot set {name}")
 
     def _key(self) -> tuple[str, str, str, str]:
         return (self.api_version, self.job_type, self.job, self.node)

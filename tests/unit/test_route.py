@@ -67,3 +67,10 @@ def test_parse_never_fails_other_than_route_error(text: str) -> None:
     except RouteError:
         return
     assert Route.parse(str(route)) == route
+
+
+def test_routes_are_immutable_so_decoded_messages_can_share_them() -> None:
+    """A route's parts cannot be changed after it is built."""
+    route = Route.parse("operations.kubeedge.io/v1alpha2/imageprepulljob/j/nodes/n")
+    with pytest.raises(AttributeError, match="immutable"):
+        route.node = "other"
