@@ -38,7 +38,7 @@ from roles.cloud.hub import Hub, HubSettings
 from roles.cloud.metrics import HubMetrics
 from roles.controller.reconciler import Reconciler
 from roles.jobtypes import job_types
-from roles.kube import Kube, NotFound, open_kube
+from roles.kube import ApiError, Kube, NotFound, open_kube
 from roles.kube.resources import job_resource
 from schemas.kinds import IMAGE_PRE_PULL_JOB, KINDS
 from schemas.meta import LabelSelector
@@ -256,9 +256,15 @@ def capture_warnings() -> Warnings:
 
 
 async def _delete(kube: Kube, name: str, reconciler: Reconciler, key: tuple[str, str]) -> None:
+    """Delete the job; never fails the benchmark (a job left behind is logged by the caller's next run)."""
     try:
+        # A job past etcd's request limit cannot even be marked for deletion: shrink its status first.
+        await kube.merge_patch_raw(PREPULLS, name, {"status": {"nodeStatus": []}}, subresource="status")
         await kube.delete(PREPULLS, name)
     except NotFound:
+        return
+    except ApiError as exc:
+        structlog.get_logger().warning("bench_job_not_deleted", job=name, error=str(exc))
         return
     with anyio.move_on_after(60):
         while key in reconciler.jobs:  # noqa: ASYNC110 - the controller's cache, polled

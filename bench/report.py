@@ -7,6 +7,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench import notes, plots
+
 MIB = 1 << 20
 KIB = 1 << 10
 CPU_KEYS = ("hub+controller", "kube-apiserver", "etcd", "edges")
@@ -27,89 +29,6 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(row) + " |" for row in rows]
     return out
-
-
-# ------------------------------------------------------------------------------------------ plots
-
-
-def _pyplot() -> Any:
-    """matplotlib's pyplot on the Agg backend, or None: without it the tables are written alone."""
-    try:
-        import matplotlib  # noqa: PLC0415 - optional
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # noqa: PLC0415 - after choosing the backend
-    except ImportError:
-        return None
-    return plt
-
-
-def _plot_job(runs: list[dict[str, Any]], path: Path) -> bool:
-    plt = _pyplot()
-    if plt is None:
-        return False
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    for window, label in ((True, "coalescing on"), (False, "coalescing off")):
-        sel = [r for r in runs if bool(r["window"]) is window and r["completed"]]
-        sizes = sorted({r["nodes"] for r in sel})
-        if not sizes:
-            continue
-        left.plot(sizes, [_med(r["seconds"] for r in sel if r["nodes"] == n) for n in sizes], "o-", label=label)
-        per_node = [_med(r["hub_writes"] / r["nodes"] for r in sel if r["nodes"] == n) for n in sizes]
-        right.plot(sizes, per_node, "o-", label=label)
-    left.set(xscale="log", yscale="log", xlabel="nodes in the job", ylabel="seconds to Completed")
-    right.set(xscale="log", xlabel="nodes in the job", ylabel="hub status writes per node")
-    right.axhline(0.2, color="grey", linestyle=":", label="target (on)")
-    for ax in (left, right):
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
-    fig.suptitle("Benchmark 1: one ImagePrePullJob, concurrency 100")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return True
-
-
-def _plot_hub(runs: list[dict[str, Any]], path: Path) -> bool:
-    plt = _pyplot()
-    if plt is None:
-        return False
-    sizes = sorted({r["sessions"] for r in runs})
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    left.plot(sizes, [_med(r["per_session_bytes"] / KIB for r in runs if r["sessions"] == n) for n in sizes], "o-")
-    left.axhline(50, color="grey", linestyle=":", label="target")
-    left.set(xlabel="sessions", ylabel="hub RSS per session (KiB)", ylim=(0, None))
-    for key, label in (("connect_s", "welcomed"), ("marked_s", "Nodes marked")):
-        right.plot(sizes, [_med(r[key] for r in runs if r["sessions"] == n) for n in sizes], "o-", label=label)
-    right.set(xlabel="sessions", ylabel="seconds to connect all")
-    for ax in (left, right):
-        ax.grid(True, alpha=0.3)
-        ax.legend()
-    fig.suptitle("Benchmark 2: sessions held by one hub process")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return True
-
-
-def _plot_codec(rows: list[dict[str, Any]], path: Path) -> bool:
-    plt = _pyplot()
-    if plt is None:
-        return False
-    pairs = [r for r in rows if r["json_per_s"]]
-    fig, ax = plt.subplots(figsize=(9, 4))
-    xs = range(len(pairs))
-    ax.bar([x - 0.2 for x in xs], [r["msgspec_per_s"] for r in pairs], 0.4, label="msgspec (nodetask.messages)")
-    ax.bar([x + 0.2 for x in xs], [r["json_per_s"] for r in pairs], 0.4, label="stdlib json + checks")
-    ax.set_xticks(list(xs), [r["operation"].replace(" (", "\n(") for r in pairs], fontsize=7)
-    ax.set(yscale="log", ylabel="messages per second")
-    ax.legend()
-    ax.grid(True, axis="y", which="both", alpha=0.3)
-    fig.suptitle("Benchmark 3: wire codec")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return True
 
 
 # ---------------------------------------------------------------------------------------- sections
@@ -161,6 +80,7 @@ def _job_section(res: dict[str, Any], images: Path) -> list[str]:
                 f"{_n(_med(r['controller_writes'] for r in use))} / {_n(_med(r['controller_conflicts'] for r in use))}",
                 f"{_med(r['object_bytes'] for r in use) / KIB:,.0f} KiB",
                 " / ".join(f"{cpu[k]:,.1f}" for k in cpu),
+                f"{_med(r.get('load', float('nan')) for r in use):.1f}",
             )
         )
     out += _table(
@@ -175,11 +95,12 @@ def _job_section(res: dict[str, Any], images: Path) -> list[str]:
             "controller writes / 409s",
             "final object",
             "CPU s: hub+controller / apiserver / etcd / edges",
+            "load at end",
         ),
         rows,
     )
     out.append("")
-    if _plot_job(runs, images / "job_cost.png"):
+    if plots.job(runs, images / "job_cost.png"):
         out += ["![benchmark 1](bench/job_cost.png)", ""]
     out += _job_verdict(runs)
     profiled = res.get("profiled")
@@ -199,6 +120,10 @@ def _job_verdict(runs: list[dict[str, Any]]) -> list[str]:
         per = _med(r["hub_writes"] / r["nodes"] for r in k1)
         verdict = "met" if per < 0.2 else f"missed by {per - 0.2:.3f}"
         out.append(f"- Under 0.2 status writes per node at N = 1,000 with coalescing: **{per:.3f}**, {verdict}.")
+        out.append(
+            "  KubeEdge's design writes at least once per action report, 2 per node for a pre-pull (Check, Pull):"
+            f" {2 / per:.0f} times as many."
+        )
         off = [r for r in runs if r["nodes"] == 1000 and not r["window"]]
         if off:
             r = off[0]
@@ -288,6 +213,7 @@ def _hub_section(res: dict[str, Any], images: Path) -> list[str]:
                 f"{_n(m('report_burst_per_s'))} ({m('report_burst_cpu_pct'):,.0f}%)",
                 f"{m('fleet_cpu_pct'):,.0f}%",
                 f"{_med(r['fleet_rss'] / r['sessions'] for r in rs) / KIB:,.1f}",
+                f"{_med(r.get('load', float('nan')) for r in rs):.1f}",
             )
         )
     out += _table(
@@ -304,6 +230,7 @@ def _hub_section(res: dict[str, Any], images: Path) -> list[str]:
             "reports answered/s (hub CPU)",
             "fleet CPU in burst",
             "fleet KiB per edge",
+            "load at end",
         ),
         rows,
     )
@@ -311,7 +238,7 @@ def _hub_section(res: dict[str, Any], images: Path) -> list[str]:
     nofile = runs[0]["nofile"] if runs else None
     if nofile:
         out += [f"RLIMIT_NOFILE in the hub process: soft {nofile[0]}, hard {nofile[1]} (raised to the hard limit).", ""]
-    if _plot_hub(runs, images / "hub_capacity.png"):
+    if plots.hub(runs, images / "hub_capacity.png"):
         out += ["![benchmark 2](bench/hub_capacity.png)", ""]
     heap = res.get("heap")
     if heap:
@@ -319,7 +246,9 @@ def _hub_section(res: dict[str, Any], images: Path) -> list[str]:
             "Where a session's memory goes: the same `Hub` run in the benchmark process under tracemalloc, heap",
             f"compared before and after {heap['sessions']:,} edges connected (Python allocations only):"
             f" **{heap['python_heap_per_session'] / KIB:.1f} KiB** of Python heap per session, against"
-            f" {heap['rss_per_session'] / KIB:.1f} KiB of RSS growth in that process.",
+            f" {heap['rss_per_session'] / KIB:.1f} KiB of RSS growth in that process (tracemalloc's own records"
+            " inflate the latter). `asyncio/sslproto.py` is the API client's TLS connections, opened during the",
+            "connect burst: a fixed cost spread over the sessions here, not a per-session one.",
             "",
             *_table(
                 ("allocated in", "KiB per session", "objects per session"),
@@ -363,7 +292,7 @@ def _codec_section(res: dict[str, Any], images: Path) -> list[str]:
     ]
     out += _table(("operation", "bytes", "nodetask.messages msgs/s", "stdlib json msgs/s", "ratio"), table_rows)
     out.append("")
-    if _plot_codec(rows, images / "codec.png"):
+    if plots.codec(rows, images / "codec.png"):
         out += ["![benchmark 3](bench/codec.png)", ""]
     ratios = {r["operation"]: r["ratio"] for r in rows if r["ratio"]}
     low = {k: v for k, v in ratios.items() if v < 5}
@@ -396,11 +325,12 @@ def write(results: dict[str, Any], *, out: Path, images: Path) -> None:
     lines = [
         "# Benchmarks",
         "",
-        "Generated by `just bench` (`python -m bench.run`; `--help` lists the sizes and repeats) from",
-        "`docs/bench/results.json`. Nothing here is asserted by a test. The machine has 2 cores and other",
-        "engineers ran test suites (with their own kube-apiservers) on it during these runs, so absolute times",
-        "are noisy: figures are medians of several runs where the table says so, and each ratio is measured",
-        "within one run.",
+        "Generated by `./dev bench` (the justfile's `bench` recipe: `python -m bench.run`; `--help` lists the",
+        "sizes, repeats and limits) from `docs/bench/results.json`; the run starts its own kube-apiserver + etcd",
+        "on loopback and takes about an hour here. Nothing here is asserted by a test. The machine has 2 cores",
+        "and other engineers ran test suites and demos (with their own kube-apiservers) on it during these runs,",
+        "so absolute times are noisy (each run records the load average as it ended): figures are medians of",
+        "several runs where the table says so, and each ratio is measured within one run.",
         "",
         "## Machine",
         "",
@@ -413,94 +343,5 @@ def write(results: dict[str, Any], *, out: Path, images: Path) -> None:
     if "codec" in results:
         lines += _codec_section(results["codec"], images)
     lines += EDGE_PLACEHOLDER
-    lines += _notes(results)
+    lines += notes.write(results)
     out.write_text("\n".join(lines).rstrip() + "\n")
-
-
-def _notes(results: dict[str, Any]) -> list[str]:
-    out = ["## Notes: where the time goes, and what would close the gaps", ""]
-    if "job_cost" in results:
-        out += _job_notes(results["job_cost"]["runs"])
-    if "hub_capacity" in results:
-        out += HUB_NOTES
-    if "codec" in results:
-        c = results["codec"]
-        cached = next(iter(c.get("what_if", [])), None)
-        out += [
-            "**Codec.** A report's decode is mostly `Route.parse` "
-            f"({c['route_share']:.0%} of the msgspec decode time): five regular-expression matches and a",
-            "validating constructor, the same code on both sides, so the decode ratio stays near 2-3x however fast",
-            "msgspec reads the rest. Encoding (the route is only formatted) and heartbeats (no route) are well over",
-            "5x. Memoising `Route.parse` (a hub sees the same few routes over and over: one per node task) closes",
-            "the gap: the last row, with an LRU cache on both sides, "
-            + (f"reaches {cached['ratio']:.1f}x." if cached else "is missing from this run."),
-            "That is a change to `nodetask/route.py` (or to the decode hook in `nodetask/messages.py`), not made here.",
-            "",
-        ]
-    return out
-
-
-def _job_notes(runs: list[dict[str, Any]]) -> list[str]:
-    out = [
-        "**Job cost.** Coalescing is what makes the write count independent of the number of reports: the",
-        "writer applies every change submitted in a 0.2 s window to one fresh copy of the job and writes once,",
-        "so a 100-node job takes 2-3 writes instead of 300, and the writes of a larger job grow with its",
-        "duration, not its reports. Without it every claim and every report is its own GET + PUT of the whole",
-        "object, serialised per job, and the controller's status writes (it recomputes `nodeCounts` and the",
-        "phase after every hub write) collide with them: most of the 409s.",
-        "",
-    ]
-    off = [r for r in runs if not r["window"] and r["hub_writes"]]
-    if off:
-        big = max(off, key=lambda r: r["nodes"])
-        per_write = big["seconds"] / big["hub_writes"]
-        out += [
-            f"Coalescing off was run at {', '.join(f'{n:,}' for n in sorted({r['nodes'] for r in off}))} nodes only"
-            " (larger ones once, cut off at the limit): each node needs 3 writes (claim, Check, Pull), one after",
-            f"the other. At {big['nodes']:,} nodes a write took {per_write:.2f} s on average, so a 5,000-node job",
-            f"would need at least 15,000 x {per_write:.2f} s = {15000 * per_write / 3600:.1f} h, more as its object",
-            "grows five-fold, and it could not finish anyway (below). Impractical, so not run.",
-            "",
-        ]
-    out += [
-        "Where the time goes with coalescing on, profiled once with py-spy (a 15 s sample of the benchmark",
-        "process during a 5,000-node job, roughly 2,000 nodes in; the hub and the controller share that process):",
-        "",
-        "- 22%: decoding watch events. The hub's and the controller's job watches each decode every new version of",
-        "  the job (0.8 MB at that point) in full, and every write makes a new version;",
-        "- 12%: `Kube.update_status`: a GET and full decode, then a full encode and PUT, per write (hub and",
-        "  controller alike); the API server spends more CPU than the hub on the same objects (table above);",
-        "- 14%: trio deadline bookkeeping in `Hub._receive` (a new `move_on_after` per received frame) and 12%",
-        "  sending heartbeat echoes, i.e. the 5,000 idle sessions themselves;",
-        "- 6%: `changes.claim` counting the InProgress entries of all 5,000 nodes for every claim, and",
-        "  `_index`/`_entry` finding a node by a linear scan: O(batch x nodes) per write.",
-        "",
-        "The job's duration therefore grows faster than its size: each write costs time proportional to the",
-        "object, and a node task needs three of them in turn (claim, then its reports, then the runner sees its",
-        "slot free), so the 100 slots are often empty while a write is in flight (RUNNING dropped to 0-20 of 100",
-        "for seconds at a time in the 5,000-node run).",
-        "",
-        "What would close the gap, without rewriting the hub: (1) keep the per-node results out of the job",
-        "object or much smaller (below); (2) index node entries by name and keep a running InProgress count in",
-        "`roles/cloud/changes.py` (removes the O(nodes) scans per change); (3) let the controller skip its",
-        "status write when only hub-owned fields changed, or have the hub write `nodeCounts` in the same write",
-        "(halves the writes and most 409s); (4) send a JSON patch of the changed entries with a resourceVersion",
-        "test instead of GET + PUT of everything (saves the hub's GET, decode and encode; the API server still",
-        "rewrites the whole object); (5) start the next claim as soon as a node's final report is submitted,",
-        "instead of after it has been written and echoed back.",
-        "",
-        "**The 1 MiB target at 5,000 nodes** is out of reach with this status layout, which is KubeEdge's: one",
-        "entry per node with its action flow (action, status, time per action), image statuses and dispatch",
-        "time. The entry shown above is the whole cost, not overhead. Options: drop `time` from each action",
-        "(keeping `dispatchTime` and the last action's time), omit `imageStatus` when every image succeeded (it",
-        "is derivable), or store per-node results outside the job (one small object per node task, or per",
-        "shard of nodes) and keep only counts and failures in the job. The first two break nothing in the API",
-        "but diverge from KubeEdge's output; the last changes the design. KubeEdge itself advises at most 100",
-        "nodes per job.",
-        "",
-    ]
-    return out
-
-
-HUB_NOTES: list[str] = []
-NOTES: list[str] = []

@@ -60,25 +60,40 @@ async def _cluster_benchmarks(args: argparse.Namespace, results: dict[str, Any])
                 _log(f"registering {fleet} edge Nodes and token Secrets")
                 took = await cluster.register_fleet(kube, count=fleet, sizes=sizes, seed=seed)
                 _log(f"registered in {took:.0f}s")
-            if "job" in args.only:
-                new = await _job_cost(cp, seed, args)
-                if new["runs"] or "job_cost" not in results:
-                    results["job_cost"] = new
-                else:  # only the profile was asked for: keep the stored runs
-                    results["job_cost"]["profiled"] = new["profiled"]
-                _save(results, args)
+            # Cheapest and most robust first: the 5,000-node job is last.
             if "hub" in args.only:
-                results["hub_capacity"] = await _hub_capacity(cp, seed, args, Path(tmp))
-                _save(results, args)
+                await _hub_capacity(cp, seed, args, Path(tmp), results)
             if "heap" in args.only and args.heap_sessions:
                 _log(f"hub heap profile: {args.heap_sessions} sessions")
                 heap = await hub_capacity.heap_profile(cp, sessions=args.heap_sessions, seed=seed)
                 results.setdefault("hub_capacity", {"runs": [], "measured": _now()})["heap"] = heap
                 _save(results, args)
+            if "job" in args.only:
+                await _job_cost(cp, seed, args, results)
 
 
-async def _job_cost(cp: Any, seed: str, args: argparse.Namespace) -> dict[str, Any]:
+async def _job_cost(cp: Any, seed: str, args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """Run the job series, storing the results after every run."""
     runs: list[dict[str, Any]] = []
+    previous = results.get("job_cost", {})
+    entry: dict[str, Any] = {
+        "measured": _now(), "runs": runs, "window": args.window, "delay": args.delay, "off_limit": args.off_limit,
+        "profiled": previous.get("profiled"),
+    }  # fmt: skip
+    if args.job_sizes or not previous:
+        results["job_cost"] = entry
+    else:  # only the profile was asked for: keep the stored runs
+        entry = previous
+    if args.profile_job:
+        nodes = args.profile_job
+        _log(f"job: {nodes} nodes under cProfile")
+        path = RESULTS.parent / f"profile-job-{nodes}.txt"
+        run = await job_cost.run_job(
+            cp, nodes=nodes, window=args.window, seed=seed, delay=args.delay, limit_s=args.job_limit, index=99,
+            profile=path,
+        )  # fmt: skip
+        entry["profiled"] = {"nodes": nodes, "file": path.name, "seconds": run.seconds, "completed": run.completed}
+        _save(results, args)
     for nodes in args.job_sizes:
         for window in (args.window, 0.0):
             if window == 0.0 and nodes not in args.off_sizes:
@@ -89,38 +104,37 @@ async def _job_cost(cp: Any, seed: str, args: argparse.Namespace) -> dict[str, A
                 repeats = 1
             for index in range(repeats):
                 _log(f"job: {nodes} nodes, coalescing window {window}s, run {index + 1}/{repeats}")
-                run = await job_cost.run_job(
-                    cp, nodes=nodes, window=window, seed=seed, delay=args.delay, limit_s=limit, index=index
-                )
+                try:
+                    run = await job_cost.run_job(
+                        cp, nodes=nodes, window=window, seed=seed, delay=args.delay, limit_s=limit, index=index
+                    )
+                except Exception as exc:  # one failed run must not lose the others
+                    _log(f"  FAILED: {exc!r}")
+                    continue
                 _log(
                     f"  {'completed' if run.completed else 'NOT completed'} in {run.seconds:.1f}s, "
                     f"{run.hub_writes} hub writes, {run.hub_conflicts} conflicts, {run.object_bytes} bytes"
                 )
                 runs.append({**asdict(run), "load": _load()})
-    profiled = None
-    if args.profile_job:
-        nodes = args.profile_job
-        _log(f"job: {nodes} nodes under cProfile")
-        path = RESULTS.parent / f"profile-job-{nodes}.txt"
-        run = await job_cost.run_job(
-            cp, nodes=nodes, window=args.window, seed=seed, delay=args.delay, limit_s=args.job_limit, index=99,
-            profile=path,
-        )  # fmt: skip
-        profiled = {"nodes": nodes, "file": path.name, "seconds": run.seconds, "completed": run.completed}
-    return {"measured": _now(), "runs": runs, "window": args.window, "delay": args.delay,
-            "off_limit": args.off_limit, "profiled": profiled}  # fmt: skip
+                _save(results, args)
 
 
-async def _hub_capacity(cp: Any, seed: str, args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+async def _hub_capacity(cp: Any, seed: str, args: argparse.Namespace, tmp: Path, results: dict[str, Any]) -> None:
+    """Run the hub series, storing the results after every run."""
     runs: list[dict[str, Any]] = []
+    results["hub_capacity"] = {"measured": _now(), "runs": runs}
     for sessions in args.hub_sizes:
         repeats = args.hub_repeats if sessions <= 1000 else args.big_hub_repeats
         for index in range(repeats):
             _log(f"hub: {sessions} sessions, run {index + 1}/{repeats}")
-            run = await hub_capacity.run_size(cp, sessions=sessions, seed=seed, state_dir=tmp, index=index)
+            try:
+                run = await hub_capacity.run_size(cp, sessions=sessions, seed=seed, state_dir=tmp, index=index)
+            except Exception as exc:  # one failed run must not lose the others
+                _log(f"  FAILED: {exc!r}")
+                continue
             _log(f"  connected in {run.connect_s:.1f}s, {run.per_session_bytes / 1024:.1f} KiB/session")
             runs.append({**asdict(run), "per_session_bytes": run.per_session_bytes, "load": _load()})
-    return {"measured": _now(), "runs": runs}
+            _save(results, args)
 
 
 def _codec(args: argparse.Namespace) -> dict[str, Any]:
