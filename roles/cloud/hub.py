@@ -35,6 +35,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from flows.jobtype import JobType
 from nodetask import messages
+from nodetask.backoff import Backoff
 from nodetask.clock import Clock
 from nodetask.messages import (
     Ack,
@@ -57,7 +58,6 @@ from roles.cloud.status_writer import StatusWriter
 from roles.http import Request, Response, Route
 from roles.kube import ApiError, Conflict, Deleted, Kube, NotFound, Relisted, Upserted, WatchEvent
 from roles.kube.resources import NODES, SECRETS, job_resource
-from roles.kube.watching import Backoff
 from schemas.core import AGENT_VERSION_ANNOTATION, HUB_ANNOTATION
 
 Log = structlog.typing.FilteringBoundLogger

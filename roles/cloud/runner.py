@@ -27,6 +27,7 @@ import msgspec
 import structlog
 
 from flows.jobtype import JobType
+from nodetask.backoff import Backoff
 from nodetask.clock import Clock, parse_time
 from nodetask.messages import Cancel, Confirm, RunAction
 from nodetask.phases import ConditionStatus, NodeTaskPhase
@@ -36,7 +37,6 @@ from roles.cloud.changes import ClaimOutcome, awaits_confirmation, claim
 from roles.cloud.sessions import Session, SessionTable
 from roles.cloud.status_writer import StatusWriter
 from roles.kube import ApiError, NotFound
-from roles.kube.watching import Backoff
 from schemas import v1alpha2
 from schemas.access import targeting
 

@@ -21,12 +21,12 @@ import msgspec
 import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from nodetask.backoff import Backoff
 from nodetask.clock import Clock, format_time
 from nodetask.phases import JobPhase
 from roles.controller import decide
 from roles.kube import ApiError, Deleted, Invalid, Kube, NotFound, Relisted, Upserted, WatchEvent
 from roles.kube.resources import EVENTS, NODES, Resource, job_resource
-from roles.kube.watching import Backoff
 from schemas import v1alpha2
 from schemas.core import Event, EventSource, Node, ObjectReference
 from schemas.kinds import Kind

@@ -28,6 +28,7 @@ import trio_websocket
 from flows import nodeupgradejob
 from flows.jobtype import JobType
 from nodetask import messages
+from nodetask.backoff import Backoff
 from nodetask.clock import Clock
 from nodetask.flow import UnknownActionError
 from nodetask.messages import (
@@ -48,7 +49,6 @@ from roles.edge.actions import EXCLUSIVE_KINDS, decode_spec
 from roles.edge.checks import Thresholds
 from roles.edge.context import Actions, Outcome, TaskContext
 from roles.edge.store import ActionProgress, EdgeStore, NodeTask, StoreError, TaskState
-from roles.kube.watching import Backoff
 from roles.restart import RestartRequested
 
 Log = structlog.typing.FilteringBoundLogger

@@ -22,11 +22,12 @@ import trio
 import trio_asyncio
 from anyio.streams.memory import MemoryObjectSendStream
 
+from nodetask.backoff import Backoff
 from roles.kube import crossing
 from roles.kube.aio import MERGE_PATCH, AioApi, log_asyncio_error
 from roles.kube.errors import Conflict
 from roles.kube.resources import Resource
-from roles.kube.watching import Backoff, Invalid, Relisted, WatchEvent, list_objects, watch_loop
+from roles.kube.watching import Invalid, Relisted, WatchEvent, list_objects, watch_loop
 
 T = TypeVar("T", bound=msgspec.Struct)
 Log = structlog.typing.FilteringBoundLogger

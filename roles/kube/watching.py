@@ -10,13 +10,13 @@ synchronous ``deliver`` callback (a memory stream's ``send_nowait``).
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import msgspec
 
+from nodetask.backoff import Backoff
 from roles.kube.aio import AioApi, raise_if_cancelling
 from roles.kube.errors import ApiError, Gone
 from roles.kube.resources import Resource
@@ -88,22 +88,6 @@ _EVENT = msgspec.json.Decoder(_RawEvent)
 _LIST = msgspec.json.Decoder(_RawList)
 _NAMED = msgspec.json.Decoder(_Named)
 _STATUS = msgspec.json.Decoder(Status)
-
-
-@dataclass
-class Backoff:
-    """Capped exponential backoff with full jitter."""
-
-    initial: float = 0.5
-    cap: float = 30.0
-    _next: float = 0.0
-
-    def reset(self) -> None:
-        self._next = 0.0
-
-    def delay(self) -> float:
-        self._next = min(self.cap, max(self.initial, self._next * 2))
-        return random.uniform(self._next / 2, self._next)
 
 
 def _decode_item(decoder: msgspec.json.Decoder[Any], raw: msgspec.Raw) -> Any:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from roles.kube.watching import Backoff
+from nodetask.backoff import Backoff
 
 
 def test_backoff_grows_to_its_cap_with_jitter_and_resets() -> None:

@@ -1,0 +1,24 @@
+"""Capped exponential backoff with full jitter, for every retry loop (API calls, reconnects)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+__all__ = ["Backoff"]
+
+
+@dataclass
+class Backoff:
+    """Capped exponential backoff with full jitter."""
+
+    initial: float = 0.5
+    cap: float = 30.0
+    _next: float = 0.0
+
+    def reset(self) -> None:
+        self._next = 0.0
+
+    def delay(self) -> float:
+        self._next = min(self.cap, max(self.initial, self._next * 2))
+        return random.uniform(self._next / 2, self._next)
