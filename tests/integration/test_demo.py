@@ -128,8 +128,8 @@ def test_demo_stops_on_ctrl_c_then_a_second_run_reaches_its_summary(state: Path,
         return
     # The canaries pause for confirmation; the demo releases edge-01 from the cloud and edge-02 on the
     # device; both then back up, install this project as agent v0.2.0 and restart onto it.
-    assert "confirming edge-01 from the cloud" in output
-    assert "confirming edge-02 on the device" in output
+    assert "confirming edge-01 from the cloud" in output, upgrade
+    assert "confirming edge-02 on the device" in output, upgrade
     assert "ok: upgrade-canaries resumes at BackUp" in output
     assert upgrade["phase"] == "Completed", upgrade
     assert [(n["name"], n["phase"], n["lastAction"]) for n in upgrade["nodes"]] == [
