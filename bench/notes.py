@@ -57,11 +57,13 @@ def _job_notes(runs: list[dict[str, Any]]) -> list[str]:
     if off:
         big = max(off, key=lambda r: r["nodes"])
         per_write = big["seconds"] / big["hub_writes"]
+        counts = {n: sum(r["nodes"] == n for r in off) for n in sorted({r["nodes"] for r in off})}
+        ran = ", ".join(f"{n:,} nodes ({c} run{'s' if c > 1 else ''})" for n, c in counts.items())
         out += [
-            f"Coalescing off was run at {', '.join(f'{n:,}' for n in sorted({r['nodes'] for r in off}))} nodes only"
-            " (larger ones once, cut off at the limit): each node needs 3 writes (claim, Check, Pull), one after",
-            f"the other. At {big['nodes']:,} nodes a write took {per_write:.2f} s on average, so a 5,000-node job",
-            f"would need at least 15,000 x {per_write:.2f} s = {15000 * per_write / 3600:.1f} h, more as its object",
+            f"Coalescing off was run at {ran}; the larger sizes are cut off at a time limit. Each node needs 3",
+            f"writes (claim, Check, Pull), one after the other. At {big['nodes']:,} nodes a write took"
+            f" {per_write:.2f} s on average, so a 5,000-node job would need at least 15,000 x {per_write:.2f} s ="
+            f" {15000 * per_write / 3600:.1f} h, more as its object",
             "grows five-fold, and it could not finish anyway (below). Impractical, so not run.",
             "",
         ]
@@ -78,8 +80,8 @@ def _job_notes(runs: list[dict[str, Any]]) -> list[str]:
         "",
         "The job's duration therefore grows faster than its size: each write costs time proportional to the",
         "object, and a node task needs three of them in turn (claim, then its reports, then the runner sees its",
-        "slot free), so the 100 slots are often empty while a write is in flight (RUNNING dropped to 0-20 of 100",
-        "for seconds at a time in the 5,000-node run).",
+        "slot free), so the 100 slots are often empty while a write is in flight (`kubectl get` showed RUNNING",
+        "at 0-20 of 100 for seconds at a time during a 5,000-node run).",
         "",
         "What would close the gap, without rewriting the hub: (1) keep the per-node results out of the job",
         "object or much smaller (below); (2) index node entries by name and keep a running InProgress count in",
