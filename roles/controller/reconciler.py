@@ -206,6 +206,8 @@ class Reconciler:
                 await self._record(kind, updated, decide.notices(job.status, updated.status), log)
             return None
         if decide.is_final(kind, job.status.phase):
+            if decide.recounted(job) is not None:  # checked on the cached copy: final jobs wake often
+                await self._kube.update_status(resource, meta.name, self._recount())
             return None
         before = job.status
         updated = await self._kube.update_status(resource, meta.name, self._advance(kind))
@@ -223,6 +225,13 @@ class Reconciler:
             if job.status.phase is not JobPhase.NONE:
                 return None
             return msgspec.structs.replace(job, status=decide.initial_status(kind, job, self._nodes))
+
+        return mutate
+
+    def _recount(self) -> Any:
+        def mutate(job: Any) -> Any:
+            status = decide.recounted(job)
+            return None if status is None else msgspec.structs.replace(job, status=status)
 
         return mutate
 

@@ -222,3 +222,21 @@ def test_notices_tell_phase_changes_and_node_failures() -> None:
         decide.Notice("Warning", "JobFailure", "job phase InProgress -> Failure: too many"),
     ]
     assert decide.notices(new, new) == []
+
+
+def test_a_final_jobs_counts_follow_a_late_revival_but_its_phase_stays() -> None:
+    """A node revived after the job ended is counted again; the phase of the final job is left alone."""
+    running = _running([_entry("a", NodeTaskPhase.SUCCESSFUL), _entry("b", NodeTaskPhase.UNKNOWN)])
+    job = msgspec.structs.replace(running, status=msgspec.structs.replace(running.status, phase=JobPhase.COMPLETED))
+    counted = msgspec.structs.replace(job, status=decide.recounted(job))
+    assert decide.recounted(counted) is None
+    revived_entries = tuple(
+        msgspec.structs.replace(e, phase=NodeTaskPhase.SUCCESSFUL) for e in counted.status.node_status
+    )
+    revived = msgspec.structs.replace(
+        counted, status=msgspec.structs.replace(counted.status, node_status=revived_entries)
+    )
+    status = decide.recounted(revived)
+    assert status is not None
+    assert status.node_counts is not None
+    assert (status.phase, status.node_counts.successful, status.node_counts.unknown) == (JobPhase.COMPLETED, 2, 0)
