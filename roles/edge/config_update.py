@@ -16,10 +16,10 @@ progress as a store fact (``config_update/<job uid>``):
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import Any, Final
 
+import anyio.to_thread
 import msgspec
 import yaml
 
@@ -95,10 +95,15 @@ def _write_atomic(path: Path, text: str) -> None:
         os.close(directory)
 
 
+def _copy_atomic(source: Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomic(target, source.read_text())
+
+
 async def check(ctx: TaskContext) -> Outcome:
     if not ctx.spec.update_fields:
         return Outcome(False, "updateFields is empty")
-    _, problem = candidate(ctx)
+    _, problem = await anyio.to_thread.run_sync(candidate, ctx)
     if problem:
         return Outcome(False, problem)
     return await take_exclusive(ctx) or Outcome(True)
@@ -108,8 +113,7 @@ async def back_up(ctx: TaskContext) -> Outcome:
     assert ctx.config_file is not None  # Check refused the task otherwise
     target = _backup_path(ctx)
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomic(target, ctx.config_file.read_text())
+        await anyio.to_thread.run_sync(_copy_atomic, ctx.config_file, target)
     except OSError as exc:
         return Outcome(False, f"cannot back up {ctx.config_file} to {target}: {exc.strerror}")
     return Outcome(True)
@@ -120,12 +124,12 @@ async def update(ctx: TaskContext) -> Outcome:
     assert ctx.wait_connected is not None
     progress = await ctx.store.get_fact(_fact(ctx), _Progress)
     if progress is None:
-        new, problem = candidate(ctx)
+        new, problem = await anyio.to_thread.run_sync(candidate, ctx)
         if new is None:
             return Outcome(False, problem)
         await ctx.store.set_fact(_fact(ctx), _Progress(stage="written", backup=str(_backup_path(ctx))))
         try:
-            _write_atomic(ctx.config_file, yaml.safe_dump(new, sort_keys=False))
+            await anyio.to_thread.run_sync(_write_atomic, ctx.config_file, yaml.safe_dump(new, sort_keys=False))
         except OSError as exc:
             await ctx.store.delete_fact(_fact(ctx))
             return Outcome(False, f"cannot write {ctx.config_file}: {exc.strerror}")
@@ -136,7 +140,7 @@ async def update(ctx: TaskContext) -> Outcome:
     if await ctx.wait_connected(ctx.health_deadline):
         await ctx.store.delete_fact(_fact(ctx))
         return Outcome(True)
-    shutil.copyfile(progress.backup, ctx.config_file)
+    await anyio.to_thread.run_sync(_copy_atomic, Path(progress.backup), ctx.config_file)
     await ctx.store.set_fact(_fact(ctx), _Progress(stage="restored", backup=progress.backup))
     return Outcome(
         False,
@@ -150,7 +154,7 @@ async def roll_back(ctx: TaskContext) -> Outcome:
     progress = await ctx.store.get_fact(_fact(ctx), _Progress)
     if progress is not None and progress.stage in ("written", "restored"):
         if progress.stage == "written":
-            shutil.copyfile(progress.backup, ctx.config_file)
+            await anyio.to_thread.run_sync(_copy_atomic, Path(progress.backup), ctx.config_file)
         await ctx.store.set_fact(_fact(ctx), _Progress(stage="restarting", backup=progress.backup))
         raise RestartRequested("configuration rolled back")
     await ctx.store.delete_fact(_fact(ctx))
