@@ -27,10 +27,12 @@ class FakeRuntime:
     def __init__(self, delay: float = 0.0) -> None:
         self.delay = delay
         self.pulls = 0
+        self.finished = 0
 
     async def pull(self, images: tuple[str, ...], retry_times: int, auth_for: AuthFor) -> tuple[ImageStatus, ...]:
         self.pulls += 1
         await anyio.sleep(self.delay)
+        self.finished += 1
         return tuple(ImageStatus(image=i, status=ConditionStatus.TRUE) for i in images)
 
 

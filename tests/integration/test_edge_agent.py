@@ -79,7 +79,7 @@ async def test_reports_made_during_an_outage_all_arrive_once_after_it(
             await eventually(lambda: runtime.pulls == 1)
         # The hub is down while the pull finishes; the Pull report waits in the outbox.
         await eventually(lambda: agent.connects == 1 and not agent.connected.is_set())
-        await anyio.sleep(2.5)
+        await eventually(lambda: runtime.finished == 1)
         async with running_hub(crds, "hub-outage", port=port):
             job = await job_when(cloud_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.COMPLETED)
     assert [a.action for a in job.status.node_status[0].action_flow] == ["Check", "Pull"]
