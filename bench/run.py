@@ -141,11 +141,9 @@ def _codec(args: argparse.Namespace) -> dict[str, Any]:
     _log("codec")
     rows = codec.run(iterations=args.codec_iterations, repeats=args.codec_repeats)
     shares = [codec.route_share(iterations=args.codec_iterations) for _ in range(args.codec_repeats)]
-    what_if = codec.run_cached(iterations=args.codec_iterations, repeats=args.codec_repeats)
     return {
         "measured": _now(),
         "rows": [asdict(r) for r in rows],
-        "what_if": [asdict(r) for r in what_if],
         "route_share": statistics.median(shares),
         "iterations": args.codec_iterations,
         "repeats": args.codec_repeats,

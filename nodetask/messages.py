@@ -182,7 +182,8 @@ def _enc_hook(obj: Any) -> Any:
 
 
 @functools.lru_cache(maxsize=ROUTE_CACHE_SIZE)
-def _parse_route(text: str) -> Route:
+def parse_route(text: str) -> Route:
+    """:meth:`Route.parse`, memoised: what the decoders use for every route on the wire."""
     # A hub sees the same route in every report of a node task; parsing it (five regular
     # expressions) is most of a report's decode time (docs/benchmarks.md), so each is parsed once.
     # Routes are immutable values, so sharing one instance between messages is safe.
@@ -192,7 +193,7 @@ def _parse_route(text: str) -> Route:
 def _dec_hook(tp: type, obj: Any) -> Any:
     if tp is Route and isinstance(obj, str):
         try:
-            return _parse_route(obj)
+            return parse_route(obj)
         except RouteError as exc:
             raise ValueError(str(exc)) from None
     raise NotImplementedError(f"cannot decode {tp!r}")

@@ -21,6 +21,12 @@ _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _GROUP = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 _VERSION = re.compile(r"v[0-9]+((alpha|beta)[0-9]+)?")
 _JOB_TYPE = re.compile(r"[a-z][a-z0-9]*")
+# The whole route in one expression: the fast path for well-formed routes, which are nearly all of
+# them. The part-by-part checks above run only to explain a route this does not match.
+_ROUTE = re.compile(
+    rf"(?P<api>{_GROUP.pattern}/{_VERSION.pattern})/(?P<type>{_JOB_TYPE.pattern})"
+    rf"/(?P<job>{_NAME.pattern})/nodes?/(?P<node>{_NAME.pattern})"
+)
 
 
 class RouteError(ValueError):
@@ -97,6 +103,14 @@ class Route:
         Errors:
             :class:`RouteError` naming the first part that is missing or malformed.
         """
+        match = _ROUTE.fullmatch(text)
+        if match is not None:
+            route = object.__new__(cls)
+            _set_api_version(route, match["api"])
+            _set_job_type(route, match["type"])
+            _set_job(route, match["job"])
+            _set_node(route, match["node"])
+            return route
         parts = text.split("/")
         if len(parts) != 6:
             raise RouteError(
@@ -107,3 +121,10 @@ class Route:
         if keyword not in ("nodes", "node"):
             raise RouteError(f"route {text!r}: expected 'nodes' before the node name, found {keyword!r}")
         return cls(api_version=f"{group}/{version}", job_type=job_type, job=job, node=node)
+
+
+# Slot setters, bypassing the immutability guard for the parser's fast path.
+_set_api_version = Route.__dict__["api_version"].__set__
+_set_job_type = Route.__dict__["job_type"].__set__
+_set_job = Route.__dict__["job"].__set__
+_set_node = Route.__dict__["node"].__set__

@@ -74,3 +74,25 @@ def test_routes_are_immutable_so_decoded_messages_can_share_them() -> None:
     route = Route.parse("operations.kubeedge.io/v1alpha2/imageprepulljob/j/nodes/n")
     with pytest.raises(AttributeError, match="immutable"):
         route.node = "other"
+
+
+part = st.text(alphabet="az09.-_A", max_size=6)
+
+
+version = st.one_of(part, st.sampled_from(["v1", "v1alpha2", "v2beta1", "v1gamma1", "V1", "v1alpha"]))
+
+
+@given(st.tuples(part, version, part, part, st.sampled_from(["nodes", "node", "nods"]), part))
+def test_parse_accepts_exactly_what_the_validating_constructor_accepts(parts: tuple[str, ...]) -> None:
+    """The one-expression fast path accepts a route exactly when the per-part checks accept its parts."""
+    group, version, job_type, job, keyword, node = parts
+    text = "/".join(parts)
+    try:
+        expected: Route | None = Route(f"{group}/{version}", job_type, job, node) if keyword != "nods" else None
+    except RouteError:
+        expected = None
+    if expected is None:
+        with pytest.raises(RouteError):
+            Route.parse(text)
+    else:
+        assert Route.parse(text) == expected
