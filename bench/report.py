@@ -320,14 +320,69 @@ def _codec_section(res: dict[str, Any], images: Path) -> list[str]:
     return out
 
 
-EDGE_PLACEHOLDER = [
-    "## 4. Edge footprint (not measured yet)",
-    "",
-    "**Placeholder.** The issue asks for the resident memory of an idle `nodetaskd --role=edge` and during an",
-    "image pull (target: under 40 MiB idle). The edge role was not built when these benchmarks were written,",
-    "so this benchmark does not exist yet; it belongs here once the role has landed.",
-    "",
-]
+def _mib(n: float) -> str:
+    return f"{n / (1 << 20):.1f}"
+
+
+def _edge_section(res: dict[str, Any]) -> list[str]:
+    runs: list[dict[str, Any]] = res["runs"]
+    out = [
+        "## 4. Edge footprint",
+        "",
+        f"*Measured {res['measured']}.* One real agent (`python -m roles.cli --role=edge`) per run, started by the",
+        "interpreter of a virtualenv holding only the base install's dependencies (what a device installs; no",
+        "cloud or demo extra), connected to a minimal hub in the benchmark process (the real codec over",
+        "trio-websocket: welcome, heartbeat echoes, report acks), with its SQLite store and a real containerd",
+        f"on loopback. *Idle*: {res['settle_s']:.0f} s after the Welcome, the median of three readings a second",
+        "apart. *During a pull*: the hub dispatches an ImagePrePullJob (Check, Pull) of an image with one",
+        f"{res['layer_mib']} MiB layer, new to containerd; RSS sampled every 20 ms until the Pull report."
+        f" *After*: {res['settle_s']:.0f} s later.",
+        "RSS counts shared libraries' resident pages; USS is the memory only this process holds; PSS shares",
+        f"the rest among the processes mapping it. Medians of {len(runs)} runs, in MiB.",
+        "",
+    ]
+    if not runs:
+        return [*out, "No run completed.", ""]
+
+    def med(path: tuple[str, ...]) -> float:
+        values = []
+        for r in runs:
+            v: Any = r
+            for key in path:
+                v = v[key]
+            values.append(float(v))
+        return statistics.median(values)
+
+    rows = [
+        ("idle", _mib(med(("idle", "rss"))), _mib(med(("idle", "uss"))), _mib(med(("idle", "pss")))),
+        ("peak during a pull", _mib(med(("peak_rss",))), "", ""),
+        (
+            "idle after a pull",
+            _mib(med(("after_pull", "rss"))),
+            _mib(med(("after_pull", "uss"))),
+            _mib(med(("after_pull", "pss"))),
+        ),
+    ]
+    out += _table(("agent", "RSS MiB", "USS MiB", "PSS MiB"), rows)
+    out += ["", f"The pull took {med(('pull_s',)):.2f} s (median).", ""]
+    steps: list[dict[str, Any]] = res.get("imports", [])
+    if steps:
+        out += [
+            "Where an idle agent's memory goes: the RSS of fresh interpreters of the same virtualenv importing",
+            "the agent's parts, each row adding to the ones above (medians of three):",
+            "",
+        ]
+        previous = 0
+        table_rows = []
+        for step in steps:
+            table_rows.append((step["what"], _mib(step["rss"]), f"+{_mib(step['rss'] - previous)}" if previous else ""))
+            previous = step["rss"]
+        out += _table(("imported", "RSS MiB", "added"), table_rows)
+        out.append("")
+    idle = med(("idle", "rss"))
+    verdict = "met" if idle < 40 * (1 << 20) else f"missed by {_mib(idle - 40 * (1 << 20))} MiB"
+    out += [f"**Target** (an idle agent under 40 MiB): **{_mib(idle)} MiB** RSS, {verdict}.", ""]
+    return out
 
 
 def write(results: dict[str, Any], *, out: Path, images: Path) -> None:
@@ -353,6 +408,7 @@ def write(results: dict[str, Any], *, out: Path, images: Path) -> None:
         lines += _hub_section(results["hub_capacity"], images)
     if "codec" in results:
         lines += _codec_section(results["codec"], images)
-    lines += EDGE_PLACEHOLDER
+    if "edge_footprint" in results:
+        lines += _edge_section(results["edge_footprint"])
     lines += notes.write(results)
     out.write_text("\n".join(lines).rstrip() + "\n")

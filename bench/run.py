@@ -23,7 +23,7 @@ from typing import Any
 import anyio
 import msgspec
 
-from bench import cluster, codec, hub_capacity, job_cost, machine, report
+from bench import cluster, codec, edge_footprint, hub_capacity, job_cost, machine, report
 from bench.fleet import raise_fd_limit
 from roles.logs import configure_logging
 
@@ -150,10 +150,24 @@ def _codec(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+async def _edge_footprint(args: argparse.Namespace) -> dict[str, Any]:
+    _log(f"edge footprint: {args.edge_runs} agents")
+    settle_s = 5.0
+    runs = await edge_footprint.run(runs=args.edge_runs, settle_s=settle_s, layer_mib=args.edge_layer_mib)
+    return {
+        "measured": _now(),
+        "runs": [asdict(r) for r in runs],
+        "imports": [asdict(s) for s in edge_footprint.import_costs()],
+        "settle_s": settle_s,
+        "layer_mib": args.edge_layer_mib,
+        "load": _load(),
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="bench.run", description="Run the benchmarks and write docs/benchmarks.md.")
     p.add_argument(
-        "--only", action="append", choices=("codec", "job", "hub", "heap"), help="run only these (repeatable)"
+        "--only", action="append", choices=("codec", "edge", "job", "hub", "heap"), help="run only these (repeatable)"
     )
     p.add_argument("--job-sizes", type=_sizes, default=[100, 1000, 5000], help="nodes per job, comma-separated")
     p.add_argument("--off-sizes", type=_sizes, default=[100, 1000], help="sizes also run with coalescing off")
@@ -172,6 +186,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--heap-sessions", type=int, default=2000, help="sessions of the tracemalloc run (0: none)")
     p.add_argument("--codec-iterations", type=int, default=50_000)
     p.add_argument("--codec-repeats", type=int, default=7)
+    p.add_argument("--edge-runs", type=int, default=3, help="fresh agents measured by the edge footprint")
+    p.add_argument("--edge-layer-mib", type=int, default=32, help="size of the image layer the agent pulls")
     p.add_argument("--cluster-dir", type=Path, help="use the control plane running in this state directory")
     p.add_argument("--out", type=Path, default=cluster.REPO / "docs" / "benchmarks.md")
     p.add_argument("--render", action="store_true", help="only rewrite the report from the stored results")
@@ -179,13 +195,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.render:
         report.write(msgspec.json.decode(RESULTS.read_bytes()), out=args.out, images=RESULTS.parent)
         return
-    args.only = args.only or ["codec", "job", "hub", "heap"]
+    args.only = args.only or ["codec", "edge", "job", "hub", "heap"]
     raise_fd_limit()
     configure_logging(level="error", fmt="console")
     results: dict[str, Any] = msgspec.json.decode(RESULTS.read_bytes()) if RESULTS.exists() else {}
     results["machine"] = machine.describe()
     if "codec" in args.only:
         results["codec"] = _codec(args)
+        _save(results, args)
+    if "edge" in args.only:
+        results["edge_footprint"] = anyio.run(_edge_footprint, args, backend="trio")
         _save(results, args)
     if "job" in args.only or "hub" in args.only:
         anyio.run(_cluster_benchmarks, args, results, backend="trio")

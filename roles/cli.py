@@ -92,9 +92,11 @@ def _runner(role: str) -> Callable[..., Awaitable[None]]:
 
 
 async def _serve(
-    role: str, cfg: RoleConfig, log: structlog.typing.FilteringBoundLogger, config_path: Path | None
+    run: Callable[..., Awaitable[None]],
+    cfg: RoleConfig,
+    log: structlog.typing.FilteringBoundLogger,
+    config_path: Path | None,
 ) -> None:
-    run = _runner(role)
     # SIGTERM and SIGINT cancel the role; its task groups unwind and close what they own.
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
@@ -150,11 +152,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.check_config:
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(cfg).decode()) + "\n")
         return 0
+    try:
+        run = _runner(role)
+    except ModuleNotFoundError as exc:
+        # A device installs only the base package; the cloud roles need their extra.
+        print(
+            f"nodetaskd: error: the {role} role needs the cloud extra (pip install 'nodetaskd[cloud]'):"
+            f" module {exc.name} is not installed",
+            file=sys.stderr,
+        )
+        return EXIT_UNAVAILABLE
     log = configure_logging(level=cfg.log_level, fmt=cfg.log_format).bind(role=role)
     status = 0
     restart = False
     try:
-        trio.run(_serve, role, cfg, log, args.config)
+        trio.run(_serve, run, cfg, log, args.config)
     except* RestartRequested as group:
         log.info("restarting", reason=str(_leaf(group)))
         restart = True

@@ -143,6 +143,10 @@ class EdgeConfig(_Config, frozen=True, kw_only=True):
         for url in self.hub_urls:
             if not url.startswith(("wss://", "ws://")):
                 raise ValueError(f"hubUrls: {url!r} is not a ws:// or wss:// URL")
+        # Checked here because the runtime is first reached at the first image pull, long after start.
+        socket = self.cri_endpoint.removeprefix("unix://")
+        if self.cri_endpoint and not socket.startswith("/"):
+            raise ValueError(f"criEndpoint {self.cri_endpoint!r} is not a unix socket (unix:///path or /path)")
 
 
 RoleConfig = ControllerConfig | CloudConfig | EdgeConfig

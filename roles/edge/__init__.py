@@ -12,7 +12,6 @@ from nodetask.clock import Clock
 from roles.config import EdgeConfig, RoleConfig
 from roles.edge.actions import AuthFor, PullImages, build_actions
 from roles.edge.agent import AgentSettings, EdgeAgent
-from roles.edge.runtime import open_image_service, pull_images
 from roles.edge.settings import settings_of
 from roles.edge.store import StoreError, StoreFault, open_store, quarantine_store
 from roles.jobtypes import job_types
@@ -41,16 +40,28 @@ async def run(cfg: RoleConfig, *, log: Log, config_path: Path | None = None) -> 
         await _run(settings, cfg.cri_endpoint, path, clock, log)
 
 
+def _puller(cri_endpoint: str, log: Log) -> PullImages:
+    """Image pulls through the runtime at ``cri_endpoint``, a channel per pull.
+
+    grpcio and protobuf are imported on the first pull, not at start: they are about a third of an
+    idle agent's memory (docs/benchmarks.md, edge footprint), and most devices pull rarely.
+    """
+
+    async def pull(images: tuple[str, ...], retry_times: int, auth_for: AuthFor) -> tuple[ImageStatus, ...]:
+        from roles.edge.runtime import open_image_service, pull_images  # noqa: PLC0415 (deferred on purpose)
+
+        async with open_image_service(cri_endpoint) as service:
+            return await pull_images(service, images, retry_times=retry_times, auth_for=auth_for, log=log)
+
+    return pull
+
+
 async def _run(settings: AgentSettings, cri_endpoint: str, path: Path, clock: Clock, log: Log) -> None:
     async with contextlib.AsyncExitStack() as stack:
         store = await stack.enter_async_context(open_store(path, now=clock.now, log=log))
         pull: PullImages | None = None
         if cri_endpoint:
-            images = await stack.enter_async_context(open_image_service(cri_endpoint))
-
-            async def pull(images_: tuple[str, ...], retry_times: int, auth_for: AuthFor) -> tuple[ImageStatus, ...]:
-                return await pull_images(images, images_, retry_times=retry_times, auth_for=auth_for, log=log)
-
+            pull = _puller(cri_endpoint, log)
         else:
             log.warning("no_container_runtime", hint="criEndpoint is empty: image pulls will fail")
         agent: EdgeAgent

@@ -21,7 +21,6 @@ from typing import Any, Final
 
 import anyio.to_thread
 import msgspec
-import yaml
 
 from roles.config import ConfigError, EdgeConfig
 from roles.edge.config_fields import FieldError, apply_fields
@@ -50,7 +49,8 @@ def _backup_path(ctx: TaskContext) -> Path:
 
 
 def _load(path: Path) -> dict[str, Any]:
-    document = yaml.safe_load(path.read_text()) or {}
+    # msgspec.yaml, not yaml: it imports PyYAML on first use, keeping it out of an idle agent's memory.
+    document = msgspec.yaml.decode(path.read_bytes()) or {}
     if not isinstance(document, dict):
         raise ConfigError(f"{path} is not a mapping of options")
     return document
@@ -63,7 +63,7 @@ def candidate(ctx: TaskContext) -> tuple[dict[str, Any] | None, str]:
     try:
         current = _load(ctx.config_file)
         updated = apply_fields(current, ctx.spec.update_fields)
-    except (OSError, yaml.YAMLError, ConfigError, FieldError) as exc:
+    except (OSError, msgspec.DecodeError, ConfigError, FieldError) as exc:
         return None, f"cannot apply updateFields: {exc}"
     for key in FROZEN_KEYS:
         if updated.get(key) != current.get(key):
@@ -129,7 +129,7 @@ async def update(ctx: TaskContext) -> Outcome:
             return Outcome(False, problem)
         await ctx.store.set_fact(_fact(ctx), _Progress(stage="written", backup=str(_backup_path(ctx))))
         try:
-            await anyio.to_thread.run_sync(_write_atomic, ctx.config_file, yaml.safe_dump(new, sort_keys=False))
+            await anyio.to_thread.run_sync(_write_atomic, ctx.config_file, msgspec.yaml.encode(new).decode())
         except OSError as exc:
             await ctx.store.delete_fact(_fact(ctx))
             return Outcome(False, f"cannot write {ctx.config_file}: {exc.strerror}")

@@ -63,6 +63,7 @@ def test_cloudhub_is_an_alias_of_cloud(capsys: pytest.CaptureFixture[str]) -> No
         ("a: [\n", ["--role=edge"], "is not valid YAML"),
         ("", ["--role=edge", "--listen=0:1"], "--listen does not apply to the edge role"),
         ("", ["--role=edge", "--hub-url=http://x"], "'http://x' is not a ws:// or wss:// URL"),
+        ("criEndpoint: tcp://127.0.0.1:1\n", ["--role=edge"], "criEndpoint 'tcp://127.0.0.1:1' is not a unix socket"),
     ],
 )
 def test_bad_config_exits_2_naming_the_field(
@@ -93,3 +94,17 @@ def test_edge_without_a_readable_token_file_exits_2_naming_it(
     cfg.write_text(f"tokenFile: {missing}\n")
     assert main([*args, f"--config={cfg}"]) == 2
     assert f"cannot read tokenFile {missing}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("role", ["controller", "cloud"])
+def test_cloud_role_without_the_cloud_extra_names_the_extra_and_the_missing_module(role: str) -> None:
+    """On a base (device) install the cloud roles exit 3 saying which extra to install, instead of a traceback."""
+    code = (
+        "import sys; sys.modules['kubernetes_asyncio'] = None; "  # as if the cloud extra were not installed
+        f"from roles.cli import main; sys.exit(main(['--role={role}', '--kubeconfig=/nonexistent']))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 3, done.stderr
+    assert "pip install 'nodetaskd[cloud]'" in done.stderr
+    assert "module kubernetes_asyncio is not installed" in done.stderr
+    assert "Traceback" not in done.stderr

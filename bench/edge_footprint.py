@@ -1,0 +1,279 @@
+"""Benchmark 4: the resident memory of one edge agent, idle and while it pulls an image.
+
+The agent is the real edge role (``python -m roles.cli --role=edge``) in its own process, run as a
+device runs it: by an interpreter whose virtualenv holds only the base install's dependencies
+(:func:`device_python`; no cloud or demo extra), with its SQLite store and a real containerd (CRI)
+on loopback, pulling from a real registry. Its hub is a
+minimal one in this process (:class:`_Hub`): the real wire codec over trio-websocket, answering
+the Hello, echoing heartbeats and acknowledging reports, so that nothing else in the agent's
+process is measured. For each run, a fresh agent:
+
+1. connects and is welcomed; after ``settle_s`` its memory is read three times, a second apart
+   (RSS, USS and PSS from ``/proc/<pid>/smaps``; the median of each): *idle*;
+2. the hub sends an ImagePrePullJob's RunAction (Check, then Pull of an image of ``layer_mib``
+   MiB that no run has pulled before); RSS is sampled every 20 ms until the Pull report: *peak*;
+3. ``settle_s`` later, memory again: *idle after a pull* (what the pull's imports and buffers left).
+
+Also measured, each in a fresh interpreter: what importing the agent's parts costs, to show where an
+idle agent's memory goes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import secrets
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import anyio
+import msgspec
+import psutil
+import trio_websocket
+
+from bench.cluster import REPO
+from bench.procs import free_port
+from flows import imageprepulljob
+from nodetask import messages
+from nodetask.route import Route
+from schemas.v1alpha2 import API_VERSION, ImagePrePullJobSpec, ImagePrePullTemplate
+from tools.containerd import Containerd, Registry, ensure_tools, start_containerd, start_registry
+
+NODE = "bench-edge"
+SAMPLE_S = 0.02
+
+IMPORT_STEPS: tuple[tuple[str, str], ...] = (
+    ("the interpreter", "pass"),
+    ("+ trio, anyio", "import trio, anyio"),
+    ("+ trio-websocket", "import trio_websocket"),
+    ("+ structlog", "import structlog"),
+    ("+ msgspec, sqlite3, psutil", "import msgspec, sqlite3, psutil"),
+    ("+ the agent (roles.edge)", "import roles.edge, roles.cli"),
+    ("+ grpcio and the CRI client (first pull)", "import roles.edge.runtime"),
+)
+"""Cumulative imports, each row in a fresh interpreter with the rows above it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    rss: int
+    uss: int
+    pss: int
+
+
+@dataclass(frozen=True, slots=True)
+class FootprintRun:
+    idle: Memory
+    peak_rss: int
+    after_pull: Memory
+    pull_s: float
+    layer_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class ImportStep:
+    what: str
+    rss: int
+
+
+def device_python() -> Path:
+    """The interpreter of a virtualenv with only the base dependencies, built once per dependency list.
+
+    The package itself is installed editable (without dependencies), so the measurement follows
+    the repository's code; only the installed libraries are a device's.
+    """
+    deps: list[str] = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    key = hashlib.sha256("\n".join(sorted(deps)).encode()).hexdigest()[:12]
+    venv = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "nodetaskd" / f"edge-venv-{key}"
+    python = venv / "bin" / "python"
+    if not (venv / ".complete").exists():
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+        subprocess.run([*pip, *deps], check=True)
+        subprocess.run([*pip, "--no-deps", "--editable", str(REPO)], check=True)
+        (venv / ".complete").touch()
+    return python
+
+
+def _memory(pid: int) -> Memory:
+    info = psutil.Process(pid).memory_full_info()
+    return Memory(rss=info.rss, uss=info.uss, pss=info.pss)
+
+
+async def _settled_memory(pid: int) -> Memory:
+    readings = []
+    for _ in range(3):
+        readings.append(_memory(pid))
+        await anyio.sleep(1)
+    return Memory(
+        rss=int(statistics.median(r.rss for r in readings)),
+        uss=int(statistics.median(r.uss for r in readings)),
+        pss=int(statistics.median(r.pss for r in readings)),
+    )
+
+
+@dataclass(slots=True)
+class _Hub:
+    """Just enough of a hub for one agent: welcome, echo heartbeats, dispatch one pull, ack reports."""
+
+    image: str
+    welcomed: anyio.Event = field(default_factory=anyio.Event)
+    start_pull: anyio.Event = field(default_factory=anyio.Event)
+    pulled: anyio.Event = field(default_factory=anyio.Event)
+    pull_report: messages.Report | None = None
+
+    async def handle(self, request: trio_websocket.WebSocketRequest) -> None:
+        ws = await request.accept()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(self._dispatch, ws)
+            with contextlib.suppress(trio_websocket.ConnectionClosed):
+                while True:
+                    msg = messages.decode_upstream(await ws.get_message())
+                    await self._answer(ws, msg)
+            tg.cancel_scope.cancel()
+
+    async def _answer(self, ws: trio_websocket.WebSocketConnection, msg: messages.Upstream) -> None:
+        if isinstance(msg, messages.Hello):
+            await ws.send_message(messages.encode(messages.Welcome(hub="bench", heartbeat_interval=15.0)))
+            self.welcomed.set()
+        elif isinstance(msg, messages.Heartbeat):
+            await ws.send_message(messages.encode(msg))
+        elif isinstance(msg, messages.Report):
+            await ws.send_message(messages.encode(messages.ReportAck(job_uid=msg.job_uid, seq=msg.seq)))
+            if msg.action == imageprepulljob.PULL:
+                self.pull_report = msg
+                self.pulled.set()
+
+    async def _dispatch(self, ws: trio_websocket.WebSocketConnection) -> None:
+        await self.start_pull.wait()
+        spec = ImagePrePullJobSpec(image_pre_pull_template=ImagePrePullTemplate(images=(self.image,)))
+        await ws.send_message(
+            messages.encode(
+                messages.RunAction(
+                    id="bench-pull",
+                    route=Route(API_VERSION, imageprepulljob.JOB_TYPE.resource_type, "bench-pull", NODE),
+                    job_uid=secrets.token_hex(8),
+                    action=imageprepulljob.CHECK,
+                    spec=msgspec.Raw(msgspec.json.encode(spec)),
+                )
+            )
+        )
+
+
+@contextlib.asynccontextmanager
+async def _serving(hub: _Hub) -> AsyncIterator[int]:
+    port = free_port()
+    async with anyio.create_task_group() as tg:
+        await tg.start(trio_websocket.serve_websocket, hub.handle, "127.0.0.1", port, None)
+        yield port
+        tg.cancel_scope.cancel()
+
+
+def _agent_config(home: Path, *, port: int, cri_endpoint: str) -> Path:
+    (home / "token").write_text("bench-token\n")
+    config = {
+        "nodeName": NODE,
+        "hubUrls": [f"ws://127.0.0.1:{port}/nodes/{NODE}"],
+        "tokenFile": str(home / "token"),
+        "dataDir": str(home / "data"),
+        "criEndpoint": cri_endpoint,
+        "maxCpuUsage": 100,
+        "maxMemUsage": 100,
+        "maxDiskUsage": 100,
+    }
+    path = home / "edge.yaml"
+    path.write_bytes(msgspec.yaml.encode(config))
+    return path
+
+
+async def _one_run(
+    python: Path, ctd: Containerd, registry: Registry, *, index: int, layer: bytes, settle_s: float
+) -> FootprintRun:
+    image = registry.push("bench/footprint", f"run{index}-{secrets.token_hex(4)}", content=layer)
+    hub = _Hub(image=image)
+    with tempfile.TemporaryDirectory(prefix="ntd-edge-") as tmp:
+        async with _serving(hub) as port:
+            config = _agent_config(Path(tmp), port=port, cri_endpoint=ctd.endpoint)
+            argv = [str(python), "-m", "roles.cli", "--role=edge", f"--config={config}", "--log-level=warning"]
+            process = await anyio.open_process(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                with anyio.fail_after(60):
+                    await hub.welcomed.wait()
+                await anyio.sleep(settle_s)
+                idle = await _settled_memory(process.pid)
+                peak = 0
+                started = time.perf_counter()
+                hub.start_pull.set()
+                with anyio.fail_after(300):
+                    while not hub.pulled.is_set():
+                        peak = max(peak, int(psutil.Process(process.pid).memory_info().rss))
+                        with anyio.move_on_after(SAMPLE_S):
+                            await hub.pulled.wait()
+                pull_s = time.perf_counter() - started
+                report = hub.pull_report
+                if report is None or not report.succ:
+                    raise RuntimeError(f"the pull failed: {report.reason if report else 'no report'}")
+                await anyio.sleep(settle_s)
+                after = await _settled_memory(process.pid)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    process.send_signal(signal.SIGTERM)
+                    with anyio.move_on_after(15):
+                        await process.wait()
+                    if process.returncode is None:
+                        process.kill()
+                        await process.wait()
+                    await process.aclose()
+    return FootprintRun(idle=idle, peak_rss=peak, after_pull=after, pull_s=pull_s, layer_bytes=len(layer))
+
+
+async def run(*, runs: int = 3, settle_s: float = 5.0, layer_mib: int = 32) -> list[FootprintRun]:
+    """``runs`` fresh agents, each measured idle, during a pull and after it."""
+    tools = ensure_tools()
+    python = device_python()
+    results: list[FootprintRun] = []
+    # Short paths: containerd's socket must fit in a unix socket address.
+    with tempfile.TemporaryDirectory(prefix="ntd-fp-", dir="/tmp") as tmp:
+        ctd = start_containerd(Path(tmp) / "ctd", tools)
+        try:
+            registry = start_registry(Path(tmp) / "reg", tools)
+            try:
+                ctd.allow_plain_http(registry.host)
+                for index in range(runs):
+                    layer = secrets.token_bytes(layer_mib << 20)
+                    results.append(await _one_run(python, ctd, registry, index=index, layer=layer, settle_s=settle_s))
+            finally:
+                registry.stop()
+        finally:
+            ctd.stop()
+    return results
+
+
+def import_costs() -> list[ImportStep]:
+    """The RSS of fresh interpreters (of the device virtualenv) importing the agent's parts cumulatively."""
+    python = device_python()
+    steps: list[ImportStep] = []
+    imported: list[str] = []
+    probe = "import resource, re; print(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read())[1])"
+    for what, statement in IMPORT_STEPS:
+        imported.append(statement)
+        readings = []
+        for _ in range(3):
+            out = subprocess.run(
+                [str(python), "-c", "; ".join([*imported, probe])],
+                cwd=REPO, check=True, capture_output=True, text=True,
+            )  # fmt: skip
+            readings.append(int(out.stdout.strip()) * 1024)
+        steps.append(ImportStep(what=what, rss=int(statistics.median(readings))))
+    return steps
