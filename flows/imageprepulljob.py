@@ -1,7 +1,8 @@
 """ImagePrePullJob: pull a list of images on each node ahead of need.
 
 ``Check -> Pull``; neither has a failure edge, so any failed action ends the node task. Pull's
-``extend`` is the JSON list of per-image results, which becomes ``imageStatus``.
+``extend`` is the JSON list of per-image results, which becomes ``imageStatus`` (left out of a
+large job's compact entry for a node that pulled every image).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import msgspec
 
 from flows.jobtype import ExtendError, JobType
 from nodetask.flow import Flow, Step
+from nodetask.phases import ConditionStatus
 from schemas.kinds import IMAGE_PRE_PULL_JOB
-from schemas.v1alpha2 import ImagePrePullJobSpec, ImageStatus
+from schemas.v1alpha2 import ImagePrePullJobSpec, ImagePrePullNodeTaskStatus, ImageStatus
 
 CHECK: Final = "Check"
 PULL: Final = "Pull"
@@ -37,4 +39,17 @@ def encode_extend(images: tuple[ImageStatus, ...]) -> str:
     return msgspec.json.encode(images).decode()
 
 
-JOB_TYPE: Final = JobType(kind=IMAGE_PRE_PULL_JOB, flow=FLOW, spec_type=ImagePrePullJobSpec, read_extend=read_extend)
+def drop_success_detail(entry: ImagePrePullNodeTaskStatus) -> ImagePrePullNodeTaskStatus:
+    """Without ``imageStatus`` when every image was pulled: the spec's image list says the same."""
+    if all(image.status is ConditionStatus.TRUE for image in entry.image_status):
+        return msgspec.structs.replace(entry, image_status=())
+    return entry
+
+
+JOB_TYPE: Final = JobType(
+    kind=IMAGE_PRE_PULL_JOB,
+    flow=FLOW,
+    spec_type=ImagePrePullJobSpec,
+    read_extend=read_extend,
+    drop_success_detail=drop_success_detail,
+)

@@ -91,6 +91,10 @@ class CloudConfig(_Config, frozen=True, kw_only=True):
     missed_heartbeats: Annotated[int, msgspec.Meta(ge=1)] = 3
     status_coalesce_window: Annotated[float, msgspec.Meta(ge=0)] = 0.2
     max_frame_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 1 << 20
+    compact_status_above: Annotated[int, msgspec.Meta(ge=0)] | None = 1000
+    """Jobs of more nodes than this keep a compact status entry for each node that succeeded (its last
+    action only; for pre-pulls no imageStatus when every image was pulled), so that jobs of several
+    thousand nodes stay well inside etcd's object size limit. null: KubeEdge's full entry always."""
     close_grace: Seconds = 5.0
     http_listen: str = "0.0.0.0:10002"
     """Health, readiness, metrics and KubeEdge's report endpoint (TLS when the hub has a certificate)."""

@@ -30,6 +30,7 @@ def settings_of(cfg: CloudConfig) -> HubSettings:
         max_frame_bytes=cfg.max_frame_bytes,
         token_namespace=cfg.token_namespace,
         close_grace=cfg.close_grace,
+        compact_status_above=cfg.compact_status_above,
     )
 
 

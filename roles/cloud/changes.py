@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from flows import nodeupgradejob
-from flows.jobtype import ExtendError, JobType, apply_result
+from flows.jobtype import ExtendError, JobType, apply_result, compact
 from nodetask.flow import UnknownActionError
 from nodetask.messages import ActionResult
 from nodetask.phases import ConditionStatus, JobPhase, NodeTaskPhase
@@ -131,8 +131,15 @@ def claim(node: str, *, uid: str, now: str) -> Change:
     return change
 
 
-def record(job_type: JobType, node: str, result: ActionResult, *, uid: str, now: str) -> Change:
-    """Record ``result`` for ``node`` of job ``uid``; a duplicate is recognised and changes nothing."""
+def record(
+    job_type: JobType, node: str, result: ActionResult, *, uid: str, now: str, compact_above: int | None = None
+) -> Change:
+    """Record ``result`` for ``node`` of job ``uid``; a duplicate is recognised and changes nothing.
+
+    In a job of more than ``compact_above`` nodes, a node that succeeds keeps a compact entry
+    (:func:`flows.jobtype.compact`); a report that only restores what compaction left out (a
+    redelivered earlier action) is a duplicate too.
+    """
 
     def change(job: Job) -> tuple[Job | None, RecordOutcome]:
         if job.metadata.uid != uid:
@@ -144,6 +151,10 @@ def record(job_type: JobType, node: str, result: ActionResult, *, uid: str, now:
             entry = apply_result(job_type, job.status.node_status[index], result, now=now)
         except (UnknownActionError, ExtendError) as exc:
             return None, RecordOutcome(applied=False, error=str(exc))
+        if entry is not None and compact_above is not None and len(job.status.node_status) > compact_above:
+            entry = compact(job_type, entry)
+            if entry == job.status.node_status[index]:
+                entry = None
         if entry is None:
             return None, RecordOutcome(applied=False)
         return _with_entry(job, index, entry), RecordOutcome(applied=True)

@@ -91,6 +91,8 @@ class HubSettings:
     token_namespace: str = "kube-system"
     close_grace: float = 5.0
     hello_timeout: float = 10.0
+    compact_status_above: int | None = 1000
+    """Jobs of more nodes keep a compact status entry per succeeded node (None: never)."""
 
 
 @dataclass(slots=True)
@@ -500,7 +502,14 @@ class Hub:
                 uid = state.job.metadata.uid
             try:
                 outcome: RecordOutcome = await state.writer.submit(
-                    record(jt, node, result, uid=uid, now=self._clock.stamp())
+                    record(
+                        jt,
+                        node,
+                        result,
+                        uid=uid,
+                        now=self._clock.stamp(),
+                        compact_above=self.settings.compact_status_above,
+                    )
                 )
             except NotFound:
                 log.warning("report_for_missing_job")

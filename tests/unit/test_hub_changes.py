@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from flows import imageprepulljob
 from nodetask.messages import ActionResult
-from nodetask.phases import JobPhase, NodeTaskPhase
+from nodetask.phases import ConditionStatus, JobPhase, NodeTaskPhase
 from roles.cloud.changes import ClaimOutcome, claim, record
 from schemas.meta import ObjectMeta
 from schemas.v1alpha2 import (
@@ -18,6 +18,7 @@ from schemas.v1alpha2 import (
     ImagePrePullJobStatus,
     ImagePrePullNodeTaskStatus,
     ImagePrePullTemplate,
+    ImageStatus,
 )
 
 JT = imageprepulljob.JOB_TYPE
@@ -90,3 +91,64 @@ def test_record_applies_once_and_rejects_what_can_never_apply() -> None:
     assert "Teleport" in unknown.error
     _, old = record(JT, "n0", check, uid="u0", now=NOW)(job)
     assert "re-created" in old.error
+
+
+def _report(action: str, succ: bool, images: tuple[tuple[str, bool], ...] = ()) -> ActionResult:
+    extend = ""
+    if action == imageprepulljob.PULL:
+        extend = imageprepulljob.encode_extend(
+            tuple(
+                ImageStatus(image=i, status=ConditionStatus.TRUE if ok else ConditionStatus.FALSE) for i, ok in images
+            )
+        )
+    return ActionResult(action=action, succ=succ, finish_time=NOW, reason="" if succ else "no", extend=extend)
+
+
+reports = st.lists(
+    st.builds(
+        _report,
+        st.sampled_from([imageprepulljob.CHECK, imageprepulljob.PULL]),
+        st.booleans(),
+        st.lists(st.tuples(st.sampled_from(["a/b:1", "c/d:2"]), st.booleans()), max_size=2).map(tuple),
+    ),
+    max_size=8,
+)
+
+
+@settings(max_examples=300)
+@given(sequence=reports, redelivered=st.lists(st.integers(min_value=0, max_value=7), max_size=6))
+def test_compact_entries_decide_what_full_entries_decide_and_redeliveries_change_nothing(
+    sequence: list[ActionResult], redelivered: list[int]
+) -> None:
+    """A large job's entries reach the same phases as full ones; a redelivered report changes nothing."""
+    full: Any = _job([NodeTaskPhase.IN_PROGRESS], concurrency=1)
+    slim: Any = full
+    for result in sequence:
+        full = record(JT, "n0", result, uid="u1", now=NOW)(full)[0] or full
+        slim = record(JT, "n0", result, uid="u1", now=NOW, compact_above=0)(slim)[0] or slim
+    f, s = full.status.node_status[0], slim.status.node_status[0]
+    assert (s.phase, s.reason) == (f.phase, f.reason)
+    if f.phase is NodeTaskPhase.SUCCESSFUL:
+        assert s.action_flow == f.action_flow[-1:]
+        assert s.image_status == () or any(i.status is not ConditionStatus.TRUE for i in s.image_status)
+    else:
+        assert s == f
+    for i in redelivered:
+        if i < len(sequence):
+            again, outcome = record(JT, "n0", sequence[i], uid="u1", now=NOW, compact_above=0)(slim)
+            assert again is None
+            assert outcome.acknowledge
+
+
+def test_only_jobs_above_the_threshold_keep_compact_entries() -> None:
+    """A node that pulled every image keeps only its last action in a large job, and everything in a small one."""
+    check = _report(imageprepulljob.CHECK, True)
+    pull = _report(imageprepulljob.PULL, True, (("a/b:1", True),))
+    for compact_above, flow, images in ((1, ["Check", "Pull"], 1), (0, ["Pull"], 0)):
+        job: Any = _job([NodeTaskPhase.IN_PROGRESS], concurrency=1)
+        for result in (check, pull):
+            job = record(JT, "n0", result, uid="u1", now=NOW, compact_above=compact_above)(job)[0]
+        entry = job.status.node_status[0]
+        assert entry.phase is NodeTaskPhase.SUCCESSFUL
+        assert [a.action for a in entry.action_flow] == flow
+        assert len(entry.image_status) == images
