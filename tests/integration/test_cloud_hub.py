@@ -221,7 +221,10 @@ async def test_session_is_recorded_on_the_node_and_cleared_when_it_ends(crds: Co
         async with running_edges([light_edge(node, hub.url, tokens[node], version="v1.2.3")]):
             # The Node is marked just after the Welcome, which is all running_edges waits for.
             with anyio.fail_after(10):
-                while HUB_ANNOTATION not in (marked := await kube.get(NODES, node)).metadata.annotations:
+                while True:
+                    marked = await kube.get(NODES, node)
+                    if HUB_ANNOTATION in marked.metadata.annotations:
+                        break
                     await anyio.sleep(0.05)
         with anyio.fail_after(10):
             while True:
