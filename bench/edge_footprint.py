@@ -25,7 +25,6 @@ import hashlib
 import os
 import secrets
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -48,6 +47,7 @@ from nodetask import messages
 from nodetask.route import Route
 from schemas.v1alpha2 import API_VERSION, ImagePrePullJobSpec, ImagePrePullTemplate
 from tools.containerd import Containerd, Registry, ensure_tools, start_containerd, start_registry
+from tools.processes import terminate
 
 NODE = "bench-edge"
 SAMPLE_S = 0.02
@@ -227,14 +227,8 @@ async def _one_run(
                 await anyio.sleep(settle_s)
                 after = await _settled_memory(process.pid)
             finally:
-                with anyio.CancelScope(shield=True):
-                    process.send_signal(signal.SIGTERM)
-                    with anyio.move_on_after(15):
-                        await process.wait()
-                    if process.returncode is None:
-                        process.kill()
-                        await process.wait()
-                    await process.aclose()
+                await terminate(process)
+                await process.aclose()
     return FootprintRun(idle=idle, peak_rss=peak, after_pull=after, pull_s=pull_s, layer_bytes=len(layer))
 
 

@@ -23,6 +23,7 @@ from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import register_edges
 from tests.integration.hubs import free_port
 from tests.integration.objects import unique
+from tools.processes import terminate
 
 
 @dataclass(slots=True)
@@ -54,13 +55,11 @@ class RoleProcess:
 
     async def stop(self) -> int | None:
         """SIGTERM, then SIGKILL after 15 s; the exit status (None if it had to be killed)."""
-        if self.process is None or self.process.returncode is not None:
-            return None if self.process is None else self.process.returncode
-        self.process.send_signal(signal.SIGTERM)
-        with anyio.move_on_after(15):
-            return await self.process.wait()
-        await self.kill()
-        return None
+        if self.process is None:
+            return None
+        code = await terminate(self.process)
+        self.killed = code is None
+        return code
 
     @property
     def alive(self) -> bool:

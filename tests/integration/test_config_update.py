@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,6 +21,7 @@ from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import register_edges
 from tests.integration.hubs import running_controller, running_hub
 from tests.integration.objects import create_job, job_when, settled, unique
+from tools.processes import terminate
 
 pytestmark = pytest.mark.integration
 CONFIG_UPDATES = job_resource(CONFIG_UPDATE_JOB)
@@ -36,13 +36,7 @@ async def agent_process(node: str, token: str, url: str, home: Path) -> AsyncIte
     try:
         yield process
     finally:
-        if process.returncode is None:
-            process.send_signal(signal.SIGTERM)
-            with anyio.move_on_after(10):
-                await process.wait()
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        await terminate(process, grace=10)
 
 
 def _update(nodes: list[str], fields: dict[str, str]) -> dict[str, object]:

@@ -28,6 +28,7 @@ from tests.integration.hubs import running_controller, running_hub
 from tests.integration.objects import create_job, job_when, settled, unique
 from tools import upgrade_artifact
 from tools.containerd import Registry
+from tools.processes import terminate
 
 pytestmark = pytest.mark.integration
 UPGRADES = job_resource(NODE_UPGRADE_JOB)
@@ -44,13 +45,7 @@ async def launched_agent(node: str, token: str, url: str, home: Path) -> AsyncIt
         try:
             yield process
         finally:
-            if process.returncode is None:
-                process.send_signal(signal.SIGTERM)
-                with anyio.move_on_after(15):
-                    await process.wait()
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
+            await terminate(process)
 
 
 def _flow(job: Any) -> list[tuple[str, str]]:
