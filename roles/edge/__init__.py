@@ -12,6 +12,7 @@ from nodetask.clock import Clock
 from roles.config import EdgeConfig, RoleConfig
 from roles.edge.actions import AuthFor, PullImages, build_actions
 from roles.edge.agent import AgentSettings, EdgeAgent
+from roles.edge.runtime.puller import pull_in_child, request_for
 from roles.edge.settings import settings_of
 from roles.edge.store import StoreError, StoreFault, open_store, quarantine_store
 from roles.jobtypes import job_types
@@ -29,7 +30,7 @@ async def run(cfg: RoleConfig, *, log: Log, config_path: Path | None = None) -> 
     clock = Clock.start()
     path = settings.data_dir / STORE_FILE
     try:
-        await _run(settings, cfg.cri_endpoint, path, clock, log)
+        await _run(settings, cfg, path, clock, log)
     except* StoreError as group:
         error = group.exceptions[0]
         if not isinstance(error, StoreError) or error.fault is not StoreFault.CORRUPT:
@@ -37,31 +38,34 @@ async def run(cfg: RoleConfig, *, log: Log, config_path: Path | None = None) -> 
         # A corrupt store would fail every start: keep it for inspection and begin afresh.
         moved = await quarantine_store(path, log=log)
         log.error("store_quarantined", path=str(path), moved_to=str(moved))
-        await _run(settings, cfg.cri_endpoint, path, clock, log)
+        await _run(settings, cfg, path, clock, log)
 
 
-def _puller(cri_endpoint: str, log: Log) -> PullImages:
-    """Image pulls through the runtime at ``cri_endpoint``, a channel per pull.
-
-    grpcio and protobuf are imported on the first pull, not at start: they are about a third of an
-    idle agent's memory (docs/benchmarks.md, edge footprint), and most devices pull rarely.
-    """
+def _puller(cfg: EdgeConfig, log: Log) -> PullImages:
+    """Image pulls through the runtime at ``cfg.cri_endpoint``, each in a child process (see
+    :mod:`roles.edge.runtime.puller`: the CRI client would otherwise stay in the agent's memory)."""
 
     async def pull(images: tuple[str, ...], retry_times: int, auth_for: AuthFor) -> tuple[ImageStatus, ...]:
-        from roles.edge.runtime import open_image_service, pull_images  # noqa: PLC0415 (deferred on purpose)
-
-        async with open_image_service(cri_endpoint) as service:
-            return await pull_images(service, images, retry_times=retry_times, auth_for=auth_for, log=log)
+        request = request_for(
+            cfg.cri_endpoint,
+            images,
+            retry_times,
+            auth_for,
+            log_level=cfg.log_level,
+            log_format=cfg.log_format,
+            log_context=structlog.get_context(log),
+        )
+        return await pull_in_child(request, log=log)
 
     return pull
 
 
-async def _run(settings: AgentSettings, cri_endpoint: str, path: Path, clock: Clock, log: Log) -> None:
+async def _run(settings: AgentSettings, cfg: EdgeConfig, path: Path, clock: Clock, log: Log) -> None:
     async with contextlib.AsyncExitStack() as stack:
         store = await stack.enter_async_context(open_store(path, now=clock.now, log=log))
         pull: PullImages | None = None
-        if cri_endpoint:
-            pull = _puller(cri_endpoint, log)
+        if cfg.cri_endpoint:
+            pull = _puller(cfg, log)
         else:
             log.warning("no_container_runtime", hint="criEndpoint is empty: image pulls will fail")
         agent: EdgeAgent

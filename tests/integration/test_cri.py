@@ -17,14 +17,8 @@ import structlog.testing
 import trio
 import trio.testing
 
-from roles.edge.runtime import (
-    CriError,
-    ImageService,
-    RegistryAuth,
-    open_image_service,
-    parse_docker_config_json,
-    pull_images,
-)
+from nodetask.registry_auth import RegistryAuth, parse_docker_config_json
+from roles.edge.runtime.cri import CriError, ImageService, open_image_service, pull_images
 from roles.edge.runtime.cri_pb import api_pb2
 from schemas.meta import ConditionStatus
 from schemas.v1alpha2 import ImageStatus
