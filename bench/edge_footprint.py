@@ -11,7 +11,9 @@ process is measured. For each run, a fresh agent:
 1. connects and is welcomed; after ``settle_s`` its memory is read three times, a second apart
    (RSS, USS and PSS from ``/proc/<pid>/smaps``; the median of each): *idle*;
 2. the hub sends an ImagePrePullJob's RunAction (Check, then Pull of an image of ``layer_mib``
-   MiB that no run has pulled before); RSS is sampled every 20 ms until the Pull report: *peak*;
+   MiB that no run has pulled before); RSS is sampled every 20 ms until the Pull report: *peak*,
+   of the agent alone and with its children (the pull runs in a child, see
+   :mod:`roles.edge.runtime.puller`);
 3. ``settle_s`` later, memory again: *idle after a pull* (what the pull's imports and buffers left).
 
 Also measured, each in a fresh interpreter: what importing the agent's parts costs, to show where an
@@ -59,7 +61,7 @@ IMPORT_STEPS: tuple[tuple[str, str], ...] = (
     ("+ structlog", "import structlog"),
     ("+ msgspec, sqlite3, psutil", "import msgspec, sqlite3, psutil"),
     ("+ the agent (roles.edge)", "import roles.edge, roles.cli"),
-    ("+ grpcio and the CRI client (first pull)", "import roles.edge.runtime"),
+    ("+ grpcio and the CRI client (first pull)", "import roles.edge.runtime.cri"),
 )
 """Cumulative imports, each row in a fresh interpreter with the rows above it."""
 
@@ -75,6 +77,9 @@ class Memory:
 class FootprintRun:
     idle: Memory
     peak_rss: int
+    """The agent's own RSS at its highest during the pull."""
+    peak_total_rss: int
+    """The agent's and its children's (the image puller's) RSS together at their highest."""
     after_pull: Memory
     pull_s: float
     layer_bytes: int
@@ -104,6 +109,16 @@ def device_python() -> Path:
         subprocess.run([*pip, "--no-deps", "--editable", str(REPO)], check=True)
         (venv / ".complete").touch()
     return python
+
+
+def _rss_with_children(process: psutil.Process) -> tuple[int, int]:
+    """The RSS of ``process``, and of its children together (one that just ended counts 0)."""
+    own = int(process.memory_info().rss)
+    children = 0
+    for child in process.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            children += int(child.memory_info().rss)
+    return own, children
 
 
 def _memory(pid: int) -> Memory:
@@ -212,12 +227,14 @@ async def _one_run(
                     await hub.welcomed.wait()
                 await anyio.sleep(settle_s)
                 idle = await _settled_memory(process.pid)
-                peak = 0
+                peak = peak_total = 0
+                agent = psutil.Process(process.pid)
                 started = time.perf_counter()
                 hub.start_pull.set()
                 with anyio.fail_after(300):
                     while not hub.pulled.is_set():
-                        peak = max(peak, int(psutil.Process(process.pid).memory_info().rss))
+                        own, children = _rss_with_children(agent)
+                        peak, peak_total = max(peak, own), max(peak_total, own + children)
                         with anyio.move_on_after(SAMPLE_S):
                             await hub.pulled.wait()
                 pull_s = time.perf_counter() - started
@@ -229,7 +246,9 @@ async def _one_run(
             finally:
                 await terminate(process)
                 await process.aclose()
-    return FootprintRun(idle=idle, peak_rss=peak, after_pull=after, pull_s=pull_s, layer_bytes=len(layer))
+    return FootprintRun(
+        idle=idle, peak_rss=peak, peak_total_rss=peak_total, after_pull=after, pull_s=pull_s, layer_bytes=len(layer)
+    )
 
 
 async def run(*, runs: int = 3, settle_s: float = 5.0, layer_mib: int = 32) -> list[FootprintRun]:

@@ -44,7 +44,7 @@ def _job_section(res: dict[str, Any], images: Path) -> list[str]:
     out = [
         "## 1. API cost of a job",
         "",
-        f"*Measured {res['measured']}.* One ImagePrePullJob (two images, `concurrency: 100`, a label selector",
+        f"*Measured {_when(res)}.* One ImagePrePullJob (two images, `concurrency: 100`, a label selector",
         "matching exactly N nodes) through a real cloud hub (`roles.cloud.hub.Hub`) and the controller's",
         "`Reconciler`, both in the benchmark process, on the local kube-apiserver 1.20.2 + etcd. N light edges",
         "(`tools/lightedge.py`, the real protocol) run in a separate process, each action taking",
@@ -156,10 +156,12 @@ def _job_verdict(runs: list[dict[str, Any]]) -> list[str]:
         entry = r.get("sample_entry", "")
         if entry:
             per_node = len(entry) + 1
+            compact = '"imageStatus"' not in entry
+            kind = "compact entry (the job has more than `compactStatusAbove` nodes)" if compact else "entry"
             out += [
                 "",
-                f"  A finished node's entry is {per_node} bytes of JSON, so the status alone is about"
-                f" {per_node * 5000 / MIB:.2f} MiB at 5,000 nodes: under 1 MiB only up to about"
+                f"  A finished node's {kind} is {per_node} bytes of JSON, so the status alone is about"
+                f" {per_node * 5000 / MIB:.2f} MiB at 5,000 nodes: under 1 MiB up to about"
                 f" {int(MIB / per_node):,} nodes, and etcd's default request limit (1.5 MiB) refuses the write"
                 f" beyond about {int(ETCD_LIMIT / per_node):,}. The entry, as stored:",
                 "",
@@ -320,6 +322,12 @@ def _codec_section(res: dict[str, Any], images: Path) -> list[str]:
     return out
 
 
+def _when(res: dict[str, Any]) -> str:
+    """When a series was measured: one time, or the range when sizes were run at different times."""
+    stamps = sorted({r.get("measured") or res["measured"] for r in res["runs"]} or {res["measured"]})
+    return stamps[0] if len(stamps) == 1 else f"{stamps[0]} to {stamps[-1]} (the sizes in separate runs)"
+
+
 def _mib(n: float) -> str:
     return f"{n / (1 << 20):.1f}"
 
@@ -335,7 +343,8 @@ def _edge_section(res: dict[str, Any]) -> list[str]:
         "trio-websocket: welcome, heartbeat echoes, report acks), with its SQLite store and a real containerd",
         f"on loopback. *Idle*: {res['settle_s']:.0f} s after the Welcome, the median of three readings a second",
         "apart. *During a pull*: the hub dispatches an ImagePrePullJob (Check, Pull) of an image with one",
-        f"{res['layer_mib']} MiB layer, new to containerd; RSS sampled every 20 ms until the Pull report."
+        f"{res['layer_mib']} MiB layer, new to containerd; RSS sampled every 20 ms until the Pull report (the"
+        " pull runs in a child process, `roles/edge/runtime/puller.py`, counted in the second peak)."
         f" *After*: {res['settle_s']:.0f} s later.",
         "RSS counts shared libraries' resident pages; USS is the memory only this process holds; PSS shares",
         f"the rest among the processes mapping it. Medians of {len(runs)} runs, in MiB.",
@@ -355,7 +364,8 @@ def _edge_section(res: dict[str, Any]) -> list[str]:
 
     rows = [
         ("idle", _mib(med(("idle", "rss"))), _mib(med(("idle", "uss"))), _mib(med(("idle", "pss")))),
-        ("peak during a pull", _mib(med(("peak_rss",))), "", ""),
+        ("peak during a pull: the agent", _mib(med(("peak_rss",))), "", ""),
+        ("peak during a pull: the agent and its image puller", _mib(med(("peak_total_rss",))), "", ""),
         (
             "idle after a pull",
             _mib(med(("after_pull", "rss"))),

@@ -74,8 +74,13 @@ async def _cluster_benchmarks(args: argparse.Namespace, results: dict[str, Any])
 
 async def _job_cost(cp: Any, seed: str, args: argparse.Namespace, results: dict[str, Any]) -> None:
     """Run the job series, storing the results after every run."""
-    runs: list[dict[str, Any]] = []
     previous = results.get("job_cost", {})
+    # Sizes not run this time keep their last results, stamped with when they were measured.
+    runs: list[dict[str, Any]] = [
+        {"measured": previous.get("measured", ""), **r}
+        for r in previous.get("runs", [])
+        if r["nodes"] not in args.job_sizes
+    ]
     entry: dict[str, Any] = {
         "measured": _now(), "runs": runs, "window": args.window, "delay": args.delay, "off_limit": args.off_limit,
         "profiled": previous.get("profiled"),
@@ -115,7 +120,7 @@ async def _job_cost(cp: Any, seed: str, args: argparse.Namespace, results: dict[
                     f"  {'completed' if run.completed else 'NOT completed'} in {run.seconds:.1f}s, "
                     f"{run.hub_writes} hub writes, {run.hub_conflicts} conflicts, {run.object_bytes} bytes"
                 )
-                runs.append({**asdict(run), "load": _load()})
+                runs.append({**asdict(run), "load": _load(), "measured": _now()})
                 _save(results, args)
 
 
