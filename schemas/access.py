@@ -1,7 +1,8 @@
 """Kind-independent views of a node job: which nodes it targets and its execution limits.
 
 ImagePrePullJob nests these fields under ``spec.imagePrePullTemplate``; the other kinds keep them in
-``spec``. Code that works on every kind reads them through :func:`targeting`.
+``spec``. Code that works on every kind reads them through :func:`targeting`, and counts a job's
+nodes by phase with :func:`node_counts` (the controller and the hubs both keep ``nodeCounts``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Final
 
+from nodetask.phase import count_phases
 from schemas import v1alpha2
 from schemas.meta import LabelSelector
 
@@ -47,4 +49,17 @@ def targeting(job: v1alpha2.NodeJob) -> Targeting:
         concurrency=spec.concurrency,
         timeout_seconds=spec.timeout_seconds,
         failure_tolerate=spec.failure_tolerate,
+    )
+
+
+def node_counts(entries: tuple[v1alpha2.NodeTaskStatus, ...]) -> v1alpha2.NodeCounts:
+    """``status.nodeCounts`` for these node entries (entries with no phase yet count as pending)."""
+    c = count_phases(e.phase for e in entries)
+    return v1alpha2.NodeCounts(
+        total=c.total,
+        pending=c.pending + c.unset,
+        in_progress=c.in_progress,
+        successful=c.successful,
+        failure=c.failure,
+        unknown=c.unknown,
     )

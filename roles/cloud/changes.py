@@ -14,6 +14,7 @@ never both take the last free slot (KubeEdge counts concurrency per CloudCore in
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,7 @@ from flows.jobtype import ExtendError, JobType, apply_result, compact
 from nodetask.flow import UnknownActionError
 from nodetask.messages import ActionResult
 from nodetask.phases import ConditionStatus, JobPhase, NodeTaskPhase
-from schemas.access import targeting
+from schemas.access import node_counts, targeting
 from schemas.core import CONFIRM_ANNOTATION
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "RecordOutcome",
     "awaits_confirmation",
     "claim",
+    "counted",
     "dispatchable",
     "record",
 ]
@@ -98,16 +100,45 @@ def dispatchable(job: Job) -> bool:
 
 
 def _index(job: Job, node: str) -> int:
-    for i, entry in enumerate(job.status.node_status):
-        if entry.node_name == node:
-            return i
-    return -1
+    entries = job.status.node_status
+    positions = _layout(job.metadata.uid, len(entries))
+    i = positions.get(node, -1)
+    if i < 0 or entries[i].node_name != node:
+        # First sight of this job, or (never in practice) another layout under the same key.
+        positions.clear()
+        positions.update((entry.node_name, i) for i, entry in enumerate(entries))
+        i = positions.get(node, -1)
+    return i
+
+
+@functools.lru_cache(maxsize=256)
+def _layout(uid: str, count: int) -> dict[str, int]:
+    """Where each node's entry is in the status of job ``uid``, filled by :func:`_index`.
+
+    Every change looks its node up in a fresh copy of the job, but the controller lays a job's
+    entries out once and they never move, so one map per job serves every copy: a scan of
+    thousands of entries per change was a large part of a big job's hub time (docs/benchmarks.md).
+    """
+    return {}
 
 
 def _with_entry(job: Job, index: int, entry: Any) -> Job:
     entries = list(job.status.node_status)
     entries[index] = entry
     return msgspec.structs.replace(job, status=msgspec.structs.replace(job.status, node_status=tuple(entries)))
+
+
+def counted(job: Job) -> Job:
+    """``job`` with its ``nodeCounts`` matching its entries.
+
+    The hub applies this once to every batch it writes: the controller recomputes the counts after
+    every change of the job, and finding them already right it writes only when the job's phase
+    moves, instead of once after each hub write (those writes were most of a big job's conflicts).
+    """
+    counts = node_counts(job.status.node_status)
+    if counts == job.status.node_counts:
+        return job
+    return msgspec.structs.replace(job, status=msgspec.structs.replace(job.status, node_counts=counts))
 
 
 def claim(node: str, *, uid: str, now: str) -> Change:

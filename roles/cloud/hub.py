@@ -50,7 +50,7 @@ from nodetask.messages import (
 )
 from nodetask.registry_auth import DockerConfig, encode_credentials, parse_docker_config_json
 from roles.cloud.auth import AuthError, TokenBook, bearer_token
-from roles.cloud.changes import RecordOutcome, dispatchable, record
+from roles.cloud.changes import RecordOutcome, counted, dispatchable, record
 from roles.cloud.metrics import HubMetrics
 from roles.cloud.runner import JobRunner
 from roles.cloud.sessions import Session, SessionTable
@@ -247,6 +247,7 @@ class Hub:
                 log=self._log.bind(job=job.metadata.name),
                 on_written=self._on_written(jt),
                 cached=self._cached(jt.kind.plural, job.metadata.name),
+                finish=counted,
             )
             self._jobs_tg.start_soon(writer.run)
             state = self._jobs[key] = _JobState(job=job, writer=writer)

@@ -74,6 +74,8 @@ class JobRunner:
         self._on_dispatch = on_dispatch
         self._spec = msgspec.Raw(msgspec.json.encode(job.spec))
         self._changed = anyio.Event()
+        self._entries: dict[str, Any] | None = None
+        """The current copy's node entries by name, built on first use after each update."""
         self._stop = anyio.Event()
         self._pool: JobPool | None = None
         self.finished = anyio.Event()
@@ -87,6 +89,7 @@ class JobRunner:
     def update(self, job: Any) -> None:
         """A newer copy of the job (from the watch or from a write)."""
         self.job = job
+        self._entries = None
         self._changed.set()
         self._changed = anyio.Event()
 
@@ -134,10 +137,10 @@ class JobRunner:
     # ---------------------------------------------------------------------------------- node tasks
 
     def _entry(self, node: str) -> Any:
-        for entry in self.job.status.node_status:
-            if entry.node_name == node:
-                return entry
-        return None
+        # Every node task looks its entry up after every job change: one dict per copy, not a scan per call.
+        if self._entries is None:
+            self._entries = {entry.node_name: entry for entry in self.job.status.node_status}
+        return self._entries.get(node)
 
     def _ended(self, node: str, end: NodeTaskEnd) -> None:
         if end is not NodeTaskEnd.FINISHED:

@@ -53,11 +53,14 @@ class StatusWriter:
         log: Log,
         on_written: Callable[[Any], None] = lambda _: None,
         cached: Callable[[], Any] = lambda: None,
+        finish: Callable[[Any], Any] = lambda job: job,
     ) -> None:
         self._kube = kube
         self._resource = resource
         self._name = name
         self._window = window
+        self._finish = finish
+        """Applied once to a batch's result before it is written (e.g. derived fields)."""
         self._log = log
         self._on_written = on_written
         self._cached = cached
@@ -113,7 +116,7 @@ class StatusWriter:
                 outcomes.append(outcome)
                 if new is not None:
                     current, changed = new, True
-            return current if changed else None
+            return self._finish(current) if changed else None
 
         error: ApiError | None = None
         updated: Any = None

@@ -20,7 +20,7 @@ from nodetask.clock import parse_time
 from nodetask.phase import count_phases, job_phase
 from nodetask.phases import JobPhase, NodeTaskPhase
 from schemas import v1alpha2
-from schemas.access import targeting
+from schemas.access import node_counts, targeting
 from schemas.core import AGENT_VERSION_ANNOTATION, HUB_ANNOTATION, Node
 from schemas.kinds import NODE_UPGRADE_JOB, Kind
 
@@ -97,7 +97,7 @@ def initial_status(kind: Kind, job: v1alpha2.NodeJob, nodes: Mapping[str, Node])
         return msgspec.structs.replace(job.status, phase=JobPhase.FAILURE, reason=str(exc), node_status=())
     entries = tuple(kind.node_status_type(node_name=s.name, phase=s.phase, reason=s.reason) for s in selected)
     return msgspec.structs.replace(
-        job.status, phase=JobPhase.INIT, reason="", node_status=entries, node_counts=_counts(entries)
+        job.status, phase=JobPhase.INIT, reason="", node_status=entries, node_counts=node_counts(entries)
     )
 
 
@@ -114,23 +114,11 @@ def recounted(job: v1alpha2.NodeJob) -> v1alpha2.NodeJobStatus | None:
     The phase of a final job stays as it is (KubeEdge), but a late report may still revive an
     Unknown node after the job ended, and the counts shown to users must say so.
     """
-    counts = _counts(job.status.node_status)
+    counts = node_counts(job.status.node_status)
     if counts == job.status.node_counts:
         return None
     new: v1alpha2.NodeJobStatus = msgspec.structs.replace(job.status, node_counts=counts)
     return new
-
-
-def _counts(entries: tuple[v1alpha2.NodeTaskStatus, ...]) -> v1alpha2.NodeCounts:
-    c = count_phases(e.phase for e in entries)
-    return v1alpha2.NodeCounts(
-        total=c.total,
-        pending=c.pending + c.unset,
-        in_progress=c.in_progress,
-        successful=c.successful,
-        failure=c.failure,
-        unknown=c.unknown,
-    )
 
 
 def deadline(
@@ -170,7 +158,7 @@ def next_status(
         entries = tuple(_timed_out(job, e, now=now, connected=connected) for e in entries)
     verdict = job_phase(count_phases(e.phase for e in entries), targeting(job).failure_tolerate)
     new = msgspec.structs.replace(
-        status, node_status=entries, phase=verdict.phase, reason=verdict.reason, node_counts=_counts(entries)
+        status, node_status=entries, phase=verdict.phase, reason=verdict.reason, node_counts=node_counts(entries)
     )
     return None if new == status else new
 

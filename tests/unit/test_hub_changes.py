@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flows import imageprepulljob
 from nodetask.messages import ActionResult
 from nodetask.phases import ConditionStatus, JobPhase, NodeTaskPhase
-from roles.cloud.changes import ClaimOutcome, claim, record
+from roles.cloud.changes import ClaimOutcome, claim, counted, record
 from schemas.meta import ObjectMeta
 from schemas.v1alpha2 import (
     ImagePrePullJob,
@@ -152,3 +153,36 @@ def test_only_jobs_above_the_threshold_keep_compact_entries() -> None:
         assert entry.phase is NodeTaskPhase.SUCCESSFUL
         assert [a.action for a in entry.action_flow] == flow
         assert len(entry.image_status) == images
+
+
+@given(st.permutations([f"n{i}" for i in range(6)]), st.lists(st.integers(min_value=0, max_value=6), max_size=20))
+def test_nodes_are_found_whatever_layout_a_job_copy_has(names: list[str], lookups: list[int]) -> None:
+    """Jobs sharing a UID and a size but laid out differently never answer for each other's entries."""
+    first: Any = _job([NodeTaskPhase.PENDING] * 6, concurrency=1, uid="layout")
+    entries = tuple(ImagePrePullNodeTaskStatus(node_name=n, phase=NodeTaskPhase.PENDING) for n in names)
+    second: Any = msgspec.structs.replace(first, status=msgspec.structs.replace(first.status, node_status=entries))
+    for i in lookups:
+        for job in (first, second):
+            node = f"n{i}"
+            new, outcome = claim(node, uid="layout", now=NOW)(job)
+            if i == 6:
+                assert outcome is ClaimOutcome.GONE
+                continue
+            assert outcome is ClaimOutcome.CLAIMED
+            assert new is not None
+            claimed = [e.node_name for e in new.status.node_status if e.phase is NodeTaskPhase.IN_PROGRESS]
+            assert claimed == [node]
+
+
+@given(order=st.lists(st.integers(min_value=0, max_value=4), max_size=10))
+def test_counted_jobs_carry_the_counts_the_controller_would_write(order: list[int]) -> None:
+    """After any claims, the counts the hub writes are the controller's; a second count changes nothing."""
+    job: Any = _job([NodeTaskPhase.PENDING] * 5, concurrency=3)
+    for i in order:
+        job = claim(f"n{i}", uid="u1", now=NOW)(job)[0] or job
+    job = counted(job)
+    running = sum(e.phase is NodeTaskPhase.IN_PROGRESS for e in job.status.node_status)
+    assert job.status.node_counts.total == 5
+    assert job.status.node_counts.in_progress == running
+    assert job.status.node_counts.pending == 5 - running
+    assert counted(job) is job
