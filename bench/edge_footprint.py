@@ -4,7 +4,8 @@ The agent is the real edge role (``python -m roles.cli --role=edge``) in its own
 device runs it: by an interpreter whose virtualenv holds only the base install's dependencies
 (:func:`device_python`; no cloud or demo extra), with its SQLite store and a real containerd (CRI)
 on loopback, pulling from a real registry. Its hub is a
-minimal one in this process (:class:`_Hub`): the real wire codec over trio-websocket, answering
+minimal one in this process (:class:`_Hub`): the real wire codec over trio-websocket and TLS (a
+generated CA, which the agent trusts through ``caFile``, as a device trusts its cloud's), answering
 the Hello, echoing heartbeats and acknowledging reports, so that nothing else in the agent's
 process is measured. For each run, a fresh agent:
 
@@ -27,6 +28,7 @@ import hashlib
 import os
 import secrets
 import shutil
+import ssl
 import statistics
 import subprocess
 import sys
@@ -47,6 +49,7 @@ from bench.procs import free_port
 from flows import imageprepulljob
 from nodetask import messages
 from nodetask.route import Route
+from roles.tls import generate_serving_certificate, server_ssl_context
 from schemas.v1alpha2 import API_VERSION, ImagePrePullJobSpec, ImagePrePullTemplate
 from tools.containerd import Containerd, Registry, ensure_tools, start_containerd, start_registry
 from tools.processes import terminate
@@ -59,9 +62,11 @@ IMPORT_STEPS: tuple[tuple[str, str], ...] = (
     ("+ trio, anyio", "import trio, anyio"),
     ("+ trio-websocket", "import trio_websocket"),
     ("+ structlog", "import structlog"),
-    ("+ msgspec, sqlite3, psutil", "import msgspec, sqlite3, psutil"),
-    ("+ the agent (roles.edge)", "import roles.edge, roles.cli"),
-    ("+ grpcio and the CRI client (first pull)", "import roles.edge.runtime.cri"),
+    ("+ msgspec, sqlite3", "import msgspec, sqlite3"),
+    ("+ the agent (roles.edge): an idle agent", "import roles.edge, roles.cli"),
+    ("+ psutil (loaded by the first Check)", "import roles.edge.host"),
+    ("+ the registry client (loaded by the first upgrade)", "import roles.edge.artifact"),
+    ("+ grpcio and the CRI client (only in the puller's child)", "import roles.edge.runtime.cri"),
 )
 """Cumulative imports, each row in a fresh interpreter with the rows above it."""
 
@@ -187,19 +192,20 @@ class _Hub:
 
 
 @contextlib.asynccontextmanager
-async def _serving(hub: _Hub) -> AsyncIterator[int]:
+async def _serving(hub: _Hub, tls: ssl.SSLContext) -> AsyncIterator[int]:
     port = free_port()
     async with anyio.create_task_group() as tg:
-        await tg.start(trio_websocket.serve_websocket, hub.handle, "127.0.0.1", port, None)
+        await tg.start(trio_websocket.serve_websocket, hub.handle, "127.0.0.1", port, tls)
         yield port
         tg.cancel_scope.cancel()
 
 
-def _agent_config(home: Path, *, port: int, cri_endpoint: str) -> Path:
+def _agent_config(home: Path, *, port: int, cri_endpoint: str, ca_file: Path) -> Path:
     (home / "token").write_text("bench-token\n")
     config = {
         "nodeName": NODE,
-        "hubUrls": [f"ws://127.0.0.1:{port}/nodes/{NODE}"],
+        "hubUrls": [f"wss://127.0.0.1:{port}/nodes/{NODE}"],
+        "caFile": str(ca_file),
         "tokenFile": str(home / "token"),
         "dataDir": str(home / "data"),
         "criEndpoint": cri_endpoint,
@@ -218,8 +224,11 @@ async def _one_run(
     image = registry.push("bench/footprint", f"run{index}-{secrets.token_hex(4)}", content=layer)
     hub = _Hub(image=image)
     with tempfile.TemporaryDirectory(prefix="ntd-edge-") as tmp:
-        async with _serving(hub) as port:
-            config = _agent_config(Path(tmp), port=port, cri_endpoint=ctd.endpoint)
+        cert = generate_serving_certificate(Path(tmp) / "tls", dns_names=["localhost"])
+        ca_file = Path(tmp) / "ca.pem"
+        ca_file.write_bytes(cert.ca_bundle)
+        async with _serving(hub, server_ssl_context(cert)) as port:
+            config = _agent_config(Path(tmp), port=port, cri_endpoint=ctd.endpoint, ca_file=ca_file)
             argv = [str(python), "-m", "roles.cli", "--role=edge", f"--config={config}", "--log-level=warning"]
             process = await anyio.open_process(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:

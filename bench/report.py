@@ -339,8 +339,9 @@ def _edge_section(res: dict[str, Any]) -> list[str]:
         "",
         f"*Measured {res['measured']}.* One real agent (`python -m roles.cli --role=edge`) per run, started by the",
         "interpreter of a virtualenv holding only the base install's dependencies (what a device installs; no",
-        "cloud or demo extra), connected to a minimal hub in the benchmark process (the real codec over",
-        "trio-websocket: welcome, heartbeat echoes, report acks), with its SQLite store and a real containerd",
+        "cloud or demo extra), connected over TLS (a generated CA in `caFile`) to a minimal hub in the benchmark",
+        "process (the real codec over trio-websocket: welcome, heartbeat echoes, report acks), with its SQLite",
+        "store and a real containerd",
         f"on loopback. *Idle*: {res['settle_s']:.0f} s after the Welcome, the median of three readings a second",
         "apart. *During a pull*: the hub dispatches an ImagePrePullJob (Check, Pull) of an image with one",
         f"{res['layer_mib']} MiB layer, new to containerd; RSS sampled every 20 ms until the Pull report (the"

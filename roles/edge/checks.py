@@ -1,7 +1,8 @@
 """Host check items run before a node task's first action: ``cpu``, ``mem`` and ``disk``, as KubeEdge's.
 
 The decision is a pure function of measured percentages (:func:`decide`); :func:`measure` is the
-thin shell that asks psutil, in a worker thread because the CPU reading samples over an interval.
+thin shell that asks psutil (:mod:`roles.edge.host`), in a worker thread because the CPU reading
+samples over an interval.
 
 Compatibility with KubeEdge (``edge/pkg/taskmanager/actions/pre_check.go``): items are checked in
 order and the first failure is the result; a reading fails when it is strictly above its threshold
@@ -13,16 +14,13 @@ names it, since KubeEdge's text has no place for a path.
 
 from __future__ import annotations
 
-import functools
-import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Final
 
 import anyio.to_thread
-import psutil
 
 __all__ = [
     "CheckItem",
@@ -155,40 +153,6 @@ def decide(items: Sequence[str], usage: Usage, thresholds: Thresholds) -> CheckR
     return _PASSED
 
 
-def _read(fn: Callable[[], float]) -> Reading:
-    try:
-        return float(fn())
-    except (OSError, RuntimeError, psutil.Error) as exc:
-        return MeasureError(str(exc))
-
-
-def _disk_percent(path: str) -> float:
-    return float(psutil.disk_usage(path).percent)
-
-
-def _disks(data_dir: Path) -> tuple[DiskReading, ...]:
-    readings: list[DiskReading] = []
-    seen: set[int] = set()
-    for path in (ROOT, str(data_dir)):
-        try:
-            device = os.stat(path).st_dev
-        except OSError as exc:
-            readings.append(DiskReading(path=path, percent=MeasureError(str(exc))))
-            continue
-        if device not in seen:
-            seen.add(device)
-            readings.append(DiskReading(path=path, percent=_read(functools.partial(_disk_percent, path))))
-    return tuple(readings)
-
-
-def _measure_blocking(items: tuple[CheckItem, ...], data_dir: Path, cpu_interval: float) -> Usage:
-    return Usage(
-        cpu=_read(lambda: psutil.cpu_percent(interval=cpu_interval)) if CheckItem.CPU in items else None,
-        mem=_read(lambda: psutil.virtual_memory().percent) if CheckItem.MEM in items else None,
-        disks=_disks(data_dir) if CheckItem.DISK in items else (),
-    )
-
-
 async def measure(items: Sequence[str], *, data_dir: Path, cpu_interval: float = 0.1) -> Usage:
     """Measure what :func:`decide` needs for ``items``, in a worker thread (the CPU reading takes
     ``cpu_interval`` seconds, KubeEdge's 100 ms by default). A reading psutil fails to take becomes a
@@ -197,7 +161,10 @@ async def measure(items: Sequence[str], *, data_dir: Path, cpu_interval: float =
     needed = checked_items(items)
     if not needed:
         return Usage()
-    return await anyio.to_thread.run_sync(_measure_blocking, needed, data_dir, cpu_interval)
+    # psutil is loaded by the first check, not at start: an idle agent is kept under 40 MiB.
+    from roles.edge import host  # noqa: PLC0415 (deferred on purpose)
+
+    return await anyio.to_thread.run_sync(host.measure_blocking, needed, data_dir, cpu_interval)
 
 
 async def run_checks(

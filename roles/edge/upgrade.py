@@ -29,13 +29,12 @@ import shutil
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import anyio.to_thread
 import msgspec
 
 from roles.config import ConfigError, EdgeConfig, load_config
-from roles.edge import artifact
 from roles.edge.context import Outcome, TaskContext
 from roles.edge.launcher import (
     MarkerState,
@@ -46,6 +45,9 @@ from roles.edge.launcher import (
     write_marker,
 )
 from roles.restart import SUPERVISOR_ENV, RestartRequested
+
+if TYPE_CHECKING:
+    from roles.edge import artifact
 
 __all__ = ["back_up", "find_artifact", "roll_back", "supervised", "upgrade"]
 
@@ -86,6 +88,9 @@ def _options(ctx: TaskContext) -> _Options:
 
 
 async def _resolve(ctx: TaskContext) -> tuple[artifact.Resolved | None, _Options | None, str]:
+    # The registry client (urllib, tarfile...) is loaded by the first upgrade, not at start.
+    from roles.edge import artifact  # noqa: PLC0415 (deferred on purpose)
+
     try:
         options = await anyio.to_thread.run_sync(_options, ctx)
     except ConfigError as exc:
@@ -197,6 +202,8 @@ def _marker(ctx: TaskContext, progress: _Progress, deadline: float) -> UpgradeMa
 async def _install_and_switch(ctx: TaskContext) -> Outcome:
     """The first run of Upgrade: install beside the running version, record, switch, restart."""
     to = ctx.spec.version
+    from roles.edge import artifact  # noqa: PLC0415 (deferred on purpose, see _resolve)
+
     resolved, options, problem = await _resolve(ctx)
     if resolved is None or options is None:
         return Outcome(False, problem)

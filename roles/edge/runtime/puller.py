@@ -33,8 +33,9 @@ __all__ = ["PullRequest", "pull_in_child", "request_for"]
 
 Log = structlog.typing.FilteringBoundLogger
 
-CHILD: Final = (sys.executable, "-m", "roles.edge.runtime.puller")
-"""The child's command line."""
+CHILD: Final = (sys.executable, *(("-P",) if sys.flags.safe_path else ()), "-m", "roles.edge.runtime.puller")
+"""The child's command line. It inherits the environment, and ``-P`` when the agent has it: under the
+launcher, the active version's code comes from ``PYTHONPATH`` alone, never from the working directory."""
 KILL_GRACE: Final = 5.0
 """How long a cancelled child gets to end on SIGTERM before it is killed."""
 MAX_OUTPUT: Final = 4 << 20
