@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -71,6 +72,8 @@ class RecordOutcome:
         """The edge may forget the report: it is recorded (now or before)."""
         return not self.error
 
+
+_PHASE = operator.attrgetter("phase")
 
 RUNNING = frozenset({JobPhase.INIT, JobPhase.IN_PROGRESS})
 
@@ -153,7 +156,8 @@ def claim(node: str, *, uid: str, now: str) -> Change:
         entry = job.status.node_status[index]
         if entry.phase is not NodeTaskPhase.PENDING:
             return None, ClaimOutcome.TAKEN
-        running = sum(e.phase is NodeTaskPhase.IN_PROGRESS for e in job.status.node_status)
+        # Every claim counts the whole job: in C (map, list.count), a quarter of a generator's time.
+        running = list(map(_PHASE, job.status.node_status)).count(NodeTaskPhase.IN_PROGRESS)
         if running >= targeting(job).effective_concurrency:
             return None, ClaimOutcome.FULL
         claimed = msgspec.structs.replace(entry, phase=NodeTaskPhase.IN_PROGRESS, reason="", dispatch_time=now)
