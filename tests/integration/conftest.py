@@ -1,8 +1,9 @@
-"""Integration fixtures: CRDs applied to the real control plane, and clients per role identity."""
+"""Integration fixtures: CRDs applied to the real control plane, clients per role identity, a hanging registry."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import socket
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -34,3 +35,12 @@ async def cloud_kube(crds: ControlPlane) -> AsyncIterator[Kube]:
     """A client authenticated as the cloud role."""
     async with open_kube(kubeconfig=str(crds.kubeconfig("cloud")), log=structlog.get_logger()) as kube:
         yield kube
+
+
+@pytest.fixture
+def black_hole() -> Iterator[str]:
+    """host:port of a listener that accepts connections and never answers (a registry that hangs)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        yield f"127.0.0.1:{sock.getsockname()[1]}"

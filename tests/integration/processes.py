@@ -58,7 +58,8 @@ class RoleProcess:
         if self.process is None:
             return None
         code = await terminate(self.process)
-        self.killed = code is None
+        if code is None:
+            self.killed = True
         return code
 
     @property

@@ -4,10 +4,8 @@ containerd pulling from real registries (open and with basic auth) on loopback."
 from __future__ import annotations
 
 import logging
-import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -210,15 +208,6 @@ class CountingPuller:
     async def pull(self, image: str, auth: RegistryAuth | None = None) -> str:
         self.calls[image] = self.calls.get(image, 0) + 1
         return await self.service.pull(image, auth)
-
-
-@pytest.fixture
-def black_hole() -> Iterator[str]:
-    """host:port of a listener that accepts connections and never answers (a registry that hangs)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(16)
-        yield f"127.0.0.1:{sock.getsockname()[1]}"
 
 
 @pytest.mark.integration

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
-import socket
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -32,15 +30,6 @@ def log() -> structlog.typing.FilteringBoundLogger:
         structlog.testing.CapturingLogger(), wrapper_class=wrapper, processors=[]
     )
     return logger
-
-
-@pytest.fixture
-def black_hole() -> Iterator[str]:
-    """host:port of a listener that accepts connections and never answers (a registry that hangs)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(16)
-        yield f"127.0.0.1:{sock.getsockname()[1]}"
 
 
 def _request(endpoint: str, images: tuple[str, ...], refused: dict[str, str] | None = None) -> PullRequest:
