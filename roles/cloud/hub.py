@@ -22,7 +22,7 @@ import contextlib
 import math
 import ssl
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Final
@@ -55,12 +55,15 @@ from roles.cloud.metrics import HubMetrics
 from roles.cloud.runner import JobRunner
 from roles.cloud.sessions import Session, SessionTable
 from roles.cloud.status_writer import StatusWriter
+from roles.events import EVENT_NAMESPACE, job_event
 from roles.http import Request, Response, Route
 from roles.kube import ApiError, Conflict, Deleted, Kube, NotFound, Relisted, Upserted, WatchEvent
-from roles.kube.resources import NODES, SECRETS, job_resource
+from roles.kube.resources import EVENTS, NODES, SECRETS, job_resource
 from schemas.core import AGENT_VERSION_ANNOTATION, HUB_ANNOTATION
 
 Log = structlog.typing.FilteringBoundLogger
+EVENT_COMPONENT: Final = "nodetaskd-cloud"
+"""The component named in the Events a hub records on jobs."""
 Key = tuple[str, str]
 
 EDGE_PATH_PREFIX: Final = "/nodes/"
@@ -227,6 +230,34 @@ class Hub:
 
         return written
 
+    def _on_too_large(self, jt: JobType, name: str) -> Callable[[ApiError], Awaitable[None]]:
+        async def tell(error: ApiError) -> None:
+            state = self._jobs.get((jt.kind.plural, name))
+            if state is None:
+                return
+            limit = self.settings.compact_status_above
+            event = job_event(
+                jt.kind,
+                state.job,
+                reason="StatusTooLarge",
+                message=(
+                    f"the API server refuses this job's status as too large ({error.message}); node results"
+                    " wait on the edges and are written if the job shrinks. Split it into smaller jobs"
+                    + (f" (jobs over {limit} nodes already keep compact entries)" if limit is not None else "")
+                ),
+                type_="Warning",
+                component=EVENT_COMPONENT,
+                now=self._clock.stamp(),
+                instance=self.settings.hub_id,
+            )
+            with anyio.move_on_after(10):
+                try:
+                    await self._kube.create(EVENTS, event, namespace=EVENT_NAMESPACE)
+                except ApiError as exc:
+                    self._log.warning("event_not_recorded", job=name, reason=event.reason, error=str(exc))
+
+        return tell
+
     def _cached(self, plural: str, name: str) -> Any:
         def newest() -> Any:
             state = self._jobs.get((plural, name))
@@ -248,6 +279,7 @@ class Hub:
                 on_written=self._on_written(jt),
                 cached=self._cached(jt.kind.plural, job.metadata.name),
                 finish=counted,
+                on_too_large=self._on_too_large(jt, job.metadata.name),
             )
             self._jobs_tg.start_soon(writer.run)
             state = self._jobs[key] = _JobState(job=job, writer=writer)

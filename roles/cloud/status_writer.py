@@ -11,7 +11,7 @@ after the write has succeeded, so an edge is never told a report is safe before 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -19,7 +19,7 @@ import structlog
 
 from roles.cloud.changes import Change
 from roles.kube import ApiError, Kube, Resource
-from roles.kube.errors import Unreachable
+from roles.kube.errors import Unreachable, too_large
 
 Log = structlog.typing.FilteringBoundLogger
 
@@ -54,12 +54,16 @@ class StatusWriter:
         on_written: Callable[[Any], None] = lambda _: None,
         cached: Callable[[], Any] = lambda: None,
         finish: Callable[[Any], Any] = lambda job: job,
+        on_too_large: Callable[[ApiError], Awaitable[None]] | None = None,
     ) -> None:
         self._kube = kube
         self._resource = resource
         self._name = name
         self._window = window
         self._finish = finish
+        self._on_too_large = on_too_large
+        self._too_large = False
+        """The last write was refused as too large (reported once, until a write succeeds)."""
         """Applied once to a batch's result before it is written (e.g. derived fields)."""
         self._log = log
         self._on_written = on_written
@@ -134,7 +138,14 @@ class StatusWriter:
             for item in batch:
                 item.error = error
                 item.done.set()
+            if too_large(error) and not self._too_large:
+                # Retrying cannot help until the job shrinks; the results wait in the edges' outboxes.
+                self._too_large = True
+                self._log.error("job_status_too_large", error=str(error))
+                if self._on_too_large is not None:
+                    await self._on_too_large(error)
             return
+        self._too_large = False
         self.batches += 1
         if updated is not None:
             self._on_written(updated)

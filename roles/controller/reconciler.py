@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -25,12 +24,11 @@ from nodetask.backoff import Backoff
 from nodetask.clock import Clock, format_time
 from nodetask.phases import JobPhase
 from roles.controller import decide
+from roles.events import EVENT_NAMESPACE, job_event
 from roles.kube import ApiError, Deleted, Invalid, Kube, NotFound, Relisted, Upserted, WatchEvent
 from roles.kube.resources import EVENTS, NODES, Resource, job_resource
-from schemas import v1alpha2
-from schemas.core import Event, EventSource, Node, ObjectReference
+from schemas.core import Node
 from schemas.kinds import Kind
-from schemas.meta import ObjectMeta
 
 Log = structlog.typing.FilteringBoundLogger
 Key = tuple[str, str]
@@ -248,21 +246,11 @@ class Reconciler:
         """Write the notices as Events on the job; a failed Event write is logged, never fatal."""
         now = format_time(self._clock.now())
         for notice in notices:
-            event = Event(
-                metadata=ObjectMeta(name=f"{job.metadata.name}.{uuid.uuid4().hex[:12]}", namespace="default"),
-                involved_object=ObjectReference(
-                    api_version=v1alpha2.API_VERSION, kind=kind.kind, name=job.metadata.name, uid=job.metadata.uid
-                ),
-                reason=notice.reason,
-                message=notice.message,
-                type=notice.type,
-                first_timestamp=now,
-                last_timestamp=now,
-                source=EventSource(component=COMPONENT),
-                reporting_component=COMPONENT,
+            event = job_event(
+                kind, job, reason=notice.reason, message=notice.message, type_=notice.type, component=COMPONENT, now=now
             )
             try:
-                await self._kube.create(EVENTS, event, namespace="default")
+                await self._kube.create(EVENTS, event, namespace=EVENT_NAMESPACE)
             except ApiError as exc:
                 log.warning("event_not_recorded", reason=notice.reason, error=str(exc))
 

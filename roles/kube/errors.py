@@ -44,3 +44,12 @@ def from_response(status: int, body: bytes, *, what: str) -> ApiError:
         reason, message = "Error", body[:200].decode(errors="replace")
     cls = {404: NotFound, 409: Conflict, 410: Gone}.get(status, ApiError)
     return cls(status, reason, message, what=what)
+
+
+def too_large(error: ApiError) -> bool:
+    """Whether the API server or etcd refused a write because the object is too large.
+
+    The API server answers 413 for a request body over its limit (3 MiB); etcd's own limit (1.5 MiB
+    by default) comes back as a 500 with etcd's text.
+    """
+    return error.status == 413 or (error.status == 500 and "request is too large" in error.message)

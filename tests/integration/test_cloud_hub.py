@@ -12,13 +12,14 @@ import pytest
 import structlog
 import trio_websocket
 
+from flows import imageprepulljob
 from nodetask import messages
 from nodetask.messages import Error, Heartbeat, Hello, Report, Welcome
 from nodetask.phases import JobPhase, NodeTaskPhase
 from nodetask.route import Route
 from roles.http import router, serve_http
 from roles.kube import Kube, NotFound
-from roles.kube.resources import NODES, job_resource
+from roles.kube.resources import EVENTS, NODES, job_resource
 from schemas.core import AGENT_VERSION_ANNOTATION, HUB_ANNOTATION
 from schemas.kinds import IMAGE_PRE_PULL_JOB
 from tests.integration.controlplane import ControlPlane
@@ -327,3 +328,49 @@ async def test_job_recreated_under_the_same_name_gets_a_fresh_runner_after_the_o
     # The edge working on the deleted job was told to stop; the others never heard of it.
     cancelled = [c for edge in edges for c in edge.cancels]
     assert [(c.route.node, c.job_uid) for c in cancelled] == [(old.dispatched[0][0], first.metadata.uid)]
+
+
+async def test_a_status_etcd_refuses_as_too_large_is_reported_on_the_job_and_the_report_kept(
+    crds: ControlPlane, cloud_kube: Kube
+) -> None:
+    """etcd's "request is too large" becomes one Warning Event on the job; the report is never acknowledged."""
+    node = unique("huge")
+    name = unique("huge")
+    await register_edges(crds, [node])
+    async with admin(crds) as kube, running_controller(crds), running_hub(crds, "hub-huge") as hub:
+        create_job(crds, "ImagePrePullJob", name, _prepull([node]))
+        await job_when(cloud_kube, PREPULLS, name, lambda j: j.status.node_status)
+        # Recorded twice in the entry (the action's reason and the node's): over etcd's 1.5 MiB, under
+        # the API server's 3 MiB, so it is etcd that refuses.
+        result = messages.ActionResult(action="Check", succ=False, reason="x" * 800_000)
+        outcome: list[object] = []
+        async with anyio.create_task_group() as tg:
+
+            async def report() -> None:
+                outcome.append(
+                    await hub.hub.record(
+                        imageprepulljob.JOB_TYPE, name, node, result, uid="", log=structlog.get_logger()
+                    )
+                )
+
+            tg.start_soon(report)
+
+            async def warned() -> list[Any]:
+                events, _, _ = await kube.list(EVENTS, namespace="default")
+                return [e for e in events if e.involved_object.name == name and e.reason == "StatusTooLarge"]
+
+            with anyio.fail_after(30):
+                while True:
+                    found = await warned()
+                    if found:
+                        break
+                    await anyio.sleep(0.2)
+            await anyio.sleep(1.5)  # several more refused writes: still one Event
+            again = await warned()
+            tg.cancel_scope.cancel()
+    assert outcome == []  # never acknowledged: the edge keeps the report
+    assert len(again) == 1
+    assert found[0].type == "Warning"
+    assert "request is too large" in found[0].message
+    job = await cloud_kube.get(PREPULLS, name)
+    assert job.status.node_status[0].action_flow == ()

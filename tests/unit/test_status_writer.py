@@ -126,3 +126,36 @@ async def test_a_change_whose_submitter_gave_up_before_the_write_is_skipped(
         assert await writer.submit(_add(1)) == 1
         writer.close()
     assert api.value == 1
+
+
+@pytest.mark.parametrize(
+    ("error", "reported"),
+    [
+        (ApiError(500, "InternalError", "etcdserver: request is too large"), True),
+        (ApiError(413, "RequestEntityTooLarge", "Request entity too large: limit is 3145728"), True),
+        (ApiError(500, "InternalError", "etcdserver: leader changed"), False),
+    ],
+)
+async def test_a_status_too_large_is_reported_once_until_a_write_succeeds(
+    error: ApiError, reported: bool, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Refusals for size call the hook once per episode; other errors never do; a success starts a new episode."""
+    api = FakeStatusApi(error=error)
+    told: list[ApiError] = []
+
+    async def tell(exc: ApiError) -> None:
+        told.append(exc)
+
+    writer = StatusWriter(cast("Kube", api), NODES, "job", window=0.0, log=structlog.get_logger(), on_too_large=tell)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(writer.run)
+        for _ in range(3):
+            with pytest.raises(ApiError):
+                await writer.submit(_add(1))
+        api.error = None
+        assert await writer.submit(_add(1)) == 1
+        api.error = error
+        with pytest.raises(ApiError):
+            await writer.submit(_add(1))
+        writer.close()
+    assert told == ([error, error] if reported else [])

@@ -1,0 +1,36 @@
+"""Events on node jobs, which ``kubectl describe`` shows under the job: the controller's and the hubs'."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from schemas import v1alpha2
+from schemas.core import Event, EventSource, ObjectReference
+from schemas.kinds import Kind
+from schemas.meta import ObjectMeta
+
+__all__ = ["EVENT_NAMESPACE", "job_event"]
+
+EVENT_NAMESPACE = "default"
+"""Jobs are cluster-scoped; their Events live here, as KubeEdge's do."""
+
+
+def job_event(
+    kind: Kind, job: Any, *, reason: str, message: str, type_: str, component: str, now: str, instance: str = ""
+) -> Event:
+    """A new Event about ``job`` (a v1alpha2 node job of ``kind``) at ``now`` (RFC 3339)."""
+    return Event(
+        metadata=ObjectMeta(name=f"{job.metadata.name}.{uuid.uuid4().hex[:12]}", namespace=EVENT_NAMESPACE),
+        involved_object=ObjectReference(
+            api_version=v1alpha2.API_VERSION, kind=kind.kind, name=job.metadata.name, uid=job.metadata.uid
+        ),
+        reason=reason,
+        message=message,
+        type=type_,
+        first_timestamp=now,
+        last_timestamp=now,
+        source=EventSource(component=component),
+        reporting_component=component,
+        reporting_instance=instance,
+    )
