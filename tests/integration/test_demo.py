@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -126,10 +127,12 @@ def test_demo_stops_on_ctrl_c_then_a_second_run_reaches_its_summary(state: Path,
         assert upgrade["phase"] == "Failure"
         assert all(n["lastAction"] == "Check" for n in upgrade["nodes"])
         return
-    # The canaries pause for confirmation; the demo releases edge-01 from the cloud and edge-02 on the
-    # device; both then back up, install this project as agent v0.2.0 and restart onto it.
-    assert "confirming edge-01 from the cloud" in output, upgrade
-    assert "confirming edge-02 on the device" in output, upgrade
+    # The canaries pause for confirmation; the demo releases the first to pause from the cloud and the
+    # other on the device (which is first varies); both then back up, install this project as agent
+    # v0.2.0 and restart onto it.
+    ways = dict(re.findall(r"confirming (edge-0[12]) (from the cloud|on the device)", output))
+    assert sorted(ways) == ["edge-01", "edge-02"], upgrade
+    assert sorted(ways.values()) == ["from the cloud", "on the device"], ways
     assert "ok: upgrade-canaries resumes at BackUp" in output
     assert upgrade["phase"] == "Completed", upgrade
     assert [(n["name"], n["phase"], n["lastAction"]) for n in upgrade["nodes"]] == [
