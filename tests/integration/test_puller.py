@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -13,8 +14,9 @@ import pytest
 import structlog
 import structlog.testing
 
+import roles
 from nodetask.registry_auth import RegistryAuth
-from roles.edge.runtime.puller import PullRequest, pull_in_child, request_for
+from roles.edge.runtime.puller import CHILD, PullRequest, _child_environment, pull_in_child, request_for
 from schemas.meta import ConditionStatus
 from schemas.v1alpha2 import ImageStatus
 from tools.containerd import Containerd, Registry
@@ -88,6 +90,37 @@ async def test_a_child_that_fails_fails_every_image_with_a_reason(
         statuses = await pull_in_child(request, log=log, command=(sys.executable, "-c", code))
     assert [s.status for s in statuses] == [FALSE, FALSE]
     assert all(s.reason.startswith(reason) for s in statuses)
+
+
+async def test_a_child_that_ends_before_reading_a_large_request_fails_the_images_without_raising(
+    log: structlog.typing.FilteringBoundLogger,
+) -> None:
+    """A request larger than the pipe meets a child that is already gone: a reason per image, no exception."""
+    images = tuple(f"registry.example/app-{i}:v1" for i in range(20_000))
+    request = _request("unix:///run/x.sock", images)
+    with anyio.fail_after(30):
+        statuses = await pull_in_child(request, log=log, command=(sys.executable, "-c", "pass"))
+    assert len(statuses) == len(images)
+    assert all(s.status is FALSE and s.reason.startswith("the image puller answered garbage") for s in statuses)
+
+
+async def test_a_child_that_answers_too_much_is_stopped_and_fails_the_images(
+    log: structlog.typing.FilteringBoundLogger,
+) -> None:
+    """Output beyond any real answer ends the child at once instead of waiting for it."""
+    flood = "import sys; sys.stdout.buffer.write(b'x' * (8 << 20)); sys.stdout.flush(); import time; time.sleep(60)"
+    request = _request("unix:///run/x.sock", ("a/b:1",))
+    with anyio.fail_after(20):
+        statuses = await pull_in_child(request, log=log, command=(sys.executable, "-c", flood))
+    assert statuses == (ImageStatus(image="a/b:1", status=FALSE, reason="the image puller answered too much"),)
+
+
+def test_the_child_runs_the_agents_own_code_first_and_never_the_working_directory() -> None:
+    """The agent's code directory (resolved) leads the child's PYTHONPATH, and the child runs with -P."""
+    env = _child_environment()
+    first = env["PYTHONPATH"].split(os.pathsep)[0]
+    assert Path(first) == Path(roles.__file__).resolve().parent.parent
+    assert "-P" in CHILD
 
 
 @pytest.mark.integration

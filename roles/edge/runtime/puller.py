@@ -14,9 +14,11 @@ every image of the request with a reason that says so: the action never raises f
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Final
 
 import anyio
@@ -24,6 +26,7 @@ import msgspec
 import structlog
 import trio
 
+import roles
 from nodetask.phases import ConditionStatus
 from nodetask.registry_auth import RegistryAuth, decode_credentials, encode_credentials
 from roles.logs import configure_logging
@@ -33,9 +36,8 @@ __all__ = ["PullRequest", "pull_in_child", "request_for"]
 
 Log = structlog.typing.FilteringBoundLogger
 
-CHILD: Final = (sys.executable, *(("-P",) if sys.flags.safe_path else ()), "-m", "roles.edge.runtime.puller")
-"""The child's command line. It inherits the environment, and ``-P`` when the agent has it: under the
-launcher, the active version's code comes from ``PYTHONPATH`` alone, never from the working directory."""
+CHILD: Final = (sys.executable, "-P", "-m", "roles.edge.runtime.puller")
+"""The child's command line; it runs the agent's own code (:func:`_child_environment`)."""
 KILL_GRACE: Final = 5.0
 """How long a cancelled child gets to end on SIGTERM before it is killed."""
 MAX_OUTPUT: Final = 4 << 20
@@ -94,6 +96,18 @@ def request_for(
     )
 
 
+def _child_environment() -> dict[str, str]:
+    """The agent's environment, with the directory its own code was loaded from first on ``PYTHONPATH``.
+
+    Under the launcher, ``PYTHONPATH`` names the ``current`` link, which an upgrade switches before
+    the agent restarts: resolved here, the child runs the agent's version, not the next one. With
+    ``-P`` the working directory is never on the child's path.
+    """
+    code_root = str(Path(roles.__file__).resolve().parent.parent)
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([code_root, *inherited])}
+
+
 def _all_failed(images: tuple[str, ...], reason: str) -> tuple[ImageStatus, ...]:
     return tuple(ImageStatus(image=i, status=ConditionStatus.FALSE, reason=reason) for i in images)
 
@@ -101,7 +115,9 @@ def _all_failed(images: tuple[str, ...], reason: str) -> tuple[ImageStatus, ...]
 async def pull_in_child(request: PullRequest, *, log: Log, command: Sequence[str] = CHILD) -> tuple[ImageStatus, ...]:
     """Run the pull of ``request`` in a child process (``command``); one status per image, in order."""
     try:
-        process = await anyio.open_process(list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None)
+        process = await anyio.open_process(
+            list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None, env=_child_environment()
+        )
     except OSError as exc:
         log.error("image_puller_not_started", error=str(exc))
         return _all_failed(request.images, f"the image puller could not start: {exc}")
@@ -109,12 +125,16 @@ async def pull_in_child(request: PullRequest, *, log: Log, command: Sequence[str
     try:
         assert process.stdin is not None
         assert process.stdout is not None
-        await process.stdin.send(msgspec.json.encode(request))
-        await process.stdin.aclose()
+        try:
+            await process.stdin.send(msgspec.json.encode(request))
+            await process.stdin.aclose()
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            pass  # the child ended before it read its request; its exit status says how
         async for chunk in process.stdout:
             output += chunk
             if len(output) > MAX_OUTPUT:
-                break
+                log.error("image_puller_garbled", error="more output than any answer")
+                return _all_failed(request.images, "the image puller answered too much")
         code = await process.wait()
     finally:
         with anyio.CancelScope(shield=True):
