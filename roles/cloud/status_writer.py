@@ -111,8 +111,10 @@ class StatusWriter:
 
     async def _write(self, batch: list[_Submitted]) -> None:
         outcomes: list[Any] = []
+        wrote = False
 
         def mutate(job: Any) -> Any:
+            nonlocal wrote
             outcomes.clear()
             current, changed = job, False
             for item in batch:
@@ -120,6 +122,7 @@ class StatusWriter:
                 outcomes.append(outcome)
                 if new is not None:
                     current, changed = new, True
+            wrote = changed  # the last attempt is the one whose answer comes back
             return self._finish(current) if changed else None
 
         error: ApiError | None = None
@@ -145,7 +148,9 @@ class StatusWriter:
                 if self._on_too_large is not None:
                     await self._on_too_large(error)
             return
-        self._too_large = False
+        if wrote:
+            # Only a write that happened shows the job fits again; a batch that changed nothing does not.
+            self._too_large = False
         self.batches += 1
         if updated is not None:
             self._on_written(updated)

@@ -28,7 +28,8 @@ class FakeStatusApi:
         self, _resource: Any, _name: str, mutate: Callable[[int], int | None], *, current: int | None = None
     ) -> int:
         await anyio.sleep(0.01)
-        if self.error is not None:
+        # Like the API server: a batch that changes nothing is not written, so it cannot fail.
+        if self.error is not None and mutate(self.value) is not None:
             raise self.error
         for _ in range(self.conflicts):
             self.value += 100  # another writer got in first; the batch is applied again to the new value
@@ -50,6 +51,10 @@ def _add(n: int) -> Callable[[int], tuple[int | None, int]]:
 
 def _writer(api: FakeStatusApi, window: float) -> StatusWriter:
     return StatusWriter(cast("Kube", api), NODES, "job", window=window, log=structlog.get_logger())
+
+
+def _nothing(value: int) -> tuple[int | None, str]:
+    return None, "unchanged"
 
 
 async def _submit_all(writer: StatusWriter, changes: list[Any]) -> list[Any]:
@@ -139,7 +144,7 @@ async def test_a_change_whose_submitter_gave_up_before_the_write_is_skipped(
 async def test_a_status_too_large_is_reported_once_until_a_write_succeeds(
     error: ApiError, reported: bool, autojump_clock: trio.testing.MockClock
 ) -> None:
-    """Refusals for size call the hook once per episode; other errors never do; a success starts a new episode."""
+    """Size refusals call the hook once per episode; other errors never; only a real write ends an episode."""
     api = FakeStatusApi(error=error)
     told: list[ApiError] = []
 
@@ -152,6 +157,7 @@ async def test_a_status_too_large_is_reported_once_until_a_write_succeeds(
         for _ in range(3):
             with pytest.raises(ApiError):
                 await writer.submit(_add(1))
+            assert await writer.submit(_nothing) == "unchanged"  # answered, but nothing was written
         api.error = None
         assert await writer.submit(_add(1)) == 1
         api.error = error
