@@ -79,11 +79,12 @@ def candidate(ctx: TaskContext) -> tuple[dict[str, Any] | None, str]:
     return updated, ""
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def _write_atomic(path: Path, data: bytes) -> None:
+    # Bytes, not text: the YAML is UTF-8 whatever the device's locale.
     mode = path.stat().st_mode & 0o7777 if path.exists() else 0o600
     temporary = path.with_name(f".{path.name}.tmp")
-    with temporary.open("w") as out:
-        out.write(text)
+    with temporary.open("wb") as out:
+        out.write(data)
         out.flush()
         os.fsync(out.fileno())
     temporary.chmod(mode)
@@ -97,7 +98,7 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def _copy_atomic(source: Path, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomic(target, source.read_text())
+    _write_atomic(target, source.read_bytes())
 
 
 async def check(ctx: TaskContext) -> Outcome:
@@ -129,7 +130,7 @@ async def update(ctx: TaskContext) -> Outcome:
             return Outcome(False, problem)
         await ctx.store.set_fact(_fact(ctx), _Progress(stage="written", backup=str(_backup_path(ctx))))
         try:
-            await anyio.to_thread.run_sync(_write_atomic, ctx.config_file, msgspec.yaml.encode(new).decode())
+            await anyio.to_thread.run_sync(_write_atomic, ctx.config_file, msgspec.yaml.encode(new))
         except OSError as exc:
             await ctx.store.delete_fact(_fact(ctx))
             return Outcome(False, f"cannot write {ctx.config_file}: {exc.strerror}")
