@@ -28,6 +28,8 @@ ROLE_ALIASES = {"controller": "controller", "cloud": "cloud", "cloudhub": "cloud
 
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
+CLOUD_EXTRA_MODULES = frozenset({"trio_asyncio", "kubernetes_asyncio", "aiohttp", "prometheus_client", "cryptography"})
+"""What the ``cloud`` extra installs (and what it brings), by top-level module."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -155,7 +157,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         run = _runner(role)
     except ModuleNotFoundError as exc:
-        # A device installs only the base package; the cloud roles need their extra.
+        # A device installs only the base package; the cloud roles need their extra. Any other
+        # missing module is a bug or a broken install, and keeps its traceback.
+        if role == "edge" or (exc.name or "").partition(".")[0] not in CLOUD_EXTRA_MODULES:
+            raise
         print(
             f"nodetaskd: error: the {role} role needs the cloud extra (pip install 'nodetaskd[cloud]'):"
             f" module {exc.name} is not installed",

@@ -108,3 +108,15 @@ def test_cloud_role_without_the_cloud_extra_names_the_extra_and_the_missing_modu
     assert "pip install 'nodetaskd[cloud]'" in done.stderr
     assert "module kubernetes_asyncio is not installed" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_missing_module_that_is_not_the_cloud_extras_keeps_its_traceback() -> None:
+    """Only the cloud extra's modules are explained; any other missing module is a bug and fails loudly."""
+    code = (
+        "import sys; sys.modules['roles.cloud'] = None; "  # as if the package itself were missing
+        "from roles.cli import main; sys.exit(main(['--role=cloud', '--kubeconfig=/nonexistent']))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 1, done.stderr
+    assert "ModuleNotFoundError" in done.stderr
+    assert "cloud extra" not in done.stderr
