@@ -2,18 +2,23 @@
 
 ImagePrePullJob nests these fields under ``spec.imagePrePullTemplate``; the other kinds keep them in
 ``spec``. Code that works on every kind reads them through :func:`targeting`, and counts a job's
-nodes by phase with :func:`node_counts` (the controller and the hubs both keep ``nodeCounts``).
+nodes by phase with :func:`node_counts` and :func:`counted` (the controller and the hubs both
+keep ``nodeCounts``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Final
+from typing import Final, TypeVar
+
+import msgspec
 
 from nodetask.phase import count_phases
 from schemas import v1alpha2
 from schemas.meta import LabelSelector
+
+J = TypeVar("J", bound=v1alpha2.NodeJob)
 
 DEFAULT_TIMEOUT_SECONDS: Final = 300
 """KubeEdge's documented default (``0`` also means the default)."""
@@ -63,3 +68,16 @@ def node_counts(entries: tuple[v1alpha2.NodeTaskStatus, ...]) -> v1alpha2.NodeCo
         failure=c.failure,
         unknown=c.unknown,
     )
+
+
+def counted(job: J) -> J:
+    """``job`` with ``nodeCounts`` matching its entries; the same object when they already do.
+
+    The controller writes the counts when a job's phase moves, and the hubs with every batch they
+    write; finding them right after a hub write, the controller has nothing to write.
+    """
+    counts = node_counts(job.status.node_status)
+    if counts == job.status.node_counts:
+        return job
+    new: J = msgspec.structs.replace(job, status=msgspec.structs.replace(job.status, node_counts=counts))
+    return new

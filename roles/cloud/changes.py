@@ -27,7 +27,7 @@ from flows.jobtype import ExtendError, JobType, apply_result, compact
 from nodetask.flow import UnknownActionError
 from nodetask.messages import ActionResult
 from nodetask.phases import ConditionStatus, JobPhase, NodeTaskPhase
-from schemas.access import node_counts, targeting
+from schemas.access import targeting
 from schemas.core import CONFIRM_ANNOTATION
 
 __all__ = [
@@ -36,7 +36,6 @@ __all__ = [
     "RecordOutcome",
     "awaits_confirmation",
     "claim",
-    "counted",
     "dispatchable",
     "record",
 ]
@@ -129,19 +128,6 @@ def _with_entry(job: Job, index: int, entry: Any) -> Job:
     entries = list(job.status.node_status)
     entries[index] = entry
     return msgspec.structs.replace(job, status=msgspec.structs.replace(job.status, node_status=tuple(entries)))
-
-
-def counted(job: Job) -> Job:
-    """``job`` with its ``nodeCounts`` matching its entries.
-
-    The hub applies this once to every batch it writes: the controller recomputes the counts after
-    every change of the job, and finding them already right it writes only when the job's phase
-    moves, instead of once after each hub write (those writes were most of a big job's conflicts).
-    """
-    counts = node_counts(job.status.node_status)
-    if counts == job.status.node_counts:
-        return job
-    return msgspec.structs.replace(job, status=msgspec.structs.replace(job.status, node_counts=counts))
 
 
 def claim(node: str, *, uid: str, now: str) -> Change:

@@ -50,7 +50,7 @@ from nodetask.messages import (
 )
 from nodetask.registry_auth import DockerConfig, encode_credentials, parse_docker_config_json
 from roles.cloud.auth import AuthError, TokenBook, bearer_token
-from roles.cloud.changes import RecordOutcome, counted, dispatchable, record
+from roles.cloud.changes import RecordOutcome, dispatchable, record
 from roles.cloud.metrics import HubMetrics
 from roles.cloud.runner import JobRunner
 from roles.cloud.sessions import Session, SessionTable
@@ -59,6 +59,7 @@ from roles.events import EVENT_NAMESPACE, job_event
 from roles.http import Request, Response, Route
 from roles.kube import ApiError, Conflict, Deleted, Kube, NotFound, Relisted, Upserted, WatchEvent
 from roles.kube.resources import EVENTS, NODES, SECRETS, job_resource
+from schemas.access import counted
 from schemas.core import AGENT_VERSION_ANNOTATION, HUB_ANNOTATION
 
 Log = structlog.typing.FilteringBoundLogger

@@ -108,19 +108,6 @@ def is_final(kind: Kind, phase: JobPhase) -> bool:
     return phase in (JobPhase.COMPLETED, JobPhase.FAILURE)
 
 
-def recounted(job: v1alpha2.NodeJob) -> v1alpha2.NodeJobStatus | None:
-    """A final job's status with its node counts brought up to date; None if they are.
-
-    The phase of a final job stays as it is (KubeEdge), but a late report may still revive an
-    Unknown node after the job ended, and the counts shown to users must say so.
-    """
-    counts = node_counts(job.status.node_status)
-    if counts == job.status.node_counts:
-        return None
-    new: v1alpha2.NodeJobStatus = msgspec.structs.replace(job.status, node_counts=counts)
-    return new
-
-
 def deadline(
     job: v1alpha2.NodeJob, entry: v1alpha2.NodeTaskStatus, *, connected: Callable[[str], bool]
 ) -> datetime | None:

@@ -27,6 +27,7 @@ from roles.controller import decide
 from roles.events import EVENT_NAMESPACE, job_event
 from roles.kube import ApiError, Deleted, Invalid, Kube, NotFound, Relisted, Upserted, WatchEvent
 from roles.kube.resources import EVENTS, NODES, Resource, job_resource
+from schemas.access import counted
 from schemas.core import Node
 from schemas.kinds import Kind
 
@@ -204,7 +205,9 @@ class Reconciler:
                 await self._record(kind, updated, decide.notices(job.status, updated.status), log)
             return None
         if decide.is_final(kind, job.status.phase):
-            if decide.recounted(job) is not None:  # checked on the cached copy: final jobs wake often
+            # A late report may revive a node after the job ended (its phase stays, as KubeEdge's):
+            # the counts follow. Checked on the cached copy first: final jobs wake often.
+            if counted(job) is not job:
                 await self._kube.update_status(resource, meta.name, self._recount())
             return None
         before = job.status
@@ -228,8 +231,8 @@ class Reconciler:
 
     def _recount(self) -> Any:
         def mutate(job: Any) -> Any:
-            status = decide.recounted(job)
-            return None if status is None else msgspec.structs.replace(job, status=status)
+            new = counted(job)
+            return None if new is job else new
 
         return mutate
 

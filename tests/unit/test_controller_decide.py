@@ -11,6 +11,7 @@ import pytest
 from nodetask.phases import ConditionStatus, JobPhase, NodeTaskPhase
 from roles.controller import decide
 from schemas import v1alpha2
+from schemas.access import counted
 from schemas.core import AGENT_VERSION_ANNOTATION, EDGE_ROLE_LABEL, Node, NodeCondition, NodeStatus
 from schemas.kinds import CONFIG_UPDATE_JOB, IMAGE_PRE_PULL_JOB, NODE_UPGRADE_JOB
 from schemas.meta import ObjectMeta
@@ -228,15 +229,14 @@ def test_a_final_jobs_counts_follow_a_late_revival_but_its_phase_stays() -> None
     """A node revived after the job ended is counted again; the phase of the final job is left alone."""
     running = _running([_entry("a", NodeTaskPhase.SUCCESSFUL), _entry("b", NodeTaskPhase.UNKNOWN)])
     job = msgspec.structs.replace(running, status=msgspec.structs.replace(running.status, phase=JobPhase.COMPLETED))
-    counted = msgspec.structs.replace(job, status=decide.recounted(job))
-    assert decide.recounted(counted) is None
+    first = counted(job)
+    assert counted(first) is first
     revived_entries = tuple(
-        msgspec.structs.replace(e, phase=NodeTaskPhase.SUCCESSFUL) for e in counted.status.node_status
+        msgspec.structs.replace(e, phase=NodeTaskPhase.SUCCESSFUL) for e in first.status.node_status
     )
-    revived = msgspec.structs.replace(
-        counted, status=msgspec.structs.replace(counted.status, node_status=revived_entries)
-    )
-    status = decide.recounted(revived)
-    assert status is not None
+    revived = msgspec.structs.replace(first, status=msgspec.structs.replace(first.status, node_status=revived_entries))
+    recounted = counted(revived)
+    assert recounted is not revived
+    status = recounted.status
     assert status.node_counts is not None
     assert (status.phase, status.node_counts.successful, status.node_counts.unknown) == (JobPhase.COMPLETED, 2, 0)

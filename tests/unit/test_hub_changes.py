@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from flows import imageprepulljob
 from nodetask.messages import ActionResult
 from nodetask.phases import ConditionStatus, JobPhase, NodeTaskPhase
-from roles.cloud.changes import ClaimOutcome, claim, counted, record
+from roles.cloud.changes import ClaimOutcome, claim, record
+from schemas.access import counted
 from schemas.meta import ObjectMeta
 from schemas.v1alpha2 import (
     ImagePrePullJob,
