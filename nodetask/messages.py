@@ -184,8 +184,8 @@ def _enc_hook(obj: Any) -> Any:
 @functools.lru_cache(maxsize=ROUTE_CACHE_SIZE)
 def parse_route(text: str) -> Route:
     """:meth:`Route.parse`, memoised: what the decoders use for every route on the wire."""
-    # A hub sees the same route in every report of a node task; parsing it (five regular
-    # expressions) is most of a report's decode time (docs/benchmarks.md), so each is parsed once.
+    # A hub sees the same route in every report of a node task; parsing a new one is most of a
+    # report's decode time (docs/benchmarks.md), so each is parsed once.
     # Routes are immutable values, so sharing one instance between messages is safe.
     return Route.parse(text)
 

@@ -61,10 +61,10 @@ class StatusWriter:
         self._name = name
         self._window = window
         self._finish = finish
+        """Applied once to a batch's result before it is written (e.g. derived fields)."""
         self._on_too_large = on_too_large
         self._too_large = False
         """The last write was refused as too large (reported once, until a write succeeds)."""
-        """Applied once to a batch's result before it is written (e.g. derived fields)."""
         self._log = log
         self._on_written = on_written
         self._cached = cached
