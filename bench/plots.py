@@ -27,6 +27,14 @@ def _pyplot() -> Any:
     return plt
 
 
+def _finish(plt: Any, fig: Any, title: str, path: Path) -> bool:
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return True
+
+
 def job(runs: list[dict[str, Any]], path: Path) -> bool:
     plt = _pyplot()
     if plt is None:
@@ -49,11 +57,7 @@ def job(runs: list[dict[str, Any]], path: Path) -> bool:
     for ax in (left, right):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
-    fig.suptitle("Benchmark 1: one ImagePrePullJob, concurrency 100")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return True
+    return _finish(plt, fig, "Benchmark 1: one ImagePrePullJob, concurrency 100", path)
 
 
 def hub(runs: list[dict[str, Any]], path: Path) -> bool:
@@ -71,11 +75,7 @@ def hub(runs: list[dict[str, Any]], path: Path) -> bool:
     for ax in (left, right):
         ax.grid(True, alpha=0.3)
         ax.legend()
-    fig.suptitle("Benchmark 2: sessions held by one hub process")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return True
+    return _finish(plt, fig, "Benchmark 2: sessions held by one hub process", path)
 
 
 def codec(rows: list[dict[str, Any]], path: Path) -> bool:
@@ -91,8 +91,4 @@ def codec(rows: list[dict[str, Any]], path: Path) -> bool:
     ax.set(yscale="log", ylabel="messages per second")
     ax.legend()
     ax.grid(True, axis="y", which="both", alpha=0.3)
-    fig.suptitle("Benchmark 3: wire codec")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return True
+    return _finish(plt, fig, "Benchmark 3: wire codec", path)
