@@ -58,6 +58,7 @@ from roles.cloud.status_writer import StatusWriter
 from roles.events import EVENT_NAMESPACE, job_event
 from roles.http import Request, Response, Route
 from roles.kube import ApiError, Conflict, Deleted, Kube, NotFound, Relisted, Upserted, WatchEvent
+from roles.kube.errors import too_large
 from roles.kube.resources import EVENTS, NODES, SECRETS, job_resource
 from schemas.access import counted
 from schemas.core import AGENT_VERSION_ANNOTATION, HUB_ANNOTATION
@@ -259,6 +260,9 @@ class Hub:
 
         return tell
 
+    def _on_failed(self, error: ApiError) -> None:
+        self.metrics.status_failures.labels(too_large="true" if too_large(error) else "false").inc()
+
     def _cached(self, plural: str, name: str) -> Any:
         def newest() -> Any:
             state = self._jobs.get((plural, name))
@@ -281,6 +285,7 @@ class Hub:
                 cached=self._cached(jt.kind.plural, job.metadata.name),
                 finish=counted,
                 on_too_large=self._on_too_large(jt, job.metadata.name),
+                on_failed=self._on_failed,
             )
             self._jobs_tg.start_soon(writer.run)
             state = self._jobs[key] = _JobState(job=job, writer=writer)

@@ -66,4 +66,10 @@ class HubMetrics:
         self.status_batches = Counter(
             "nodetaskd_hub_status_writes", "Coalesced job status writes that succeeded.", registry=registry
         )
+        self.status_failures = Counter(
+            "nodetaskd_hub_status_write_failures",
+            "Coalesced job status writes that failed (too_large: refused for the object's size; retried).",
+            ["too_large"],
+            registry=registry,
+        )
         registry.register(_KubeCounters(kube))

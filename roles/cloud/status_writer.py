@@ -55,6 +55,7 @@ class StatusWriter:
         cached: Callable[[], Any] = lambda: None,
         finish: Callable[[Any], Any] = lambda job: job,
         on_too_large: Callable[[ApiError], Awaitable[None]] | None = None,
+        on_failed: Callable[[ApiError], None] = lambda _: None,
     ) -> None:
         self._kube = kube
         self._resource = resource
@@ -63,6 +64,7 @@ class StatusWriter:
         self._finish = finish
         """Applied once to a batch's result before it is written (e.g. derived fields)."""
         self._on_too_large = on_too_large
+        self._on_failed = on_failed
         self._too_large = False
         """The last write was refused as too large (reported once, until a write succeeds)."""
         self._log = log
@@ -138,6 +140,7 @@ class StatusWriter:
             error = Unreachable(0, "Timeout", f"no answer within {WRITE_DEADLINE_S:g}s", what=f"status of {self._name}")
         if error is not None:
             self._log.warning("status_write_failed", changes=len(batch), error=str(error))
+            self._on_failed(error)
             for item in batch:
                 item.error = error
                 item.done.set()

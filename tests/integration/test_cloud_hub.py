@@ -359,13 +359,21 @@ async def test_a_status_etcd_refuses_as_too_large_is_reported_on_the_job_and_the
                 events, _, _ = await kube.list(EVENTS, namespace="default")
                 return [e for e in events if e.involved_object.name == name and e.reason == "StatusTooLarge"]
 
+            def refused() -> float:
+                value = hub.registry.get_sample_value(
+                    "nodetaskd_hub_status_write_failures_total", {"too_large": "true"}
+                )
+                return value or 0.0
+
             with anyio.fail_after(30):
                 while True:
                     found = await warned()
                     if found:
                         break
                     await anyio.sleep(0.2)
-            await anyio.sleep(1.5)  # several more refused writes: still one Event
+            # The report is retried with backoff: wait for two more refusals, then still one Event.
+            seen = refused()
+            await eventually(lambda: refused() >= seen + 2, limit_s=30)
             again = await warned()
             tg.cancel_scope.cancel()
     assert outcome == []  # never acknowledged: the edge keeps the report
