@@ -58,7 +58,7 @@ def on_entry(node: str, change: Callable[[Any], Any | None]) -> Callable[[Any], 
 
     def mutate(job: Any) -> Any | None:
         entries = list(job.status.node_status)
-        [i] = [i for i, e in enumerate(entries) if e.node_name == node]
+        i = entries.index(entry_of(job, node))
         new = change(entries[i])
         if new is None:
             return None
@@ -66,6 +66,15 @@ def on_entry(node: str, change: Callable[[Any], Any | None]) -> Callable[[Any], 
         return msgspec.structs.replace(job, status=msgspec.structs.replace(job.status, node_status=tuple(entries)))
 
     return mutate
+
+
+def entry_of(job: Any, node: str) -> Any:
+    [entry] = [e for e in job.status.node_status if e.node_name == node]
+    return entry
+
+
+def marked_unknown(node: str) -> Callable[[Any], bool]:
+    return lambda job: bool(entry_of(job, node).phase is NodeTaskPhase.UNKNOWN)
 
 
 def dispatched(at: str) -> Callable[[Any], Any | None]:
@@ -88,11 +97,15 @@ async def hub(kube: Kube, job: str, nodes: Sequence[str], clock: Clock, recorded
     """Dispatch each node and write its three results, one status write each, as fast as the API allows.
 
     Every other node is dispatched "30 s ago", past its 1 s timeout, so the controller marks it
-    Unknown while its results are still arriving: both sides then write the same entry.
+    Unknown while its results are still arriving: both sides then write the same entry. The first
+    such node waits for that timeout before its results, so the overlap happens however fast the
+    hub is; the rest race it.
     """
     for k, node in enumerate(nodes):
         at = format_time(clock.now() - timedelta(seconds=30 if k % 2 else 0))
         await kube.update_status(UPGRADES, job, on_entry(node, dispatched(at)), attempts=100)
+        if k == 1:
+            await job_when(kube, UPGRADES, job, marked_unknown(node))
         recorded[node] = []
         for action, extend in RESULTS:
             result = ActionResult(action=action, succ=True, finish_time=clock.stamp(), extend=extend)
