@@ -10,9 +10,7 @@ configurations (their ``caBundle``) with whatever :attr:`ServingCertificate.ca_b
 from __future__ import annotations
 
 import ipaddress
-import os
 import ssl
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -23,6 +21,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from roles.files import write_atomically
 
 __all__ = [
     "CA_FILE",
@@ -56,22 +56,6 @@ class ServingCertificate:
     key_file: Path
     ca_bundle: bytes
     """PEM of the issuing CA: the ``caBundle`` of webhook configurations."""
-
-
-def _write_atomic(path: Path, data: bytes, mode: int) -> None:
-    # A temp file in the same directory, fsynced, then renamed over the target: a reader (or a
-    # crash) never sees half a PEM file, and the mode is set before the data exists under the name.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _name(common_name: str) -> x509.Name:
@@ -174,9 +158,9 @@ def generate_serving_certificate(
     )
     # Key before certificate: a reader that loads both in between gets a mismatch error and
     # retries, never a certificate whose key is still missing.
-    _write_atomic(directory / KEY_FILE, key_pem, 0o600)
-    _write_atomic(directory / CERT_FILE, cert.public_bytes(serialization.Encoding.PEM), 0o644)
-    _write_atomic(directory / CA_FILE, ca_pem, 0o644)
+    write_atomically(directory / KEY_FILE, key_pem, mode=0o600)
+    write_atomically(directory / CERT_FILE, cert.public_bytes(serialization.Encoding.PEM), mode=0o644)
+    write_atomically(directory / CA_FILE, ca_pem, mode=0o644)
     return ServingCertificate(cert_file=directory / CERT_FILE, key_file=directory / KEY_FILE, ca_bundle=ca_pem)
 
 

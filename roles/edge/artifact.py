@@ -18,7 +18,6 @@ import contextlib
 import hashlib
 import ipaddress
 import json
-import os
 import platform
 import shutil
 import tarfile
@@ -31,6 +30,7 @@ from typing import Any, Final
 
 import anyio.to_thread
 
+from roles.files import sync_directory
 from schemas.v1alpha2 import ImageDigestGetter
 
 __all__ = [
@@ -401,11 +401,7 @@ def _install(resolved: Resolved, versions: Path, version: str) -> Path:
             stale = work / "stale"
             target.rename(stale)
         tree.rename(target)
-        fd = os.open(versions, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        sync_directory(versions)
     finally:
         with contextlib.suppress(OSError):
             shutil.rmtree(work)

@@ -15,7 +15,6 @@ progress as a store fact (``config_update/<job uid>``):
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Final
 
@@ -25,6 +24,7 @@ import msgspec
 from roles.config import ConfigError, EdgeConfig
 from roles.edge.config_fields import FieldError, apply_fields
 from roles.edge.context import Outcome, TaskContext, take_exclusive
+from roles.files import write_atomically
 from roles.restart import RestartRequested
 
 __all__ = ["back_up", "check", "roll_back", "update"]
@@ -79,26 +79,9 @@ def candidate(ctx: TaskContext) -> tuple[dict[str, Any] | None, str]:
     return updated, ""
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    # Bytes, not text: the YAML is UTF-8 whatever the device's locale.
-    mode = path.stat().st_mode & 0o7777 if path.exists() else 0o600
-    temporary = path.with_name(f".{path.name}.tmp")
-    with temporary.open("wb") as out:
-        out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
-    temporary.chmod(mode)
-    temporary.replace(path)
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)
-    finally:
-        os.close(directory)
-
-
 def _copy_atomic(source: Path, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomic(target, source.read_bytes())
+    write_atomically(target, source.read_bytes())
 
 
 async def check(ctx: TaskContext) -> Outcome:
@@ -130,7 +113,7 @@ async def update(ctx: TaskContext) -> Outcome:
             return Outcome(False, problem)
         await ctx.store.set_fact(_fact(ctx), _Progress(stage="written", backup=str(_backup_path(ctx))))
         try:
-            await anyio.to_thread.run_sync(_write_atomic, ctx.config_file, msgspec.yaml.encode(new))
+            await anyio.to_thread.run_sync(write_atomically, ctx.config_file, msgspec.yaml.encode(new))
         except OSError as exc:
             await ctx.store.delete_fact(_fact(ctx))
             return Outcome(False, f"cannot write {ctx.config_file}: {exc.strerror}")

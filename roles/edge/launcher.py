@@ -44,6 +44,7 @@ import structlog
 import trio
 
 from roles.config import ConfigError, EdgeConfig, load_config
+from roles.files import link_atomically, write_atomically
 from roles.logs import configure_logging
 from roles.restart import EXIT_RESTART, SUPERVISOR_ENV
 
@@ -105,28 +106,10 @@ def read_marker(data_dir: Path) -> UpgradeMarker | None:
         return None
 
 
-def _replace_atomically(path: Path, write: bytes | str, *, link: bool) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.unlink(missing_ok=True)
-    if link:
-        temporary.symlink_to(write)
-    else:
-        with temporary.open("wb") as out:
-            out.write(write.encode() if isinstance(write, str) else write)
-            out.flush()
-            os.fsync(out.fileno())
-    os.replace(temporary, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_marker(data_dir: Path, marker: UpgradeMarker) -> None:
     """Replace the marker atomically."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    _replace_atomically(data_dir / MARKER_FILE, msgspec.json.encode(marker), link=False)
+    write_atomically(data_dir / MARKER_FILE, msgspec.json.encode(marker))
 
 
 def current_target(data_dir: Path) -> str:
@@ -139,7 +122,7 @@ def switch_current(data_dir: Path, target: str) -> None:
     """Point ``current`` at ``target`` (e.g. ``versions/v0.2.0``) atomically; "" removes it (the base installation)."""
     link = data_dir / CURRENT_LINK
     if target:
-        _replace_atomically(link, target, link=True)
+        link_atomically(link, target)
     else:
         link.unlink(missing_ok=True)
 

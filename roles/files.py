@@ -1,0 +1,67 @@
+"""Replacing files and links so that a reader, or a crash, sees the old content or the new, never half.
+
+Each write goes to a fresh temporary name in the target's directory, is synced, renamed over the
+target, and then the directory is synced so the rename itself survives a power cut. Used by the
+edge (upgrade marker, ``current`` link, configuration) and by the cloud (serving certificates):
+standard library only, so the edge's base install can import it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+NEW_FILE_MODE = 0o600
+"""A new file's mode when the caller names none: private, since these files hold keys and configuration."""
+
+
+def write_atomically(path: Path, data: bytes, *, mode: int | None = None) -> None:
+    """Replace ``path`` with ``data``; ``mode`` None keeps the existing file's mode (0o600 for a new file).
+
+    The mode is set before the data is written, so a key is never readable by others, even briefly.
+    """
+    if mode is None:
+        try:
+            mode = path.stat().st_mode & 0o7777
+        except FileNotFoundError:
+            mode = NEW_FILE_MODE
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    sync_directory(path.parent)
+
+
+def link_atomically(path: Path, target: str) -> None:
+    """Point the symbolic link ``path`` at ``target``, replacing whatever ``path`` was."""
+    # mkstemp cannot make a link, so the temporary name comes from it and is then reused.
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    try:
+        os.unlink(temporary)
+        os.symlink(target, temporary)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
+    sync_directory(path.parent)
+
+
+def sync_directory(directory: Path) -> None:
+    """Make the renames and links done in ``directory`` durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
