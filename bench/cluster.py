@@ -11,7 +11,6 @@ parallelism through one admin client (kubernetes-asyncio allows 100 connections 
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
 from collections.abc import AsyncIterator, Iterable
@@ -19,12 +18,13 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
+import msgspec
 import structlog
 
-from roles.cloud.auth import TOKEN_KEY, token_secret_name
+from roles.cloud.auth import token_secret
 from roles.kube import Conflict, Kube, open_kube
 from roles.kube.resources import NODES, SECRETS
-from schemas.core import EDGE_ROLE_LABEL, Node, NodeCondition, NodeStatus, Secret
+from schemas.core import EDGE_ROLE_LABEL, Node, NodeCondition, NodeStatus
 from schemas.meta import ObjectMeta
 from tools.controlplane import ControlPlane, ensure_binaries, start
 
@@ -110,15 +110,11 @@ async def _ensure_node(kube: Kube, name: str, labels: dict[str, str]) -> None:
 
 
 async def _ensure_secret(kube: Kube, name: str, token: str) -> None:
-    secret = Secret(
-        metadata=ObjectMeta(name=token_secret_name(name), namespace=TOKEN_NAMESPACE),
-        type="Opaque",
-        data={TOKEN_KEY: base64.b64encode(token.encode()).decode()},
-    )
+    secret = token_secret(name, token, namespace=TOKEN_NAMESPACE)
     try:
         await kube.create(SECRETS, secret, namespace=TOKEN_NAMESPACE)
     except Conflict:
         current = await kube.get(SECRETS, secret.metadata.name, namespace=TOKEN_NAMESPACE)
-        if current.data.get(TOKEN_KEY) != secret.data[TOKEN_KEY]:
-            meta = current.metadata
-            await kube.replace(SECRETS, Secret(metadata=meta, type="Opaque", data=secret.data))
+        if current.data != secret.data or current.metadata.labels != secret.metadata.labels:
+            meta = msgspec.structs.replace(current.metadata, labels=secret.metadata.labels)
+            await kube.replace(SECRETS, msgspec.structs.replace(secret, metadata=meta))

@@ -7,7 +7,6 @@ CA) keep it free of the trio/asyncio bridge and of one kubectl process per poll.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import secrets
@@ -18,7 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from roles.cloud.auth import TOKEN_KEY, token_secret_name
+import msgspec
+
+from roles.cloud.auth import token_secret
 from schemas.core import EDGE_ROLE_LABEL, HUB_ANNOTATION
 from schemas.kinds import KINDS
 
@@ -70,11 +71,7 @@ def register_edge(api: Api, name: str, labels: Mapping[str, str]) -> str:
     ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "registered by the demo"}
     api.request("PATCH", f"/api/v1/nodes/{name}/status", {"status": {"conditions": [ready]}}, patch=True)
     token = secrets.token_urlsafe(24)
-    secret = {
-        "metadata": {"name": token_secret_name(name), "namespace": TOKEN_NAMESPACE},
-        "type": "Opaque",
-        "data": {TOKEN_KEY: base64.b64encode(token.encode()).decode()},
-    }
+    secret = msgspec.to_builtins(token_secret(name, token, namespace=TOKEN_NAMESPACE))
     api.request("POST", f"/api/v1/namespaces/{TOKEN_NAMESPACE}/secrets", secret)
     return token
 

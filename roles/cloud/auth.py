@@ -3,8 +3,13 @@
 The token of node ``N`` is the ``token`` key of Secret ``nodetaskd-edge-N`` in the hub's token
 namespace. An edge sends ``Authorization: Bearer <token>`` on the websocket handshake (and on the
 KubeEdge-compatible HTTP endpoint) and names its node in the URL path, so a session is bound to
-one node before any frame is read. Tokens that checked out are cached for ``ttl`` seconds; a
-failed check always re-reads the Secret, so a rotated token works at once.
+one node before any frame is read.
+
+Secrets labelled :data:`TOKEN_LABEL` are watched, so a fleet reconnecting to a restarted hub costs
+no API call per edge, and a rotated or deleted token stops working as soon as the change arrives.
+Any other Secret (or every Secret, while the watch is not synced or not allowed) is read with a GET;
+a token that checked out that way is cached for ``ttl`` seconds. A token that does not match is
+always re-read, so a rotation works at once whichever way the old token was known.
 """
 
 from __future__ import annotations
@@ -12,22 +17,36 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
+import math
+from collections.abc import Callable
 from typing import Final
 
 import anyio
+import anyio.abc
 import structlog
 
-from roles.kube import ApiError, Kube, NotFound
+from roles.kube import ApiError, Deleted, Invalid, Kube, NotFound, Relisted, Upserted, WatchEvent
 from roles.kube.resources import SECRETS
+from schemas.core import Secret
+from schemas.meta import ObjectMeta
 
 Log = structlog.typing.FilteringBoundLogger
 
 TOKEN_KEY: Final = "token"
+TOKEN_LABEL: Final = "nodetask.kubeedge.io/edge-token"
+"""Token Secrets carrying this label (any value) are watched instead of read one by one."""
+SECRET_PREFIX: Final = "nodetaskd-edge-"
 
 
 def token_secret_name(node: str) -> str:
     """The Secret that holds ``node``'s edge token."""
-    return f"nodetaskd-edge-{node}"
+    return f"{SECRET_PREFIX}{node}"
+
+
+def token_secret(node: str, token: str, *, namespace: str) -> Secret:
+    """The Secret that gives ``node`` its edge token, labelled so that hubs watch it."""
+    meta = ObjectMeta(name=token_secret_name(node), namespace=namespace, labels={TOKEN_LABEL: ""})
+    return Secret(metadata=meta, type="Opaque", data={TOKEN_KEY: base64.b64encode(token.encode()).decode()})
 
 
 def bearer_token(headers: list[tuple[bytes, bytes]] | tuple[tuple[bytes, bytes], ...]) -> str:
@@ -49,14 +68,20 @@ class AuthError(Exception):
 
 
 class TokenBook:
-    """Checks edge tokens against their Secrets."""
+    """Checks edge tokens against their Secrets; run :meth:`watch` to know labelled ones without GETs."""
 
-    def __init__(self, kube: Kube, *, namespace: str, log: Log, ttl: float = 60.0) -> None:
+    def __init__(
+        self, kube: Kube, *, namespace: str, log: Log, ttl: float = 60.0, on_read: Callable[[], object] = lambda: None
+    ) -> None:
         self._kube = kube
         self._namespace = namespace
         self._log = log
         self._ttl = ttl
         self._known: dict[str, tuple[bytes, float]] = {}
+        self._watched: dict[str, bytes] | None = None
+        """Tokens of the labelled Secrets, by node; None until the watch has listed them."""
+        self._on_read = on_read
+        """Called for each Secret read one by one (a GET), for the hub's metrics."""
 
     async def check(self, node: str, token: str) -> None:
         """Return if ``token`` is ``node``'s; raise :class:`AuthError` saying why not."""
@@ -65,6 +90,9 @@ class TokenBook:
         if not token:
             raise AuthError(401, "missing bearer token")
         presented = token.encode()
+        watched = self._watched.get(node) if self._watched is not None else None
+        if watched is not None and hmac.compare_digest(watched, presented):
+            return
         cached = self._known.get(node)
         if cached is not None and cached[1] > anyio.current_time() and hmac.compare_digest(cached[0], presented):
             return
@@ -73,8 +101,55 @@ class TokenBook:
             raise AuthError(403, f"the token is not node {node}'s")
         self._known[node] = (expected, anyio.current_time() + self._ttl)
 
+    def watching(self, node: str) -> bool:
+        """Whether ``node``'s token is known from the watch (so checking it reads nothing)."""
+        return self._watched is not None and node in self._watched
+
+    async def watch(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Keep the labelled token Secrets' tokens until cancelled; ready at once, since GETs cover the gap."""
+        send, receive = anyio.create_memory_object_stream[WatchEvent](max_buffer_size=math.inf)
+        task_status.started()
+        async with anyio.create_task_group() as tg, receive:
+            tg.start_soon(self._follow, receive)
+            await self._kube.watch(SECRETS, send, label_selector=TOKEN_LABEL, namespace=self._namespace)
+
+    async def _follow(self, events: anyio.abc.ObjectReceiveStream[WatchEvent]) -> None:
+        async for event in events:
+            match event:
+                case Relisted(objects=secrets):
+                    watched: dict[str, bytes] = {}
+                    for secret in secrets:
+                        node, token = self._token_of(secret)
+                        if node and token:
+                            watched[node] = token
+                    if self._watched is None:
+                        self._log.info("token_secrets_listed", count=len(watched))
+                    self._watched = watched
+                case Upserted(obj=secret) if self._watched is not None:
+                    node, token = self._token_of(secret)
+                    if node and token:
+                        self._watched[node] = token
+                    elif node:
+                        self._watched.pop(node, None)
+                case Deleted(obj=secret) if self._watched is not None:
+                    node, _ = self._token_of(secret)
+                    self._watched.pop(node, None)
+                case Invalid(name=name, error=error):
+                    self._log.warning("token_secret_invalid", secret=name, error=error)
+
+    def _token_of(self, secret: Secret) -> tuple[str, bytes]:
+        """The node a token Secret belongs to and its token; the token is empty when malformed."""
+        name = secret.metadata.name
+        if not name.startswith(SECRET_PREFIX):
+            return "", b""
+        token = _decode_token(secret)
+        if not token:
+            self._log.warning("token_secret_malformed", secret=name)
+        return name.removeprefix(SECRET_PREFIX), token
+
     async def _read(self, node: str) -> bytes:
         name = token_secret_name(node)
+        self._on_read()
         try:
             secret = await self._kube.get(SECRETS, name, namespace=self._namespace)
         except NotFound:
@@ -82,12 +157,15 @@ class TokenBook:
         except ApiError as exc:
             self._log.warning("token_unreadable", node=node, error=str(exc))
             raise AuthError(503, "cannot read the node's token now") from None
-        raw = secret.data.get(TOKEN_KEY, "")
-        try:
-            value = base64.b64decode(raw, validate=True)
-        except binascii.Error:
-            value = b""
+        value = _decode_token(secret)
         if not value:
             self._log.warning("token_secret_malformed", node=node, secret=name)
             raise AuthError(403, f"Secret {self._namespace}/{name} has no valid {TOKEN_KEY!r} key")
-        return value.strip()
+        return value
+
+
+def _decode_token(secret: Secret) -> bytes:
+    try:
+        return base64.b64decode(secret.data.get(TOKEN_KEY, ""), validate=True).strip()
+    except binascii.Error:
+        return b""

@@ -136,7 +136,9 @@ class Hub:
         self._by_plural = {jt.kind.plural: jt for jt in job_types.values()}
         self.metrics = metrics
         self.sessions = SessionTable()
-        self._tokens = TokenBook(kube, namespace=settings.token_namespace, log=self._log)
+        self.tokens: Final = TokenBook(
+            kube, namespace=settings.token_namespace, log=self._log, on_read=metrics.token_reads.inc
+        )
         self._jobs: dict[Key, _JobState] = {}
         self._synced = anyio.Event()
         self._jobs_tg: anyio.abc.TaskGroup | None = None
@@ -161,6 +163,7 @@ class Hub:
                 tg.start_soon(self._consume_jobs, jt, recv)
                 await tg.start(self._kube.watch, job_resource(jt.kind), send)
             self._synced.set()
+            await tg.start(self.tokens.watch)
             server_scope = anyio.CancelScope(shield=True)
             server_ready = anyio.Event()
             tg.start_soon(self._serve, host, port, ssl_context, server_scope, server_ready)
@@ -375,7 +378,7 @@ class Hub:
         path = request.path.split("?", 1)[0]
         node = path[len(EDGE_PATH_PREFIX) :] if path.startswith(EDGE_PATH_PREFIX) else ""
         try:
-            await self._tokens.check(node, bearer_token(request.headers))
+            await self.tokens.check(node, bearer_token(request.headers))
         except AuthError as exc:
             self.metrics.auth_failures.labels(status=str(exc.status)).inc()
             self._log.warning("edge_refused", node=node, status=exc.status, error=str(exc))
@@ -606,7 +609,7 @@ class Hub:
             return Response.text(HTTPStatus.NOT_FOUND, f"unknown task type {task_type!r}")
         scheme, _, token = (request.header("authorization") or "").partition(" ")
         try:
-            await self._tokens.check(node, token.strip() if scheme.lower() == "bearer" else "")
+            await self.tokens.check(node, token.strip() if scheme.lower() == "bearer" else "")
         except AuthError as exc:
             self.metrics.auth_failures.labels(status=str(exc.status)).inc()
             return Response.text(exc.status, str(exc))

@@ -72,4 +72,9 @@ class HubMetrics:
             ["too_large"],
             registry=registry,
         )
+        self.token_reads = Counter(
+            "nodetaskd_hub_token_reads",
+            "Token Secrets read one by one (GET); labelled token Secrets are watched instead.",
+            registry=registry,
+        )
         registry.register(_KubeCounters(kube))

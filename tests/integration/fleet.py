@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import base64
 import secrets
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 
 import anyio
+import msgspec
 import structlog
 
-from roles.cloud.auth import TOKEN_KEY, token_secret_name
+from roles.cloud.auth import token_secret
 from roles.kube import Kube, open_kube
 from roles.kube.resources import NODES, SECRETS
 from schemas.core import EDGE_ROLE_LABEL, Node, NodeCondition, NodeStatus, Secret
@@ -27,23 +27,23 @@ async def admin(cp: ControlPlane) -> AsyncIterator[Kube]:
         yield kube
 
 
-async def register_edges(cp: ControlPlane, names: Iterable[str]) -> dict[str, str]:
-    """Create Ready edge Nodes and their token Secrets; returns each node's token."""
+async def register_edges(
+    cp: ControlPlane, names: Iterable[str], *, namespace: str = TOKEN_NAMESPACE, labelled: bool = True
+) -> dict[str, str]:
+    """Create Ready edge Nodes and their token Secrets (``labelled`` for hubs to watch); returns each token."""
     tokens: dict[str, str] = {}
     async with admin(cp) as kube, anyio.create_task_group() as tg:
         for name in names:
             tokens[name] = secrets.token_urlsafe(24)
-            tg.start_soon(_register, kube, name, tokens[name])
+            secret = token_secret(name, tokens[name], namespace=namespace)
+            if not labelled:
+                secret = msgspec.structs.replace(secret, metadata=msgspec.structs.replace(secret.metadata, labels={}))
+            tg.start_soon(_register, kube, name, secret)
     return tokens
 
 
-async def _register(kube: Kube, name: str, token: str) -> None:
+async def _register(kube: Kube, name: str, secret: Secret) -> None:
     node = await kube.create(NODES, Node(metadata=ObjectMeta(name=name, labels={EDGE_ROLE_LABEL: ""})))
     ready = NodeStatus(conditions=(NodeCondition(type="Ready", status="True", reason="Test", message="test"),))
     await kube.replace(NODES, Node(metadata=node.metadata, status=ready), subresource="status")
-    secret = Secret(
-        metadata=ObjectMeta(name=token_secret_name(name), namespace=TOKEN_NAMESPACE),
-        type="Opaque",
-        data={TOKEN_KEY: base64.b64encode(token.encode()).decode()},
-    )
-    await kube.create(SECRETS, secret, namespace=TOKEN_NAMESPACE)
+    await kube.create(SECRETS, secret, namespace=secret.metadata.namespace)

@@ -48,10 +48,17 @@ async def running_hub(
     window: float = 0.05,
     heartbeat: float = 1.0,
     close_grace: float = 2.0,
+    token_namespace: str = "kube-system",
 ) -> AsyncIterator[RunningHub]:
     """A hub authenticated as the cloud role, serving plain ws:// on loopback until the block ends."""
     registry = CollectorRegistry()
-    settings = HubSettings(hub_id=hub_id, heartbeat_interval=heartbeat, coalesce_window=window, close_grace=close_grace)
+    settings = HubSettings(
+        hub_id=hub_id,
+        heartbeat_interval=heartbeat,
+        coalesce_window=window,
+        close_grace=close_grace,
+        token_namespace=token_namespace,
+    )
     async with open_kube(kubeconfig=str(cp.kubeconfig("cloud")), log=structlog.get_logger()) as kube:
         hub = Hub(
             kube=kube,
