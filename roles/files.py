@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 NEW_FILE_MODE = 0o600
@@ -27,29 +28,28 @@ def write_atomically(path: Path, data: bytes, *, mode: int | None = None) -> Non
             mode = path.stat().st_mode & 0o7777
         except FileNotFoundError:
             mode = NEW_FILE_MODE
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        os.fchmod(fd, mode)
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
-    sync_directory(path.parent)
+    with _replacing(path) as (fd, _), os.fdopen(fd, "wb") as out:
+        os.fchmod(out.fileno(), mode)
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
 
 
 def link_atomically(path: Path, target: str) -> None:
     """Point the symbolic link ``path`` at ``target``, replacing whatever ``path`` was."""
-    # mkstemp cannot make a link, so the temporary name comes from it and is then reused.
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    os.close(fd)
-    try:
+    with _replacing(path) as (fd, temporary):
+        # mkstemp cannot make a link: its unique name is taken over by one.
+        os.close(fd)
         os.unlink(temporary)
         os.symlink(target, temporary)
+
+
+@contextlib.contextmanager
+def _replacing(path: Path) -> Iterator[tuple[int, str]]:
+    """A fresh temporary file next to ``path``, renamed over it when the block ends without error."""
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        yield fd, temporary
         os.replace(temporary, path)
     except BaseException:
         with contextlib.suppress(OSError):
