@@ -114,25 +114,32 @@ class TokenBook:
             await self._kube.watch(SECRETS, send, label_selector=TOKEN_LABEL, namespace=self._namespace)
 
     async def _follow(self, events: anyio.abc.ObjectReceiveStream[WatchEvent]) -> None:
+        # Whatever the watch says of a node also ends a token cached from a GET, so a rotation or a
+        # deletion is never outlived by the cache.
         async for event in events:
             match event:
-                case Relisted(objects=secrets):
+                case Relisted(objects=secrets, invalid=invalid):
                     watched: dict[str, bytes] = {}
                     for secret in secrets:
                         node, token = self._token_of(secret)
                         if node and token:
                             watched[node] = token
+                        self._known.pop(node, None)
+                    for bad in invalid:
+                        self._log.warning("token_secret_invalid", secret=bad.name, error=bad.error)
                     if self._watched is None:
                         self._log.info("token_secrets_listed", count=len(watched))
                     self._watched = watched
                 case Upserted(obj=secret) if self._watched is not None:
                     node, token = self._token_of(secret)
+                    self._known.pop(node, None)
                     if node and token:
                         self._watched[node] = token
                     elif node:
                         self._watched.pop(node, None)
                 case Deleted(obj=secret) if self._watched is not None:
                     node, _ = self._token_of(secret)
+                    self._known.pop(node, None)
                     self._watched.pop(node, None)
                 case Invalid(name=name, error=error):
                     self._log.warning("token_secret_invalid", secret=name, error=error)

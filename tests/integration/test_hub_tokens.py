@@ -9,7 +9,7 @@ import msgspec
 import pytest
 import trio_websocket
 
-from roles.cloud.auth import TOKEN_KEY, token_secret_name
+from roles.cloud.auth import TOKEN_KEY, TOKEN_LABEL, token_secret_name
 from roles.kube.resources import SECRETS
 from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import TOKEN_NAMESPACE, admin, register_edges
@@ -93,3 +93,19 @@ async def test_a_rotated_or_deleted_token_stops_working_without_waiting_for_a_ca
         assert await handshake(hub, node, "the-new-token") == 101
         await kube.delete(SECRETS, name, namespace=TOKEN_NAMESPACE)
         await refused_within(10, hub, node, "the-new-token")
+
+
+async def test_a_token_cached_from_a_read_ends_when_the_watch_sees_its_secret_change(crds: ControlPlane) -> None:
+    """A Secret read by GET, then labelled with a new token: the cached old token is refused at once."""
+    node = unique("relabelled")
+    tokens = await register_edges(crds, [node], labelled=False)
+    name = token_secret_name(node)
+    async with admin(crds) as kube, running_hub(crds, "hub-relabel") as hub:
+        assert await handshake(hub, node, tokens[node]) == 101  # read, and cached for a minute
+        secret = await kube.get(SECRETS, name, namespace=TOKEN_NAMESPACE)
+        meta = msgspec.structs.replace(secret.metadata, labels={TOKEN_LABEL: ""})
+        new = {TOKEN_KEY: base64.b64encode(b"the-new-token").decode()}
+        await kube.replace(SECRETS, msgspec.structs.replace(secret, metadata=meta, data=new))
+        await eventually(lambda: hub.hub.tokens.watching(node))
+        assert await handshake(hub, node, tokens[node]) == 403
+        assert await handshake(hub, node, "the-new-token") == 101
