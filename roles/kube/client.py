@@ -12,7 +12,7 @@ import asyncio
 import functools
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import anyio
 import anyio.abc
@@ -34,6 +34,12 @@ Log = structlog.typing.FilteringBoundLogger
 
 _ENCODER = msgspec.json.Encoder()
 
+REQUESTS_IN_FLIGHT: Final = 64
+"""Requests handed to aiohttp at once (watches aside). Its pool has 100 connections, some held by
+watches; a request beyond them would wait inside aiohttp as an asyncio task, costing memory and
+spending its own timeout while it queues. A hub admitting thousands of edges at once marks their
+Nodes at this pace instead."""
+
 
 class Kube:
     """Typed access to the API server. Obtain one with :func:`open_kube`."""
@@ -46,9 +52,11 @@ class Kube:
         """409s met by :meth:`update_status` (a metric)."""
         self.writes = 0
         """Successful writes (a metric)."""
+        self._in_flight = anyio.CapacityLimiter(REQUESTS_IN_FLIGHT)
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> bytes:
-        data: bytes = await self._cross(self._api.request, method, path, **kwargs)
+        async with self._in_flight:
+            data: bytes = await self._cross(self._api.request, method, path, **kwargs)
         return data
 
     async def get(self, resource: Resource[T], name: str, *, namespace: str = "") -> T:
@@ -59,9 +67,10 @@ class Kube:
         self, resource: Resource[T], *, label_selector: str = "", namespace: str = ""
     ) -> tuple[list[T], list[Invalid], str]:
         """All objects, the ones that do not decode, and the list's resourceVersion."""
-        listed: tuple[list[T], list[Invalid], str] = await self._cross(
-            list_objects, self._api, resource, label_selector=label_selector, namespace=namespace
-        )
+        async with self._in_flight:
+            listed: tuple[list[T], list[Invalid], str] = await self._cross(
+                list_objects, self._api, resource, label_selector=label_selector, namespace=namespace
+            )
         return listed
 
     async def create(self, resource: Resource[T], obj: T, *, namespace: str = "") -> T:
