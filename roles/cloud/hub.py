@@ -401,12 +401,13 @@ class Hub:
             if replaced is not None:
                 log.info("session_replaced")
                 await replaced.ws.aclose(REPLACED, "replaced by a newer session")
-            await self._mark_node(node, hello.version, log)
             log.info("edge_connected", version=hello.version)
-            for state in list(self._jobs.values()):
-                if state.runner is not None:
-                    state.runner.offer(node)
-            await self._receive(session, log)
+            # The session reads (and echoes heartbeats) while its Node mark waits its turn: a fleet
+            # reconnecting at once must not time its sessions out behind thousands of marks.
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._admit, node, hello.version, log)
+                await self._receive(session, log)
+                tg.cancel_scope.cancel()
         finally:
             current = self.sessions.remove(session)
             with anyio.CancelScope(shield=True), anyio.move_on_after(self.settings.close_grace):
@@ -616,6 +617,13 @@ class Hub:
         return jt, job, node
 
     # ------------------------------------------------------------------------------ node marks
+
+    async def _admit(self, node: str, version: str, log: Log) -> None:
+        """Mark the Node as held by this hub, then offer the node to every job runner."""
+        await self._mark_node(node, version, log)
+        for state in list(self._jobs.values()):
+            if state.runner is not None:
+                state.runner.offer(node)
 
     async def _mark_node(self, node: str, version: str, log: Log) -> None:
         annotations = {HUB_ANNOTATION: self.settings.hub_id, AGENT_VERSION_ANNOTATION: version}
