@@ -6,8 +6,8 @@ process of its own, with plain ws:// on loopback and the default 15 s heartbeat;
 
 1. the hub starts and syncs its job cache; its RSS is read (the baseline);
 2. the fleet connects every edge, at most 200 handshakes at a time. Each session costs the hub a
-   token check (a Secret GET, cached afterwards) and a merge patch recording the session on the
-   Node. Connect time is until the last Node is marked;
+   token check (against the watched token Secrets: no API call) and a merge patch recording the
+   session on the Node. Connect time is until the last Node is marked;
 3. after a 3 s settle, RSS again: (RSS - baseline) / sessions is the memory per session;
 4. steady state: the hub's CPU over 30 s of heartbeats only (every edge every 15 s);
 5. heartbeat burst: 20,000 heartbeats (at least 5 per edge) at once; the hub's echo rate (its counter);
@@ -72,6 +72,10 @@ class CapacityRun:
     """Fleet start to every session welcomed (as the fleet saw it)."""
     marked_s: float = 0.0
     """Fleet start to every Node marked (the hub's own connect work done)."""
+    token_reads: float = 0.0
+    """Token Secrets the hub read one by one while the fleet connected (labelled ones are watched)."""
+    reopened: float = 0.0
+    """Sessions opened again during the run (Hellos beyond one per edge): a hub too slow for its fleet."""
     rss: int = 0
     fleet_rss: int = 0
     steady_cpu_pct: float = 0.0
@@ -178,6 +182,8 @@ async def run_size(cp: ControlPlane, *, sessions: int, seed: str, state_dir: Pat
             uid = await _target_job(kube, job)
             await anyio.sleep(1)  # the hub's job watch picks the job up
             await _report_burst(run, fleet, pids, job, uid)
+            hellos = (await _read_metrics(http_port)).get("nodetaskd_hub_messages_in_total:hello", 0.0)
+            run.reopened = hellos - sessions
         finally:
             if hub.returncode is None:
                 hub.terminate()
@@ -201,6 +207,7 @@ async def _connect(run: CapacityRun, fleet: procs.Fleet, hub_pid: int, http_port
     # The hub marks each Node after welcoming its edge; its API writes count the marks.
     await _wait_metric(http_port, "nodetaskd_hub_api_writes_total", run.sessions, limit_s=1800)
     run.marked_s = time.perf_counter() - started
+    run.token_reads = (await _read_metrics(http_port)).get("nodetaskd_hub_token_reads_total", 0.0)
     await anyio.sleep(3)
     run.rss = procs.rss_bytes(hub_pid)
     run.fleet_rss = procs.rss_bytes(fleet.pid)

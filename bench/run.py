@@ -127,7 +127,9 @@ async def _job_cost(cp: Any, seed: str, args: argparse.Namespace, results: dict[
 async def _hub_capacity(cp: Any, seed: str, args: argparse.Namespace, tmp: Path, results: dict[str, Any]) -> None:
     """Run the hub series, storing the results after every run."""
     runs: list[dict[str, Any]] = []
-    results["hub_capacity"] = {"measured": _now(), "runs": runs}
+    # The heap profile is a series of its own (--only heap): a hub-only run keeps the last one.
+    heap = results.get("hub_capacity", {}).get("heap")
+    results["hub_capacity"] = {"measured": _now(), "runs": runs, **({"heap": heap} if heap else {})}
     for sessions in args.hub_sizes:
         repeats = args.hub_repeats if sessions <= 1000 else args.big_hub_repeats
         for index in range(repeats):
