@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import random
+import subprocess
 from collections.abc import Callable
 from typing import Any
 
 import anyio
+import anyio.to_thread
 import msgspec
 
 from nodetask.phases import JobPhase
@@ -19,10 +22,15 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{random.randrange(16**8):08x}"
 
 
-def create_job(cp: ControlPlane, kind: str, name: str, spec: dict[str, object]) -> None:
+async def kubectl(cp: ControlPlane, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+    """Run kubectl as admin in a worker thread, so that the loop (and the roles running on it) goes on."""
+    return await anyio.to_thread.run_sync(functools.partial(cp.kubectl, *args, input=input))
+
+
+async def create_job(cp: ControlPlane, kind: str, name: str, spec: dict[str, object]) -> None:
     """Create a v1alpha2 node job."""
     doc = {"apiVersion": "operations.kubeedge.io/v1alpha2", "kind": kind, "metadata": {"name": name}, "spec": spec}
-    cp.kubectl("create", "-f", "-", input=msgspec.json.encode(doc).decode())
+    await kubectl(cp, "create", "-f", "-", input=msgspec.json.encode(doc).decode())
 
 
 async def job_when(

@@ -33,7 +33,7 @@ from tests.integration.hubs import (
     running_edges,
     running_hub,
 )
-from tests.integration.objects import create_job, job_when, unique
+from tests.integration.objects import create_job, job_when, kubectl, unique
 
 pytestmark = pytest.mark.integration
 PREPULLS = job_resource(IMAGE_PRE_PULL_JOB)
@@ -65,10 +65,12 @@ async def test_job_completes_across_two_hubs_within_its_concurrency(crds: Contro
         running_hub(crds, "hub-a") as a,
         running_hub(crds, "hub-b") as b,
         running_edges(
-            light_edge(n, (a if i % 2 else b).url, tokens[n], delay=0.15) for i, n in enumerate(nodes)
+            # Actions long enough that the second claim lands while the first node still runs.
+            light_edge(n, (a if i % 2 else b).url, tokens[n], delay=0.5)
+            for i, n in enumerate(nodes)
         ) as edges,
     ):
-        create_job(crds, "ImagePrePullJob", name, _prepull(nodes, concurrency=2))
+        await create_job(crds, "ImagePrePullJob", name, _prepull(nodes, concurrency=2))
         job = await job_when(cloud_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.COMPLETED)
     assert [e.phase for e in job.status.node_status] == [NodeTaskPhase.SUCCESSFUL] * 6
     _assert_each_action_once(job)
@@ -96,7 +98,7 @@ async def test_hub_restarted_mid_job_finishes_it_without_losing_or_repeating_res
         for edge in edges:
             fleet.start_soon(edge.run)
         async with running_hub(crds, "hub-r", port=port):
-            create_job(crds, "ImagePrePullJob", name, _prepull(nodes, concurrency=2))
+            await create_job(crds, "ImagePrePullJob", name, _prepull(nodes, concurrency=2))
             await job_when(
                 cloud_kube, PREPULLS, name, lambda j: any(a for e in j.status.node_status for a in e.action_flow)
             )
@@ -117,7 +119,7 @@ async def test_edge_that_drops_mid_flow_reconnects_and_finishes(crds: ControlPla
     async with running_controller(crds), running_hub(crds, "hub-d") as hub:
         edge = light_edge(nodes[0], hub.url, tokens[nodes[0]], delay=0.5)
         async with running_edges([edge]):
-            create_job(crds, "ImagePrePullJob", name, _prepull(nodes))
+            await create_job(crds, "ImagePrePullJob", name, _prepull(nodes))
             await eventually(lambda: edge.acked)
             edge.cut()
             job = await job_when(cloud_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.COMPLETED)
@@ -131,7 +133,7 @@ async def test_report_for_another_node_is_refused(crds: ControlPlane, cloud_kube
     tokens = await register_edges(crds, nodes)
     name = unique("foreign")
     async with running_controller(crds), running_hub(crds, "hub-f") as hub:
-        create_job(crds, "ImagePrePullJob", name, _prepull(nodes[1:]))
+        await create_job(crds, "ImagePrePullJob", name, _prepull(nodes[1:]))
         job = await job_when(cloud_kube, PREPULLS, name, lambda j: j.status.node_status)
         edge = light_edge(nodes[0], hub.url, tokens[nodes[0]])
         async with running_edges([edge]):
@@ -274,7 +276,7 @@ async def test_kubeedge_http_status_endpoint_records_a_report_as_that_node(
                 serve_http, router(hub.hub.http_routes()), host="127.0.0.1", port=0, log=structlog.get_logger()
             )
         )
-        create_job(crds, "ImagePrePullJob", name, _prepull([mine]))
+        await create_job(crds, "ImagePrePullJob", name, _prepull([mine]))
         await job_when(cloud_kube, PREPULLS, name, lambda j: j.status.node_status)
         base = f"http://127.0.0.1:{port}/task/imageprepulljob/name/{name}/node"
         body = b'{"action": "Check", "succ": true, "finishTime": "2026-11-26T01:00:00Z"}'
@@ -302,12 +304,13 @@ async def test_job_recreated_under_the_same_name_gets_a_fresh_runner_after_the_o
     async with (
         running_controller(crds),
         running_hub(crds, "hub-again") as hub,
-        running_edges(light_edge(n, hub.url, tokens[n], delay=0.5) for n in nodes) as edges,
+        # Actions long enough that the deletion reaches the hub before the first node's Pull is done.
+        running_edges(light_edge(n, hub.url, tokens[n], delay=1.5) for n in nodes) as edges,
     ):
-        create_job(crds, "ImagePrePullJob", name, _prepull(nodes, concurrency=1))
+        await create_job(crds, "ImagePrePullJob", name, _prepull(nodes, concurrency=1))
         first = await job_when(cloud_kube, PREPULLS, name, lambda j: any(e.action_flow for e in j.status.node_status))
         # kubectl blocks this thread: never let it wait for the finalizer the controller must remove.
-        crds.kubectl("delete", "imageprepulljob", name, "--wait=false")
+        await kubectl(crds, "delete", "imageprepulljob", name, "--wait=false")
         with anyio.fail_after(20):
             while True:
                 try:
@@ -315,7 +318,7 @@ async def test_job_recreated_under_the_same_name_gets_a_fresh_runner_after_the_o
                 except NotFound:
                     break
                 await anyio.sleep(0.1)
-        create_job(crds, "ImagePrePullJob", name, _prepull(nodes, concurrency=1))
+        await create_job(crds, "ImagePrePullJob", name, _prepull(nodes, concurrency=1))
         second = await job_when(cloud_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.COMPLETED)
     assert second.metadata.uid != first.metadata.uid
     _assert_each_action_once(second)
@@ -338,7 +341,7 @@ async def test_a_status_etcd_refuses_as_too_large_is_reported_on_the_job_and_the
     name = unique("huge")
     await register_edges(crds, [node])
     async with admin(crds) as kube, running_controller(crds), running_hub(crds, "hub-huge") as hub:
-        create_job(crds, "ImagePrePullJob", name, _prepull([node]))
+        await create_job(crds, "ImagePrePullJob", name, _prepull([node]))
         await job_when(cloud_kube, PREPULLS, name, lambda j: j.status.node_status)
         # Recorded twice in the entry (the action's reason and the node's): over etcd's 1.5 MiB, under
         # the API server's 3 MiB, so it is etcd that refuses.

@@ -57,9 +57,11 @@ async def test_config_updates_apply_roll_back_or_are_refused_and_each_is_reporte
         agent_process(unhealthy, tokens[unhealthy], hub.url, tmp_path / unhealthy),
         agent_process(invalid, tokens[invalid], hub.url, tmp_path / invalid),
     ):
-        create_job(crds, "ConfigUpdateJob", jobs[ok], _update([ok], {"maxCpuUsage": "95", "logLevel": "debug"}))
-        create_job(crds, "ConfigUpdateJob", jobs[unhealthy], _update([unhealthy], {"hubUrls[0]": "ws://127.0.0.1:9"}))
-        create_job(crds, "ConfigUpdateJob", jobs[invalid], _update([invalid], {"maxCpuUsag": "95"}))
+        await create_job(crds, "ConfigUpdateJob", jobs[ok], _update([ok], {"maxCpuUsage": "95", "logLevel": "debug"}))
+        await create_job(
+            crds, "ConfigUpdateJob", jobs[unhealthy], _update([unhealthy], {"hubUrls[0]": "ws://127.0.0.1:9"})
+        )
+        await create_job(crds, "ConfigUpdateJob", jobs[invalid], _update([invalid], {"maxCpuUsag": "95"}))
         done = {node: await job_when(cloud_kube, CONFIG_UPDATES, name, settled) for node, name in jobs.items()}
         assert first.returncode is None  # restarted in place: the same process, a new program image
     applied = done[ok].status.node_status[0]

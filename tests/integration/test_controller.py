@@ -21,16 +21,17 @@ from roles.kube import Kube, NotFound
 from roles.kube.resources import job_resource
 from schemas.kinds import IMAGE_PRE_PULL_JOB, KINDS, NODE_UPGRADE_JOB
 from tests.integration.controlplane import ControlPlane
-from tests.integration.objects import create_job, job_when, unique
+from tests.integration.objects import create_job, job_when, kubectl, unique
 
 pytestmark = pytest.mark.integration
 UPGRADES = job_resource(NODE_UPGRADE_JOB)
 PREPULLS = job_resource(IMAGE_PRE_PULL_JOB)
 
 
-def _node(cp: ControlPlane, name: str, *, edge: bool = True, ready: bool = True) -> None:
+async def _node(cp: ControlPlane, name: str, *, edge: bool = True, ready: bool = True) -> None:
     labels = {"node-role.kubernetes.io/edge": ""} if edge else {}
-    cp.kubectl(
+    await kubectl(
+        cp,
         "create",
         "-f",
         "-",
@@ -50,8 +51,8 @@ def _node(cp: ControlPlane, name: str, *, edge: bool = True, ready: bool = True)
             ]
         }
     }
-    cp.kubectl(
-        "patch", "node", name, "--subresource=status", "--type=merge", "-p", msgspec.json.encode(status).decode()
+    await kubectl(
+        cp, "patch", "node", name, "--subresource=status", "--type=merge", "-p", msgspec.json.encode(status).decode()
     )
 
 
@@ -70,12 +71,12 @@ async def test_job_gets_finalizer_nodes_and_progresses(
 ) -> None:
     """A new job gets the finalizer, its nodes with KubeEdge's reasons, InProgress, then Completed from hub results."""
     ok1, ok2, cloud, down = (unique(p) for p in ("edge", "edge", "cloud", "down"))
-    _node(crds, ok1)
-    _node(crds, ok2)
-    _node(crds, cloud, edge=False)
-    _node(crds, down, ready=False)
+    await _node(crds, ok1)
+    await _node(crds, ok2)
+    await _node(crds, cloud, edge=False)
+    await _node(crds, down, ready=False)
     name = unique("pp")
-    create_job(
+    await create_job(
         crds,
         "ImagePrePullJob",
         name,
@@ -107,15 +108,20 @@ async def test_job_gets_finalizer_nodes_and_progresses(
     done = await job_when(cloud_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.COMPLETED)
     assert done.status.node_counts.successful == 2
     assert done.status.node_counts.failure == 2
-    described = crds.kubectl("describe", "imageprepulljob", name).stdout
+    # The controller records JobCompleted just after the status write seen above.
+    with anyio.fail_after(20):
+        while True:
+            described = (await kubectl(crds, "describe", "imageprepulljob", name)).stdout
+            if "JobCompleted" in described:
+                break
+            await anyio.sleep(0.1)
     assert "NodeTaskFailed" in described
-    assert "JobCompleted" in described
 
 
 async def test_selection_errors_fail_the_job(crds: ControlPlane, controller: Reconciler, cloud_kube: Kube) -> None:
     """Neither nodeNames nor labelSelector: the job fails at once with KubeEdge's reason."""
     name = unique("none")
-    create_job(crds, "NodeUpgradeJob", name, {"version": "v1.21.0"})
+    await create_job(crds, "NodeUpgradeJob", name, {"version": "v1.21.0"})
     job = await job_when(cloud_kube, UPGRADES, name, lambda j: j.status.phase is JobPhase.FAILURE)
     assert job.status.reason == decide.NO_SELECTOR
 
@@ -123,8 +129,8 @@ async def test_selection_errors_fail_the_job(crds: ControlPlane, controller: Rec
 async def test_unconnected_node_times_out(crds: ControlPlane, controller: Reconciler, cloud_kube: Kube) -> None:
     """A Pending node no hub holds becomes Unknown after timeoutSeconds, and the job fails."""
     node, name = unique("lonely"), unique("to")
-    _node(crds, node)
-    create_job(
+    await _node(crds, node)
+    await create_job(
         crds,
         "ImagePrePullJob",
         name,
@@ -138,10 +144,10 @@ async def test_unconnected_node_times_out(crds: ControlPlane, controller: Reconc
 async def test_invalid_job_fails_with_the_field_named(crds: ControlPlane, controller: Reconciler) -> None:
     """A job whose spec does not decode is failed with a reason naming the field."""
     name = unique("bad")
-    create_job(crds, "NodeUpgradeJob", name, {"version": "v1", "nodeNames": ["a"], "failureTolerate": "3"})
+    await create_job(crds, "NodeUpgradeJob", name, {"version": "v1", "nodeNames": ["a"], "failureTolerate": "3"})
     with anyio.fail_after(20):
         while True:
-            out = crds.kubectl("get", "nodeupgradejob", name, "-o", "jsonpath={.status.reason}").stdout
+            out = (await kubectl(crds, "get", "nodeupgradejob", name, "-o", "jsonpath={.status.reason}")).stdout
             if out:
                 break
             await anyio.sleep(0.2)
@@ -153,10 +159,10 @@ async def test_deleted_job_loses_its_finalizer_and_goes(
 ) -> None:
     """Deleting a job removes the controller's finalizer, so the object disappears."""
     node, name = unique("edge"), unique("del")
-    _node(crds, node)
-    create_job(crds, "NodeUpgradeJob", name, {"version": "v1.21.0", "nodeNames": [node]})
+    await _node(crds, node)
+    await create_job(crds, "NodeUpgradeJob", name, {"version": "v1.21.0", "nodeNames": [node]})
     await job_when(cloud_kube, UPGRADES, name, lambda j: bool(j.metadata.finalizers))
-    crds.kubectl("delete", "nodeupgradejob", name, "--wait=false")
+    await kubectl(crds, "delete", "nodeupgradejob", name, "--wait=false")
     with anyio.fail_after(20):
         while True:
             try:
@@ -171,7 +177,7 @@ async def test_feature_gate_disables_the_v1alpha2_controllers(
 ) -> None:
     """With disableNodeTaskV1alpha2 the controller role leaves jobs alone (KubeEdge compatibility)."""
     name = unique("gated")
-    create_job(crds, "NodeUpgradeJob", name, {"version": "v1.21.0", "nodeNames": ["a"]})
+    await create_job(crds, "NodeUpgradeJob", name, {"version": "v1.21.0", "nodeNames": ["a"]})
     cfg = ControllerConfig(
         kubeconfig=str(crds.kubeconfig("controller")),
         feature_gates=("disableNodeTaskV1alpha2",),

@@ -18,7 +18,7 @@ from roles.kube.resources import job_resource
 from schemas.kinds import IMAGE_PRE_PULL_JOB
 from tests.integration.controlplane import ControlPlane
 from tests.integration.hubs import free_port
-from tests.integration.objects import create_job, unique
+from tests.integration.objects import create_job, kubectl, unique
 from tools.controlplane import ControlPlaneError
 
 pytestmark = pytest.mark.integration
@@ -30,6 +30,22 @@ def _get(url: str) -> tuple[int, str]:
             return answer.status, answer.read().decode()
     except OSError:
         return 0, ""
+
+
+async def _until_refused(crds: ControlPlane, kind: str, spec: dict[str, object], *, refused: bool) -> None:
+    """Wait until a dry-run create of such a job is refused (by a webhook: the schema admits both probes), or not."""
+    doc = {"apiVersion": "operations.kubeedge.io/v1alpha2", "kind": kind, "metadata": {"name": "probe"}, "spec": spec}
+    with anyio.fail_after(30):
+        while True:
+            try:
+                await kubectl(crds, "create", "--dry-run=server", "-f", "-", input=msgspec.json.encode(doc).decode())
+            except ControlPlaneError:
+                if refused:
+                    return
+            else:
+                if not refused:
+                    return
+            await anyio.sleep(0.2)
 
 
 async def test_controller_process_leads_validates_defaults_and_stops_on_sigterm(
@@ -58,10 +74,14 @@ async def test_controller_process_leads_validates_defaults_and_stops_on_sigterm(
                 if "nodetaskd_controller_leader 1.0" in (await anyio.to_thread.run_sync(_get, metrics))[1]:
                     break
                 await anyio.sleep(0.2)
+        # The API server enforces webhooks once its own watch has seen them: wait until a probe is refused.
+        await _until_refused(crds, "NodeUpgradeJob", {"version": "latest", "nodeNames": ["a"]}, refused=True)
         with pytest.raises(ControlPlaneError, match=r"spec\.version"):
-            create_job(crds, "NodeUpgradeJob", unique("bad"), {"version": "latest", "nodeNames": ["a"]})
+            await create_job(crds, "NodeUpgradeJob", unique("bad"), {"version": "latest", "nodeNames": ["a"]})
         name = unique("defaulted")
-        create_job(crds, "ImagePrePullJob", name, {"imagePrePullTemplate": {"nodeNames": ["a"], "images": ["a/b:1"]}})
+        await create_job(
+            crds, "ImagePrePullJob", name, {"imagePrePullTemplate": {"nodeNames": ["a"], "images": ["a/b:1"]}}
+        )
         with anyio.fail_after(20):
             while True:
                 job = await cloud_kube.get(job_resource(IMAGE_PRE_PULL_JOB), name)
@@ -72,13 +92,21 @@ async def test_controller_process_leads_validates_defaults_and_stops_on_sigterm(
         with anyio.fail_after(15):
             code = await process.wait()
     finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
-        # The webhooks outlive the process on purpose; the tests after this one must not meet them.
-        crds.kubectl(
-            "delete", "validatingwebhookconfiguration,mutatingwebhookconfiguration", "nodetaskd", "--ignore-not-found"
-        )
+        with anyio.CancelScope(shield=True):
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+            # The webhooks outlive the process on purpose; the tests after this one must not meet them.
+            await kubectl(
+                crds,
+                "delete",
+                "validatingwebhookconfiguration,mutatingwebhookconfiguration",
+                "nodetaskd",
+                "--ignore-not-found",
+            )
+            # Their policy is Fail and their server is gone: wait until the API server has dropped them.
+            probe: dict[str, object] = {"imagePrePullTemplate": {"nodeNames": ["a"], "images": ["a/b:1"]}}
+            await _until_refused(crds, "ImagePrePullJob", probe, refused=False)
     assert code == 0
     template = job.spec.image_pre_pull_template
     assert (template.concurrency, template.timeout_seconds) == (1, 300)

@@ -124,7 +124,7 @@ async def test_controller_never_overwrites_concurrent_hub_results(
     await edge_nodes(admin_kube, silent)
     name = unique("race")
     spec = {"version": "v1.21.0", "nodeNames": [*connected, *silent, anchor], "timeoutSeconds": 1}
-    create_job(crds, "NodeUpgradeJob", name, {**spec, "failureTolerate": "0.5"})
+    await create_job(crds, "NodeUpgradeJob", name, {**spec, "failureTolerate": "0.5"})
     clock = Clock.start()
     reconciler = Reconciler(kube=controller_kube, clock=clock, log=LOG, kinds=KINDS)
     recorded: dict[str, list[str]] = {}

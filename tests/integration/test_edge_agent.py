@@ -49,8 +49,8 @@ async def test_agents_finish_a_prepull_and_a_failed_check_is_reported_with_kubee
     async with running_controller(crds), running_hub(crds, "hub-agents") as hub, contextlib.AsyncExitStack() as stack:
         for node in nodes:
             await stack.enter_async_context(running_agent(node, tokens[node], hub.url, tmp_path / node, runtime))
-        create_job(crds, "ImagePrePullJob", good, _prepull(nodes, check_items=("cpu", "mem", "disk")))
-        create_job(crds, "ImagePrePullJob", bad, _prepull(nodes[:1], check_items=("gpu",)))
+        await create_job(crds, "ImagePrePullJob", good, _prepull(nodes, check_items=("cpu", "mem", "disk")))
+        await create_job(crds, "ImagePrePullJob", bad, _prepull(nodes[:1], check_items=("gpu",)))
         done = await job_when(cloud_kube, PREPULLS, good, lambda j: j.status.phase is JobPhase.COMPLETED)
         failed = await job_when(cloud_kube, PREPULLS, bad, lambda j: j.status.phase is JobPhase.FAILURE)
     assert runtime.pulls == 3
@@ -75,7 +75,7 @@ async def test_reports_made_during_an_outage_all_arrive_once_after_it(
         running_agent(node, tokens[node], f"ws://127.0.0.1:{port}", tmp_path, runtime) as agent,
     ):
         async with running_hub(crds, "hub-outage", port=port):
-            create_job(crds, "ImagePrePullJob", name, _prepull([node]))
+            await create_job(crds, "ImagePrePullJob", name, _prepull([node]))
             await eventually(lambda: runtime.pulls == 1)
         # The hub is down while the pull finishes; the Pull report waits in the outbox.
         await eventually(lambda: agent.connects == 1 and not agent.connected.is_set())
@@ -96,7 +96,7 @@ async def test_agent_killed_mid_action_resumes_at_that_action_after_restart(
     slow, fast = FakeRuntime(delay=60.0), FakeRuntime()
     async with running_controller(crds), running_hub(crds, "hub-resume") as hub:
         async with running_agent(node, tokens[node], hub.url, tmp_path, slow):
-            create_job(crds, "ImagePrePullJob", name, _prepull([node], check_items=("disk",)))
+            await create_job(crds, "ImagePrePullJob", name, _prepull([node], check_items=("disk",)))
             await eventually(lambda: slow.pulls == 1)
         async with running_agent(node, tokens[node], hub.url, tmp_path, fast):
             job = await job_when(cloud_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.COMPLETED)
@@ -124,7 +124,7 @@ async def test_killed_agent_process_delivers_its_results_after_restart(
             async with running_hub(crds, "hub-kill", port=port) as hub:
                 await eventually(lambda: node in hub.hub.sessions)
                 # The hub stops as soon as the task is dispatched: the results can only be stored, not sent.
-                create_job(crds, "ImagePrePullJob", name, _prepull([node], check_items=("cpu",)))
+                await create_job(crds, "ImagePrePullJob", name, _prepull([node], check_items=("cpu",)))
                 await eventually(lambda: any(r.dispatched for r in hub.hub.runners() if r.name == name))
             await anyio.sleep(2)
             first.send_signal(signal.SIGKILL)
@@ -175,7 +175,7 @@ async def test_a_full_store_is_reported_upstream_with_its_reason_and_loses_nothi
         running_hub(crds, "hub-full") as hub,
         running_agent(node, tokens[node], hub.url, tmp_path, FakeRuntime(), store_max_bytes=full),
     ):
-        create_job(crds, "ImagePrePullJob", name, spec)
+        await create_job(crds, "ImagePrePullJob", name, spec)
         job = await job_when(cloud_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.FAILURE)
     entry = job.status.node_status[0]
     assert entry.phase is NodeTaskPhase.FAILURE

@@ -26,7 +26,7 @@ from roles.kube.resources import job_resource
 from schemas.kinds import CONFIG_UPDATE_JOB
 from tests.integration.controlplane import ControlPlane
 from tests.integration.hubs import free_port
-from tests.integration.objects import create_job, job_when, settled, unique
+from tests.integration.objects import create_job, job_when, kubectl, settled, unique
 from tests.integration.processes import Fleet, JobHistory, fleet, recording
 
 pytestmark = pytest.mark.integration
@@ -59,7 +59,7 @@ async def faulty_job(
             "concurrency": CONCURRENCY,
             "timeoutSeconds": 120,
         }
-        create_job(cp, "ConfigUpdateJob", name, spec)
+        await create_job(cp, "ConfigUpdateJob", name, spec)
         yield running, name, history
         job = await job_when(kube, JOBS, name, settled, limit_s=90)
     assert job.status.phase is JobPhase.COMPLETED, [(e.node_name, e.phase, e.reason) for e in job.status.node_status]
@@ -118,7 +118,7 @@ async def test_a_job_deleted_mid_flight_and_recreated_under_its_name_runs_afresh
     async with faulty_job(crds, cloud_kube, tmp_path) as (running, name, _):
         first = await job_when(cloud_kube, JOBS, name, _in_flight)
         # kubectl would block this task while the controller (another process) removes the finalizer.
-        crds.kubectl("delete", "configupdatejob", name, "--wait=false")
+        await kubectl(crds, "delete", "configupdatejob", name, "--wait=false")
         with anyio.fail_after(30):
             while True:
                 try:
@@ -131,7 +131,7 @@ async def test_a_job_deleted_mid_flight_and_recreated_under_its_name_runs_afresh
         # refused by design. Give those a moment, as an operator re-creating a job would.
         await anyio.sleep(5)
         spec = msgspec.to_builtins(first.spec)
-        create_job(crds, "ConfigUpdateJob", name, spec)
+        await create_job(crds, "ConfigUpdateJob", name, spec)
         again = await job_when(cloud_kube, JOBS, name, lambda j: bool(j.metadata.uid))
         assert again.metadata.uid != first.metadata.uid
         assert list(running.edges) == [e.node_name for e in first.status.node_status]

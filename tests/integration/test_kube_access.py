@@ -27,7 +27,7 @@ from schemas.core import Event, Lease, LeaseSpec, Node, ObjectReference
 from schemas.kinds import CONFIG_UPDATE_JOB, IMAGE_PRE_PULL_JOB, NODE_UPGRADE_JOB
 from schemas.meta import ObjectMeta
 from tests.integration.controlplane import ControlPlane
-from tests.integration.objects import create_job, unique
+from tests.integration.objects import create_job, kubectl, unique
 
 pytestmark = pytest.mark.integration
 UPGRADES = job_resource(NODE_UPGRADE_JOB)
@@ -42,7 +42,7 @@ async def test_v1alpha1_object_reads_back_as_v1alpha2(crds: ControlPlane, contro
     manifest = (DATA / "kubeedge-nodeupgradejob-v1alpha1.yaml").read_text().replace("upgrade-example", name)
     # kubectl validates against the published schema and refuses the sample's dead fields; the API
     # server itself prunes them, which is what KubeEdge users rely on.
-    crds.kubectl("create", "--validate=false", "-f", "-", input=manifest)
+    await kubectl(crds, "create", "--validate=false", "-f", "-", input=manifest)
     job = await controller_kube.get(UPGRADES, name)
     assert isinstance(job, v1alpha2.NodeUpgradeJob)
     assert job.api_version == "operations.kubeedge.io/v1alpha2"
@@ -55,7 +55,7 @@ async def test_v1alpha1_object_reads_back_as_v1alpha2(crds: ControlPlane, contro
 async def test_kubectl_shows_printer_columns(crds: ControlPlane, controller_kube: Kube) -> None:
     """`kubectl get nodeupgradejobs` shows phase and node counts written into status."""
     name = unique("cols")
-    create_job(crds, "NodeUpgradeJob", name, {"version": "v1.21.0", "nodeNames": ["a", "b"]})
+    await create_job(crds, "NodeUpgradeJob", name, {"version": "v1.21.0", "nodeNames": ["a", "b"]})
 
     def mutate(job: v1alpha2.NodeUpgradeJob) -> v1alpha2.NodeUpgradeJob:
         status = v1alpha2.NodeUpgradeJobStatus(
@@ -69,18 +69,20 @@ async def test_kubectl_shows_printer_columns(crds: ControlPlane, controller_kube
         return msgspec.structs.replace(job, status=status)
 
     await controller_kube.update_status(UPGRADES, name, mutate)
-    out = crds.kubectl("get", "nodeupgradejobs", name).stdout.split("\n")
+    out = (await kubectl(crds, "get", "nodeupgradejobs", name)).stdout.split("\n")
     assert out[0].split() == ["NAME", "PHASE", "NODES", "RUNNING", "SUCCEEDED", "FAILED", "AGE"]
     assert out[1].split()[:6] == [name, "InProgress", "2", "1", "1", "0"]
-    assert name in crds.kubectl("get", "nodejobs").stdout
-    assert name in crds.kubectl("get", "nuj").stdout
+    assert name in (await kubectl(crds, "get", "nodejobs")).stdout
+    assert name in (await kubectl(crds, "get", "nuj")).stdout
 
 
 async def test_concurrent_status_writers_never_lose_an_update(crds: ControlPlane, cloud_kube: Kube) -> None:
     """Twenty writers each set their own node entry at once; every change is present at the end."""
     name = unique("race")
     nodes = [f"n{i}" for i in range(20)]
-    create_job(crds, "ImagePrePullJob", name, {"imagePrePullTemplate": {"images": ["busybox"], "nodeNames": nodes}})
+    await create_job(
+        crds, "ImagePrePullJob", name, {"imagePrePullTemplate": {"images": ["busybox"], "nodeNames": nodes}}
+    )
 
     def init(job: v1alpha2.ImagePrePullJob) -> v1alpha2.ImagePrePullJob:
         entries = tuple(v1alpha2.ImagePrePullNodeTaskStatus(node_name=n, phase=NodeTaskPhase.PENDING) for n in nodes)
@@ -118,7 +120,7 @@ async def test_a_stale_copy_given_to_update_status_costs_a_conflict_never_a_lost
 ) -> None:
     """Writing from an outdated copy is refused (409), re-read and re-applied; "no change" is re-checked fresh."""
     name = unique("stale")
-    create_job(crds, "ImagePrePullJob", name, {"imagePrePullTemplate": {"images": ["a/b:1"], "nodeNames": ["n"]}})
+    await create_job(crds, "ImagePrePullJob", name, {"imagePrePullTemplate": {"images": ["a/b:1"], "nodeNames": ["n"]}})
     stale = await cloud_kube.get(PREPULLS, name)
 
     def reason(text: str):  # type: ignore[no-untyped-def]
@@ -149,7 +151,7 @@ async def test_watch_delivers_snapshot_then_changes_and_survives_an_apiserver_re
 ) -> None:
     """A watch lists first, then streams changes; across an apiserver restart it relists and keeps going."""
     before, during = unique("w1"), unique("w2")
-    _create_prepull(crds, before)
+    await _create_prepull(crds, before)
     send, receive = anyio.create_memory_object_stream[WatchEvent](max_buffer_size=math.inf)
     seen: set[str] = set()
     relists = 0
@@ -170,20 +172,20 @@ async def test_watch_delivers_snapshot_then_changes_and_survives_an_apiserver_re
             await tg.start(controller_kube.watch, PREPULLS, send)
             await wait_for(before)
             await anyio.to_thread.run_sync(crds.restart_apiserver)
-            _create_prepull(crds, during)
+            await _create_prepull(crds, during)
             await wait_for(during)
             tg.cancel_scope.cancel()
     assert relists >= 1
 
 
-def _create_prepull(cp: ControlPlane, name: str) -> None:
-    create_job(cp, "ImagePrePullJob", name, {"imagePrePullTemplate": {"images": ["busybox"], "nodeNames": ["x"]}})
+async def _create_prepull(cp: ControlPlane, name: str) -> None:
+    await create_job(cp, "ImagePrePullJob", name, {"imagePrePullTemplate": {"images": ["busybox"], "nodeNames": ["x"]}})
 
 
 async def test_invalid_object_is_reported_not_fatal(crds: ControlPlane, controller_kube: Kube) -> None:
     """An object that does not decode is listed as Invalid with the field path, and the rest still decodes."""
     bad = unique("bad")
-    create_job(crds, "NodeUpgradeJob", bad, {"version": "v1", "nodeNames": ["a"], "failureTolerate": "7"})
+    await create_job(crds, "NodeUpgradeJob", bad, {"version": "v1", "nodeNames": ["a"], "failureTolerate": "7"})
     valid, invalid, version = await controller_kube.list(UPGRADES)
     assert version
     assert bad in [i.name for i in invalid]
@@ -249,9 +251,14 @@ async def test_cancelled_watches_release_their_sockets(crds: ControlPlane, contr
     fds_before = len(os.listdir("/proc/self/fd"))
     with anyio.fail_after(120):
         await _start_and_cancel_watches(controller_kube, 100)
-    await anyio.sleep(0.5)
-    gc.collect()
-    fds = _open_fds()
+    # As above: stopped asyncio calls close their sockets within crossing.STOP_GRACE_S at worst.
+    with anyio.move_on_after(crossing.STOP_GRACE_S + 5):
+        while True:
+            gc.collect()
+            fds = _open_fds()
+            if len(fds) <= fds_before + 5:
+                break
+            await anyio.sleep(0.1)
     assert len(fds) <= fds_before + 5, collections.Counter(f.split(":")[0] for f in fds)
 
 
@@ -270,7 +277,7 @@ async def _asyncio_tasks() -> int:
 async def test_merge_patch_events_and_leases(crds: ControlPlane, controller_kube: Kube) -> None:
     """A conditional merge patch adds a finalizer (409 when stale), and Events and Leases can be written."""
     name = unique("mp")
-    create_job(crds, "ConfigUpdateJob", name, {"nodeNames": ["a"], "updateFields": {"a.b": "1"}})
+    await create_job(crds, "ConfigUpdateJob", name, {"nodeNames": ["a"], "updateFields": {"a.b": "1"}})
     job = await controller_kube.get(UPDATES, name)
     patched = await controller_kube.merge_patch(
         UPDATES,
@@ -300,7 +307,7 @@ async def test_merge_patch_events_and_leases(crds: ControlPlane, controller_kube
     )
     created = await controller_kube.create(EVENTS, event, namespace="default")
     assert created.reason == "JobInit"
-    assert "selected 1 node" in crds.kubectl("describe", "configupdatejob", name).stdout
+    assert "selected 1 node" in (await kubectl(crds, "describe", "configupdatejob", name)).stdout
     lease = await controller_kube.create(
         LEASES,
         Lease(

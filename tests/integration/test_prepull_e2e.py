@@ -92,9 +92,11 @@ async def test_images_are_pulled_through_cri_with_the_secrets_credentials_per_re
             for n in nodes
         ]
         async with agents(commands):
-            create_job(crds, "ImagePrePullJob", with_secret, template([public, private], f"default/{secret_name}"))
-            create_job(crds, "ImagePrePullJob", without_secret, template([private], only=nodes[:1]))
-            create_job(crds, "ImagePrePullJob", bad, template([public, missing], only=nodes[:1]))
+            await create_job(
+                crds, "ImagePrePullJob", with_secret, template([public, private], f"default/{secret_name}")
+            )
+            await create_job(crds, "ImagePrePullJob", without_secret, template([private], only=nodes[:1]))
+            await create_job(crds, "ImagePrePullJob", bad, template([public, missing], only=nodes[:1]))
             done = {
                 name: await job_when(cloud_kube, PREPULLS, name, settled, limit_s=90)
                 for name in (with_secret, without_secret, bad)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import sys
@@ -13,7 +12,6 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import psutil
 import pytest
 
 from nodetask.phases import JobPhase, NodeTaskPhase
@@ -41,7 +39,8 @@ async def launched_agent(node: str, token: str, url: str, home: Path) -> AsyncIt
     config = write_agent_config(home, node=node, token=token, hub_urls=[url], upgradeHealthDeadline=10)
     command = [sys.executable, "-m", "roles.edge.launcher", f"--config={config}"]
     with (home / "launcher.log").open("wb") as log:
-        process = await anyio.open_process(command, stdout=log, stderr=log)
+        # A group of its own, so a test can kill the launcher and every agent it ever started at once.
+        process = await anyio.open_process(command, stdout=log, stderr=log, start_new_session=True)
         try:
             yield process
         finally:
@@ -86,7 +85,7 @@ async def test_agents_upgrade_themselves_roll_back_a_broken_version_and_refuse_a
             await _annotated_version(cloud_kube, node, BASE_VERSION)
         for node, name in jobs.items():
             spec = {"version": versions[node], "image": images[node], "nodeNames": [node], "timeoutSeconds": 120}
-            create_job(crds, "NodeUpgradeJob", name, spec)
+            await create_job(crds, "NodeUpgradeJob", name, spec)
         done = {node: await job_when(cloud_kube, UPGRADES, name, settled, limit_s=80) for node, name in jobs.items()}
         await _annotated_version(cloud_kube, good, "v0.2.0")
         await _annotated_version(cloud_kube, broken, BASE_VERSION)
@@ -140,12 +139,9 @@ async def test_an_agent_killed_during_its_upgrade_finishes_it_once_after_restart
     name = unique("upgrade")
     async with running_controller(crds), running_hub(crds, "hub-upgrade-kill") as hub:
         async with launched_agent(node, tokens[node], hub.url, tmp_path) as first:
-            create_job(crds, "NodeUpgradeJob", name, {"version": "v0.3.0", "image": image, "nodeNames": [node]})
+            await create_job(crds, "NodeUpgradeJob", name, {"version": "v0.3.0", "image": image, "nodeNames": [node]})
             await job_when(cloud_kube, UPGRADES, name, lambda j: ("BackUp", "True") in _flow(j), limit_s=60)
-            tree = [first.pid, *(c.pid for c in psutil.Process(first.pid).children(recursive=True))]
-            for pid in tree:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            os.killpg(first.pid, signal.SIGKILL)
             await first.wait()
         async with launched_agent(node, tokens[node], hub.url, tmp_path):
             job = await job_when(cloud_kube, UPGRADES, name, settled, limit_s=90)

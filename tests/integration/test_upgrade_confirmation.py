@@ -18,7 +18,7 @@ from tests.integration.agents import FakeRuntime, running_agent
 from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import register_edges
 from tests.integration.hubs import running_controller, running_hub
-from tests.integration.objects import create_job, job_when, unique
+from tests.integration.objects import create_job, job_when, kubectl, unique
 
 pytestmark = pytest.mark.integration
 UPGRADES = job_resource(NODE_UPGRADE_JOB)
@@ -44,14 +44,14 @@ async def test_confirmation_gate_is_released_from_the_cloud_and_from_the_device(
         running_agent(by_cloud, tokens[by_cloud], hub.url, tmp_path / "c", FakeRuntime()),
         running_agent(by_device, tokens[by_device], hub.url, tmp_path / "d", FakeRuntime()),
     ):
-        create_job(crds, "NodeUpgradeJob", name, spec)
+        await create_job(crds, "NodeUpgradeJob", name, spec)
         waiting = await job_when(
             cloud_kube, UPGRADES, name, lambda j: all(_actions(j, n) == paused for n in (by_cloud, by_device))
         )
         await anyio.sleep(1.0)  # nothing moves on its own while waiting
         assert _actions(await cloud_kube.get(UPGRADES, name), by_cloud) == paused
 
-        crds.kubectl("annotate", "nodeupgradejob", name, f"{CONFIRM_ANNOTATION}={by_cloud}")
+        await kubectl(crds, "annotate", "nodeupgradejob", name, f"{CONFIRM_ANNOTATION}={by_cloud}")
         released = await job_when(cloud_kube, UPGRADES, name, lambda j: len(_actions(j, by_cloud)) > 2)
         assert _actions(released, by_device) == paused
 
