@@ -7,7 +7,7 @@ one node before any frame is read.
 
 Secrets labelled :data:`TOKEN_LABEL` are watched, so a fleet reconnecting to a restarted hub costs
 no API call per edge, and a rotated or deleted token stops working as soon as the change arrives.
-Any other Secret (or every Secret, while the watch is not synced or not allowed) is read with a GET;
+Any other Secret (or every Secret, while the watch is not synced, failing or not allowed) is read with a GET;
 a token that checked out that way is cached for ``ttl`` seconds. A token that does not match is
 always re-read, so a rotation works at once whichever way the old token was known.
 """
@@ -25,7 +25,7 @@ import anyio
 import anyio.abc
 import structlog
 
-from roles.kube import ApiError, Deleted, Invalid, Kube, NotFound, Relisted, Upserted, WatchEvent
+from roles.kube import ApiError, Deleted, Interrupted, Invalid, Kube, NotFound, Relisted, Upserted, WatchEvent
 from roles.kube.resources import SECRETS
 from schemas.core import Secret
 from schemas.meta import ObjectMeta
@@ -79,7 +79,9 @@ class TokenBook:
         self._ttl = ttl
         self._known: dict[str, tuple[bytes, float]] = {}
         self._watched: dict[str, bytes] | None = None
-        """Tokens of the labelled Secrets, by node; None until the watch has listed them."""
+        """Tokens of the labelled Secrets, by node; None until the watch has listed them, and while it fails."""
+        self._changes = 0
+        """Watch events seen: a GET answered across one of them is used, but not cached."""
         self._on_read = on_read
         """Called for each Secret read one by one (a GET), for the hub's metrics."""
 
@@ -96,10 +98,17 @@ class TokenBook:
         cached = self._known.get(node)
         if cached is not None and cached[1] > anyio.current_time() and hmac.compare_digest(cached[0], presented):
             return
+        changes = self._changes
         expected = await self._read(node)
         if not hmac.compare_digest(expected, presented):
             raise AuthError(403, f"the token is not node {node}'s")
-        self._known[node] = (expected, anyio.current_time() + self._ttl)
+        if changes == self._changes:  # else the Secret may have changed since it was read
+            self._known[node] = (expected, anyio.current_time() + self._ttl)
+
+    @property
+    def synced(self) -> bool:
+        """Whether the watch has listed the token Secrets and is not failing."""
+        return self._watched is not None
 
     def watching(self, node: str) -> bool:
         """Whether ``node``'s token is known from the watch (so checking it reads nothing)."""
@@ -114,35 +123,45 @@ class TokenBook:
             await self._kube.watch(SECRETS, send, label_selector=TOKEN_LABEL, namespace=self._namespace)
 
     async def _follow(self, events: anyio.abc.ObjectReceiveStream[WatchEvent]) -> None:
-        # Whatever the watch says of a node also ends a token cached from a GET, so a rotation or a
-        # deletion is never outlived by the cache.
+        # Whatever the watch says also ends tokens cached from a GET, so a rotation or a deletion is
+        # never outlived by the cache; while the watch fails, nothing it said is trusted.
         async for event in events:
+            self._changes += 1
             match event:
                 case Relisted(objects=secrets, invalid=invalid):
-                    watched: dict[str, bytes] = {}
-                    for secret in secrets:
-                        node, token = self._token_of(secret)
-                        if node and token:
-                            watched[node] = token
-                        self._known.pop(node, None)
-                    for bad in invalid:
-                        self._log.warning("token_secret_invalid", secret=bad.name, error=bad.error)
-                    if self._watched is None:
-                        self._log.info("token_secrets_listed", count=len(watched))
-                    self._watched = watched
+                    self._relisted(secrets, invalid)
+                case Interrupted(error=error) if self._watched is not None:
+                    self._log.warning("token_watch_interrupted", error=error)
+                    self._watched = None
                 case Upserted(obj=secret) if self._watched is not None:
                     node, token = self._token_of(secret)
-                    self._known.pop(node, None)
+                    self._forget(node)
                     if node and token:
                         self._watched[node] = token
-                    elif node:
-                        self._watched.pop(node, None)
                 case Deleted(obj=secret) if self._watched is not None:
-                    node, _ = self._token_of(secret)
-                    self._known.pop(node, None)
-                    self._watched.pop(node, None)
+                    self._forget(self._token_of(secret)[0])
                 case Invalid(name=name, error=error):
+                    # Not decodable, so not trusted: that node's token is read again.
                     self._log.warning("token_secret_invalid", secret=name, error=error)
+                    self._forget(name.removeprefix(SECRET_PREFIX))
+
+    def _relisted(self, secrets: tuple[Secret, ...], invalid: tuple[Invalid, ...]) -> None:
+        watched: dict[str, bytes] = {}
+        for secret in secrets:
+            node, token = self._token_of(secret)
+            if node and token:
+                watched[node] = token
+        for bad in invalid:
+            self._log.warning("token_secret_invalid", secret=bad.name, error=bad.error)
+        if self._watched is None:
+            self._log.info("token_secrets_listed", count=len(watched))
+        self._known.clear()
+        self._watched = watched
+
+    def _forget(self, node: str) -> None:
+        self._known.pop(node, None)
+        if self._watched is not None:
+            self._watched.pop(node, None)
 
     def _token_of(self, secret: Secret) -> tuple[str, bytes]:
         """The node a token Secret belongs to and its token; the token is empty when malformed."""

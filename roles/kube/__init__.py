@@ -13,13 +13,14 @@ measured; see ``docs`` in the project style guide):
 from roles.kube.client import Kube, open_kube
 from roles.kube.errors import ApiError, Conflict, Gone, NotFound
 from roles.kube.resources import Resource
-from roles.kube.watching import Deleted, Invalid, Relisted, Upserted, WatchEvent
+from roles.kube.watching import Deleted, Interrupted, Invalid, Relisted, Upserted, WatchEvent
 
 __all__ = [
     "ApiError",
     "Conflict",
     "Deleted",
     "Gone",
+    "Interrupted",
     "Invalid",
     "Kube",
     "NotFound",

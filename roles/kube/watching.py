@@ -56,7 +56,14 @@ class Invalid:
     uid: str = ""
 
 
-WatchEvent = Upserted[Any] | Deleted[Any] | Relisted[Any] | Invalid
+@dataclass(frozen=True, slots=True)
+class Interrupted:
+    """Listing or watching failed and is being retried: what was delivered may be stale until the next relist."""
+
+    error: str
+
+
+WatchEvent = Upserted[Any] | Deleted[Any] | Relisted[Any] | Invalid | Interrupted
 
 
 class _NamedMeta(msgspec.Struct, rename="camel"):
@@ -206,5 +213,6 @@ async def watch_loop(
             raise_if_cancelling()
             delay = backoff.delay()
             log.warning("watch_failed", resource=resource.plural, error=str(exc), retry_in_s=round(delay, 2))
+            deliver(Interrupted(str(exc)))
             version = ""
             await asyncio.sleep(delay)

@@ -60,6 +60,7 @@ async def test_an_unlabelled_token_secret_is_read_when_its_edge_connects(crds: C
     node = unique("unlabelled")
     tokens = await register_edges(crds, [node], labelled=False)
     async with running_hub(crds, "hub-unlabelled") as hub:
+        await eventually(lambda: hub.hub.tokens.synced)  # its first list would end the cached token
         assert await handshake(hub, node, tokens[node]) == 101
         assert not hub.hub.tokens.watching(node)
         assert reads(hub) == 1
@@ -101,6 +102,7 @@ async def test_a_token_cached_from_a_read_ends_when_the_watch_sees_its_secret_ch
     tokens = await register_edges(crds, [node], labelled=False)
     name = token_secret_name(node)
     async with admin(crds) as kube, running_hub(crds, "hub-relabel") as hub:
+        await eventually(lambda: hub.hub.tokens.synced)
         assert await handshake(hub, node, tokens[node]) == 101  # read, and cached for a minute
         secret = await kube.get(SECRETS, name, namespace=TOKEN_NAMESPACE)
         meta = msgspec.structs.replace(secret.metadata, labels={TOKEN_LABEL: ""})
