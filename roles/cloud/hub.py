@@ -397,6 +397,7 @@ class Hub:
         if not await self._send(session, welcome):
             return
         replaced = self.sessions.add(session)
+        removed: bool | None = None
         try:
             if replaced is not None:
                 log.info("session_replaced")
@@ -406,10 +407,15 @@ class Hub:
             # reconnecting at once must not time its sessions out behind thousands of marks.
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._admit, node, hello.version, log)
-                await self._receive(session, log)
-                tg.cancel_scope.cancel()
+                try:
+                    await self._receive(session, log)
+                finally:
+                    # Out of the table at once, so nothing more is dispatched to it, while a mark under
+                    # way finishes (see _admit) so that the unmark below comes after it.
+                    removed = self.sessions.remove(session)
+                    tg.cancel_scope.cancel()
         finally:
-            current = self.sessions.remove(session)
+            current = self.sessions.remove(session) if removed is None else removed
             with anyio.CancelScope(shield=True), anyio.move_on_after(self.settings.close_grace):
                 if current:
                     await self._unmark_node(node, log)
@@ -620,7 +626,10 @@ class Hub:
 
     async def _admit(self, node: str, version: str, log: Log) -> None:
         """Mark the Node as held by this hub, then offer the node to every job runner."""
-        await self._mark_node(node, version, log)
+        # Shielded: a mark cancelled halfway could still land after the unmark that follows the
+        # session's end. The grace bounds how long an ended session waits for its mark's turn.
+        with anyio.move_on_after(self.settings.close_grace, shield=True):
+            await self._mark_node(node, version, log)
         for state in list(self._jobs.values()):
             if state.runner is not None:
                 state.runner.offer(node)
