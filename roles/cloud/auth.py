@@ -36,6 +36,9 @@ TOKEN_KEY: Final = "token"
 TOKEN_LABEL: Final = "nodetask.kubeedge.io/edge-token"
 """Token Secrets carrying this label (any value) are watched instead of read one by one."""
 SECRET_PREFIX: Final = "nodetaskd-edge-"
+READS_IN_FLIGHT: Final = 8
+"""Secret GETs at once. Anyone can present a wrong token and cause one: they must not take the API
+client's request slots from status writes and Node marks."""
 
 
 def token_secret_name(node: str) -> str:
@@ -83,6 +86,7 @@ class TokenBook:
         self._changes = 0
         """Watch events seen: a GET answered across one of them is used, but not cached."""
         self._on_read = on_read
+        self._reads = anyio.CapacityLimiter(READS_IN_FLIGHT)
         """Called for each Secret read one by one (a GET), for the hub's metrics."""
 
     async def check(self, node: str, token: str) -> None:
@@ -177,7 +181,8 @@ class TokenBook:
         name = token_secret_name(node)
         self._on_read()
         try:
-            secret = await self._kube.get(SECRETS, name, namespace=self._namespace)
+            async with self._reads:
+                secret = await self._kube.get(SECRETS, name, namespace=self._namespace)
         except NotFound:
             raise AuthError(403, f"node {node} has no token Secret {self._namespace}/{name}") from None
         except ApiError as exc:
