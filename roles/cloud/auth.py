@@ -86,8 +86,8 @@ class TokenBook:
         self._changes = 0
         """Watch events seen: a GET answered across one of them is used, but not cached."""
         self._on_read = on_read
-        self._reads = anyio.CapacityLimiter(READS_IN_FLIGHT)
         """Called for each Secret read one by one (a GET), for the hub's metrics."""
+        self._reads = anyio.CapacityLimiter(READS_IN_FLIGHT)
 
     async def check(self, node: str, token: str) -> None:
         """Return if ``token`` is ``node``'s; raise :class:`AuthError` saying why not."""
