@@ -5,12 +5,16 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import structlog
+
+from roles.kube import ApiError, Kube
+from roles.kube.resources import EVENTS
 from schemas import v1alpha2
 from schemas.core import Event, EventSource, ObjectReference
 from schemas.kinds import Kind
 from schemas.meta import ObjectMeta
 
-__all__ = ["EVENT_NAMESPACE", "job_event"]
+__all__ = ["EVENT_NAMESPACE", "job_event", "record_event"]
 
 EVENT_NAMESPACE = "default"
 """Jobs are cluster-scoped; their Events live here, as KubeEdge's do."""
@@ -34,3 +38,11 @@ def job_event(
         reporting_component=component,
         reporting_instance=instance,
     )
+
+
+async def record_event(kube: Kube, event: Event, log: structlog.typing.FilteringBoundLogger) -> None:
+    """Create ``event``; an Event that cannot be recorded is logged, never an error of the caller's."""
+    try:
+        await kube.create(EVENTS, event, namespace=EVENT_NAMESPACE)
+    except ApiError as exc:
+        log.warning("event_not_recorded", reason=event.reason, error=str(exc))

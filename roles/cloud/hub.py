@@ -55,11 +55,11 @@ from roles.cloud.metrics import HubMetrics
 from roles.cloud.runner import JobRunner
 from roles.cloud.sessions import Session, SessionTable
 from roles.cloud.status_writer import StatusWriter
-from roles.events import EVENT_NAMESPACE, job_event
+from roles.events import job_event, record_event
 from roles.http import Request, Response, Route
 from roles.kube import ApiError, Conflict, Deleted, Kube, NotFound, Relisted, Upserted, WatchEvent
 from roles.kube.errors import too_large
-from roles.kube.resources import EVENTS, NODES, SECRETS, job_resource
+from roles.kube.resources import NODES, SECRETS, job_resource
 from schemas.access import counted
 from schemas.core import AGENT_VERSION_ANNOTATION, HUB_ANNOTATION
 
@@ -256,10 +256,7 @@ class Hub:
                 instance=self.settings.hub_id,
             )
             with anyio.move_on_after(10):
-                try:
-                    await self._kube.create(EVENTS, event, namespace=EVENT_NAMESPACE)
-                except ApiError as exc:
-                    self._log.warning("event_not_recorded", job=name, reason=event.reason, error=str(exc))
+                await record_event(self._kube, event, self._log.bind(job=name))
 
         return tell
 

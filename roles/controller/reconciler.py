@@ -24,9 +24,9 @@ from nodetask.backoff import Backoff
 from nodetask.clock import Clock, format_time
 from nodetask.phases import JobPhase
 from roles.controller import decide
-from roles.events import EVENT_NAMESPACE, job_event
+from roles.events import job_event, record_event
 from roles.kube import ApiError, Deleted, Invalid, Kube, NotFound, Relisted, Upserted, WatchEvent
-from roles.kube.resources import EVENTS, NODES, Resource, job_resource
+from roles.kube.resources import NODES, Resource, job_resource
 from schemas.access import counted
 from schemas.core import Node
 from schemas.kinds import Kind
@@ -252,10 +252,7 @@ class Reconciler:
             event = job_event(
                 kind, job, reason=notice.reason, message=notice.message, type_=notice.type, component=COMPONENT, now=now
             )
-            try:
-                await self._kube.create(EVENTS, event, namespace=EVENT_NAMESPACE)
-            except ApiError as exc:
-                log.warning("event_not_recorded", reason=notice.reason, error=str(exc))
+            await record_event(self._kube, event, log)
 
     async def _report_invalid(self, kind: Kind, bad: Invalid) -> None:
         """A job that does not decode fails with a reason naming the field, once per object."""
