@@ -8,7 +8,6 @@ runtime or not), so nothing is registered at import time.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Final
@@ -22,12 +21,9 @@ from roles.edge import config_update, upgrade
 from roles.edge.checks import run_checks
 from roles.edge.context import Action, Actions, Outcome, TaskContext, take_exclusive
 from schemas.v1alpha2 import ImageStatus
+from schemas.validation import is_version
 
 __all__ = ["EXCLUSIVE_KINDS", "PullImages", "build_actions", "decode_spec"]
-
-# KubeEdge's version format for upgrades (admission and edge Check alike).
-VERSION: Final = re.compile(r"^v\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
-
 
 AuthFor = Callable[[str], RegistryAuth | None]
 PullImages = Callable[[tuple[str, ...], int, AuthFor], Awaitable[tuple[ImageStatus, ...]]]
@@ -84,7 +80,7 @@ def _prepull_pull(pull: PullImages, credentials: Credentials) -> Action:
 
 def _upgrade_check(*, find_artifact: Callable[[TaskContext], Awaitable[Outcome | None]] | None) -> Action:
     async def action(ctx: TaskContext) -> Outcome:
-        if not VERSION.fullmatch(ctx.spec.version):
+        if not is_version(ctx.spec.version):
             return Outcome(False, f"version {ctx.spec.version!r} is not of the form vX.Y.Z")
         checked = await _checks(ctx, ctx.spec.check_items)
         if not checked.succ:
