@@ -16,7 +16,7 @@ import msgspec
 
 from nodetask.phase import count_phases
 from schemas import v1alpha2
-from schemas.meta import LabelSelector
+from schemas.meta import LabelSelector, parse_tolerance
 
 J = TypeVar("J", bound=v1alpha2.NodeJob)
 
@@ -53,7 +53,7 @@ def targeting(job: v1alpha2.NodeJob) -> Targeting:
         label_selector=spec.label_selector,
         concurrency=spec.concurrency,
         timeout_seconds=spec.timeout_seconds,
-        failure_tolerate=spec.failure_tolerate,
+        failure_tolerate=parse_tolerance(spec.failure_tolerate),
     )
 
 

@@ -6,8 +6,9 @@ Only the parts of ``metav1`` that nodetaskd reads are typed here; the rest of an
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
-from typing import Annotated
+from typing import Annotated, Final
 
 import msgspec
 
@@ -22,8 +23,9 @@ __all__ = [
     "LabelSelectorRequirement",
     "NodeTaskPhase",
     "ObjectMeta",
+    "Tolerance",
     "UInt32",
-    "check_tolerance",
+    "parse_tolerance",
 ]
 
 Int32 = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1, extra_json_schema={"format": "int32"})]
@@ -33,10 +35,28 @@ UInt32 = Annotated[int, msgspec.Meta(ge=0, le=2**32 - 1, extra_json_schema={"for
 """A Go ``*uint32`` (``timeoutSeconds``): never negative, still ``format: int32`` in the CRD."""
 
 
-def check_tolerance(value: Decimal | None) -> None:
-    """Reject a ``failureTolerate`` outside [0, 1] (NaN and infinities included)."""
-    if value is not None and not (value.is_finite() and 0 <= value <= 1):
-        raise ValueError(f"failureTolerate must be a number within [0, 1], got {value}")
+_DECIMAL: Final = r"^[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?$"
+_TOLERANCE: Final = re.compile(_DECIMAL)
+
+Tolerance = Annotated[str, msgspec.Meta(pattern=_DECIMAL)]
+"""``failureTolerate``: a decimal as written in ASCII, nothing around it. Python's Decimal() alone would
+also take surrounding whitespace, underscores and any script's digits (" 0.5", "0.5\\n", "０.5"). The
+pattern is also the CRD's, so the API server refuses such strings too; :func:`parse_tolerance` reads it."""
+
+
+def parse_tolerance(text: str | None) -> Decimal | None:
+    """The ``failureTolerate`` string as a decimal within [0, 1]; None when absent.
+
+    Errors: ValueError naming the value for anything else (whitespace, non-ASCII digits, NaN,
+    infinities, out of range): KubeEdge would silently use 0 instead.
+    """
+    if text is None:
+        return None
+    # fullmatch: the pattern's $ would also accept a final newline in Python (not in Go).
+    value = Decimal(text) if _TOLERANCE.fullmatch(text) else None
+    if value is None or not 0 <= value <= 1:
+        raise ValueError(f"failureTolerate must be a number within [0, 1], got {text!r}")
+    return value
 
 
 class ApiStruct(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):

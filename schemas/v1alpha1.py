@@ -6,11 +6,9 @@ whose ``value`` v1alpha2 replaced by per-architecture digests.
 
 from __future__ import annotations
 
-from decimal import Decimal
-
 import msgspec
 
-from schemas.meta import ApiStruct, Int32, LabelSelector, ObjectMeta, UInt32, check_tolerance
+from schemas.meta import ApiStruct, Int32, LabelSelector, ObjectMeta, Tolerance, UInt32, parse_tolerance
 
 VERSION = "v1alpha1"
 API_VERSION = f"operations.kubeedge.io/{VERSION}"
@@ -57,11 +55,11 @@ class NodeUpgradeJobSpec(ApiStruct, frozen=True):
     image_digest_gatter: ImageDigestGatter | None = None
     concurrency: Int32 = 0
     check_items: tuple[str, ...] = ()
-    failure_tolerate: Decimal | None = None
+    failure_tolerate: Tolerance | None = None
     require_confirmation: bool = False
 
     def __post_init__(self) -> None:
-        check_tolerance(self.failure_tolerate)
+        parse_tolerance(self.failure_tolerate)
 
 
 class NodeUpgradeJobStatus(ApiStruct, frozen=True):
@@ -80,14 +78,14 @@ class ImagePrePullTemplate(ApiStruct, frozen=True):
     node_names: tuple[str, ...] = ()
     label_selector: LabelSelector | None = None
     check_items: tuple[str, ...] = ()
-    failure_tolerate: Decimal | None = None
+    failure_tolerate: Tolerance | None = None
     concurrency: Int32 = 0
     timeout_seconds: UInt32 | None = None
     image_secrets: str = ""
     retry_times: Int32 = 0
 
     def __post_init__(self) -> None:
-        check_tolerance(self.failure_tolerate)
+        parse_tolerance(self.failure_tolerate)
 
 
 class ImagePrePullJobSpec(ApiStruct, frozen=True):

@@ -1,13 +1,12 @@
 """``operations.kubeedge.io/v1alpha2``: NodeUpgradeJob, ImagePrePullJob and ConfigUpdateJob.
 
 JSON keys are KubeEdge's, quirks included (``imageDigestGatter``, ``imageSecrets``,
-``failureTolerate`` as a string). ``failureTolerate`` is decoded as a :class:`~decimal.Decimal`
-and bounded to [0, 1] here, once; KubeEdge parses it at every use and silently treats garbage as 0.
+``failureTolerate`` as a string). ``failureTolerate`` is kept as its string, checked here once to be
+an ASCII decimal within [0, 1] (:func:`~schemas.meta.parse_tolerance`, which also reads it); KubeEdge
+parses it at every use and silently treats garbage as 0.
 """
 
 from __future__ import annotations
-
-from decimal import Decimal
 
 import msgspec
 
@@ -20,8 +19,9 @@ from schemas.meta import (
     LabelSelector,
     NodeTaskPhase,
     ObjectMeta,
+    Tolerance,
     UInt32,
-    check_tolerance,
+    parse_tolerance,
 )
 
 GROUP = "operations.kubeedge.io"
@@ -151,11 +151,11 @@ class NodeUpgradeJobSpec(ApiStruct, frozen=True):
     image_digest_gatter: ImageDigestGetter | None = None
     concurrency: Int32 = 0
     check_items: tuple[str, ...] = ()
-    failure_tolerate: Decimal | None = None
+    failure_tolerate: Tolerance | None = None
     require_confirmation: bool = False
 
     def __post_init__(self) -> None:
-        check_tolerance(self.failure_tolerate)
+        parse_tolerance(self.failure_tolerate)
 
 
 class ImagePrePullTemplate(ApiStruct, frozen=True):
@@ -163,7 +163,7 @@ class ImagePrePullTemplate(ApiStruct, frozen=True):
     node_names: tuple[str, ...] = ()
     label_selector: LabelSelector | None = None
     check_items: tuple[str, ...] = ()
-    failure_tolerate: Decimal | None = None
+    failure_tolerate: Tolerance | None = None
     concurrency: Int32 = 0
     timeout_seconds: UInt32 | None = None
     image_secrets: str = ""
@@ -171,7 +171,7 @@ class ImagePrePullTemplate(ApiStruct, frozen=True):
     retry_times: Int32 = 0
 
     def __post_init__(self) -> None:
-        check_tolerance(self.failure_tolerate)
+        parse_tolerance(self.failure_tolerate)
 
 
 class ImagePrePullJobSpec(ApiStruct, frozen=True):
@@ -184,10 +184,10 @@ class ConfigUpdateJobSpec(ApiStruct, frozen=True):
     timeout_seconds: UInt32 | None = None
     concurrency: Int32 = 0
     update_fields: dict[str, str] = {}
-    failure_tolerate: Decimal | None = None
+    failure_tolerate: Tolerance | None = None
 
     def __post_init__(self) -> None:
-        check_tolerance(self.failure_tolerate)
+        parse_tolerance(self.failure_tolerate)
 
 
 # ---------------------------------------------------------------------------------------------- objects

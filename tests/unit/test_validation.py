@@ -220,7 +220,9 @@ def test_failure_tolerate_within_bounds_is_accepted(value: str) -> None:
     assert validate_create(config_update(failureTolerate=value)) == ()
 
 
-@pytest.mark.parametrize("value", ["1.01", "-0.1", "NaN", "Infinity", "abc", "", 0.5, True])
+@pytest.mark.parametrize(
+    "value", ["1.01", "-0.1", "NaN", "Infinity", "abc", "", " 0.5", "0.5\n", "\uff10.5", "0_5", "0.5 ", 0.5, True]
+)
 def test_failure_tolerate_outside_bounds_or_not_a_decimal_string_is_rejected(value: object) -> None:
     """Out of range, not a number, or not a string: an error at failureTolerate."""
     assert paths(validate_create(upgrade(failureTolerate=value))) == ["spec.failureTolerate"]
