@@ -1,4 +1,4 @@
-"""Capped exponential backoff with full jitter, for every retry loop (API calls, reconnects)."""
+"""Capped exponential backoff with jitter, for every retry loop (API calls, reconnects, restarts)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,12 @@ __all__ = ["Backoff"]
 
 @dataclass
 class Backoff:
-    """Capped exponential backoff with full jitter."""
+    """Capped exponential backoff with "equal" jitter.
+
+    The ceiling starts at ``initial`` and doubles with each :meth:`delay` up to ``cap``; each delay
+    is drawn uniformly from the upper half of it, ``[ceiling / 2, ceiling]``, so retries of many
+    clients spread out while none retries sooner than half the ceiling. :meth:`reset` starts over.
+    """
 
     initial: float = 0.5
     cap: float = 30.0

@@ -43,6 +43,7 @@ import msgspec
 import structlog
 import trio
 
+from nodetask.backoff import Backoff
 from roles.config import ConfigError, EdgeConfig, load_config
 from roles.files import link_atomically, write_atomically
 from roles.logs import configure_logging
@@ -208,7 +209,7 @@ async def supervise(command: list[str], data_dir: Path, *, log: Log, grace: floa
     """Run the agent (``command``, see :func:`agent_command`) until it ends for good; returns the launcher's
     exit status. ``grace`` is added to a probation's deadline. Cancel to stop (the agent is terminated)."""
     failed_starts = 0
-    crash_delay = 0.5
+    crashes = Backoff(initial=0.5, cap=30.0)
     probation: tuple[str, float] | None = None  # (job uid, deadline in loop time)
     while True:
         marker = await anyio.to_thread.run_sync(read_marker, data_dir)
@@ -231,7 +232,7 @@ async def supervise(command: list[str], data_dir: Path, *, log: Log, grace: floa
             await _roll_back(data_dir, marker, reason, log)
             continue
         if status == EXIT_RESTART:
-            crash_delay = 0.5
+            crashes.reset()
             continue
         if still_on_probation and marker is not None:
             failed_starts += 1
@@ -243,9 +244,9 @@ async def supervise(command: list[str], data_dir: Path, *, log: Log, grace: floa
             continue
         if status in (0, EXIT_USAGE):
             return status or 0
-        log.warning("agent_crashed", status=status, restart_in_s=crash_delay)
-        await anyio.sleep(crash_delay)
-        crash_delay = min(crash_delay * 2, 30.0)
+        delay = crashes.delay()
+        log.warning("agent_crashed", status=status, restart_in_s=round(delay, 2))
+        await anyio.sleep(delay)
 
 
 async def _main(command: list[str], data_dir: Path, log: Log) -> int:
