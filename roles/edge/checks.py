@@ -16,35 +16,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Final
 
 import anyio.to_thread
 
+from roles.edge.readings import ROOT, CheckItem, MeasureError, Reading, Usage
+
 __all__ = [
-    "CheckItem",
     "CheckResult",
-    "DiskReading",
-    "MeasureError",
-    "Reading",
     "Thresholds",
-    "Usage",
     "checked_items",
     "decide",
     "measure",
     "run_checks",
 ]
-
-ROOT: Final = "/"
-
-
-class CheckItem(StrEnum):
-    """The check items KubeEdge knows (``checkItems`` in the job specs)."""
-
-    CPU = "cpu"
-    MEM = "mem"
-    DISK = "disk"
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,35 +46,6 @@ class Thresholds:
             limit = getattr(self, item.value)
             if not 0 <= limit <= 100:
                 raise ValueError(f"the {item.value} threshold must lie in [0, 100], not {limit}")
-
-
-@dataclass(frozen=True, slots=True)
-class MeasureError:
-    """A reading that could not be taken, and why."""
-
-    error: str
-
-
-Reading = float | MeasureError
-"""A usage percentage in [0, 100], or why it is missing."""
-
-
-@dataclass(frozen=True, slots=True)
-class DiskReading:
-    """The usage of the filesystem holding ``path``."""
-
-    path: str
-    percent: Reading
-
-
-@dataclass(frozen=True, slots=True)
-class Usage:
-    """What was measured; None (or no disks) for an item not measured."""
-
-    cpu: Reading | None = None
-    mem: Reading | None = None
-    disks: tuple[DiskReading, ...] = ()
-    """One per distinct filesystem, ``/`` first."""
 
 
 @dataclass(frozen=True, slots=True)

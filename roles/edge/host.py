@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from roles.edge.checks import ROOT, CheckItem, DiskReading, MeasureError, Reading, Usage
+from roles.edge.readings import ROOT, CheckItem, DiskReading, MeasureError, Reading, Usage
 
 __all__ = ["measure_blocking"]
 
