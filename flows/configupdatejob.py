@@ -35,4 +35,5 @@ JOB_TYPE: Final = JobType(
     flow=FLOW,
     spec_type=ConfigUpdateJobSpec,
     verdict=rollback_is_failure(ROLL_BACK, "the config update failed and the previous config was restored"),
+    exclusive=True,
 )

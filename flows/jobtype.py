@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from nodetask.flow import Flow
+from nodetask.flow import Flow, UnknownActionError
 from nodetask.messages import ActionResult
 from nodetask.phases import ConditionStatus, NodeTaskPhase
 from schemas.kinds import Kind
@@ -28,10 +28,13 @@ from schemas.v1alpha2 import ActionStatus, NodeTaskStatus
 __all__ = [
     "ExtendError",
     "JobType",
+    "NextStep",
     "Verdict",
     "apply_result",
     "compact",
     "default_verdict",
+    "next_step",
+    "resume_at",
     "rollback_is_failure",
 ]
 
@@ -89,6 +92,13 @@ class JobType:
     """Parses ``extend`` into node-status field updates; raises :class:`ExtendError`."""
     drop_success_detail: Callable[[Any], Any] = lambda entry: entry
     """A succeeded node's entry without the per-item detail that only repeats its success."""
+    exclusive: bool = False
+    """Whether a node task holds the node's one slot for agent-changing work (upgrade, config update)
+    from its Check until it finishes."""
+    confirmation: str | None = None
+    """The action after whose success a node task pauses for confirmation, when :attr:`asks_confirmation`."""
+    asks_confirmation: Callable[[Any], bool] = lambda spec: False
+    """Whether a decoded spec asks for confirmation before the flow goes on past :attr:`confirmation`."""
 
     @property
     def resource_type(self) -> str:
@@ -98,6 +108,50 @@ class JobType:
         """Decode a spec sent in ``RunAction``; raises ``msgspec.ValidationError`` naming the field."""
         spec: msgspec.Struct = msgspec.json.decode(raw, type=self.spec_type)
         return spec
+
+    def read_spec(self, raw: bytes) -> tuple[msgspec.Struct | None, str]:
+        """The spec sent in ``RunAction`` and an empty error, or None and why it does not decode."""
+        try:
+            return self.decode_spec(raw), ""
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return None, f"the job spec is invalid: {exc}"
+
+
+@dataclass(frozen=True, slots=True)
+class NextStep:
+    """What follows an action's result on the device."""
+
+    action: str | None
+    """The next action; None when the node task is finished."""
+    pause: bool = False
+    """Wait for confirmation before running :attr:`action`."""
+
+
+def next_step(job_type: JobType, spec: Any, action: str, succ: bool) -> NextStep:
+    """The step after ``action`` ended with ``succ``, for a task whose decoded spec is ``spec``. Pure.
+
+    An action the flow does not know ends the task (its failure is what gets reported).
+    """
+    try:
+        after = job_type.flow.next(action, succ)
+    except UnknownActionError:
+        return NextStep(None)
+    pause = after is not None and action == job_type.confirmation and job_type.asks_confirmation(spec)
+    return NextStep(after, pause)
+
+
+def resume_at(job_type: JobType, current: str, done: Mapping[str, bool]) -> str | None:
+    """Where a node task resumes: ``current``, or past it along the results already recorded in ``done``
+    (action to success), so that no recorded action runs twice; None when they finish the task. Pure."""
+    action: str | None = current
+    seen: set[str] = set()
+    while action is not None and action in done and action not in seen:
+        seen.add(action)
+        try:
+            action = job_type.flow.next(action, done[action])
+        except UnknownActionError:
+            return None
+    return action
 
 
 def apply_result(job_type: JobType, entry: E, result: ActionResult, *, now: str) -> E | None:

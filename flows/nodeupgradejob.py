@@ -37,8 +37,6 @@ FLOW: Final = Flow(
     },
 )
 
-RESUME_AFTER_CONFIRMATION: Final = BACK_UP
-
 
 def read_extend(extend: str) -> Mapping[str, str]:
     """``"from,to"`` becomes historicVersion and currentVersion (either may be empty, as BackUp's)."""
@@ -60,4 +58,7 @@ JOB_TYPE: Final = JobType(
     spec_type=NodeUpgradeJobSpec,
     verdict=rollback_is_failure(ROLL_BACK, "the upgrade failed and the node was rolled back"),
     read_extend=read_extend,
+    exclusive=True,
+    confirmation=WAITING_CONFIRMATION,
+    asks_confirmation=lambda spec: bool(spec.require_confirmation),
 )

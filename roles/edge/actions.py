@@ -10,9 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
-from typing import Any, Final
-
-import msgspec
 
 from flows import configupdatejob, imageprepulljob, nodeupgradejob
 from nodetask.phases import ConditionStatus
@@ -23,15 +20,13 @@ from roles.edge.context import Action, Actions, Outcome, TaskContext, take_exclu
 from schemas.v1alpha2 import ImageStatus
 from schemas.validation import is_version
 
-__all__ = ["EXCLUSIVE_KINDS", "PullImages", "build_actions", "decode_spec"]
+__all__ = ["PullImages", "build_actions"]
 
 AuthFor = Callable[[str], RegistryAuth | None]
 PullImages = Callable[[tuple[str, ...], int, AuthFor], Awaitable[tuple[ImageStatus, ...]]]
 """Pull ``images`` with ``retryTimes``, each with its registry's credentials: per-image statuses."""
 Credentials = Callable[[str], tuple[Mapping[str, str], str]]
 """A job's credentials by image as the hub sent them, and the hub's reason when it had none to send."""
-
-EXCLUSIVE_KINDS: Final = frozenset({nodeupgradejob.JOB_TYPE.resource_type, configupdatejob.JOB_TYPE.resource_type})
 
 
 async def _checks(ctx: TaskContext, items: tuple[str, ...]) -> Outcome:
@@ -129,11 +124,3 @@ def build_actions(*, pull: PullImages | None, credentials: Credentials, self_upg
         (config, configupdatejob.ROLL_BACK): config_update.roll_back,
     }
     return MappingProxyType(table)
-
-
-def decode_spec(job_type: Any, raw: bytes) -> tuple[Any, str]:
-    """The job's spec and an empty error, or None and the reason it does not decode."""
-    try:
-        return job_type.decode_spec(raw), ""
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        return None, f"the job spec is invalid: {exc}"

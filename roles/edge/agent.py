@@ -25,12 +25,10 @@ import anyio.abc
 import structlog
 import trio_websocket
 
-from flows import nodeupgradejob
-from flows.jobtype import JobType
+from flows.jobtype import JobType, NextStep, next_step, resume_at
 from nodetask import messages
 from nodetask.backoff import Backoff
 from nodetask.clock import Clock
-from nodetask.flow import UnknownActionError
 from nodetask.messages import (
     Ack,
     Cancel,
@@ -45,7 +43,6 @@ from nodetask.messages import (
     Welcome,
 )
 from nodetask.route import Route
-from roles.edge.actions import EXCLUSIVE_KINDS, decode_spec
 from roles.edge.checks import Thresholds
 from roles.edge.context import Actions, Outcome, TaskContext
 from roles.edge.store import ActionProgress, EdgeStore, NodeTask, StoreError, TaskState
@@ -56,6 +53,11 @@ Log = structlog.typing.FilteringBoundLogger
 FINAL_ERRORS: Final = frozenset({"report_rejected", "job_gone"})
 CONTROL_TIMEOUT_S: Final = 5.0
 DRAIN_BEFORE_RESTART_S: Final = 3.0
+_FINISHED: Final = NextStep(None)
+
+
+def _exclusive(jt: JobType | None) -> bool:
+    return jt is not None and jt.exclusive
 
 
 def control_socket(data_dir: Path) -> Path:
@@ -173,7 +175,7 @@ class EdgeAgent:
         for task in await self._store.tasks(TaskState.WAITING_CONFIRMATION):
             if Route.parse(task.route).job == job:
                 await self.confirm(task.job_uid)
-                return f"ok: {job} resumes at {nodeupgradejob.RESUME_AFTER_CONFIRMATION}"
+                return f"ok: {job} resumes at {task.current_action}"
         return f"error: no task of job {job} is waiting for confirmation on this node"
 
     # ----------------------------------------------------------------------------- connection
@@ -343,13 +345,12 @@ class EdgeAgent:
             scope.cancel()
 
     async def confirm(self, job_uid: str) -> bool:
-        """Release a task waiting for confirmation; it resumes after WaitingConfirmation."""
+        """Release a task waiting for confirmation; it resumes with the action after its confirmation point."""
         task = await self._store.get_task(job_uid)
         if task is None or task.state is not TaskState.WAITING_CONFIRMATION:
             return False
-        await self._store.set_task_state(
-            job_uid, state=TaskState.RUNNING, current_action=nodeupgradejob.RESUME_AFTER_CONFIRMATION
-        )
+        # A paused task's current action is already the one after the confirmation point.
+        await self._store.set_task_state(job_uid, state=TaskState.RUNNING, current_action=task.current_action)
         self._log.info("task_confirmed", job=task.route)
         self._start(job_uid)
         return True
@@ -368,7 +369,7 @@ class EdgeAgent:
                 task = await self._store.get_task(job_uid)
                 if task is not None and task.state is not TaskState.FINISHED:
                     cancelled = Outcome(False, "cancelled: the job was deleted or interrupted in the cloud")
-                    await self._record(task, task.current_action, cancelled, None)
+                    await self._record(task, task.current_action, cancelled)
         except StoreError as exc:
             # The store could not record a result; the task resumes from its last record next start.
             self._log.error("task_stalled", uid=job_uid, error=str(exc))
@@ -382,13 +383,11 @@ class EdgeAgent:
         log = self._log.bind(job=task.route)
         jt = self._types.get(task.job_type)
         if jt is None:
-            await self._record(task, task.current_action, Outcome(False, f"unknown job type {task.job_type}"), None)
+            await self._record(task, task.current_action, Outcome(False, f"unknown job type {task.job_type}"))
             return
-        spec, problem = decode_spec(jt, task.spec)
-        done = {p.action: p for p in await self._store.progress(job_uid)}
-        action: str | None = task.current_action
-        while action is not None and action in done:
-            action = self._next(jt, action, done[action].succ)
+        spec, problem = jt.read_spec(task.spec)
+        done = {p.action: p.succ for p in await self._store.progress(job_uid)}
+        action = resume_at(jt, task.current_action, done)
         while action is not None:
             action_fn = self._actions.get((task.job_type, action))
             if problem:
@@ -412,29 +411,19 @@ class EdgeAgent:
                     wait_connected=self.wait_connected,
                 )
                 outcome = await action_fn(ctx)
-            after = None if problem else self._next(jt, action, outcome.succ)
-            pause = (
-                after is not None
-                and action == nodeupgradejob.WAITING_CONFIRMATION
-                and bool(getattr(spec, "require_confirmation", False))
-            )
-            await self._record(task, action, outcome, after, pause=pause)
+            step = _FINISHED if problem else next_step(jt, spec, action, outcome.succ)
+            await self._record(task, action, outcome, step)
             log.info("action_finished", action=action, succ=outcome.succ, reason=outcome.reason)
-            if pause:
+            if step.pause:
                 log.info("waiting_for_confirmation")
                 return
-            action = after
+            action = step.action
 
-    def _next(self, jt: JobType, action: str, succ: bool) -> str | None:
-        try:
-            return jt.flow.next(action, succ)
-        except UnknownActionError:
-            return None
-
-    async def _record(
-        self, task: NodeTask, action: str, outcome: Outcome, after: str | None, *, pause: bool = False
-    ) -> None:
-        state = TaskState.FINISHED if after is None else TaskState.WAITING_CONFIRMATION if pause else TaskState.RUNNING
+    async def _record(self, task: NodeTask, action: str, outcome: Outcome, step: NextStep = _FINISHED) -> None:
+        after = step.action
+        state = (
+            TaskState.FINISHED if after is None else TaskState.WAITING_CONFIRMATION if step.pause else TaskState.RUNNING
+        )
         progress = ActionProgress(
             job_uid=task.job_uid,
             action=action,
@@ -447,7 +436,7 @@ class EdgeAgent:
         with anyio.CancelScope(shield=True):
             try:
                 await self._store.record_result(progress, state=state, current_action=after or action)
-                if state is TaskState.FINISHED and task.job_type in EXCLUSIVE_KINDS:
+                if state is TaskState.FINISHED and _exclusive(self._types.get(task.job_type)):
                     await self._store.end_exclusive(task.job_uid)
             except StoreError as exc:
                 await self._report_unrecorded(task, action, exc)
