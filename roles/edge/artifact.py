@@ -9,7 +9,8 @@ downloads the layer blob, checks its digest and unpacks it beside the installed 
 The decisions are pure functions (:func:`parse_manifest`, :func:`select_platform`,
 :func:`expected_digest`, :func:`check_member`); the HTTP calls are blocking ``urllib`` calls that
 the async entry points run in worker threads. Pulls are anonymous: a registry that asks for
-credentials fails with a reason saying so.
+credentials fails with a reason saying so. Image references are parsed by
+:func:`nodetask.registry_auth.parse_image`, as the pre-pull's are.
 """
 
 from __future__ import annotations
@@ -30,19 +31,20 @@ from typing import Any, Final
 
 import anyio.to_thread
 
+from nodetask.registry_auth import ImageRef, api_host, parse_image
 from roles.files import sync_directory
 from schemas.v1alpha2 import ImageDigestGetter
 
 __all__ = [
     "ArtifactError",
     "Descriptor",
-    "ImageRef",
     "Resolved",
     "check_member",
     "device_arch",
     "expected_digest",
     "install",
     "parse_manifest",
+    "reference",
     "resolve",
     "select_platform",
 ]
@@ -62,7 +64,6 @@ LAYERS: Final = frozenset(
     }
 )
 
-DOCKER_HUB: Final = "registry-1.docker.io"
 HTTP_TIMEOUT_S: Final = 30.0
 MAX_MANIFEST_BYTES: Final = 4 << 20
 VERSION_FILE: Final = "VERSION"
@@ -86,34 +87,6 @@ _GOARCH: Final = {
 
 class ArtifactError(Exception):
     """The artifact cannot be found, fetched, verified or unpacked; the message says which and why."""
-
-
-@dataclass(frozen=True, slots=True)
-class ImageRef:
-    """``host/repository:tag``, parsed as Docker does (no host means Docker Hub, ``library/`` for one name)."""
-
-    host: str
-    repository: str
-    tag: str
-
-    @classmethod
-    def parse(cls, image: str, tag: str) -> ImageRef:
-        """The reference ``{image}:{tag}``; a tag or digest already in ``image`` is replaced, as KubeEdge documents."""
-        name = image.split("@", 1)[0]
-        last = name.rsplit("/", 1)[-1]
-        if ":" in last:
-            name = name[: len(name) - len(last)] + last.split(":", 1)[0]
-        if not name or not tag:
-            raise ArtifactError(f"invalid upgrade image {image!r}:{tag!r}")
-        first, _, rest = name.partition("/")
-        if rest and ("." in first or ":" in first or first == "localhost"):
-            host, repository = first, rest
-        else:
-            host, repository = DOCKER_HUB, name if "/" in name else f"library/{name}"
-        return cls(host=host, repository=repository, tag=tag)
-
-    def __str__(self) -> str:
-        return f"{self.host}/{self.repository}:{self.tag}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +128,17 @@ class Resolved:
 
 
 # ------------------------------------------------------------------------------------ pure parts
+
+
+def reference(image: str, version: str) -> ImageRef:
+    """``{image}:{version}``: the job's version replaces any tag or digest in ``image``, as KubeEdge documents.
+
+    Errors: :class:`ArtifactError` for an image reference or a version docker would refuse.
+    """
+    try:
+        return parse_image(image).with_tag(version)
+    except ValueError as exc:
+        raise ArtifactError(f"invalid upgrade image: {exc}") from None
 
 
 def sha256(data: bytes) -> str:
@@ -270,7 +254,8 @@ class _Client:
 
     def __init__(self, ref: ImageRef, *, plain: bool) -> None:
         self.ref = ref
-        self.base = f"{'http' if plain else 'https'}://{ref.host}/v2/{ref.repository}"
+        self.host = api_host(ref.registry)
+        self.base = f"{'http' if plain else 'https'}://{self.host}/v2/{ref.repository}"
 
     def _open(self, url: str, accept: str = "") -> Any:
         request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
@@ -281,11 +266,11 @@ class _Client:
             if exc.code == 404:
                 raise ArtifactError("not found in the registry") from None
             if exc.code in (401, 403):
-                raise ArtifactError(f"registry {self.ref.host} requires credentials ({exc.code})") from None
-            raise ArtifactError(f"registry {self.ref.host} answered {exc.code} {exc.reason}") from None
+                raise ArtifactError(f"registry {self.host} requires credentials ({exc.code})") from None
+            raise ArtifactError(f"registry {self.host} answered {exc.code} {exc.reason}") from None
         except (OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise ArtifactError(f"cannot reach registry {self.ref.host}: {reason}") from None
+            raise ArtifactError(f"cannot reach registry {self.host}: {reason}") from None
 
     def manifest(self, reference: str) -> tuple[bytes, str]:
         with self._open(f"{self.base}/manifests/{reference}", ACCEPT) as resp:
@@ -351,8 +336,9 @@ async def resolve(
     Errors: :class:`ArtifactError` naming the image and what is wrong (not found, unreachable,
     credentials needed, digest mismatch, not an upgrade artifact).
     """
-    ref = ImageRef.parse(image, version)
-    return await anyio.to_thread.run_sync(_resolve, ref, plain_http(ref.host, insecure), digests, arch or device_arch())
+    ref = reference(image, version)
+    plain = plain_http(api_host(ref.registry), insecure)
+    return await anyio.to_thread.run_sync(_resolve, ref, plain, digests, arch or device_arch())
 
 
 def _extract(archive: Path, target: Path) -> None:
