@@ -22,9 +22,11 @@ from roles.edge.artifact import (
     parse_manifest,
     plain_http,
     reference,
+    same_origin,
     select_platform,
     single_layer,
 )
+from roles.edge.registry_token import Tokens
 from schemas.v1alpha2 import ImageDigestGetter
 from tools import upgrade_artifact
 
@@ -73,7 +75,7 @@ def test_the_artifact_and_the_pre_pull_read_an_image_reference_alike(
     parsed = parse_image(image)
     assert (ref.registry, ref.repository) == (parsed.registry, parsed.repository) == (registry, repository)
     assert (ref.tag, ref.digest) == ("v0.2.0", "")
-    client = artifact._Client(ref, plain=False)
+    client = artifact._Client(ref, plain=False, insecure=(), tokens=Tokens())
     assert client.base == f"https://{endpoint}/v2/{repository}"
 
 
@@ -173,6 +175,24 @@ def test_loopback_and_listed_registries_use_plain_http_others_https() -> None:
     assert [plain_http(h) for h in ("127.0.0.1:5000", "localhost:5000", "[::1]:5000")] == [True, True, True]
     assert plain_http("registry.lan:5000", ("registry.lan:5000",))
     assert [plain_http(h) for h in ("registry.lan:5000", "registry-1.docker.io")] == [False, False]
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "same"),
+    [
+        ("https://reg.example.com/v2/a", "https://reg.example.com:443/blobs/x", True),
+        ("http://127.0.0.1:5000/v2/a", "http://127.0.0.1:5000/other?x=1", True),
+        ("https://REG.example.com/v2/a", "https://reg.example.com/b", True),
+        ("https://reg.example.com/v2/a", "http://reg.example.com/v2/a", False),
+        ("http://127.0.0.1:5000/v2/a", "http://127.0.0.1:5001/v2/a", False),
+        ("https://registry-1.docker.io/v2/a", "https://production.cloudflare.docker.com/x", False),
+        ("https://reg.example.com/v2/a", "https://reg.example.com.evil.net/v2/a", False),
+        ("https://reg.example.com/", "https://reg.example.com:99999/", False),
+    ],
+)
+def test_only_the_same_scheme_host_and_port_is_the_same_origin(first: str, second: str, same: bool) -> None:
+    """A redirect keeps the registry's token only where this says the origin is unchanged."""
+    assert same_origin(first, second) is same
 
 
 def test_the_artifact_tool_builds_a_reproducible_layer_of_this_project(tmp_path: Path) -> None:
