@@ -27,19 +27,24 @@ import binascii
 import fnmatch
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 __all__ = [
     "DOCKER_HUB",
+    "DOCKER_HUB_API",
     "DockerConfig",
     "ImageRef",
     "RegistryAuth",
+    "api_host",
     "parse_docker_config_json",
     "parse_image",
 ]
 
 DOCKER_HUB = "docker.io"
 """The registry of an image reference without a host."""
+
+DOCKER_HUB_API = "registry-1.docker.io"
+"""Where Docker Hub's registry API answers: ``docker.io`` names the registry, it serves no ``/v2/``."""
 
 _HUB_ALIASES = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io"})
 
@@ -72,6 +77,21 @@ class ImageRef:
         tag = f":{self.tag}" if self.tag else ""
         digest = f"@{self.digest}" if self.digest else ""
         return f"{self.registry}/{self.repository}{tag}{digest}"
+
+    def with_tag(self, tag: str) -> ImageRef:
+        """This image at ``tag`` and no digest. Errors: :class:`ValueError` for a tag docker would refuse."""
+        if not _TAG_RE.fullmatch(tag):
+            raise ValueError(f"invalid tag {tag!r} for image {self.registry}/{self.repository}")
+        return replace(self, tag=tag, digest="")
+
+
+def api_host(registry: str) -> str:
+    """The host[:port] an HTTP request for ``registry``'s images goes to (Docker Hub's API host for ``docker.io``).
+
+    References and credentials keep the name ``docker.io``; only a client that speaks the
+    distribution API needs the endpoint, so only it calls this.
+    """
+    return DOCKER_HUB_API if registry == DOCKER_HUB else registry
 
 
 def parse_image(image: str) -> ImageRef:

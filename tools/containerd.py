@@ -13,7 +13,9 @@ each owned (by PID) by whoever started them, everything in one temporary directo
   system containerd (``/run/containerd``) is never touched;
 - registries (Debian ``docker-registry``, distribution v2) on ``127.0.0.1:<free port>``, storage in
   the state directory; optionally with htpasswd basic auth (bcrypt, the only hash it accepts,
-  made with ``htpasswd -B`` from ``apache2-utils``). containerd reaches them over plain HTTP through
+  made with ``htpasswd -B`` from ``apache2-utils``), or with bearer-token auth (``auth: token``,
+  the exchange Docker Hub uses; :class:`TokenAuth` names the token service, which the caller
+  runs). containerd reaches them over plain HTTP through
   a ``hosts.toml`` per registry (:meth:`Containerd.allow_plain_http`);
 - test images are built from nothing with ``umoci`` and pushed with ``skopeo``: one small layer
   holding a unique file, so every pushed image has its own digest.
@@ -365,9 +367,25 @@ def _accepts(sock: Path) -> bool:
 # --------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class TokenAuth:
+    """A registry's ``auth: token`` settings: the token service its 401 challenges send clients to.
+
+    The registry only verifies tokens: each is a JWT whose signing certificate chains to
+    :attr:`rootcertbundle`, issued by :attr:`issuer` for audience :attr:`service`.
+    """
+
+    realm: str
+    """The token service's URL, e.g. ``http://127.0.0.1:PORT/token``."""
+    service: str
+    issuer: str
+    rootcertbundle: Path
+    """PEM certificate(s) the token signatures must chain to."""
+
+
 @dataclass
 class Registry:
-    """A running ``docker-registry`` on :attr:`host`, optionally requiring basic auth."""
+    """A running ``docker-registry`` on :attr:`host`, optionally requiring basic auth or bearer tokens."""
 
     state_dir: Path
     host: str
@@ -377,6 +395,7 @@ class Registry:
     """What :meth:`push` runs (found, or installed, when first needed if None)."""
     username: str = ""
     password: str = field(default="", repr=False)
+    token_auth: TokenAuth | None = None
 
     @property
     def requires_auth(self) -> bool:
@@ -429,12 +448,16 @@ def start_registry(
     tools: Tools | None = None,
     *,
     credentials: tuple[str, str] | None = None,
+    token_auth: TokenAuth | None = None,
     detach: bool = False,
 ) -> Registry:
     """Start a registry on 127.0.0.1 with its storage in ``state_dir``; return once ``/v2/`` answers.
 
-    With ``credentials`` every request needs basic auth as that user (htpasswd, bcrypt).
+    With ``credentials`` every request needs basic auth as that user (htpasswd, bcrypt); with
+    ``token_auth`` a bearer token from that token service (the registry logs why it refuses one).
     """
+    if credentials is not None and token_auth is not None:
+        raise RuntimeServicesError("a registry takes basic credentials or token auth, not both")
     tools = tools or ensure_tools()
     state_dir = _prepare_dir(state_dir)
     (port,) = _cp._free_ports(1)
@@ -455,6 +478,15 @@ def start_registry(
         ).strip()  # bcrypt: the only hash distribution's htpasswd auth accepts
         _cp._write_atomic(htpasswd, line + "\n", mode=0o600)
         config["auth"] = {"htpasswd": {"realm": "nodetaskd-test", "path": str(htpasswd)}}
+    if token_auth is not None:
+        config["auth"] = {
+            "token": {
+                "realm": token_auth.realm,
+                "service": token_auth.service,
+                "issuer": token_auth.issuer,
+                "rootcertbundle": str(token_auth.rootcertbundle),
+            }
+        }
     config_path = state_dir / "config.yml"
     _cp._write_atomic(config_path, json.dumps(config, indent=2) + "\n")  # JSON is YAML
     process = _spawn(
@@ -465,7 +497,13 @@ def start_registry(
         detach=detach,
     )
     registry = Registry(
-        state_dir=state_dir, host=host, process=process, tools=tools, username=username, password=password
+        state_dir=state_dir,
+        host=host,
+        process=process,
+        tools=tools,
+        username=username,
+        password=password,
+        token_auth=token_auth,
     )
     try:
         _wait_until(f"docker-registry on {host}", process, lambda: _registry_answers(host))
@@ -723,6 +761,7 @@ __all__ = [
     "Containerd",
     "Registry",
     "RuntimeServicesError",
+    "TokenAuth",
     "Tools",
     "default_state_dir",
     "ensure_tools",

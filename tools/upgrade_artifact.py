@@ -13,7 +13,8 @@ version always give the same digests. Usage::
     python3 tools/upgrade_artifact.py 127.0.0.1:5000/nodetaskd/agent v0.2.0 --index    # amd64 + arm64 index
 
 It prints the digest of what the tag names. Plain HTTP is used for loopback registries (the
-test and demo ones), HTTPS otherwise; pushes are anonymous.
+test and demo ones), HTTPS otherwise; pushes are anonymous, or carry a bearer token the caller got
+from the registry's token service (:func:`push`'s ``token``).
 """
 
 from __future__ import annotations
@@ -77,16 +78,20 @@ def build_layer(version: str, *, root: Path = ROOT, broken: bool = False) -> tup
 
 
 class _Registry:
-    def __init__(self, host: str, repository: str) -> None:
+    def __init__(self, host: str, repository: str, token: str = "") -> None:
         loopback = host.split(":", maxsplit=1)[0] in ("127.0.0.1", "localhost", "[::1]")
         self.base = f"{'http' if loopback else 'https'}://{host}"
         self.repository = repository
+        self.token = token
 
     def _call(
         self, method: str, url: str, body: bytes | None = None, content_type: str = ""
     ) -> tuple[int, dict[str, str]]:
         headers = {"Content-Type": content_type} if content_type else {}
         request = urllib.request.Request(url, data=body, method=method, headers=headers)
+        if self.token:
+            # Unredirected: a registry may send uploads elsewhere, and the token is for it alone.
+            request.add_unredirected_header("Authorization", f"Bearer {self.token}")
         try:
             with urllib.request.urlopen(request, timeout=60) as resp:
                 return int(resp.status), dict(resp.headers)
@@ -129,17 +134,25 @@ def _image_manifest(registry: _Registry, layer: bytes, diff_id: str, arch: str) 
 
 
 def push(
-    image: str, version: str, *, broken: bool = False, index: bool = False, arch: str = "amd64", root: Path = ROOT
+    image: str,
+    version: str,
+    *,
+    broken: bool = False,
+    index: bool = False,
+    arch: str = "amd64",
+    root: Path = ROOT,
+    token: str = "",
 ) -> str:
     """Build the artifact of ``root`` at ``version`` and push it as ``{image}:{version}``; returns the tag's digest.
 
     ``image`` is ``host[:port]/repository``. With ``index`` the tag names an OCI index of one image
-    per architecture (amd64 and arm64, the same layer); otherwise one image for ``arch``.
+    per architecture (amd64 and arm64, the same layer); otherwise one image for ``arch``. ``token``
+    is a bearer token granting push (and pull) on the repository, sent with every request.
     """
     host, _, repository = image.partition("/")
     if not repository:
         raise PushError(f"image {image!r} has no registry host")
-    registry = _Registry(host, repository)
+    registry = _Registry(host, repository, token)
     layer, diff_id = build_layer(version, root=root, broken=broken)
     if not index:
         return registry.manifest(version, _image_manifest(registry, layer, diff_id, arch), OCI_MANIFEST)

@@ -8,8 +8,11 @@ downloads the layer blob, checks its digest and unpacks it beside the installed 
 
 The decisions are pure functions (:func:`parse_manifest`, :func:`select_platform`,
 :func:`expected_digest`, :func:`check_member`); the HTTP calls are blocking ``urllib`` calls that
-the async entry points run in worker threads. Pulls are anonymous: a registry that asks for
-credentials fails with a reason saying so.
+the async entry points run in worker threads. A registry that asks for a bearer token (Docker Hub,
+GHCR, any ``docker-registry`` with token auth) gets the token exchange of
+:mod:`roles.edge.registry_token`; the exchange, like every request here, is anonymous, because an
+upgrade has no registry credentials: a registry that wants an account fails with a reason saying so.
+Image references are parsed by :func:`nodetask.registry_auth.parse_image`, as the pre-pull's are.
 """
 
 from __future__ import annotations
@@ -23,27 +26,33 @@ import shutil
 import tarfile
 import tempfile
 import urllib.error
+import urllib.parse
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from email.message import Message
+from http.client import HTTPMessage
 from pathlib import Path, PurePosixPath
-from typing import Any, Final
+from typing import IO, Any, Final
 
 import anyio.to_thread
 
+from nodetask.registry_auth import ImageRef, api_host, parse_image
+from roles.edge import registry_token
 from roles.files import sync_directory
 from schemas.v1alpha2 import ImageDigestGetter
 
 __all__ = [
     "ArtifactError",
     "Descriptor",
-    "ImageRef",
     "Resolved",
     "check_member",
     "device_arch",
     "expected_digest",
     "install",
     "parse_manifest",
+    "reference",
     "resolve",
+    "same_origin",
     "select_platform",
 ]
 
@@ -62,8 +71,8 @@ LAYERS: Final = frozenset(
     }
 )
 
-DOCKER_HUB: Final = "registry-1.docker.io"
 HTTP_TIMEOUT_S: Final = 30.0
+_PORTS: Final = {"http": 80, "https": 443}
 MAX_MANIFEST_BYTES: Final = 4 << 20
 VERSION_FILE: Final = "VERSION"
 PACKAGES: Final = ("nodetask", "roles", "flows", "schemas")
@@ -86,34 +95,6 @@ _GOARCH: Final = {
 
 class ArtifactError(Exception):
     """The artifact cannot be found, fetched, verified or unpacked; the message says which and why."""
-
-
-@dataclass(frozen=True, slots=True)
-class ImageRef:
-    """``host/repository:tag``, parsed as Docker does (no host means Docker Hub, ``library/`` for one name)."""
-
-    host: str
-    repository: str
-    tag: str
-
-    @classmethod
-    def parse(cls, image: str, tag: str) -> ImageRef:
-        """The reference ``{image}:{tag}``; a tag or digest already in ``image`` is replaced, as KubeEdge documents."""
-        name = image.split("@", 1)[0]
-        last = name.rsplit("/", 1)[-1]
-        if ":" in last:
-            name = name[: len(name) - len(last)] + last.split(":", 1)[0]
-        if not name or not tag:
-            raise ArtifactError(f"invalid upgrade image {image!r}:{tag!r}")
-        first, _, rest = name.partition("/")
-        if rest and ("." in first or ":" in first or first == "localhost"):
-            host, repository = first, rest
-        else:
-            host, repository = DOCKER_HUB, name if "/" in name else f"library/{name}"
-        return cls(host=host, repository=repository, tag=tag)
-
-    def __str__(self) -> str:
-        return f"{self.host}/{self.repository}:{self.tag}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,9 +133,24 @@ class Resolved:
     """The digest of this architecture's image manifest (the same as ``digest`` without an index)."""
     layer: Descriptor
     plain_http: bool
+    insecure: tuple[str, ...] = ()
+    """The agent's ``insecureRegistries``, which also decide whether a token realm may be plain HTTP."""
+    tokens: registry_token.Tokens = field(default_factory=registry_token.Tokens, compare=False, repr=False)
+    """The bearer tokens fetched while resolving, reused by :func:`install` until they expire."""
 
 
 # ------------------------------------------------------------------------------------ pure parts
+
+
+def reference(image: str, version: str) -> ImageRef:
+    """``{image}:{version}``: the job's version replaces any tag or digest in ``image``, as KubeEdge documents.
+
+    Errors: :class:`ArtifactError` for an image reference or a version docker would refuse.
+    """
+    try:
+        return parse_image(image).with_tag(version)
+    except ValueError as exc:
+        raise ArtifactError(f"invalid upgrade image: {exc}") from None
 
 
 def sha256(data: bytes) -> str:
@@ -262,30 +258,106 @@ def plain_http(host: str, insecure: tuple[str, ...] = ()) -> bool:
         return False
 
 
+def same_origin(first: str, second: str) -> bool:
+    """Whether two URLs have the same scheme, host and port (default ports filled in)."""
+    a, b = urllib.parse.urlsplit(first), urllib.parse.urlsplit(second)
+    try:
+        return (a.scheme.lower(), a.hostname, a.port or _PORTS.get(a.scheme.lower())) == (
+            b.scheme.lower(),
+            b.hostname,
+            b.port or _PORTS.get(b.scheme.lower()),
+        )
+    except ValueError:  # a port out of range
+        return False
+
+
 # ------------------------------------------------------------------------------ registry access
 
 
-class _Client:
-    """Blocking calls to one registry (run in worker threads)."""
+class _SameOriginAuth(urllib.request.HTTPRedirectHandler):
+    """Follows redirects, carrying ``Authorization`` only to the same origin.
 
-    def __init__(self, ref: ImageRef, *, plain: bool) -> None:
+    Registries redirect blob downloads to object storage or a CDN with a signed URL; the bearer
+    token is the registry's alone and must not travel there.
+    """
+
+    def redirect_request(  # noqa: PLR0917 (the base class's signature)
+        self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str, headers: HTTPMessage, newurl: str
+    ) -> urllib.request.Request | None:
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and not same_origin(req.full_url, new.full_url):
+            new.remove_header("Authorization")
+        return new
+
+
+class _Client:
+    """Blocking calls to one registry (run in worker threads), with a bearer token when it asks for one."""
+
+    def __init__(self, ref: ImageRef, *, plain: bool, insecure: tuple[str, ...], tokens: registry_token.Tokens) -> None:
         self.ref = ref
-        self.base = f"{'http' if plain else 'https'}://{ref.host}/v2/{ref.repository}"
+        self.host = api_host(ref.registry)
+        self.base = f"{'http' if plain else 'https'}://{self.host}/v2/{ref.repository}"
+        self.scope = registry_token.pull_scope(ref.repository)
+        self.insecure = insecure
+        self.tokens = tokens
+        self.realm = ""
+        self._opener = urllib.request.build_opener(_SameOriginAuth)
 
     def _open(self, url: str, accept: str = "") -> Any:
-        request = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
+        fresh = False
+        while True:
+            token = self.tokens.get(self.host, self.scope)
+            headers = {"Accept": accept} if accept else {}
+            if token:
+                headers["Authorization"] = f"Bearer {token}"
+            try:
+                return self._opener.open(urllib.request.Request(url, headers=headers), timeout=HTTP_TIMEOUT_S)
+            except urllib.error.HTTPError as exc:
+                exc.close()
+                if exc.code == 401 and not fresh:
+                    # No token yet, or a kept one the registry no longer takes: one new token, one retry.
+                    self.tokens.forget(self.host, self.scope)
+                    self._fetch_token(exc.headers)
+                    fresh = True
+                    continue
+                raise self._refusal(exc.code, str(exc.reason)) from None
+            except (OSError, ValueError) as exc:
+                reason = getattr(exc, "reason", exc)
+                raise ArtifactError(f"cannot reach registry {self.host}: {reason}") from None
+
+    def _fetch_token(self, headers: Message) -> None:
+        values = headers.get_all("WWW-Authenticate") or []
         try:
-            return urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S)
-        except urllib.error.HTTPError as exc:
-            exc.close()
-            if exc.code == 404:
-                raise ArtifactError("not found in the registry") from None
-            if exc.code in (401, 403):
-                raise ArtifactError(f"registry {self.ref.host} requires credentials ({exc.code})") from None
-            raise ArtifactError(f"registry {self.ref.host} answered {exc.code} {exc.reason}") from None
-        except (OSError, ValueError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise ArtifactError(f"cannot reach registry {self.ref.host}: {reason}") from None
+            challenge = registry_token.bearer_challenge(values)
+        except ValueError as exc:
+            raise ArtifactError(f"registry {self.host} sent an unreadable WWW-Authenticate header: {exc}") from None
+        if challenge is None:
+            offered = ", ".join(v.split(" ", 1)[0] for v in values) or "no challenge"
+            raise ArtifactError(
+                f"registry {self.host} requires credentials (401, {offered}):"
+                " the upgrade artifact is pulled anonymously"
+            )
+        self.realm = challenge.params["realm"]
+        asked_at = self.tokens.clock()
+        try:
+            url = registry_token.token_url(challenge, self.scope, plain_ok=lambda host: plain_http(host, self.insecure))
+            token, expires_in = registry_token.fetch_token(url, timeout=HTTP_TIMEOUT_S)
+        except registry_token.TokenError as exc:
+            raise ArtifactError(f"registry {self.host}: {exc}") from None
+        self.tokens.put(self.host, self.scope, token, expires_in, asked_at=asked_at)
+
+    def _refusal(self, code: int, reason: str) -> ArtifactError:
+        if code == 404:
+            return ArtifactError("not found in the registry")
+        if code == 401:
+            return ArtifactError(
+                f"registry {self.host} still answers 401 with the token from {self.realm} for {self.scope}:"
+                " the repository is private or the token service grants no anonymous pull"
+                " (the upgrade artifact is pulled anonymously)"
+            )
+        if code == 403:
+            return ArtifactError(f"registry {self.host} denies access to {self.ref.repository} (403)")
+        return ArtifactError(f"registry {self.host} answered {code} {reason}")
 
     def manifest(self, reference: str) -> tuple[bytes, str]:
         with self._open(f"{self.base}/manifests/{reference}", ACCEPT) as resp:
@@ -309,8 +381,11 @@ class _Client:
             raise ArtifactError(f"layer digest mismatch: expected {layer.digest}, downloaded {got}")
 
 
-def _resolve(ref: ImageRef, plain: bool, getter: ImageDigestGetter | None, arch: str) -> Resolved:
-    client = _Client(ref, plain=plain)
+def _resolve(
+    ref: ImageRef, plain: bool, insecure: tuple[str, ...], getter: ImageDigestGetter | None, arch: str
+) -> Resolved:
+    tokens = registry_token.Tokens()
+    client = _Client(ref, plain=plain, insecure=insecure, tokens=tokens)
     try:
         body, content_type = client.manifest(ref.tag)
     except ArtifactError as exc:
@@ -335,7 +410,15 @@ def _resolve(ref: ImageRef, plain: bool, getter: ImageDigestGetter | None, arch:
                 f" imageDigestGatter expects {expected or '(empty)'}"
             )
     layer = single_layer(parsed)
-    return Resolved(ref=ref, digest=digest, platform_digest=platform_digest, layer=layer, plain_http=plain)
+    return Resolved(
+        ref=ref,
+        digest=digest,
+        platform_digest=platform_digest,
+        layer=layer,
+        plain_http=plain,
+        insecure=insecure,
+        tokens=tokens,
+    )
 
 
 async def resolve(
@@ -349,10 +432,11 @@ async def resolve(
     """Find ``{image}:{version}`` in its registry and check it against ``digests`` when given.
 
     Errors: :class:`ArtifactError` naming the image and what is wrong (not found, unreachable,
-    credentials needed, digest mismatch, not an upgrade artifact).
+    credentials needed, token exchange failed, digest mismatch, not an upgrade artifact).
     """
-    ref = ImageRef.parse(image, version)
-    return await anyio.to_thread.run_sync(_resolve, ref, plain_http(ref.host, insecure), digests, arch or device_arch())
+    ref = reference(image, version)
+    plain = plain_http(api_host(ref.registry), insecure)
+    return await anyio.to_thread.run_sync(_resolve, ref, plain, insecure, digests, arch or device_arch())
 
 
 def _extract(archive: Path, target: Path) -> None:
@@ -385,7 +469,8 @@ def _install(resolved: Resolved, versions: Path, version: str) -> Path:
     work = Path(tempfile.mkdtemp(prefix=f".{version}.", dir=versions))
     try:
         archive = work / "layer.tar"
-        _Client(resolved.ref, plain=resolved.plain_http).blob(resolved.layer, archive)
+        client = _Client(resolved.ref, plain=resolved.plain_http, insecure=resolved.insecure, tokens=resolved.tokens)
+        client.blob(resolved.layer, archive)
         tree = work / "tree"
         tree.mkdir()
         try:

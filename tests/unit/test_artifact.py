@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from nodetask.registry_auth import parse_image
 from roles.edge import artifact
 from roles.edge.artifact import (
     ArtifactError,
     Descriptor,
-    ImageRef,
     Index,
     Manifest,
     check_member,
@@ -21,9 +21,12 @@ from roles.edge.artifact import (
     expected_digest,
     parse_manifest,
     plain_http,
+    reference,
+    same_origin,
     select_platform,
     single_layer,
 )
+from roles.edge.registry_token import Tokens
 from schemas.v1alpha2 import ImageDigestGetter
 from tools import upgrade_artifact
 
@@ -48,18 +51,47 @@ def _index() -> Index:
 
 
 @pytest.mark.parametrize(
-    ("image", "ref"),
+    ("image", "registry", "repository", "endpoint"),
     [
-        ("127.0.0.1:5000/nodetaskd/agent", ImageRef("127.0.0.1:5000", "nodetaskd/agent", "v0.2.0")),
-        ("registry.example.com/agent:v0.1.0", ImageRef("registry.example.com", "agent", "v0.2.0")),
-        ("localhost/agent@sha256:" + "b" * 64, ImageRef("localhost", "agent", "v0.2.0")),
-        ("kubeedge/installation-package", ImageRef("registry-1.docker.io", "kubeedge/installation-package", "v0.2.0")),
-        ("busybox", ImageRef("registry-1.docker.io", "library/busybox", "v0.2.0")),
+        ("busybox", "docker.io", "library/busybox", "registry-1.docker.io"),
+        ("library/busybox", "docker.io", "library/busybox", "registry-1.docker.io"),
+        ("docker.io/x/y", "docker.io", "x/y", "registry-1.docker.io"),
+        ("index.docker.io/x/y", "docker.io", "x/y", "registry-1.docker.io"),
+        ("registry-1.docker.io/x/y:old", "docker.io", "x/y", "registry-1.docker.io"),
+        ("localhost:5000/a", "localhost:5000", "a", "localhost:5000"),
+        ("localhost/agent", "localhost", "agent", "localhost"),
+        ("127.0.0.1:5000/a/b:tag", "127.0.0.1:5000", "a/b", "127.0.0.1:5000"),
+        ("reg.example.com/a@sha256:" + "b" * 64, "reg.example.com", "a", "reg.example.com"),
     ],
 )
-def test_an_image_reference_gets_the_jobs_version_as_its_tag(image: str, ref: ImageRef) -> None:
-    """The spec's version replaces any tag or digest in the image, and the host is found as Docker finds it."""
-    assert ImageRef.parse(image, "v0.2.0") == ref
+def test_the_artifact_and_the_pre_pull_read_an_image_reference_alike(
+    image: str, registry: str, repository: str, endpoint: str
+) -> None:
+    """One parser: the same registry and repository as the pre-pull's, the job's version as the tag.
+
+    Only the HTTP request goes to Docker Hub's API host; the reference keeps the name ``docker.io``.
+    """
+    ref = reference(image, "v0.2.0")
+    parsed = parse_image(image)
+    assert (ref.registry, ref.repository) == (parsed.registry, parsed.repository) == (registry, repository)
+    assert (ref.tag, ref.digest) == ("v0.2.0", "")
+    client = artifact._Client(ref, plain=False, insecure=(), tokens=Tokens())
+    assert client.base == f"https://{endpoint}/v2/{repository}"
+
+
+@pytest.mark.parametrize(
+    ("image", "version", "message"),
+    [
+        ("Agent", "v1", "the repository name must be lowercase"),
+        ("reg.example.com/agent", "v1 beta", "invalid tag 'v1 beta'"),
+        ("reg.example.com/agent", "", "invalid tag ''"),
+        ("", "v1", "image reference is empty"),
+    ],
+)
+def test_an_invalid_upgrade_image_or_version_is_refused(image: str, version: str, message: str) -> None:
+    """What docker would refuse as a reference is an error naming the broken part."""
+    with pytest.raises(ArtifactError, match=f"^invalid upgrade image: .*{message}"):
+        reference(image, version)
 
 
 def test_manifests_are_told_apart_by_media_type_from_the_document_or_the_header() -> None:
@@ -143,6 +175,24 @@ def test_loopback_and_listed_registries_use_plain_http_others_https() -> None:
     assert [plain_http(h) for h in ("127.0.0.1:5000", "localhost:5000", "[::1]:5000")] == [True, True, True]
     assert plain_http("registry.lan:5000", ("registry.lan:5000",))
     assert [plain_http(h) for h in ("registry.lan:5000", "registry-1.docker.io")] == [False, False]
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "same"),
+    [
+        ("https://reg.example.com/v2/a", "https://reg.example.com:443/blobs/x", True),
+        ("http://127.0.0.1:5000/v2/a", "http://127.0.0.1:5000/other?x=1", True),
+        ("https://REG.example.com/v2/a", "https://reg.example.com/b", True),
+        ("https://reg.example.com/v2/a", "http://reg.example.com/v2/a", False),
+        ("http://127.0.0.1:5000/v2/a", "http://127.0.0.1:5001/v2/a", False),
+        ("https://registry-1.docker.io/v2/a", "https://production.cloudflare.docker.com/x", False),
+        ("https://reg.example.com/v2/a", "https://reg.example.com.evil.net/v2/a", False),
+        ("https://reg.example.com/", "https://reg.example.com:99999/", False),
+    ],
+)
+def test_only_the_same_scheme_host_and_port_is_the_same_origin(first: str, second: str, same: bool) -> None:
+    """A redirect keeps the registry's token only where this says the origin is unchanged."""
+    assert same_origin(first, second) is same
 
 
 def test_the_artifact_tool_builds_a_reproducible_layer_of_this_project(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from nodetask.registry_auth import (
     DockerConfig,
     ImageRef,
     RegistryAuth,
+    api_host,
     parse_docker_config_json,
     parse_image,
 )
@@ -76,6 +77,19 @@ def test_malformed_image_references_are_rejected_with_the_reason(image: str, mes
         parse_image(image)
     if image:
         assert repr(image) in str(info.value)
+
+
+def test_a_reference_retagged_loses_its_digest_and_only_docker_hub_has_another_api_host() -> None:
+    """``with_tag`` checks the tag as the parser does; ``docker.io`` is served at ``registry-1.docker.io``."""
+    ref = parse_image(f"busybox:1@{DIGEST}")
+    assert ref.with_tag("v2") == ImageRef("docker.io", "library/busybox", tag="v2")
+    with pytest.raises(ValueError, match=r"invalid tag 'v 2' for image docker\.io/library/busybox"):
+        ref.with_tag("v 2")
+    assert [api_host(r) for r in ("docker.io", "127.0.0.1:5000", "ghcr.io")] == [
+        "registry-1.docker.io",
+        "127.0.0.1:5000",
+        "ghcr.io",
+    ]
 
 
 hosts = st.builds(
