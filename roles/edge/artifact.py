@@ -30,6 +30,7 @@ from typing import Any, Final
 
 import anyio.to_thread
 
+from nodetask import nesting
 from roles.files import sync_directory
 from schemas.v1alpha2 import ImageDigestGetter
 
@@ -182,6 +183,10 @@ def parse_manifest(body: bytes, content_type: str = "") -> Manifest | Index:
 
     Errors: :class:`ArtifactError` for anything that is neither, or is malformed.
     """
+    try:
+        nesting.check_json(body)
+    except nesting.NestingError as exc:
+        raise ArtifactError(f"the manifest is {exc}") from None
     try:
         document = json.loads(body)
     except ValueError as exc:
