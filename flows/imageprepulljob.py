@@ -13,6 +13,7 @@ from typing import Final
 import msgspec
 
 from flows.jobtype import ExtendError, JobType
+from nodetask import nesting
 from nodetask.flow import Flow, Step
 from nodetask.phases import ConditionStatus
 from schemas.kinds import IMAGE_PRE_PULL_JOB
@@ -29,6 +30,7 @@ _IMAGES: Final = msgspec.json.Decoder(tuple[ImageStatus, ...])
 def read_extend(extend: str) -> Mapping[str, tuple[ImageStatus, ...]]:
     """The image statuses a Pull reported."""
     try:
+        nesting.check_json(extend)  # JSON inside a string: the frame's own check never saw its brackets
         return {"image_status": _IMAGES.decode(extend)}
     except msgspec.DecodeError as exc:
         raise ExtendError(f"prepull extend is not a JSON list of image statuses: {exc}") from None

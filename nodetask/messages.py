@@ -16,6 +16,7 @@ from typing import Any, Final
 
 import msgspec
 
+from nodetask import nesting
 from nodetask.route import Route, RouteError
 
 __all__ = [
@@ -212,24 +213,28 @@ def encode(msg: Message | ActionResult) -> bytes:
 
 def _decode(decoder: msgspec.json.Decoder[Any], frame: bytes | str, direction: str) -> Any:
     try:
+        # msgspec recurses once per level even to skip an unknown field, and its RecursionError is
+        # not a DecodeError: without the guard one deep frame ends the hub.
+        nesting.check_json(frame)
         return decoder.decode(frame)
     except msgspec.DecodeError as exc:
         raise MessageError(f"malformed {direction} frame: {exc}") from None
 
 
 def decode_upstream(frame: bytes | str) -> Upstream:
-    """Decode a frame an edge sent. Errors: :class:`MessageError` naming the bad field."""
+    """Decode a frame an edge sent. Errors: :class:`MessageError` naming the bad field, or the nesting
+    limit (:data:`nesting.MAX_DEPTH`) for a frame nested deeper."""
     msg: Upstream = _decode(_UP, frame, "upstream")
     return msg
 
 
 def decode_downstream(frame: bytes | str) -> Downstream:
-    """Decode a frame a hub sent. Errors: :class:`MessageError` naming the bad field."""
+    """Decode a frame a hub sent. Errors: :class:`MessageError` naming the bad field or the nesting limit."""
     msg: Downstream = _decode(_DOWN, frame, "downstream")
     return msg
 
 
 def decode_result(body: bytes | str) -> ActionResult:
-    """Decode KubeEdge's upstream body (the HTTP status endpoint's payload)."""
+    """Decode KubeEdge's upstream body (the HTTP status endpoint's payload); errors as :func:`decode_upstream`."""
     result: ActionResult = _decode(_RESULT, body, "action result")
     return result

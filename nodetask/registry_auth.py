@@ -29,6 +29,8 @@ import json
 import re
 from dataclasses import dataclass, field, replace
 
+from nodetask import nesting
+
 __all__ = [
     "DOCKER_HUB",
     "DOCKER_HUB_API",
@@ -227,9 +229,11 @@ def parse_docker_config_json(data: bytes | str) -> DockerConfig:
     Errors: :class:`ValueError` naming the broken part (never the password).
     """
     try:
+        nesting.check_json(data)
+    except nesting.NestingError as exc:
+        raise ValueError(f".dockerconfigjson is {exc}") from None
+    try:
         doc = json.loads(data)
-    except RecursionError:
-        raise ValueError(".dockerconfigjson is nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer too long to convert
         raise ValueError(f".dockerconfigjson is not valid JSON: {exc}") from None
     if not isinstance(doc, dict):
@@ -333,7 +337,10 @@ def encode_credentials(auth: RegistryAuth) -> str:
 def decode_credentials(text: str) -> RegistryAuth:
     """The inverse of :func:`encode_credentials`. Errors: :class:`ValueError` naming what is wrong."""
     try:
+        nesting.check_json(text)
         fields = json.loads(text)
+    except nesting.NestingError as exc:
+        raise ValueError(f"credentials are {exc}") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"credentials are not JSON: {exc.msg}") from None
     if not isinstance(fields, dict) or not all(isinstance(v, str) for v in fields.values()):

@@ -11,6 +11,8 @@ from typing import Annotated, Final
 
 import msgspec
 
+from nodetask import nesting
+
 __all__ = [
     "CloudConfig",
     "ConfigError",
@@ -171,9 +173,11 @@ def load_config(role: str, path: Path | None, overrides: dict[str, object]) -> R
     config_type = ROLE_CONFIGS[role]
     where = str(path) if path else "flags"
     try:
-        raw: object = msgspec.yaml.decode(path.read_bytes()) if path else {}
+        raw: object = nesting.load_yaml(path.read_bytes()) if path else {}
     except OSError as exc:
         raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    except nesting.NestingError as exc:
+        raise ConfigError(f"config {path}: {exc}") from None
     except msgspec.DecodeError as exc:
         raise ConfigError(f"config {path} is not valid YAML: {' '.join(str(exc).split())}") from None
     if raw is None:

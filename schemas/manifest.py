@@ -6,6 +6,7 @@ from typing import Any
 
 import msgspec
 
+from nodetask import nesting
 from schemas.kinds import GROUP, KINDS, Kind
 
 __all__ = ["ManifestError", "decode_job", "kind_of"]
@@ -37,13 +38,15 @@ def decode_job(document: bytes | str, *, fmt: str = "json") -> Any:
     """Decode one object from JSON or YAML into the Struct of its kind and version.
 
     Errors:
-        :class:`ManifestError`, e.g. "Expected `int`, got `str` - at `$.spec.concurrency`".
+        :class:`ManifestError`, e.g. "Expected `int`, got `str` - at `$.spec.concurrency`", or naming
+        the nesting limit (``nesting.MAX_DEPTH``).
     """
     try:
         if fmt == "yaml":
-            raw = msgspec.yaml.decode(document)
+            raw = nesting.load_yaml(document)
             head = msgspec.convert(raw, type=_Head)
         else:
+            nesting.check_json(document)
             head = msgspec.json.decode(document, type=_Head)
         kind, version = kind_of(head.api_version, head.kind)
         obj_type = kind.versions[version]

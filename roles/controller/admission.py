@@ -3,7 +3,8 @@
 ``POST /validate`` (:data:`VALIDATE_PATH`) admits a job only if it follows ``schemas.validation``;
 ``POST /mutate`` (:data:`MUTATE_PATH`) answers with a JSON Patch that sets the default
 ``concurrency`` and ``timeoutSeconds``. Both take and give ``admission.k8s.io/v1`` AdmissionReviews;
-a body that is not one gets 400 with the reason.
+a body that is not one gets 400 with the reason, as does one nested deeper than ``nesting.MAX_DEPTH``
+(the rules walk the object recursively).
 
 Failure policies (see :func:`webhook_configurations`): validating is ``Fail``, so an invalid job is
 never stored while the controller is down (creation waits for it instead); mutating is ``Ignore``
@@ -21,6 +22,7 @@ import msgspec
 import structlog
 from prometheus_client import CollectorRegistry, Counter
 
+from nodetask import nesting
 from roles.http import Request, Response, Route
 from roles.kube import Conflict, Kube, Resource
 from schemas.kinds import GROUP, KINDS
@@ -109,6 +111,7 @@ _KNOWN_KINDS: Final = frozenset(k.kind for k in KINDS)
 def _read_review(request: Request) -> AdmissionRequest | Response:
     """The review's request, or the 400 response that says why there is none."""
     try:
+        nesting.check_json(request.body)
         review = _REVIEW_DECODER.decode(request.body)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         return Response.text(400, f"not an AdmissionReview: {exc}")

@@ -36,6 +36,7 @@ from typing import IO, Any, Final
 
 import anyio.to_thread
 
+from nodetask import nesting
 from nodetask.registry_auth import ImageRef, api_host, parse_image
 from roles.edge import registry_token
 from roles.files import sync_directory
@@ -178,6 +179,10 @@ def parse_manifest(body: bytes, content_type: str = "") -> Manifest | Index:
 
     Errors: :class:`ArtifactError` for anything that is neither, or is malformed.
     """
+    try:
+        nesting.check_json(body)
+    except nesting.NestingError as exc:
+        raise ArtifactError(f"the manifest is {exc}") from None
     try:
         document = json.loads(body)
     except ValueError as exc:

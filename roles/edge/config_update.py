@@ -21,6 +21,7 @@ from typing import Any, Final
 import anyio.to_thread
 import msgspec
 
+from nodetask import nesting
 from roles.config import ConfigError, EdgeConfig
 from roles.edge.config_fields import FieldError, apply_fields
 from roles.edge.context import Outcome, TaskContext, take_exclusive
@@ -49,8 +50,8 @@ def _backup_path(ctx: TaskContext) -> Path:
 
 
 def _load(path: Path) -> dict[str, Any]:
-    # msgspec.yaml, not yaml: it imports PyYAML on first use, keeping it out of an idle agent's memory.
-    document = msgspec.yaml.decode(path.read_bytes()) or {}
+    # load_yaml imports PyYAML on first use, keeping it out of an idle agent's memory.
+    document = nesting.load_yaml(path.read_bytes()) or {}
     if not isinstance(document, dict):
         raise ConfigError(f"{path} is not a mapping of options")
     return document

@@ -187,6 +187,45 @@ async def test_bad_frames_get_an_error_and_the_session_survives(crds: ControlPla
     assert hub.registry.get_sample_value("nodetaskd_hub_rejected_frames_total", {"reason": "malformed"}) == 4
 
 
+# The frame from the hardening report: a valid heartbeat with an unknown field nested 10,000 deep.
+DEEP_FRAME = '{"op":"heartbeat","x":' + "[" * 10_000 + "]" * 10_000 + "}"
+
+
+async def test_deeply_nested_frames_are_refused_and_the_hub_serves_on(crds: ControlPlane, cloud_kube: Kube) -> None:
+    """A frame nested 10,000 deep, as the Hello or later, is refused naming the limit; another edge's job completes."""
+    node, other = unique("deep"), unique("deep")
+    tokens = await register_edges(crds, [node, other])
+    headers = [(b"authorization", f"Bearer {tokens[node]}".encode())]
+    name = unique("deep")
+    async with (
+        running_controller(crds),
+        running_hub(crds, "hub-deep") as hub,
+        running_edges([light_edge(other, hub.url, tokens[other])]),
+    ):
+        url = f"{hub.url}/nodes/{node}"
+        async with trio_websocket.open_websocket_url(url, extra_headers=headers) as ws:
+            await ws.send_message(DEEP_FRAME)
+            bad_hello = messages.decode_downstream(await ws.get_message())
+            with pytest.raises(trio_websocket.ConnectionClosed):
+                await ws.get_message()
+        async with trio_websocket.open_websocket_url(url, extra_headers=headers) as ws:
+            await ws.send_message(messages.encode(Hello(node=node, version="v1")))
+            assert isinstance(messages.decode_downstream(await ws.get_message()), Welcome)
+            await ws.send_message(DEEP_FRAME.encode())
+            malformed = messages.decode_downstream(await ws.get_message())
+            await ws.send_message(messages.encode(Heartbeat(sent_at=2.0)))
+            assert messages.decode_downstream(await ws.get_message()) == Heartbeat(sent_at=2.0)
+        await create_job(crds, "ImagePrePullJob", name, _prepull([other]))
+        job = await job_when(cloud_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.COMPLETED)
+    assert isinstance(bad_hello, Error)
+    assert bad_hello.code == "bad_hello"
+    assert "nested too deeply: more than 64 levels" in bad_hello.message
+    assert isinstance(malformed, Error)
+    assert malformed.code == "malformed"
+    assert "nested too deeply: more than 64 levels" in malformed.message
+    assert [e.phase for e in job.status.node_status] == [NodeTaskPhase.SUCCESSFUL]
+
+
 @pytest.mark.parametrize(
     ("token", "status"),
     [("", 401), ("wrong-token", 403)],
@@ -292,6 +331,25 @@ async def test_kubeedge_http_status_endpoint_records_a_report_as_that_node(
     assert answers[2][1].startswith("malformed action result")
     job = await cloud_kube.get(PREPULLS, name)
     assert [(a.action, a.time) for a in job.status.node_status[0].action_flow] == [("Check", "2026-11-26T01:00:00Z")]
+
+
+async def test_kubeedge_http_status_endpoint_answers_a_deeply_nested_body_with_400(crds: ControlPlane) -> None:
+    """A report body nested 10,000 deep gets 400 naming the limit, and the endpoint goes on answering."""
+    node = unique("http")
+    tokens = await register_edges(crds, [node])
+    async with running_hub(crds, "hub-http-deep") as hub, anyio.create_task_group() as tg:
+        port = await tg.start(
+            functools.partial(
+                serve_http, router(hub.hub.http_routes()), host="127.0.0.1", port=0, log=structlog.get_logger()
+            )
+        )
+        url = f"http://127.0.0.1:{port}/task/imageprepulljob/name/{unique('none')}/node/{node}/status"
+        deep = await anyio.to_thread.run_sync(_post, url, DEEP_FRAME.encode(), tokens[node])
+        after = await anyio.to_thread.run_sync(_post, url, b'{"action": "Check", "succ": true}', tokens[node])
+        tg.cancel_scope.cancel()
+    assert deep[0] == 400
+    assert deep[1].startswith("malformed action result frame: nested too deeply: more than 64 levels")
+    assert after[0] == 404  # decoded, and no such job
 
 
 async def test_job_recreated_under_the_same_name_gets_a_fresh_runner_after_the_old_one_unwound(

@@ -117,6 +117,12 @@ def test_a_malformed_manifest_is_an_error(body: bytes) -> None:
         parse_manifest(body)
 
 
+def test_a_deeply_nested_manifest_is_an_error_naming_the_limit() -> None:
+    """A registry answering a manifest nested 10,000 deep gets a clear refusal, not a RecursionError in the agent."""
+    with pytest.raises(ArtifactError, match="nested too deeply: more than 64 levels"):
+        parse_manifest(b'{"layers": ' + b"[" * 10_000 + b"]" * 10_000 + b"}")
+
+
 def test_an_index_is_narrowed_to_this_devices_architecture() -> None:
     """The entry for linux/<arch> is chosen; a missing one is an error listing what the index offers."""
     assert select_platform(_index(), "arm64").digest == "sha256:" + "2" * 64

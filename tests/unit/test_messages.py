@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import msgspec
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nodetask import messages as m
+from nodetask.nesting import MAX_DEPTH
 from nodetask.route import Route
 
 ROUTE = Route("operations.kubeedge.io/v1alpha2", "imageprepulljob", "prepull-1", "edge-7")
@@ -128,3 +130,22 @@ def test_arbitrary_bytes_never_escape_as_other_errors(frame: bytes) -> None:
     for decode in (m.decode_upstream, m.decode_downstream):
         with contextlib.suppress(m.MessageError):
             decode(frame)
+
+
+# The frame from the hardening report: a valid heartbeat with an unknown field nested 10,000 deep.
+DEEP_FRAME = '{"op":"heartbeat","x":' + "[" * 10_000 + "]" * 10_000 + "}"
+
+
+@pytest.mark.parametrize("frame", [DEEP_FRAME, DEEP_FRAME.encode()], ids=["str", "bytes"])
+@pytest.mark.parametrize("decode", [m.decode_upstream, m.decode_downstream, m.decode_result])
+def test_deeply_nested_frames_are_malformed_naming_the_limit(decode: Any, frame: str | bytes) -> None:
+    """A frame nested deeper than the limit is a MessageError naming it, not a RecursionError that ends the hub."""
+    with pytest.raises(m.MessageError, match=f"malformed .* frame: nested too deeply: more than {MAX_DEPTH} levels"):
+        decode(frame)
+
+
+def test_unknown_fields_nested_up_to_the_limit_still_decode() -> None:
+    """The limit leaves room for a newer peer's nested fields: 64 levels in all decode."""
+    inner = MAX_DEPTH - 1  # the frame's own object is the first level
+    frame = '{"op":"heartbeat","sentAt":1.0,"x":' + "[" * inner + "]" * inner + "}"
+    assert m.decode_upstream(frame) == m.Heartbeat(sent_at=1.0)

@@ -15,6 +15,7 @@ from nodetask.registry_auth import (
     ImageRef,
     RegistryAuth,
     api_host,
+    decode_credentials,
     parse_docker_config_json,
     parse_image,
 )
@@ -239,13 +240,31 @@ def test_secrets_never_show_in_a_repr() -> None:
         ('{"auths": {"": {"username": "u"}}}', "'' is not a registry host"),
         ('{"auths": {"https://": {"username": "u"}}}', "'' is not a registry host"),
         ('{"auths": {"reg io": {"username": "u"}}}', "'reg io' is not a registry host"),
-        ("[" * 100_000, "nested too deeply|not valid JSON"),
+        ('{"auths": {"reg.io": ' + "[" * 100_000, "nested too deeply: more than 64 levels"),
     ],
 )
 def test_malformed_docker_config_is_rejected_with_the_reason(document: str | bytes, message: str) -> None:
     """Each broken document raises ValueError naming the broken part."""
     with pytest.raises(ValueError, match=message):
         parse_docker_config_json(document)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("not json", "credentials are not JSON"),
+        ('{"registry": 1}', "a JSON object of strings"),
+        ('{"registry": "r", "x": "y"}', "unknown fields"),
+        (
+            '{"registry": "r", "password": ' + "[" * 10_000 + "]" * 10_000 + "}",
+            "nested too deeply: more than 64 levels",
+        ),
+    ],
+)
+def test_malformed_wire_credentials_are_a_value_error_with_the_reason(text: str, message: str) -> None:
+    """Credentials from a RunAction that are not what the hub encodes are refused naming why, never crashing."""
+    with pytest.raises(ValueError, match=message):
+        decode_credentials(text)
 
 
 def test_a_rejected_auth_never_echoes_the_secret() -> None:

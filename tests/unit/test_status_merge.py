@@ -150,6 +150,13 @@ def test_invalid_action_and_extend_raise() -> None:
         apply_result(imageprepulljob.JOB_TYPE, ImagePrePullNodeTaskStatus(node_name="e"), _ok("Pull", "{"), now=NOW)
 
 
+def test_a_deeply_nested_extend_is_an_extend_error_naming_the_limit() -> None:
+    """A Pull's extend nested 10,000 deep is refused like any malformed one, not a RecursionError in the hub."""
+    deep = "[" * 10_000 + "]" * 10_000
+    with pytest.raises(ExtendError, match="nested too deeply: more than 64 levels"):
+        apply_result(imageprepulljob.JOB_TYPE, ImagePrePullNodeTaskStatus(node_name="e"), _ok("Pull", deep), now=NOW)
+
+
 JOB_TYPES: list[tuple[JobType, type]] = [
     (nodeupgradejob.JOB_TYPE, NodeUpgradeJobNodeTaskStatus),
     (imageprepulljob.JOB_TYPE, ImagePrePullNodeTaskStatus),

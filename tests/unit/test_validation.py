@@ -516,3 +516,15 @@ async def test_malformed_review_is_400_with_the_reason(body: bytes, says: str) -
         response = await hooks.post(path, body)
         assert response.status == 400
         assert says in response.body.decode()
+
+
+@pytest.mark.parametrize("where", ["review", "object"])
+async def test_deeply_nested_review_is_400_naming_the_limit(where: str) -> None:
+    """A review nested 10,000 deep, as a whole or inside the object it reviews, gets 400 naming the limit."""
+    deep = b"[" * 10_000 + b"]" * 10_000
+    body = deep if where == "review" else _review("CREATE", {}).replace(b'"object":{}', b'"object":' + deep)
+    hooks = Webhooks()
+    for path in (VALIDATE_PATH, MUTATE_PATH):
+        response = await hooks.post(path, body)
+        assert response.status == 400
+        assert response.body.decode().startswith("not an AdmissionReview: nested too deeply: more than 64 levels")
