@@ -7,7 +7,7 @@ reported at start instead of silently ignored.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Final
+from typing import Annotated, ClassVar, Final
 
 import msgspec
 
@@ -123,6 +123,25 @@ def _address(text: str) -> tuple[str, int]:
 
 
 class EdgeConfig(_Config, frozen=True, kw_only=True):
+    UPDATABLE_FIELDS: ClassVar[frozenset[str]] = frozenset(
+        {
+            "logLevel",
+            "logFormat",
+            "maxCpuUsage",
+            "maxMemUsage",
+            "maxDiskUsage",
+            "configUpdateHealthDeadline",
+            "upgradeHealthDeadline",
+        }
+    )
+    """The settings a ConfigUpdateJob may change: operational ones, each set whole.
+
+    Whoever may create a job must not be able to take an edge from its cloud or make it run their
+    code, so identity (nodeName), the hub connection (hubUrls), credentials (tokenFile), TLS
+    (caFile), paths (dataDir), the container runtime (criEndpoint) and where code and images come
+    from (upgradeImage, insecureRegistries) are never updatable: change them on the device. The
+    admission webhook and the agent both refuse any other key (``schemas.update_fields``)."""
+
     node_name: str = ""
     hub_urls: tuple[str, ...] = ()
     token_file: str = ""

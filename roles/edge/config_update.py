@@ -16,7 +16,7 @@ progress as a store fact (``config_update/<job uid>``):
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import anyio.to_thread
 import msgspec
@@ -26,11 +26,9 @@ from roles.edge.config_fields import FieldError, apply_fields
 from roles.edge.context import Outcome, TaskContext, take_exclusive
 from roles.files import write_atomically
 from roles.restart import RestartRequested
+from schemas.update_fields import key_problem
 
 __all__ = ["back_up", "check", "roll_back", "update"]
-
-FROZEN_KEYS: Final = ("nodeName", "dataDir")
-"""Keys a config update may not change: the node's identity and where its store lives."""
 
 
 class _Progress(msgspec.Struct, frozen=True):
@@ -60,14 +58,15 @@ def candidate(ctx: TaskContext) -> tuple[dict[str, Any] | None, str]:
     """The configuration the update would produce, or None and why it is refused."""
     if ctx.config_file is None:
         return None, "this agent runs without a config file (flags only): there is nothing to update"
+    # The webhook refuses these keys too, but a job stored while it was down comes here unchecked.
+    for key in sorted(ctx.spec.update_fields):
+        if problem := key_problem(key, EdgeConfig.UPDATABLE_FIELDS):
+            return None, f"updateFields refused: {problem}"
     try:
         current = _load(ctx.config_file)
         updated = apply_fields(current, ctx.spec.update_fields)
     except (OSError, msgspec.DecodeError, ConfigError, FieldError) as exc:
         return None, f"cannot apply updateFields: {exc}"
-    for key in FROZEN_KEYS:
-        if updated.get(key) != current.get(key):
-            return None, f"updateFields may not change {key}"
     try:
         config = msgspec.convert(updated, type=EdgeConfig)
         # Imported here: the settings module imports the agent, which imports the actions.
