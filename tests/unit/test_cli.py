@@ -96,6 +96,25 @@ def test_edge_without_a_readable_token_file_exits_2_naming_it(
     assert f"cannot read tokenFile {missing}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("content", "says"), [(None, "cannot read caFile {}: No such file"), ("x", "caFile {} holds no")]
+)
+def test_edge_with_a_missing_or_non_pem_ca_file_exits_2_naming_it(
+    tmp_path: Path, content: str | None, says: str
+) -> None:
+    """An unusable caFile ends the agent at start with one line naming the setting and the path, no traceback."""
+    ca = tmp_path / "ca.pem"
+    if content is not None:
+        ca.write_text(content)
+    (tmp_path / "token").write_text("t")
+    cfg = tmp_path / "edge.yaml"
+    cfg.write_text(f"nodeName: e1\nhubUrls: [wss://127.0.0.1:1]\ntokenFile: {tmp_path / 'token'}\ncaFile: {ca}\n")
+    done = _run("--role=edge", f"--config={cfg}", f"--data-dir={tmp_path}")
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"nodetaskd: error: {says.format(ca)}")
+    assert done.stderr.count("\n") == 1
+
+
 @pytest.mark.parametrize("role", ["controller", "cloud"])
 def test_cloud_role_without_the_cloud_extra_names_the_extra_and_the_missing_module(role: str) -> None:
     """On a base (device) install the cloud roles exit 3 saying which extra to install, instead of a traceback."""

@@ -11,11 +11,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nodetask.route import Route
-from roles.config import ControllerConfig, EdgeConfig
+from roles.config import ConfigError, ControllerConfig, EdgeConfig
 from roles.controller.admission import admission_policy
 from roles.edge import config_update
 from roles.edge.checks import Thresholds
 from roles.edge.context import TaskContext
+from roles.edge.settings import client_tls
 from roles.edge.store import EdgeStore, open_store
 from schemas.update_fields import MAX_KEY_DEPTH, MAX_KEY_LENGTH, key_problem
 from schemas.v1alpha2 import ConfigUpdateJobSpec
@@ -204,3 +205,22 @@ async def test_the_agent_accepts_an_operational_update(store: EdgeStore, tmp_pat
     """An allowed key with a fitting value passes Check."""
     outcome = await config_update.check(await context(store, tmp_path, {"maxCpuUsage": "95"}))
     assert outcome.succ, outcome.reason
+
+
+# ---------------------------------------------------------------------------------------------- caFile
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [(None, "cannot read caFile {path}: No such file or directory"), (b"not a certificate", "caFile {path} holds no")],
+)
+def test_an_unusable_ca_file_is_a_config_error_naming_the_setting_and_path(
+    tmp_path: Path, content: bytes | None, says: str
+) -> None:
+    """A missing or non-PEM caFile is a ConfigError naming caFile and its path, also for ws:// hubs."""
+    path = tmp_path / "ca.pem"
+    if content is not None:
+        path.write_bytes(content)
+    for url in ("wss://127.0.0.1:1", "ws://127.0.0.1:1"):
+        with pytest.raises(ConfigError, match="^" + says.format(path=path)):
+            client_tls(EdgeConfig(hub_urls=(url,), ca_file=str(path)))
