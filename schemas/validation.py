@@ -13,7 +13,8 @@ re-checking it, so an object stored before the webhook existed can still lose it
 
 What the deployment allows beyond the schemas comes in as an :class:`AdmissionPolicy`, closed by
 default: which ``updateFields`` keys a ConfigUpdateJob may set (the edge configuration's allowlist,
-whose values are also converted to the edge configuration's type as the agent converts them).
+whose values are also converted to the edge configuration's type as the agent converts them), and
+which namespaces an ImagePrePullJob's ``imageSecrets`` may name.
 """
 
 from __future__ import annotations
@@ -100,6 +101,8 @@ class AdmissionPolicy:
     """``updateFields`` keys a ConfigUpdateJob may set (``roles.config.EdgeConfig.UPDATABLE_FIELDS``)."""
     edge_config: type[Any] | None = None
     """The edge configuration's type: the typed values must convert to it, as the agent converts them."""
+    image_secret_namespaces: tuple[str, ...] = ()
+    """Namespaces an ImagePrePullJob's ``imageSecrets`` may name (the hubs read Secrets nowhere else)."""
 
 
 CLOSED_POLICY: Final = AdmissionPolicy()
@@ -231,7 +234,14 @@ def _check_prepull(c: _Checker, spec: Mapping[str, Any], policy: AdmissionPolicy
     if secret:
         namespace, _, name = secret.partition("/")
         if not namespace or not name or "/" in name:
-            c.fail(f"{path}.imageSecrets", f"must be namespace/name of a Secret, got {secret!r}")
+            c.fail(f"{path}.imageSecrets", f"must be namespace/name of a Secret, got {shown_key(secret)}")
+        elif namespace not in policy.image_secret_namespaces:
+            allowed = ", ".join(policy.image_secret_namespaces) or "no namespace"
+            c.fail(
+                f"{path}.imageSecrets",
+                f"namespace {shown_key(namespace)} is not one the hubs read image secrets from: only {allowed}"
+                " (the controller's and the hubs' imageSecretNamespaces setting)",
+            )
     c.check_range(template, "retryTimes", path, 0, 2**31 - 1)
     c.check_selectors(template, path)
     c.check_execution(template, path)

@@ -129,9 +129,13 @@ def _answer(response: AdmissionResponse) -> Response:
 
 
 def admission_policy(cfg: ControllerConfig) -> AdmissionPolicy:
-    """What the webhook admits beyond the job schemas: the edge configuration's updatable settings."""
-    del cfg  # the config update rules are the edge configuration's own
-    return AdmissionPolicy(updatable_edge_fields=EdgeConfig.UPDATABLE_FIELDS, edge_config=EdgeConfig)
+    """What the webhook admits beyond the job schemas: the edge configuration's updatable settings, and
+    image secrets from the namespaces ``cfg`` allows."""
+    return AdmissionPolicy(
+        updatable_edge_fields=EdgeConfig.UPDATABLE_FIELDS,
+        edge_config=EdgeConfig,
+        image_secret_namespaces=cfg.image_secret_namespaces,
+    )
 
 
 def admission_routes(*, policy: AdmissionPolicy, registry: CollectorRegistry, log: Log) -> tuple[Route, ...]:

@@ -243,6 +243,14 @@ REFUSALS = {
         f"spec.updateFields[{'a.' * 20!r}... (5999 characters)]",
         "a field path of 5999 characters is longer than the 128 allowed",
     ),
+    "prepull-secret-namespace": Refusal(
+        "ImagePrePullJob",
+        V1,
+        prepull_spec(imageSecrets="default/regcred"),
+        "spec.imagePrePullTemplate.imageSecrets",
+        "namespace 'default' is not one the hubs read image secrets from: only kube-system"
+        " (the controller's and the hubs' imageSecretNamespaces setting)",
+    ),
     "update-value": Refusal(
         "ConfigUpdateJob",
         V2,

@@ -59,6 +59,7 @@ def test_cloudhub_is_an_alias_of_cloud(capsys: pytest.CaptureFixture[str]) -> No
         ("bogus: 1\n", ["--role=cloud"], "unknown field `bogus`"),
         ("maxCpuUsage: 120\n", ["--role=edge"], "Expected `float` <= 100.0 - at `$.maxCpuUsage`"),
         ("featureGates: [warpDrive]\n", ["--role=controller"], "unknown gate(s) warpDrive"),
+        ("imageSecretNamespaces: [Team_A]\n", ["--role=cloud"], "imageSecretNamespaces: 'Team_A' is not a namespace"),
         ("- a\n- b\n", ["--role=edge"], "must be a mapping of options"),
         ("a: [\n", ["--role=edge"], "is not valid YAML"),
         ("", ["--role=edge", "--listen=0:1"], "--listen does not apply to the edge role"),

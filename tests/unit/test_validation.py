@@ -521,3 +521,15 @@ async def test_malformed_review_is_400_with_the_reason(body: bytes, says: str) -
         response = await hooks.post(path, body)
         assert response.status == 400
         assert says in response.body.decode()
+
+
+@pytest.mark.parametrize("api_version", [V1, V2])
+def test_image_secrets_only_from_the_allowed_namespaces(api_version: str) -> None:
+    """A Secret in another namespace is refused, listing the allowed ones and the setting that adds one."""
+    assert validate_create(prepull(api_version, imageSecrets="kube-system/regcred"), policy=POLICY) == ()
+    (error,) = validate_create(prepull(api_version, imageSecrets="default/regcred"), policy=POLICY)
+    assert str(error) == (
+        "spec.imagePrePullTemplate.imageSecrets: namespace 'default' is not one the hubs read image secrets from:"
+        " only kube-system (the controller's and the hubs' imageSecretNamespaces setting)"
+    )
+    assert "only no namespace" in str(validate_create(prepull(api_version, imageSecrets="kube-system/regcred"))[0])
