@@ -24,7 +24,7 @@ does not say where the store is.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import anyio.to_thread
 import msgspec
@@ -37,6 +37,10 @@ from roles.restart import RestartRequested
 from schemas.update_fields import key_problem
 
 __all__ = ["back_up", "check", "pending_path", "restore_after_failed_start", "roll_back", "update"]
+
+
+MAX_REASON: Final = 500
+"""Characters kept of why a start failed: it is reported upstream, and an exception's text can be long."""
 
 
 class _Progress(msgspec.Struct, frozen=True):
@@ -95,7 +99,7 @@ def restore_after_failed_start(config_file: Path, reason: str) -> bool:
     if not pending.failed:
         # The reason first: if the agent dies between the two writes, the next failed start puts the
         # backup back and keeps it.
-        note = msgspec.structs.replace(pending, failed=reason or "the agent failed to start")
+        note = msgspec.structs.replace(pending, failed=reason[:MAX_REASON] or "the agent failed to start")
         write_atomically(pending_path(config_file), msgspec.json.encode(note))
     write_atomically(config_file, previous)
     return True
