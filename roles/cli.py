@@ -3,7 +3,9 @@
     nodetaskd --role=controller|cloud|edge [--config FILE] [flags...]
 
 Options come from the config file and flags (flags win). Any invalid option ends the process at
-once with exit status 2 and a single line on stderr naming what is wrong.
+once with exit status 2 and a single line on stderr naming what is wrong, except in an edge agent
+that a ConfigUpdateJob has just restarted: one that cannot start with the new file puts the
+previous one back and restarts onto it (``roles.edge.config_update.restore_after_failed_start``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 import signal
 import socket
 import sys
+import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -138,6 +141,19 @@ def _confirm(cfg: RoleConfig, job: str) -> int:
     return 0 if answer.startswith("ok") else 1
 
 
+def _restored_previous_config(role: str, args: argparse.Namespace, reason: str) -> bool:
+    """Whether the agent's configuration, just replaced by a ConfigUpdateJob, was put back because the
+    agent failed with it (``reason``) before proving it healthy: then it restarts onto the previous one."""
+    if role != "edge" or args.config is None or args.confirm is not None or args.check_config:
+        return False
+    from roles.edge.config_update import restore_after_failed_start
+
+    if not restore_after_failed_start(args.config, reason):
+        return False
+    print(f"nodetaskd: restarting with the configuration before the update of {args.config}", file=sys.stderr)
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     role = ROLE_ALIASES[args.role]
@@ -145,6 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = load_config(role, args.config, _overrides(role, args))
     except ConfigError as exc:
         print(f"nodetaskd: error: {exc}", file=sys.stderr)
+        if _restored_previous_config(role, args, str(exc)):
+            reexec()
         return EXIT_USAGE
     if args.confirm is not None:
         if role != "edge":
@@ -168,6 +186,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return EXIT_UNAVAILABLE
     log = configure_logging(level=cfg.log_level, fmt=cfg.log_format).bind(role=role)
+    status, restart = _run_role(role, run, cfg, log, args)
+    if restart:
+        reexec()
+    return status
+
+
+def _run_role(
+    role: str,
+    run: Callable[..., Awaitable[None]],
+    cfg: RoleConfig,
+    log: structlog.typing.FilteringBoundLogger,
+    args: argparse.Namespace,
+) -> tuple[int, bool]:
+    """Run the role to its end: its exit status, and whether it is to be started again."""
     status = 0
     restart = False
     try:
@@ -179,12 +211,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Settings the role can only check when it starts (a token file, a certificate...).
         print(f"nodetaskd: error: {_leaf(group)}", file=sys.stderr)
         status = EXIT_USAGE
+        restart = _restored_previous_config(role, args, str(_leaf(group)))
     except* NotImplementedError as group:
         print(f"nodetaskd: error: {_leaf(group)}", file=sys.stderr)
         status = EXIT_UNAVAILABLE
-    if restart:
-        reexec()
-    return status
+        restart = _restored_previous_config(role, args, str(_leaf(group)))
+    except* Exception as group:
+        error = _leaf(group)
+        if not _restored_previous_config(role, args, f"{type(error).__name__}: {error}"):
+            raise
+        traceback.print_exception(group)
+        restart = True
+    return status, restart
 
 
 if __name__ == "__main__":

@@ -6,8 +6,9 @@ reported at start instead of silently ignored.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Annotated, Final
+from typing import Annotated, ClassVar, Final
 
 import msgspec
 
@@ -22,11 +23,18 @@ __all__ = [
     "load_config",
 ]
 
+_NAMESPACE: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+"""A Kubernetes namespace name (a DNS-1123 label)."""
+
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
 Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
 
 FEATURE_GATES: Final = frozenset({"disableNodeTaskV1alpha2"})
+DEFAULT_IMAGE_SECRET_NAMESPACES: Final = ("kube-system",)
+"""Where registry Secrets for pre-pulls may live by default: the default ``tokenNamespace``, which
+only cluster administrators write to. Anyone who may create a job could otherwise have any registry
+Secret in the cluster sent to a node of their choice."""
 
 
 class ConfigError(ValueError):
@@ -67,6 +75,9 @@ class ControllerConfig(_Config, frozen=True, kw_only=True):
     """The webhook's serving certificate; without one, a CA and certificate are generated in ``certDir``."""
     cert_dir: str = "/var/lib/nodetaskd/controller-tls"
     metrics_port: Port = 9090
+    image_secret_namespaces: tuple[str, ...] = DEFAULT_IMAGE_SECRET_NAMESPACES
+    """Namespaces whose Secrets an ImagePrePullJob's ``imageSecrets`` may name; the webhook refuses any
+    other. Keep it equal to the hubs' setting (they refuse the rest too)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -75,6 +86,7 @@ class ControllerConfig(_Config, frozen=True, kw_only=True):
             raise ValueError(f"featureGates: unknown gate(s) {', '.join(sorted(unknown))}")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ValueError("tlsCertFile and tlsKeyFile must be given together")
+        _check_namespaces(self.image_secret_namespaces)
         if self.webhook_url and not self.webhook_url.startswith("https://"):
             raise ValueError(f"webhookUrl {self.webhook_url!r} must be an https:// URL")
 
@@ -89,6 +101,10 @@ class CloudConfig(_Config, frozen=True, kw_only=True):
     """Serving certificate and key (PEM); without them the hub speaks plain ws:// (development only)."""
     token_namespace: str = "kube-system"
     """Where the edges' token Secrets ``nodetaskd-edge-<node>`` live."""
+    image_secret_namespaces: tuple[str, ...] = DEFAULT_IMAGE_SECRET_NAMESPACES
+    """The only namespaces whose Secrets the hub reads for an ImagePrePullJob's ``imageSecrets`` (and
+    sends to its nodes); a job naming another fails with the reason. Grant the hubs ``get`` on
+    Secrets in each (``containers/rbac/cloud.yaml`` does for kube-system)."""
     heartbeat_interval: Seconds = 15.0
     missed_heartbeats: Annotated[int, msgspec.Meta(ge=1)] = 3
     status_coalesce_window: Annotated[float, msgspec.Meta(ge=0)] = 0.2
@@ -109,6 +125,7 @@ class CloudConfig(_Config, frozen=True, kw_only=True):
                 raise ValueError(f"{key} {value!r} is not host:port")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ValueError("tlsCertFile and tlsKeyFile must be given together")
+        _check_namespaces(self.image_secret_namespaces)
 
     @property
     def listen_address(self) -> tuple[str, int]:
@@ -119,12 +136,37 @@ class CloudConfig(_Config, frozen=True, kw_only=True):
         return _address(self.http_listen)
 
 
+def _check_namespaces(namespaces: tuple[str, ...]) -> None:
+    for namespace in namespaces:
+        if not _NAMESPACE.fullmatch(namespace):
+            raise ValueError(f"imageSecretNamespaces: {namespace!r} is not a namespace name")
+
+
 def _address(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
     return host.strip("[]"), int(port)
 
 
 class EdgeConfig(_Config, frozen=True, kw_only=True):
+    UPDATABLE_FIELDS: ClassVar[frozenset[str]] = frozenset(
+        {
+            "logLevel",
+            "logFormat",
+            "maxCpuUsage",
+            "maxMemUsage",
+            "maxDiskUsage",
+            "configUpdateHealthDeadline",
+            "upgradeHealthDeadline",
+        }
+    )
+    """The settings a ConfigUpdateJob may change: operational ones, each set whole.
+
+    Whoever may create a job must not be able to take an edge from its cloud or make it run their
+    code, so identity (nodeName), the hub connection (hubUrls), credentials (tokenFile), TLS
+    (caFile), paths (dataDir), the container runtime (criEndpoint) and where code and images come
+    from (upgradeImage, insecureRegistries) are never updatable: change them on the device. The
+    admission webhook and the agent both refuse any other key (``schemas.update_fields``)."""
+
     node_name: str = ""
     hub_urls: tuple[str, ...] = ()
     token_file: str = ""

@@ -10,12 +10,18 @@ Beyond KubeEdge (whose webhook checks only v1alpha1 NodeUpgradeJobs): every kind
 version is checked, ``failureTolerate``, ``concurrency`` and ``timeoutSeconds`` are bounded, images
 and ``updateFields`` must be non-empty, and an UPDATE that keeps the spec is admitted without
 re-checking it, so an object stored before the webhook existed can still lose its finalizer.
+
+What the deployment allows beyond the schemas comes in as an :class:`AdmissionPolicy`, closed by
+default: which ``updateFields`` keys a ConfigUpdateJob may set (the edge configuration's allowlist,
+whose values are also converted to the edge configuration's type as the agent converts them), and
+which namespaces an ImagePrePullJob's ``imageSecrets`` may name.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 import msgspec
@@ -24,9 +30,12 @@ from schemas.access import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_SECONDS
 from schemas.kinds import CONFIG_UPDATE_JOB, IMAGE_PRE_PULL_JOB, NODE_UPGRADE_JOB, Kind
 from schemas.manifest import ManifestError, kind_of
 from schemas.meta import parse_tolerance
+from schemas.update_fields import key_problem, shown_key, typed_value
 
 __all__ = [
+    "CLOSED_POLICY",
     "IMMUTABLE_SPEC_MESSAGE",
+    "AdmissionPolicy",
     "FieldError",
     "PatchOperation",
     "default_patch",
@@ -81,6 +90,21 @@ class FieldError(msgspec.Struct, frozen=True, kw_only=True):
 
     def __str__(self) -> str:
         return f"{self.path}: {self.message}"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AdmissionPolicy:
+    """What this deployment's settings allow beyond the job schemas; the defaults allow nothing."""
+
+    updatable_edge_fields: frozenset[str] = frozenset()
+    """``updateFields`` keys a ConfigUpdateJob may set (``roles.config.EdgeConfig.UPDATABLE_FIELDS``)."""
+    edge_config: type[Any] | None = None
+    """The edge configuration's type: the typed values must convert to it, as the agent converts them."""
+    image_secret_namespaces: tuple[str, ...] = ()
+    """Namespaces an ImagePrePullJob's ``imageSecrets`` may name (the hubs read Secrets nowhere else)."""
+
+
+CLOSED_POLICY: Final = AdmissionPolicy()
 
 
 class PatchOperation(msgspec.Struct, frozen=True, kw_only=True):
@@ -178,7 +202,7 @@ class _Checker:
         self.check_tolerance(obj, path)
 
 
-def _check_upgrade(c: _Checker, spec: Mapping[str, Any]) -> None:
+def _check_upgrade(c: _Checker, spec: Mapping[str, Any], policy: AdmissionPolicy) -> None:
     version = c.typed(spec, "version", "spec", str, "a string")
     if spec.get("version") is None or version == "":
         c.fail("spec.version", "is required, e.g. v1.21.0")
@@ -192,7 +216,7 @@ def _check_upgrade(c: _Checker, spec: Mapping[str, Any]) -> None:
     c.check_execution(spec, "spec")
 
 
-def _check_prepull(c: _Checker, spec: Mapping[str, Any]) -> None:
+def _check_prepull(c: _Checker, spec: Mapping[str, Any], policy: AdmissionPolicy) -> None:
     path = "spec.imagePrePullTemplate"
     template = c.typed(spec, "imagePrePullTemplate", "spec", dict, "an object")
     if template is None:
@@ -209,23 +233,49 @@ def _check_prepull(c: _Checker, spec: Mapping[str, Any]) -> None:
     if secret:
         namespace, _, name = secret.partition("/")
         if not namespace or not name or "/" in name:
-            c.fail(f"{path}.imageSecrets", f"must be namespace/name of a Secret, got {secret!r}")
+            c.fail(f"{path}.imageSecrets", f"must be namespace/name of a Secret, got {shown_key(secret)}")
+        elif namespace not in policy.image_secret_namespaces:
+            allowed = ", ".join(policy.image_secret_namespaces) or "no namespace"
+            c.fail(
+                f"{path}.imageSecrets",
+                f"namespace {shown_key(namespace)} is not one the hubs read image secrets from: only {allowed}"
+                " (the controller's and the hubs' imageSecretNamespaces setting)",
+            )
     c.check_range(template, "retryTimes", path, 0, 2**31 - 1)
     c.check_selectors(template, path)
     c.check_execution(template, path)
 
 
-def _check_config_update(c: _Checker, spec: Mapping[str, Any]) -> None:
+def _check_config_update(c: _Checker, spec: Mapping[str, Any], policy: AdmissionPolicy) -> None:
     fields = c.typed(spec, "updateFields", "spec", dict, "an object of field paths to values")
     if spec.get("updateFields") is None or fields == {}:
         c.fail("spec.updateFields", "must set at least one field")
+    typed: dict[str, object] = {}
     for key, value in (fields or {}).items():
-        if not key:
-            c.fail("spec.updateFields", "field paths must not be empty")
-        if not isinstance(value, str):
-            c.fail(f"spec.updateFields[{key!r}]", f"must be a string, got {_json_type(value)}")
+        path = f"spec.updateFields[{shown_key(key)}]" if key else "spec.updateFields"
+        if problem := key_problem(key, policy.updatable_edge_fields):
+            c.fail(path, problem)
+        elif not isinstance(value, str):
+            c.fail(path, f"must be a string, got {_json_type(value)}")
+        else:
+            typed[key] = typed_value(value)
+    if typed and policy.edge_config is not None:
+        _check_edge_values(c, typed, policy.edge_config)
     c.check_selectors(spec, "spec")
     c.check_execution(spec, "spec")
+
+
+def _check_edge_values(c: _Checker, typed: Mapping[str, object], edge_config: type[Any]) -> None:
+    """The updated values convert to the edge configuration, as they must on every edge."""
+    try:
+        # Every edge setting has a default, so the updated ones alone make a whole configuration.
+        msgspec.convert(typed, type=edge_config)
+    except msgspec.ValidationError as exc:
+        match = _MSGSPEC_PATH.fullmatch(str(exc))
+        if match is None:  # a setting's own rule (e.g. logLevel's names) says which setting it is
+            c.fail("spec.updateFields", str(exc))
+        else:  # an allowed key, hence short
+            c.fail(f"spec.updateFields[{match['path']!r}]", match["message"])
 
 
 _CHECKS: Final = {
@@ -264,10 +314,11 @@ def _type_errors(obj: Mapping[str, Any], kind: Kind, version: str) -> list[Field
     return []
 
 
-def validate_create(obj: object) -> tuple[FieldError, ...]:
+def validate_create(obj: object, *, policy: AdmissionPolicy = CLOSED_POLICY) -> tuple[FieldError, ...]:
     """Every broken rule of a node job of any served kind and version; empty when it is valid.
 
     Never raises: any JSON value is a valid input, and garbage yields errors naming its fields.
+    ``policy`` says what the deployment allows (by default: no config update keys).
     """
     c = _Checker()
     if not isinstance(obj, dict):
@@ -282,7 +333,7 @@ def validate_create(obj: object) -> tuple[FieldError, ...]:
         if obj.get("spec") is None:
             c.fail("spec", "is required")
         return tuple(c.errors)
-    _CHECKS[kind.kind](c, spec)
+    _CHECKS[kind.kind](c, spec, policy)
     if not c.errors:
         # The API server prunes nulls of non-nullable fields before admission; do the same here so
         # that null keeps meaning absent, as it does in the rules above.
@@ -300,14 +351,14 @@ def _without_nulls(value: Any) -> Any:
     return value
 
 
-def validate_update(new: object, old: object) -> tuple[FieldError, ...]:
+def validate_update(new: object, old: object, *, policy: AdmissionPolicy = CLOSED_POLICY) -> tuple[FieldError, ...]:
     """An update may change metadata and status, never the spec (KubeEdge's rule and text).
 
     An unchanged spec is not re-validated, so objects admitted under older rules (or stored before
     the webhook was registered) can still be updated, e.g. to remove their finalizer on deletion.
     """
     if not isinstance(new, dict) or not isinstance(old, dict):
-        return validate_create(new)
+        return validate_create(new, policy=policy)
     if _without_nulls(new.get("spec")) != _without_nulls(old.get("spec")):
         return (FieldError(path="spec", message=IMMUTABLE_SPEC_MESSAGE),)
     return ()

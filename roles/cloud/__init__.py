@@ -29,6 +29,7 @@ def settings_of(cfg: CloudConfig) -> HubSettings:
         coalesce_window=cfg.status_coalesce_window,
         max_frame_bytes=cfg.max_frame_bytes,
         token_namespace=cfg.token_namespace,
+        image_secret_namespaces=cfg.image_secret_namespaces,
         close_grace=cfg.close_grace,
         compact_status_above=cfg.compact_status_above,
     )

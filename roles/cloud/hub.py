@@ -94,6 +94,8 @@ class HubSettings:
     coalesce_window: float = 0.2
     max_frame_bytes: int = 1 << 20
     token_namespace: str = "kube-system"
+    image_secret_namespaces: tuple[str, ...] = ("kube-system",)
+    """The only namespaces whose Secrets a job's ``imageSecrets`` may name."""
     close_grace: float = 5.0
     hello_timeout: float = 10.0
     compact_status_above: int | None = 1000
@@ -338,6 +340,13 @@ class Hub:
         namespace, _, name = reference.partition("/")
         if not namespace or not name:
             raise ValueError("not of the form namespace/name")
+        allowed = self.settings.image_secret_namespaces
+        if namespace not in allowed:
+            # Refused before any read: the job's author need not be allowed to read that Secret.
+            raise ValueError(
+                f"the hubs read image secrets only in {', '.join(allowed) or 'no namespace'}"
+                " (their imageSecretNamespaces setting)"
+            )
         try:
             secret = await self._kube.get(SECRETS, name, namespace=namespace)
         except NotFound:

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from nodetask.clock import Clock
 from roles.config import ControllerConfig, RoleConfig
-from roles.controller.admission import admission_routes, register_webhooks, webhook_configurations
+from roles.controller.admission import admission_policy, admission_routes, register_webhooks, webhook_configurations
 from roles.controller.leader import Elector, default_identity
 from roles.controller.metrics import ControllerMetrics
 from roles.controller.reconciler import Reconciler
@@ -77,7 +77,7 @@ async def run(cfg: RoleConfig, *, log: Log, config_path: Path | None = None) -> 
             routes = list(health_routes(ready=lambda: True, registry=registry))
             if cfg.webhook_port:
                 cert = serving_certificate(cfg)
-                webhooks = router(admission_routes(registry=registry, log=log))
+                webhooks = router(admission_routes(policy=admission_policy(cfg), registry=registry, log=log))
                 serve = functools.partial(serve_http, webhooks, host=cfg.listen_host, port=cfg.webhook_port, log=log)
                 await tg.start(functools.partial(serve, ssl_context=server_ssl_context(cert)))
                 if cfg.webhook_url:

@@ -23,11 +23,12 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter
 
 from nodetask import nesting
+from roles.config import ControllerConfig, EdgeConfig
 from roles.http import Request, Response, Route
 from roles.kube import Conflict, Kube, Resource
 from schemas.kinds import GROUP, KINDS
 from schemas.meta import ApiStruct, LabelSelector, ObjectMeta
-from schemas.validation import default_patch, validate_create, validate_update
+from schemas.validation import AdmissionPolicy, default_patch, validate_create, validate_update
 
 __all__ = [
     "MUTATE_PATH",
@@ -39,6 +40,7 @@ __all__ = [
     "AdmissionReview",
     "MutatingWebhookConfiguration",
     "ValidatingWebhookConfiguration",
+    "admission_policy",
     "admission_routes",
     "register_webhooks",
     "webhook_configurations",
@@ -129,8 +131,18 @@ def _answer(response: AdmissionResponse) -> Response:
     return Response.json(200, _ENCODER.encode(review))
 
 
-def admission_routes(*, registry: CollectorRegistry, log: Log) -> tuple[Route, ...]:
-    """The two webhook routes, counting decisions in ``registry``.
+def admission_policy(cfg: ControllerConfig) -> AdmissionPolicy:
+    """What the webhook admits beyond the job schemas: the edge configuration's updatable settings, and
+    image secrets from the namespaces ``cfg`` allows."""
+    return AdmissionPolicy(
+        updatable_edge_fields=EdgeConfig.UPDATABLE_FIELDS,
+        edge_config=EdgeConfig,
+        image_secret_namespaces=cfg.image_secret_namespaces,
+    )
+
+
+def admission_routes(*, policy: AdmissionPolicy, registry: CollectorRegistry, log: Log) -> tuple[Route, ...]:
+    """The two webhook routes, admitting what ``policy`` allows and counting decisions in ``registry``.
 
     The counter ``nodetaskd_controller_admission_decisions_total`` has labels ``webhook`` (validating,
     mutating), ``kind`` (the job kind, ``other`` for anything else) and ``allowed``.
@@ -166,9 +178,9 @@ def admission_routes(*, registry: CollectorRegistry, log: Log) -> tuple[Route, .
         if req.sub_resource:
             errors: tuple[Any, ...] = ()  # status and other subresources are not the user's to validate
         elif req.operation == "CREATE":
-            errors = validate_create(req.object)
+            errors = validate_create(req.object, policy=policy)
         elif req.operation == "UPDATE":
-            errors = validate_update(req.object, req.old_object)
+            errors = validate_update(req.object, req.old_object, policy=policy)
         else:
             errors = ()  # DELETE and CONNECT are not registered; admit them if they come anyway
         if not errors:

@@ -53,6 +53,8 @@ Log = structlog.typing.FilteringBoundLogger
 FINAL_ERRORS: Final = frozenset({"report_rejected", "job_gone"})
 CONTROL_TIMEOUT_S: Final = 5.0
 DRAIN_BEFORE_RESTART_S: Final = 3.0
+MAX_RAISED_REASON: Final = 500
+"""Characters of an unexpected exception kept in the failure it becomes (its text may echo any input)."""
 _FINISHED: Final = NextStep(None)
 
 
@@ -410,7 +412,15 @@ class EdgeAgent:
                     health_deadline=self.settings.health_deadline,
                     wait_connected=self.wait_connected,
                 )
-                outcome = await action_fn(ctx)
+                try:
+                    outcome = await action_fn(ctx)
+                except Exception as exc:
+                    if _propagates(exc):
+                        raise
+                    # A fault no action foresaw (a bug, an input nothing checked) fails this task only:
+                    # raised, it would end the agent, and the stored task would end every restart alike.
+                    log.exception("action_raised", action=action)
+                    outcome = Outcome(False, f"action {action} raised {type(exc).__name__}: {exc}"[:MAX_RAISED_REASON])
             step = _FINISHED if problem else next_step(jt, spec, action, outcome.succ)
             await self._record(task, action, outcome, step)
             log.info("action_finished", action=action, succ=outcome.succ, reason=outcome.reason)
@@ -469,6 +479,14 @@ class EdgeAgent:
         )
         with contextlib.suppress(trio_websocket.ConnectionClosed):
             await ws.send_message(messages.encode(report))
+
+
+def _propagates(exc: Exception) -> bool:
+    """Whether an action's exception is the agent's to handle (a restart, a store that fails), not a fault."""
+    wanted = (RestartRequested, StoreError)
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.subgroup(wanted) is not None
+    return isinstance(exc, wanted)
 
 
 def edge_ssl_context(ca_file: str) -> ssl.SSLContext | None:

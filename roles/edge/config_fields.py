@@ -1,9 +1,10 @@
 """``updateFields`` of a ConfigUpdateJob applied to the agent's YAML configuration (pure).
 
-Keys are dotted paths with optional list indices (``hubUrls[0]``, ``a.b.c``); values are typed as
-keadm's ``--set`` types them: ``true``/``false`` are booleans, ``null`` is null, an integer without
-a leading zero is an integer, anything else is a string. Keys are applied in sorted order, so the
-result never depends on map order.
+Keys are dotted paths with optional list indices (``hubUrls[0]``, ``a.b.c``), at most
+:data:`~schemas.update_fields.MAX_KEY_DEPTH` parts deep; values are typed as keadm's ``--set`` types
+them (:func:`~schemas.update_fields.typed_value`). Keys are applied in sorted order, so the result
+never depends on map order. Which keys a job may set at all is decided before, by
+:func:`schemas.update_fields.key_problem`.
 """
 
 from __future__ import annotations
@@ -12,26 +13,16 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
+from schemas.update_fields import MAX_KEY_DEPTH, shown_key, typed_value
+
 __all__ = ["FieldError", "apply_fields", "parse_path", "typed_value"]
 
 _SEGMENT: Final = re.compile(r"([A-Za-z_][A-Za-z0-9_-]*)((?:\[\d+\])*)")
 _INDEX: Final = re.compile(r"\[(\d+)\]")
-_INTEGER: Final = re.compile(r"-?(0|[1-9][0-9]*)")
 
 
 class FieldError(ValueError):
     """An update field that cannot be applied; the message names the key."""
-
-
-def typed_value(text: str) -> object:
-    """``text`` typed as keadm's ``--set`` would."""
-    if text in ("true", "false"):
-        return text == "true"
-    if text == "null":
-        return None
-    if _INTEGER.fullmatch(text):
-        return int(text)
-    return text
 
 
 def parse_path(key: str) -> tuple[str | int, ...]:
@@ -42,9 +33,12 @@ def parse_path(key: str) -> tuple[str | int, ...]:
     for part in key.split("."):
         match = _SEGMENT.fullmatch(part)
         if match is None:
-            raise FieldError(f"update field {key!r}: {part!r} is not a name with optional [index]")
+            raise FieldError(f"update field {shown_key(key)}: {shown_key(part)} is not a name with optional [index]")
         steps.append(match.group(1))
         steps.extend(int(i) for i in _INDEX.findall(match.group(2)))
+        if len(steps) > MAX_KEY_DEPTH:
+            # Applying a path recurses once per step.
+            raise FieldError(f"update field {shown_key(key)} is deeper than {MAX_KEY_DEPTH} parts")
     return tuple(steps)
 
 
@@ -53,9 +47,9 @@ def _set(node: Any, steps: tuple[str | int, ...], value: object, key: str) -> An
     if isinstance(step, int):
         items = list(node) if isinstance(node, list) else [] if node is None else None
         if items is None:
-            raise FieldError(f"update field {key!r}: indexes into something that is not a list")
+            raise FieldError(f"update field {shown_key(key)}: indexes into something that is not a list")
         if step > len(items):
-            raise FieldError(f"update field {key!r}: index {step} is past the end of a list of {len(items)}")
+            raise FieldError(f"update field {shown_key(key)}: index {step} is past the end of a list of {len(items)}")
         child = items[step] if step < len(items) else None
         new = _set(child, rest, value, key) if rest else value
         if step == len(items):
@@ -65,7 +59,7 @@ def _set(node: Any, steps: tuple[str | int, ...], value: object, key: str) -> An
         return items
     mapping = dict(node) if isinstance(node, dict) else {} if node is None else None
     if mapping is None:
-        raise FieldError(f"update field {key!r}: {step!r} is inside something that is not a mapping")
+        raise FieldError(f"update field {shown_key(key)}: {step!r} is inside something that is not a mapping")
     mapping[step] = _set(mapping.get(step), rest, value, key) if rest else value
     return mapping
 

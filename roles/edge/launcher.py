@@ -45,6 +45,7 @@ import trio
 
 from nodetask.backoff import Backoff
 from roles.config import ConfigError, EdgeConfig, load_config
+from roles.edge.config_update import restore_after_failed_start
 from roles.files import link_atomically, write_atomically
 from roles.logs import configure_logging
 from roles.restart import EXIT_RESTART, SUPERVISOR_ENV
@@ -269,17 +270,29 @@ async def _main(command: list[str], data_dir: Path, log: Log) -> int:
     return status
 
 
+def _load(config: Path, data_dir: str | None) -> EdgeConfig:
+    """The configuration, or the one before a ConfigUpdateJob replaced it if the new one cannot be loaded
+    (the device restarted during the update's probation: the agent then reports it rolled back)."""
+    try:
+        cfg = load_config("edge", config, {"dataDir": data_dir})
+    except ConfigError as exc:
+        if not restore_after_failed_start(config, str(exc)):
+            raise
+        cfg = load_config("edge", config, {"dataDir": data_dir})
+    assert isinstance(cfg, EdgeConfig)
+    return cfg
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nodetaskd-launcher", description="Supervise the nodetaskd edge agent.")
     parser.add_argument("--config", type=Path, required=True, help="the agent's YAML configuration")
     parser.add_argument("--data-dir", help="override the configuration's dataDir (passed on to the agent)")
     args = parser.parse_args(argv)
     try:
-        cfg = load_config("edge", args.config, {"dataDir": args.data_dir})
+        cfg = _load(args.config, args.data_dir)
     except ConfigError as exc:
         print(f"nodetaskd-launcher: error: {exc}", file=sys.stderr)  # noqa: T201
         return EXIT_USAGE
-    assert isinstance(cfg, EdgeConfig)
     log = configure_logging(level=cfg.log_level, fmt=cfg.log_format).bind(role="launcher")
     extra = [f"--data-dir={args.data_dir}"] if args.data_dir else []
     command = agent_command(args.config.resolve(), extra)

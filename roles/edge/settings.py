@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import ssl
 from pathlib import Path
 
 from roles.config import ConfigError, EdgeConfig
@@ -26,6 +27,19 @@ def agent_version() -> str:
     return installed or f"v{importlib.metadata.version('nodetaskd')}"
 
 
+def client_tls(cfg: EdgeConfig) -> ssl.SSLContext | None:
+    """The TLS context for ``wss://`` hubs (also checked whenever ``caFile`` is set, so a bad one is found
+    at start); :class:`ConfigError` names ``caFile`` and its path when the file cannot be used."""
+    if not cfg.ca_file and not any(u.startswith("wss://") for u in cfg.hub_urls):
+        return None
+    try:
+        return edge_ssl_context(cfg.ca_file)
+    except ssl.SSLError as exc:  # before OSError, which it is a subclass of
+        raise ConfigError(f"caFile {cfg.ca_file} holds no usable PEM certificate ({exc.reason})") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read caFile {cfg.ca_file}: {exc.strerror or exc}") from None
+
+
 def settings_of(cfg: EdgeConfig, *, config_file: Path | None = None) -> AgentSettings:
     """The agent settings an edge configuration asks for; :class:`ConfigError` names what is missing."""
     if not cfg.node_name:
@@ -47,7 +61,7 @@ def settings_of(cfg: EdgeConfig, *, config_file: Path | None = None) -> AgentSet
         token=token,
         data_dir=Path(cfg.data_dir),
         thresholds=Thresholds(cpu=cfg.max_cpu_usage, mem=cfg.max_mem_usage, disk=cfg.max_disk_usage),
-        ssl_context=edge_ssl_context(cfg.ca_file) if any(u.startswith("wss://") for u in cfg.hub_urls) else None,
+        ssl_context=client_tls(cfg),
         config_file=config_file,
         health_deadline=cfg.config_update_health_deadline,
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -51,10 +51,15 @@ async def running_agent(
         thresholds=Thresholds(cpu=100.0, mem=100.0, disk=100.0),
     )
     async with open_store(data_dir / "store.sqlite", max_bytes=store_max_bytes) as store:
+        agent: EdgeAgent
+
+        def credentials(job_uid: str) -> tuple[Mapping[str, str], str]:
+            return agent.credentials(job_uid)  # what the hub sent, as the edge role wires it
+
         agent = EdgeAgent(
             settings=settings,
             store=store,
-            actions=build_actions(pull=runtime.pull, credentials=lambda _: ({}, "")),
+            actions=build_actions(pull=runtime.pull, credentials=credentials),
             job_types=job_types(),
             clock=Clock.start(),
             log=structlog.get_logger(),

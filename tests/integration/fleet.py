@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
@@ -47,3 +48,30 @@ async def _register(kube: Kube, name: str, secret: Secret) -> None:
     ready = NodeStatus(conditions=(NodeCondition(type="Ready", status="True", reason="Test", message="test"),))
     await kube.replace(NODES, Node(metadata=node.metadata, status=ready), subresource="status")
     await kube.create(SECRETS, secret, namespace=secret.metadata.namespace)
+
+
+async def grant_secret_reads(cp: ControlPlane, namespace: str) -> None:
+    """Create ``namespace`` and let the hubs ``get`` Secrets in it, as an operator does for another
+    tokenNamespace or imageSecretNamespaces entry (``containers/rbac/cloud.yaml``)."""
+    role = "nodetaskd:cloud:secret-reads"
+    metadata = {"name": role, "namespace": namespace}
+    documents = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": metadata,
+            "rules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": metadata,
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": "nodetaskd:clouds"}],
+        },
+    ]
+    manifest = {"apiVersion": "v1", "kind": "List", "items": documents}
+    await anyio.to_thread.run_sync(
+        functools.partial(cp.kubectl, "apply", "-f", "-", input=msgspec.json.encode(manifest).decode())
+    )

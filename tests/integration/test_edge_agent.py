@@ -12,11 +12,12 @@ import pytest
 
 from flows import imageprepulljob
 from nodetask.phases import JobPhase, NodeTaskPhase
-from roles.edge.actions import build_actions
+from roles.edge.actions import AuthFor, build_actions
 from roles.edge.store import open_store
 from roles.kube import Kube
 from roles.kube.resources import job_resource
 from schemas.kinds import IMAGE_PRE_PULL_JOB
+from schemas.v1alpha2 import ImageStatus
 from tests.integration.agents import FakeRuntime, agent_command, running_agent, write_agent_config
 from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import register_edges
@@ -183,3 +184,36 @@ async def test_a_full_store_is_reported_upstream_with_its_reason_and_loses_nothi
     assert "is full" in entry.reason
     async with open_store(tmp_path / "store.sqlite") as store:
         assert await store.tasks() == ()
+
+
+class FaultyRuntime(FakeRuntime):
+    """A runtime client with a bug: every pull raises what no action expects."""
+
+    async def pull(self, images: tuple[str, ...], retry_times: int, auth_for: AuthFor) -> tuple[ImageStatus, ...]:
+        self.pulls += 1
+        raise KeyError("imageRef")
+
+
+async def test_an_action_that_raises_fails_its_task_and_the_agent_keeps_serving(
+    crds: ControlPlane, cloud_kube: Kube, tmp_path: Path
+) -> None:
+    """An unexpected exception in an action is that task's failure, not the agent's end (nor a crash loop)."""
+    node = unique("raises")
+    tokens = await register_edges(crds, [node])
+    first, second = unique("raises"), unique("raises")
+    runtime = FaultyRuntime()
+    async with (
+        running_controller(crds),
+        running_hub(crds, "hub-raises") as hub,
+        running_agent(node, tokens[node], hub.url, tmp_path, runtime) as agent,
+    ):
+        await create_job(crds, "ImagePrePullJob", first, _prepull([node]))
+        failed = await job_when(cloud_kube, PREPULLS, first, lambda j: j.status.phase is JobPhase.FAILURE)
+        await create_job(crds, "ImagePrePullJob", second, _prepull([node]))
+        await job_when(cloud_kube, PREPULLS, second, lambda j: j.status.phase is JobPhase.FAILURE)
+        assert agent.connected.is_set()
+        assert agent.connects == 1
+    entry = failed.status.node_status[0]
+    assert [(a.action, a.status) for a in entry.action_flow] == [("Check", "True"), ("Pull", "False")]
+    assert entry.action_flow[1].reason == "action Pull raised KeyError: 'imageRef'"
+    assert runtime.pulls == 2

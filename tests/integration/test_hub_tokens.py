@@ -12,7 +12,7 @@ import trio_websocket
 from roles.cloud.auth import TOKEN_KEY, TOKEN_LABEL, token_secret_name
 from roles.kube.resources import SECRETS
 from tests.integration.controlplane import ControlPlane
-from tests.integration.fleet import TOKEN_NAMESPACE, admin, register_edges
+from tests.integration.fleet import TOKEN_NAMESPACE, admin, grant_secret_reads, register_edges
 from tests.integration.hubs import RunningHub, eventually, running_hub
 from tests.integration.objects import unique
 
@@ -70,9 +70,10 @@ async def test_an_unlabelled_token_secret_is_read_when_its_edge_connects(crds: C
 
 async def test_a_hub_not_allowed_to_watch_its_token_namespace_reads_each_secret(crds: ControlPlane) -> None:
     """Without list and watch rights on the namespace (only the RBAC default one has them), GETs still work."""
-    node = unique("unwatched")
-    tokens = await register_edges(crds, [node], namespace="default")
-    async with running_hub(crds, "hub-default-ns", token_namespace="default") as hub:
+    node, namespace = unique("unwatched"), unique("tokens")
+    await grant_secret_reads(crds, namespace)
+    tokens = await register_edges(crds, [node], namespace=namespace)
+    async with running_hub(crds, "hub-other-ns", token_namespace=namespace) as hub:
         assert await handshake(hub, node, tokens[node]) == 101
         assert reads(hub) == 1
         assert not hub.hub.tokens.watching(node)

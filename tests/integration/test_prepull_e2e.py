@@ -68,11 +68,11 @@ async def test_images_are_pulled_through_cri_with_the_secrets_credentials_per_re
         await kube.create(
             SECRETS,
             Secret(
-                metadata=ObjectMeta(name=secret_name, namespace="default"),
+                metadata=ObjectMeta(name=secret_name, namespace="kube-system"),
                 type="kubernetes.io/dockerconfigjson",
                 data={".dockerconfigjson": base64.b64encode(dockerconfig).decode()},
             ),
-            namespace="default",
+            namespace="kube-system",
         )
     nodes = [unique("cri") for _ in range(2)]
     tokens = await register_edges(crds, nodes)
@@ -93,7 +93,7 @@ async def test_images_are_pulled_through_cri_with_the_secrets_credentials_per_re
         ]
         async with agents(commands):
             await create_job(
-                crds, "ImagePrePullJob", with_secret, template([public, private], f"default/{secret_name}")
+                crds, "ImagePrePullJob", with_secret, template([public, private], f"kube-system/{secret_name}")
             )
             await create_job(crds, "ImagePrePullJob", without_secret, template([private], only=nodes[:1]))
             await create_job(crds, "ImagePrePullJob", bad, template([public, missing], only=nodes[:1]))

@@ -20,8 +20,10 @@ import pytest
 import structlog
 import trio
 
+from roles.config import ControllerConfig
 from roles.controller.admission import (
     VALIDATING_WEBHOOK_NAME,
+    admission_policy,
     admission_routes,
     register_webhooks,
     webhook_configurations,
@@ -104,7 +106,10 @@ async def cluster(crds: ControlPlane, controller_kube: Kube, tmp_path: Path) -> 
     cert = generate_serving_certificate(tmp_path / "tls", dns_names=["localhost"], ip_addresses=["127.0.0.1"])
     registry = prometheus_client.CollectorRegistry()
     handler = router(
-        [*admission_routes(registry=registry, log=log), *health_routes(ready=lambda: True, registry=registry)]
+        [
+            *admission_routes(policy=admission_policy(ControllerConfig()), registry=registry, log=log),
+            *health_routes(ready=lambda: True, registry=registry),
+        ]
     )
     cluster = Cluster(crds, unique("webhook"), registry)
     name = cluster.run_id
@@ -156,7 +161,7 @@ async def test_valid_jobs_are_admitted_and_defaulted(cluster: Cluster) -> None:
     upgrade = cluster.job("NodeUpgradeJob", upgrade_spec())
     prepull_v1 = cluster.job("ImagePrePullJob", prepull_spec(), api_version=V1)
     config = cluster.job(
-        "ConfigUpdateJob", {"updateFields": {"modules.edgeStream.enable": "true"}, "labelSelector": {"matchLabels": {}}}
+        "ConfigUpdateJob", {"updateFields": {"maxCpuUsage": "90"}, "labelSelector": {"matchLabels": {}}}
     )
     explicit = cluster.job("NodeUpgradeJob", upgrade_spec(concurrency=4, timeoutSeconds=60, failureTolerate="0.5"))
     for obj in (upgrade, prepull_v1, config, explicit):
@@ -171,6 +176,10 @@ async def test_valid_jobs_are_admitted_and_defaulted(cluster: Cluster) -> None:
     assert (stored["spec"]["concurrency"], stored["spec"]["timeoutSeconds"]) == (1, 300)
     stored = await cluster.get("nodeupgradejobs", explicit["metadata"]["name"])
     assert (stored["spec"]["concurrency"], stored["spec"]["timeoutSeconds"]) == (4, 60)
+
+
+TAKEOVER_FIELDS = {"hubUrls[0]": "ws://127.0.0.2:1", "tokenFile": "/etc/hostname", "caFile": "/nonexistent"}
+"""Settings that would hand an edge to whoever may create a job."""
 
 
 class Refusal(NamedTuple):
@@ -212,6 +221,42 @@ REFUSALS = {
     "concurrency-0": Refusal("NodeUpgradeJob", V2, upgrade_spec(concurrency=0), "spec.concurrency", "within [1,"),
     "empty-update-fields": Refusal(
         "ConfigUpdateJob", V2, {"updateFields": {}, "nodeNames": ["edge-1"]}, "spec.updateFields", "at least one field"
+    ),
+    **{
+        f"update-{key}": Refusal(
+            "ConfigUpdateJob",
+            V2,
+            {"updateFields": {key: value}, "nodeNames": ["edge-1"]},
+            f"spec.updateFields[{key!r}]",
+            f"{key} is not a setting a ConfigUpdateJob may change: only configUpdateHealthDeadline, logFormat,",
+        )
+        for key, value in (
+            ("hubUrls[0]", "ws://127.0.0.2:1"),
+            ("tokenFile", "/etc/hostname"),
+            ("caFile", "/nonexistent"),
+        )
+    },
+    "update-deep-key": Refusal(
+        "ConfigUpdateJob",
+        V2,
+        {"updateFields": {".".join(["a"] * 3000): "1"}, "nodeNames": ["edge-1"]},
+        f"spec.updateFields[{'a.' * 20!r}... (5999 characters)]",
+        "a field path of 5999 characters is longer than the 128 allowed",
+    ),
+    "prepull-secret-namespace": Refusal(
+        "ImagePrePullJob",
+        V1,
+        prepull_spec(imageSecrets="default/regcred"),
+        "spec.imagePrePullTemplate.imageSecrets",
+        "namespace 'default' is not one the hubs read image secrets from: only kube-system"
+        " (the controller's and the hubs' imageSecretNamespaces setting)",
+    ),
+    "update-value": Refusal(
+        "ConfigUpdateJob",
+        V2,
+        {"updateFields": {"maxCpuUsage": "lots"}, "nodeNames": ["edge-1"]},
+        "spec.updateFields['maxCpuUsage']",
+        "Expected `float`, got `str`",
     ),
 }
 

@@ -59,6 +59,7 @@ def test_cloudhub_is_an_alias_of_cloud(capsys: pytest.CaptureFixture[str]) -> No
         ("bogus: 1\n", ["--role=cloud"], "unknown field `bogus`"),
         ("maxCpuUsage: 120\n", ["--role=edge"], "Expected `float` <= 100.0 - at `$.maxCpuUsage`"),
         ("featureGates: [warpDrive]\n", ["--role=controller"], "unknown gate(s) warpDrive"),
+        ("imageSecretNamespaces: [Team_A]\n", ["--role=cloud"], "imageSecretNamespaces: 'Team_A' is not a namespace"),
         ("- a\n- b\n", ["--role=edge"], "must be a mapping of options"),
         ("a: [\n", ["--role=edge"], "is not valid YAML"),
         ("", ["--role=edge", "--listen=0:1"], "--listen does not apply to the edge role"),
@@ -94,6 +95,25 @@ def test_edge_without_a_readable_token_file_exits_2_naming_it(
     cfg.write_text(f"tokenFile: {missing}\n")
     assert main([*args, f"--config={cfg}"]) == 2
     assert f"cannot read tokenFile {missing}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("content", "says"), [(None, "cannot read caFile {}: No such file"), ("x", "caFile {} holds no")]
+)
+def test_edge_with_a_missing_or_non_pem_ca_file_exits_2_naming_it(
+    tmp_path: Path, content: str | None, says: str
+) -> None:
+    """An unusable caFile ends the agent at start with one line naming the setting and the path, no traceback."""
+    ca = tmp_path / "ca.pem"
+    if content is not None:
+        ca.write_text(content)
+    (tmp_path / "token").write_text("t")
+    cfg = tmp_path / "edge.yaml"
+    cfg.write_text(f"nodeName: e1\nhubUrls: [wss://127.0.0.1:1]\ntokenFile: {tmp_path / 'token'}\ncaFile: {ca}\n")
+    done = _run("--role=edge", f"--config={cfg}", f"--data-dir={tmp_path}")
+    assert done.returncode == 2
+    assert done.stderr.startswith(f"nodetaskd: error: {says.format(ca)}")
+    assert done.stderr.count("\n") == 1
 
 
 @pytest.mark.parametrize("role", ["controller", "cloud"])

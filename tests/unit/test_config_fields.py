@@ -67,3 +67,9 @@ def test_any_key_either_parses_or_is_refused_with_a_field_error(key: str) -> Non
     except FieldError:
         return
     assert steps
+
+
+def test_a_key_of_thousands_of_parts_is_a_field_error_not_a_recursion_error() -> None:
+    """Applying a path recurses once per part, so depth is bounded before anything is applied."""
+    with pytest.raises(FieldError, match=r"'a\.a\.a.*\(5999 characters\) is deeper than 8 parts"):
+        apply_fields({}, {".".join(["a"] * 3_000): "1"})

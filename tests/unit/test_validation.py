@@ -14,7 +14,8 @@ import structlog
 from hypothesis import given
 from hypothesis import strategies as st
 
-from roles.controller.admission import MUTATE_PATH, VALIDATE_PATH, admission_routes
+from roles.config import ControllerConfig
+from roles.controller.admission import MUTATE_PATH, VALIDATE_PATH, admission_policy, admission_routes
 from roles.http import Request, Response, router
 from schemas.manifest import decode_job
 from schemas.validation import (
@@ -53,8 +54,12 @@ def prepull(api_version: str = V2, **template: Any) -> dict[str, Any]:
     return {"apiVersion": api_version, "kind": "ImagePrePullJob", "metadata": {"name": "j"}, "spec": spec}
 
 
+POLICY = admission_policy(ControllerConfig())
+"""What a controller with the default configuration admits."""
+
+
 def config_update(**spec: Any) -> dict[str, Any]:
-    base = {"updateFields": {"modules.edgeStream.enable": "true"}, "labelSelector": {"matchLabels": {"a": "b"}}}
+    base = {"updateFields": {"logLevel": "debug"}, "labelSelector": {"matchLabels": {"a": "b"}}}
     return {"apiVersion": V2, "kind": "ConfigUpdateJob", "metadata": {"name": "j"}, "spec": base | spec}
 
 
@@ -72,7 +77,7 @@ def paths(errors: tuple[FieldError, ...]) -> list[str]:
 )
 def test_valid_job_of_each_kind_and_version_is_accepted(job: dict[str, Any]) -> None:
     """A minimal valid job of every kind at every served version has no errors."""
-    assert validate_create(job) == ()
+    assert validate_create(job, policy=POLICY) == ()
 
 
 @pytest.mark.parametrize("sample", ["kubeedge-nodeupgradejob-v1alpha1.yaml", "kubeedge-imageprepulljob-v1alpha1.yaml"])
@@ -194,7 +199,7 @@ def test_both_selectors_is_kubeedges_error() -> None:
 
 def test_empty_selector_object_counts_as_specified() -> None:
     """As in KubeEdge, an empty labelSelector object is a selector (it selects every node)."""
-    assert validate_create(config_update(labelSelector={})) == ()
+    assert validate_create(config_update(labelSelector={}), policy=POLICY) == ()
 
 
 def test_empty_node_name_is_rejected_by_index() -> None:
@@ -208,8 +213,10 @@ def test_empty_images_and_update_fields_are_rejected() -> None:
     no_images = prepull()
     del no_images["spec"]["imagePrePullTemplate"]["images"]
     assert paths(validate_create(no_images)) == ["spec.imagePrePullTemplate.images"]
-    assert paths(validate_create(config_update(updateFields={}))) == ["spec.updateFields"]
-    assert paths(validate_create(config_update(updateFields={"a": 1}))) == ["spec.updateFields['a']"]
+    assert paths(validate_create(config_update(updateFields={}), policy=POLICY)) == ["spec.updateFields"]
+    assert paths(validate_create(config_update(updateFields={"logLevel": 1}), policy=POLICY)) == [
+        "spec.updateFields['logLevel']"
+    ]
 
 
 @pytest.mark.parametrize("value", ["0", "0.0", "1", "1.0", "0.25", "1e-1"])
@@ -217,7 +224,7 @@ def test_failure_tolerate_within_bounds_is_accepted(value: str) -> None:
     """Decimal strings within [0, 1] are accepted for every kind."""
     assert validate_create(upgrade(failureTolerate=value)) == ()
     assert validate_create(prepull(failureTolerate=value)) == ()
-    assert validate_create(config_update(failureTolerate=value)) == ()
+    assert validate_create(config_update(failureTolerate=value), policy=POLICY) == ()
 
 
 @pytest.mark.parametrize(
@@ -244,7 +251,7 @@ def test_failure_tolerate_outside_bounds_or_not_a_decimal_string_is_rejected(val
 )
 def test_limits_out_of_range_or_mistyped_are_rejected(field: str, value: object) -> None:
     """concurrency and timeoutSeconds must be integers >= 1 when set; the error names the field."""
-    errors = validate_create(config_update(**{field: value}))
+    errors = validate_create(config_update(**{field: value}), policy=POLICY)
     assert paths(errors) == [f"spec.{field}"]
 
 
@@ -263,7 +270,7 @@ def test_type_errors_the_rules_do_not_cover_are_reported_with_their_path() -> No
     """A mistyped field beyond the rules (checkItems, a bad selector operator) is named by path."""
     assert paths(validate_create(prepull(checkItems="disk"))) == ["spec.imagePrePullTemplate.checkItems"]
     selector = {"matchExpressions": [{"key": "a", "operator": "Near"}]}
-    assert paths(validate_create(config_update(labelSelector=selector))) == ["spec.labelSelector"]
+    assert paths(validate_create(config_update(labelSelector=selector), policy=POLICY)) == ["spec.labelSelector"]
 
 
 @pytest.mark.parametrize(
@@ -423,7 +430,7 @@ class Webhooks:
 
     def __init__(self) -> None:
         self.registry = prometheus_client.CollectorRegistry()
-        self.handler = router(admission_routes(registry=self.registry, log=structlog.get_logger()))
+        self.handler = router(admission_routes(policy=POLICY, registry=self.registry, log=structlog.get_logger()))
 
     async def post(self, path: str, body: bytes) -> Response:
         return await self.handler(Request(method="POST", path=path, query="", headers=(), body=body))
@@ -528,3 +535,15 @@ async def test_deeply_nested_review_is_400_naming_the_limit(where: str) -> None:
         response = await hooks.post(path, body)
         assert response.status == 400
         assert response.body.decode().startswith("not an AdmissionReview: nested too deeply: more than 64 levels")
+
+
+@pytest.mark.parametrize("api_version", [V1, V2])
+def test_image_secrets_only_from_the_allowed_namespaces(api_version: str) -> None:
+    """A Secret in another namespace is refused, listing the allowed ones and the setting that adds one."""
+    assert validate_create(prepull(api_version, imageSecrets="kube-system/regcred"), policy=POLICY) == ()
+    (error,) = validate_create(prepull(api_version, imageSecrets="default/regcred"), policy=POLICY)
+    assert str(error) == (
+        "spec.imagePrePullTemplate.imageSecrets: namespace 'default' is not one the hubs read image secrets from:"
+        " only kube-system (the controller's and the hubs' imageSecretNamespaces setting)"
+    )
+    assert "only no namespace" in str(validate_create(prepull(api_version, imageSecrets="kube-system/regcred"))[0])
