@@ -28,11 +28,11 @@ crds:
 
 # Start the local control plane (kube-apiserver + etcd on loopback); prints the KUBECONFIG line.
 cluster-up:
-    python3 tools/controlplane.py up
+    python3 tools/provision/controlplane.py up
 
 # Stop the local control plane.
 cluster-down:
-    python3 tools/controlplane.py down
+    python3 tools/provision/controlplane.py down
 
 # The main job, live: control plane, containerd + registry, controller, 2 hubs, 12 edges, sample jobs; `just demo --help`.
 demo *ARGS:
@@ -40,7 +40,7 @@ demo *ARGS:
 
 # A node job over a simulated, in-process fleet through the real core, in virtual time.
 simulate *ARGS:
-    {{py}} -m tools.simulate {{ARGS}}
+    {{py}} -m tools.demo.simulate {{ARGS}}
 
 # Run the benchmarks (own control plane on loopback) and write docs/benchmarks.md; `just bench --help`.
 bench *ARGS:

@@ -1,6 +1,6 @@
 """The benchmark's control plane and its fleet of edge Nodes, with their tokens.
 
-The runner starts a private kube-apiserver + etcd (``tools/controlplane.py``) or attaches to one
+The runner starts a private kube-apiserver + etcd (``tools/provision/controlplane.py``) or attaches to one
 already running (``--cluster-dir``), applies RBAC and the CRDs, and registers a fleet: Ready edge
 Nodes ``bench-00000``... and one token Secret per node. Tokens are derived from a seed (an HMAC of
 the node name), so that a separate fleet process can compute every token from the seed alone.
@@ -26,7 +26,7 @@ from roles.kube import Conflict, Kube, open_kube
 from roles.kube.resources import NODES, SECRETS
 from schemas.core import EDGE_ROLE_LABEL, Node, NodeCondition, NodeStatus
 from schemas.meta import ObjectMeta
-from tools.controlplane import ControlPlane, ensure_binaries, start
+from tools.provision.controlplane import ControlPlane, ensure_binaries, start
 
 REPO = Path(__file__).resolve().parent.parent
 CRD_DIR = REPO / "schemas" / "crds"

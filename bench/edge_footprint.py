@@ -51,8 +51,8 @@ from nodetask import messages
 from nodetask.route import Route
 from roles.tls import generate_serving_certificate, server_ssl_context
 from schemas.v1alpha2 import API_VERSION, ImagePrePullJobSpec, ImagePrePullTemplate
-from tools.containerd import Containerd, Registry, ensure_tools, start_containerd, start_registry
 from tools.processes import terminate
+from tools.provision.containerd import Containerd, Registry, ensure_tools, start_containerd, start_registry
 
 NODE = "bench-edge"
 SAMPLE_S = 0.02

@@ -1,7 +1,7 @@
 """A fleet of light edges in a process of its own: ``python -m bench.fleet --url ws://... --count N``.
 
 The benchmarks run the edges apart from the hub so that the hub's memory and CPU are measured
-alone. Each edge is a :class:`tools.lightedge.LightEdge` speaking the real protocol. The process
+alone. Each edge is a :class:`tools.doubles.lightedge.LightEdge` speaking the real protocol. The process
 talks to the benchmark in JSON lines: it prints ``{"event": "connected", ...}`` once every edge is
 connected, then obeys one command per stdin line:
 
@@ -29,7 +29,7 @@ from nodetask.route import Route
 from roles.jobtypes import job_types
 from roles.logs import configure_logging
 from schemas import v1alpha2
-from tools.lightedge import LightEdge
+from tools.doubles.lightedge import LightEdge
 
 JOB_TYPE = "imageprepulljob"
 

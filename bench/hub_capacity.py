@@ -49,7 +49,7 @@ from roles.kube import Kube, NotFound, open_kube
 from roles.kube.resources import job_resource
 from schemas.kinds import IMAGE_PRE_PULL_JOB
 from schemas.v1alpha2 import API_VERSION
-from tools.controlplane import ControlPlane
+from tools.provision.controlplane import ControlPlane
 
 PREPULLS = job_resource(IMAGE_PRE_PULL_JOB)
 HEARTBEAT_S = 15.0

@@ -43,7 +43,7 @@ from roles.kube.resources import job_resource
 from schemas.kinds import IMAGE_PRE_PULL_JOB, KINDS
 from schemas.meta import LabelSelector
 from schemas.v1alpha2 import API_VERSION, ImagePrePullJobSpec, ImagePrePullTemplate
-from tools.controlplane import ControlPlane
+from tools.provision.controlplane import ControlPlane
 
 PREPULLS = job_resource(IMAGE_PRE_PULL_JOB)
 CONCURRENCY = 100

@@ -47,7 +47,7 @@ def _job_section(res: dict[str, Any], images: Path) -> list[str]:
         f"*Measured {_when(res)}.* One ImagePrePullJob (two images, `concurrency: 100`, a label selector",
         "matching exactly N nodes) through a real cloud hub (`roles.cloud.hub.Hub`) and the controller's",
         "`Reconciler`, both in the benchmark process, on the local kube-apiserver 1.20.2 + etcd. N light edges",
-        "(`tools/lightedge.py`, the real protocol) run in a separate process, each action taking",
+        "(`tools/doubles/lightedge.py`, the real protocol) run in a separate process, each action taking",
         f"{res['delay'] * 1000:.0f} ms. Every edge is connected (and its Node marked) before the job is created;",
         "the clock stops when the controller's cache shows the job Completed. *Hub writes* are the hub's",
         "successful status PUTs (claims and reports; it writes nothing else meanwhile), *409s* the conflicts",

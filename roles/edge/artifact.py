@@ -2,7 +2,7 @@
 
 An artifact is an image ``{repository}:{version}`` whose single layer holds the agent's Python
 packages (``nodetask``, ``roles``, ``flows``, ``schemas``) and a ``VERSION`` file at its root
-(``tools/upgrade_artifact.py`` builds one). Nothing here needs a container runtime: the agent asks
+(``tools/provision/upgrade_artifact.py`` builds one). Nothing here needs a container runtime: the agent asks
 the registry for the manifest (OCI or Docker, an index narrowed to this device's architecture),
 downloads the layer blob, checks its digest and unpacks it beside the installed versions.
 

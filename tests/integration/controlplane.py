@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 
 try:
-    from tools.controlplane import ControlPlane, ensure_binaries, start
+    from tools.provision.controlplane import ControlPlane, ensure_binaries, start
 except ModuleNotFoundError:  # tools/ is not installed; it lives at the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tools.controlplane import ControlPlane, ensure_binaries, start
+    from tools.provision.controlplane import ControlPlane, ensure_binaries, start
 
 __all__ = ["ControlPlane", "control_plane"]
 

@@ -20,7 +20,7 @@ from roles.jobtypes import job_types
 from roles.kube import open_kube
 from schemas.kinds import KINDS
 from tests.integration.controlplane import ControlPlane
-from tools.lightedge import Interval, LightEdge
+from tools.doubles.lightedge import Interval, LightEdge
 
 
 def free_port() -> int:

@@ -13,8 +13,8 @@ import pytest
 from roles.edge import artifact, registry_token
 from roles.edge.artifact import ArtifactError
 from tests.integration.token_server import SERVICE, TokenRequest, TokenServer, token_server
-from tools import upgrade_artifact
-from tools.containerd import Registry, Tools, start_registry
+from tools.provision import upgrade_artifact
+from tools.provision.containerd import Registry, Tools, start_registry
 
 GUARD_S = 60.0
 """Upper bound of each test's registry traffic (every HTTP call has its own 30 s timeout too)."""

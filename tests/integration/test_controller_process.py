@@ -19,7 +19,7 @@ from schemas.kinds import IMAGE_PRE_PULL_JOB
 from tests.integration.controlplane import ControlPlane
 from tests.integration.hubs import free_port
 from tests.integration.objects import create_job, kubectl, unique
-from tools.controlplane import ControlPlaneError
+from tools.provision.controlplane import ControlPlaneError
 
 pytestmark = pytest.mark.integration
 

@@ -20,7 +20,7 @@ from roles.edge.runtime.cri import CriError, ImageService, open_image_service, p
 from roles.edge.runtime.cri_pb import api_pb2
 from schemas.meta import ConditionStatus
 from schemas.v1alpha2 import ImageStatus
-from tools.containerd import Containerd, Registry
+from tools.provision.containerd import Containerd, Registry
 
 CRI_PB = Path(api_pb2.__file__).parent
 REPO = Path(__file__).resolve().parents[2]

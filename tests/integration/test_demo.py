@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from tools.demo_procs import processes_mentioning
+from tools.processes import processes_mentioning
 
 pytestmark = pytest.mark.integration
 

@@ -24,7 +24,7 @@ from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import admin, register_edges
 from tests.integration.hubs import running_controller, running_hub
 from tests.integration.objects import create_job, job_when, settled, unique
-from tools.containerd import Containerd, Registry
+from tools.provision.containerd import Containerd, Registry
 
 pytestmark = pytest.mark.integration
 PREPULLS = job_resource(IMAGE_PRE_PULL_JOB)

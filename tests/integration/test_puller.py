@@ -19,7 +19,7 @@ from nodetask.registry_auth import RegistryAuth
 from roles.edge.runtime.puller import CHILD, PullRequest, _child_environment, pull_in_child, request_for
 from schemas.meta import ConditionStatus
 from schemas.v1alpha2 import ImageStatus
-from tools.containerd import Containerd, Registry
+from tools.provision.containerd import Containerd, Registry
 
 TRUE, FALSE = ConditionStatus.TRUE, ConditionStatus.FALSE
 

@@ -24,9 +24,9 @@ from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import register_edges
 from tests.integration.hubs import running_controller, running_hub
 from tests.integration.objects import create_job, job_when, settled, unique
-from tools import upgrade_artifact
-from tools.containerd import Registry
 from tools.processes import terminate
+from tools.provision import upgrade_artifact
+from tools.provision.containerd import Registry
 
 pytestmark = pytest.mark.integration
 UPGRADES = job_resource(NODE_UPGRADE_JOB)

@@ -28,7 +28,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from cryptography.x509.oid import NameOID
 
-from tools.containerd import TokenAuth
+from tools.provision.containerd import TokenAuth
 
 SERVICE: Final = "nodetaskd-test-registry"
 ISSUER: Final = "nodetaskd-test-token-issuer"

@@ -28,7 +28,7 @@ from roles.edge.artifact import (
 )
 from roles.edge.registry_token import Tokens
 from schemas.v1alpha2 import ImageDigestGetter
-from tools import upgrade_artifact
+from tools.provision import upgrade_artifact
 
 LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
 LAYER_DIGEST = "sha256:" + "a" * 64

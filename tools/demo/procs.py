@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from tools import controlplane as _cp
+from tools.processes import processes_mentioning
+from tools.provision import controlplane as _cp
 
 STOP_GRACE: Final = 10.0
 """Seconds between SIGTERM and SIGKILL for a process group."""
@@ -50,7 +51,7 @@ class Supervisor:
     """A string on every child's command line (the demo's state directory)."""
     children: list[Child] = field(default_factory=list)
     started: list[int] = field(default_factory=list)
-    """Every PID started, stopped or not: each leads its own session (see :func:`processes_in_sessions`)."""
+    """Every PID started, stopped or not: each leads its own session (:func:`tools.processes.processes_in_sessions`)."""
 
     def start(self, name: str, argv: Sequence[str], *, log: Path) -> Child:
         """Start ``argv`` in its own session with stdout and stderr appended to ``log``."""
@@ -96,38 +97,6 @@ class Supervisor:
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-
-
-def processes_in_sessions(leaders: Iterable[int]) -> dict[int, str]:
-    """Live processes (not zombies) in the sessions led by ``leaders``: whatever those started, too.
-
-    Everything the demo starts, directly or through tools/controlplane.py and tools/containerd.py,
-    gets a session of its own, so this finds exactly the demo's processes and their descendants -
-    not, say, a ``tail -f`` of a log in the state directory.
-    """
-    sessions = set(leaders)
-    return {pid: command for pid, state, sid, command in _processes() if sid in sessions and state not in ("Z", "X")}
-
-
-def _processes() -> list[tuple[int, str, int, str]]:
-    """(pid, state, session id, command line) of every process but this one."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            fields = (entry / "stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        command = " ".join(a.decode(errors="replace") for a in argv if a)
-        out.append((int(entry.name), fields[0], int(fields[3]), command))
-    return out
-
-
-def processes_mentioning(marker: str) -> dict[int, str]:
-    """Live processes (not zombies) other than this one whose command line contains ``marker``."""
-    return {pid: command for pid, state, _, command in _processes() if marker in command and state not in ("Z", "X")}
 
 
 def kill_recorded(record: Path, marker: str, *, grace: float = STOP_GRACE) -> list[str]:

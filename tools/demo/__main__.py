@@ -2,10 +2,10 @@
 
 What runs, all on loopback and all owned by this process:
 
-- a kube-apiserver + etcd (``tools/controlplane.py``; the first run on a machine builds kube-apiserver,
+- a kube-apiserver + etcd (``tools/provision/controlplane.py``; the first run on a machine builds kube-apiserver,
   which takes minutes and shows its progress), with the CRDs and RBAC applied, and N edge Nodes
   registered as a kubelet would (labelled ``node-role.kubernetes.io/edge``, Ready) with their tokens;
-- a containerd and a registry seeded with the sample jobs' images (``tools/containerd.py``) when they
+- a containerd and a registry seeded with the sample jobs' images (``tools/provision/containerd.py``) when they
   can run here; otherwise the demo says so and the edges run without a container runtime;
 - ``nodetaskd --role=controller`` (admission webhooks registered), two ``--role=cloud`` hubs over TLS,
   and N ``--role=edge`` agents split across the hubs, each with its own config, token and store.
@@ -42,10 +42,8 @@ from rich.console import Console
 from rich.live import Live
 
 from roles.tls import generate_serving_certificate
-from tools import controlplane as _cp
-from tools.containerd import RuntimeServicesError
-from tools.demo_confirm import AFTER, Confirmer
-from tools.demo_fleet import (
+from tools.demo.confirm import AFTER, Confirmer
+from tools.demo.fleet import (
     RING_LABEL,
     Edge,
     Hub,
@@ -57,10 +55,10 @@ from tools.demo_fleet import (
     nodetaskd,
     plan_edges,
 )
-from tools.demo_kube import Api, ApiFailure, JobView, hubs_of_nodes, list_jobs, recent_events, register_edge
-from tools.demo_procs import Supervisor, kill_recorded, processes_in_sessions, write_record
-from tools.demo_runtime import Runtime, start_runtime
-from tools.demo_view import (
+from tools.demo.kube import Api, ApiFailure, JobView, hubs_of_nodes, list_jobs, recent_events, register_edge
+from tools.demo.procs import Supervisor, kill_recorded, write_record
+from tools.demo.runtime import Runtime, start_runtime
+from tools.demo.view import (
     WAITING_CONFIRMATION,
     events_table,
     live_view,
@@ -68,7 +66,10 @@ from tools.demo_view import (
     reasons,
     summary_table,
 )
-from tools.upgrade_artifact import push as push_artifact
+from tools.processes import processes_in_sessions
+from tools.provision import controlplane as _cp
+from tools.provision.containerd import RuntimeServicesError
+from tools.provision.upgrade_artifact import push as push_artifact
 
 SAMPLES_DIR: Final = _cp.REPO_ROOT / "containers" / "samples"
 UPGRADE_REPOSITORY: Final = "nodetaskd/agent"

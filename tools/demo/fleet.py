@@ -3,8 +3,8 @@
 Everything lives under one state directory, so a run is inspectable afterwards and the next run
 can wipe it whole::
 
-    <state>/cluster/            kube-apiserver + etcd (tools/controlplane.py), admin.kubeconfig
-    <state>/runtime/            containerd and the registry (tools/containerd.py), when available
+    <state>/cluster/            kube-apiserver + etcd (tools/provision/controlplane.py), admin.kubeconfig
+    <state>/runtime/            containerd and the registry (tools/provision/containerd.py), when available
     <state>/tls/hub/            the hubs' serving certificate and the CA the edges trust
     <state>/tls/controller/     the webhook certificate the controller generates (certDir)
     <state>/config/             controller.yaml, hub-a.yaml, hub-b.yaml

@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from schemas.core import CONFIRM_ANNOTATION
-from tools import controlplane as _cp
-from tools.demo_fleet import Layout, nodetaskd
-from tools.demo_kube import JobView
-from tools.demo_procs import Supervisor
-from tools.demo_view import paused_for_confirmation
+from tools.demo.fleet import Layout, nodetaskd
+from tools.demo.kube import JobView
+from tools.demo.procs import Supervisor
+from tools.demo.view import paused_for_confirmation
+from tools.provision import controlplane as _cp
 
 PREFIX: Final = "confirm-"
 """Name prefix of the short-lived ``nodetaskd --confirm`` processes among the demo's children."""

@@ -8,9 +8,9 @@ registry's own HTTP API (blob uploads, then the manifest), stdlib only, so no co
 needed; the layer is reproducible (sorted entries, zero times and owners), so the same tree and
 version always give the same digests. Usage::
 
-    python3 tools/upgrade_artifact.py 127.0.0.1:5000/nodetaskd/agent v0.2.0
-    python3 tools/upgrade_artifact.py 127.0.0.1:5000/nodetaskd/agent v0.9.0 --broken   # fails at start
-    python3 tools/upgrade_artifact.py 127.0.0.1:5000/nodetaskd/agent v0.2.0 --index    # amd64 + arm64 index
+    python3 tools/provision/upgrade_artifact.py 127.0.0.1:5000/nodetaskd/agent v0.2.0
+    python3 tools/provision/upgrade_artifact.py 127.0.0.1:5000/nodetaskd/agent v0.9.0 --broken   # fails at start
+    python3 tools/provision/upgrade_artifact.py 127.0.0.1:5000/nodetaskd/agent v0.2.0 --index    # amd64 + arm64 index
 
 It prints the digest of what the tag names. Plain HTTP is used for loopback registries (the
 test and demo ones), HTTPS otherwise; pushes are anonymous, or carry a bearer token the caller got
@@ -33,14 +33,14 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Final
 
-ROOT: Final = Path(__file__).resolve().parents[1]
+ROOT: Final = Path(__file__).resolve().parents[2]
 PACKAGES: Final = ("nodetask", "roles", "flows", "schemas")
 OCI_MANIFEST: Final = "application/vnd.oci.image.manifest.v1+json"
 OCI_INDEX: Final = "application/vnd.oci.image.index.v1+json"
 OCI_CONFIG: Final = "application/vnd.oci.image.config.v1+json"
 OCI_LAYER: Final = "application/vnd.oci.image.layer.v1.tar+gzip"
 BROKEN_CLI: Final = (
-    '"""A deliberately broken build (tools/upgrade_artifact.py --broken): it fails as it starts."""\n\n'
+    '"""A deliberately broken build (tools/provision/upgrade_artifact.py --broken): it fails as it starts."""\n\n'
     'raise RuntimeError("this nodetaskd build is broken on purpose")\n'
 )
 

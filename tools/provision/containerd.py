@@ -21,16 +21,16 @@ each owned (by PID) by whoever started them, everything in one temporary directo
   holding a unique file, so every pushed image has its own digest.
 
 Missing Debian packages are installed with apt-get (as root). This file is stdlib-only on purpose
-(like ``tools/controlplane.py``, whose process helpers it shares), so the CLI runs without the
+(like ``tools/provision/controlplane.py``, whose process helpers it shares), so the CLI runs without the
 virtualenv; the pytest fixtures at the end are defined only where pytest is importable. Usage::
 
-    python3 tools/containerd.py up        # containerd + an open and an authenticated registry
-    python3 tools/containerd.py push demo/app:v1 [--auth]
-    python3 tools/containerd.py status
-    python3 tools/containerd.py env       # shell exports for the running services
-    python3 tools/containerd.py down
+    python3 tools/provision/containerd.py up        # containerd + an open and an authenticated registry
+    python3 tools/provision/containerd.py push demo/app:v1 [--auth]
+    python3 tools/provision/containerd.py status
+    python3 tools/provision/containerd.py env       # shell exports for the running services
+    python3 tools/provision/containerd.py down
 
-As a pytest plugin (``pytest_plugins = [..., "tools.containerd"]``) it provides the session
+As a pytest plugin (``pytest_plugins = [..., "tools.provision.containerd"]``) it provides the session
 fixtures ``containerd``, ``registry`` and ``auth_registry``.
 """
 
@@ -57,10 +57,10 @@ from pathlib import Path
 from typing import Final
 
 try:
-    from tools import controlplane as _cp
-except ModuleNotFoundError:  # run as a script: tools/ is on sys.path, the repository root is not
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from tools import controlplane as _cp
+    from tools.provision import controlplane as _cp
+except ModuleNotFoundError:  # run as a script: tools/provision/ is on sys.path, the repository root is not
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tools.provision import controlplane as _cp
 
 STATE_FILE: Final = "runtime.json"
 """Marker + record of services started by the CLI inside its state directory."""
@@ -336,7 +336,11 @@ def start_containerd(state_dir: Path, tools: Tools | None = None, *, detach: boo
     _cp._write_atomic(config, _containerd_config(state_dir, sock))
     log = state_dir / "containerd.log"
     process = _spawn(
-        "containerd", [str(tools.containerd), "--config", str(config)], log=log, marker=str(config), detach=detach
+        "containerd",
+        [str(tools.containerd), "--config", str(config)],
+        log=log,
+        marker=str(config),
+        detach=detach,
     )
     ctd = Containerd(state_dir=state_dir, socket=sock, process=process)
     try:

@@ -11,7 +11,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from tools.demo_kube import EventView, JobView
+from tools.demo.kube import EventView, JobView
 
 PHASE_STYLE: Final = {"Completed": "green", "Failure": "red", "InProgress": "yellow", "Init": "cyan"}
 COUNT_COLUMNS: Final = (

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tools import containerd as _ctd
+from tools.provision import containerd as _ctd
 
 
 @dataclass
@@ -60,7 +60,7 @@ def start_runtime(directory: Path, repositories: Iterable[str]) -> Runtime:
     """Start containerd and an open registry under ``directory`` and push each ``name:tag`` to it.
 
     Errors:
-        :class:`tools.containerd.RuntimeServicesError` saying what could not be started or pushed;
+        :class:`tools.provision.containerd.RuntimeServicesError` saying what could not be started or pushed;
         whatever was started is stopped again first.
     """
     tools = _ctd.ensure_tools()

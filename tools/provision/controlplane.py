@@ -19,10 +19,10 @@ Debian archive, so it works on machines that can only reach Debian and PyPI.
 This file is stdlib-only on purpose: it must run before (or without) the
 project's virtualenv.  Usage::
 
-    python3 tools/controlplane.py up      # build if needed, start, apply RBAC
-    python3 tools/controlplane.py status
-    python3 tools/controlplane.py env     # shell exports for the running cluster
-    python3 tools/controlplane.py down
+    python3 tools/provision/controlplane.py up      # build if needed, start, apply RBAC
+    python3 tools/provision/controlplane.py status
+    python3 tools/provision/controlplane.py env     # shell exports for the running cluster
+    python3 tools/provision/controlplane.py down
 
 It is also importable (see ``tests/integration/controlplane.py``)::
 
@@ -78,7 +78,7 @@ binary cached by an older (broken) revision is never picked up again.
 DEBIAN_SUITE: Final = "bookworm"
 DEFAULT_MIRROR: Final = "http://deb.debian.org/debian"
 
-REPO_ROOT: Final = Path(__file__).resolve().parent.parent
+REPO_ROOT: Final = Path(__file__).resolve().parents[2]
 DEFAULT_RBAC_DIR: Final = REPO_ROOT / "containers" / "rbac"
 
 STATE_FILE: Final = "controlplane.json"
@@ -1172,7 +1172,7 @@ def _cmd_status(state_dir: Path) -> int:
 def _cmd_env(state_dir: Path) -> int:
     cp = _running(state_dir)
     if cp is None:
-        _log(f"not running (state {state_dir}); run `python3 tools/controlplane.py up`")
+        _log(f"not running (state {state_dir}); run `python3 tools/provision/controlplane.py up`")
         return 1
     print(f"export KUBECONFIG={shlex.quote(str(cp.admin_kubeconfig))}")
     for name, path in cp.kubeconfigs.items():

@@ -1,0 +1,1 @@
+"""Local provisioning: the control plane (kube-apiserver + etcd), containerd + registries, upgrade artifacts."""
