@@ -192,7 +192,11 @@ def parse_route(text: str) -> Route:
 
 
 def _dec_hook(tp: type, obj: Any) -> Any:
-    if tp is Route and isinstance(obj, str):
+    if tp is Route:
+        # Whatever the peer sent, a malformed route is a validation error (msgspec names the field):
+        # NotImplementedError, meant for unsupported types, would escape the decoder as a crash.
+        if not isinstance(obj, str):
+            raise TypeError(f"expected a route string, got {type(obj).__name__}")
         try:
             return parse_route(obj)
         except RouteError as exc:

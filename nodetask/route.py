@@ -12,32 +12,46 @@ resource and lets the next layer guess.
 from __future__ import annotations
 
 import re
-from typing import final
+from typing import Final, final
 
-__all__ = ["Route", "RouteError"]
+from nodetask.names import MAX_LABEL, MAX_SUBDOMAIN, SUBDOMAIN_PATTERN, clip
 
-# Kubernetes object names (RFC 1123 subdomains), which job and node names are.
-_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
-_GROUP = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+__all__ = ["MAX_ROUTE_CHARS", "Route", "RouteError"]
+
+# Kubernetes object names (RFC 1123 subdomains), which job and node names are, and API groups.
+_NAME = re.compile(SUBDOMAIN_PATTERN)
+_GROUP = _NAME
 _VERSION = re.compile(r"v[0-9]+((alpha|beta)[0-9]+)?")
 _JOB_TYPE = re.compile(r"[a-z][a-z0-9]*")
 # The whole route in one expression: the fast path for well-formed routes, which are nearly all of
 # them. The part-by-part checks above run only to explain a route this does not match.
 _ROUTE = re.compile(
-    rf"(?P<api>{_GROUP.pattern}/{_VERSION.pattern})/(?P<type>{_JOB_TYPE.pattern})"
+    rf"(?P<api>(?P<group>{_GROUP.pattern})/(?P<version>{_VERSION.pattern}))/(?P<type>{_JOB_TYPE.pattern})"
     rf"/(?P<job>{_NAME.pattern})/nodes?/(?P<node>{_NAME.pattern})"
 )
+# Kubernetes' limits: groups, job and node names are subdomains, versions and resource types labels.
+_LIMITS: Final = {
+    "group": MAX_SUBDOMAIN,
+    "version": MAX_LABEL,
+    "type": MAX_LABEL,
+    "job": MAX_SUBDOMAIN,
+    "node": MAX_SUBDOMAIN,
+}
+MAX_ROUTE_CHARS: Final = sum(_LIMITS.values()) + len("////nodes/")
+"""No valid route is longer: a longer text is refused before any pattern runs or anything is cached."""
 
 
 class RouteError(ValueError):
     """A malformed route; the message says which part is wrong."""
 
 
-def _check(part: str, value: str, pattern: re.Pattern[str], what: str) -> None:
+def _check(part: str, value: str, pattern: re.Pattern[str], what: str, limit: int) -> None:
     if not value:
         raise RouteError(f"the {part} must not be blank")
+    if len(value) > limit:
+        raise RouteError(f"the {part} {clip(value, 64)!r} is longer than {limit} characters")
     if not pattern.fullmatch(value):
-        raise RouteError(f"the {part} {value!r} is not {what}")
+        raise RouteError(f"the {part} {clip(value)!r} is not {what}")
 
 
 @final
@@ -62,12 +76,12 @@ class Route:
         if not api_version:
             raise RouteError("the apiVersion must not be blank")
         if not sep:
-            raise RouteError(f"the apiVersion {api_version!r} is not of the form group/version")
-        _check("apiVersion group", group, _GROUP, "a DNS subdomain")
-        _check("apiVersion version", version, _VERSION, "a Kubernetes version such as v1alpha2")
-        _check("job type", job_type, _JOB_TYPE, "a lower-case resource type such as nodeupgradejob")
-        _check("job name", job, _NAME, "a Kubernetes object name")
-        _check("node name", node, _NAME, "a Kubernetes object name")
+            raise RouteError(f"the apiVersion {clip(api_version)!r} is not of the form group/version")
+        _check("apiVersion group", group, _GROUP, "a DNS subdomain", MAX_SUBDOMAIN)
+        _check("apiVersion version", version, _VERSION, "a Kubernetes version such as v1alpha2", MAX_LABEL)
+        _check("job type", job_type, _JOB_TYPE, "a lower-case resource type such as nodeupgradejob", MAX_LABEL)
+        _check("job name", job, _NAME, "a Kubernetes object name", MAX_SUBDOMAIN)
+        _check("node name", node, _NAME, "a Kubernetes object name", MAX_SUBDOMAIN)
         set_ = object.__setattr__  # the instance is immutable once built (routes are shared and hashed)
         set_(self, "api_version", api_version)
         set_(self, "job_type", job_type)
@@ -103,8 +117,10 @@ class Route:
         Errors:
             :class:`RouteError` naming the first part that is missing or malformed.
         """
+        if len(text) > MAX_ROUTE_CHARS:
+            raise RouteError(f"route {clip(text, 64)!r} is longer than any valid route ({MAX_ROUTE_CHARS} characters)")
         match = _ROUTE.fullmatch(text)
-        if match is not None:
+        if match is not None and all(len(match[part]) <= limit for part, limit in _LIMITS.items()):
             route = object.__new__(cls)
             _set_api_version(route, match["api"])
             _set_job_type(route, match["type"])
@@ -114,12 +130,12 @@ class Route:
         parts = text.split("/")
         if len(parts) != 6:
             raise RouteError(
-                f"route {text!r} has {len(parts)} '/'-separated parts, "
+                f"route {clip(text)!r} has {len(parts)} '/'-separated parts, "
                 "expected 6: <group>/<version>/<type>/<job>/nodes/<node>"
             )
         group, version, job_type, job, keyword, node = parts
         if keyword not in ("nodes", "node"):
-            raise RouteError(f"route {text!r}: expected 'nodes' before the node name, found {keyword!r}")
+            raise RouteError(f"route {clip(text)!r}: expected 'nodes' before the node name, found {clip(keyword)!r}")
         return cls(api_version=f"{group}/{version}", job_type=job_type, job=job, node=node)
 
 

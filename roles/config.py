@@ -116,6 +116,18 @@ class CloudConfig(_Config, frozen=True, kw_only=True):
     close_grace: Seconds = 5.0
     http_listen: str = "0.0.0.0:10002"
     """Health, readiness, metrics and KubeEdge's report endpoint (TLS when the hub has a certificate)."""
+    handshake_timeout: Seconds = 10.0
+    """Seconds an edge has from connecting to finish its TLS and websocket handshake; then it is closed."""
+    max_handshakes: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    """Edge connections at once that have not yet shown a valid token; more are closed as soon as they
+    are accepted (503 on ws://). null: a quarter of the file limit (RLIMIT_NOFILE) less a tenth kept
+    for the hub's own connections (at least 256)."""
+    max_sessions: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    """Edge connections at once that have (sessions); more are refused with 503. null: the other three
+    quarters of what maxHandshakes is taken from, so an unauthenticated flood never takes their places."""
+    max_http_connections: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    """Connections at once to httpListen; more are closed as soon as they are accepted. null: a quarter
+    of the hub's reserve of file descriptors, 16 to 256."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -4,8 +4,8 @@ The endpoints behind it are few, small and called by the API server, kubelets an
 this is deliberately minimal: whole bodies in memory (bounded), keep-alive, no streaming, no HTTP/2.
 What it does take care of is the part that keeps a daemon alive: a malformed request gets 400, an
 oversized body 413, a slow or silent peer is dropped after an idle timeout, a failed TLS handshake
-ends only its own connection, and a handler that raises answers 500 and is logged, never crashing
-the server.
+ends only its own connection, a handler that raises answers 500 and is logged, never crashing
+the server, and connections beyond ``max_connections`` are closed as soon as they are accepted.
 
 Usage::
 
@@ -16,6 +16,7 @@ Usage::
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -159,6 +160,14 @@ def health_routes(*, ready: Callable[[], bool], registry: CollectorRegistry) -> 
 class _Limits:
     max_body_bytes: int
     idle_timeout: float
+    on_error: Callable[[], object]
+
+
+@dataclass(slots=True)
+class _Connections:
+    limit: float
+    on_refused: Callable[[], object]
+    open: int = 0
 
 
 class _Reject(Exception):
@@ -178,6 +187,9 @@ async def serve_http(
     ssl_context: SSLContext | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+    max_connections: int | None = None,
+    on_error: Callable[[], object] = lambda: None,
+    on_refused: Callable[[], object] = lambda: None,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> NoReturn:
     """Serve ``handler`` on ``host``:``port`` (HTTPS with ``ssl_context``) until cancelled.
@@ -186,22 +198,23 @@ async def serve_http(
     give ``host`` as a single address then (a name that resolves to several addresses binds each to
     its own free port, and only the first is reported).
 
+    At most ``max_connections`` connections are served at once (None: no limit); one more is
+    closed as soon as it is accepted, before any TLS work, and ``on_refused`` is called.
+    ``on_error`` is called for each connection or handler that failed with an unexpected error.
+
     Cancellation: cancelling the caller's scope closes the listeners and every connection.
     Errors: only binding errors (:class:`OSError`) escape; per-connection failures are logged.
     """
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound_port: int = listeners[0].socket.getsockname()[1]
     log = log.bind(host=host, port=bound_port, tls=ssl_context is not None)
-    limits = _Limits(max_body_bytes=max_body_bytes, idle_timeout=idle_timeout)
-    serve = functools.partial(_serve_connection, handler=handler, limits=limits, log=log)
+    limits = _Limits(max_body_bytes=max_body_bytes, idle_timeout=idle_timeout, on_error=on_error)
+    connections = _Connections(limit=math.inf if max_connections is None else max_connections, on_refused=on_refused)
+    serve = functools.partial(
+        _admit, ssl_context=ssl_context, handler=handler, limits=limits, log=log, connections=connections
+    )
     async with trio.open_nursery() as nursery:
-        if ssl_context is None:
-            await nursery.start(trio.serve_listeners, serve, listeners)
-        else:
-            # Spec-compliant mode: closing sends close_notify, which strict clients (Python's ssl)
-            # require; a peer that closes without one only breaks its own, finished, connection.
-            tls = [trio.SSLListener(lst, ssl_context) for lst in listeners]
-            await nursery.start(trio.serve_listeners, serve, tls)
+        await nursery.start(trio.serve_listeners, serve, listeners)
         log.info("http_listening")
         task_status.started(bound_port)
     raise AssertionError("trio.serve_listeners returned")  # pragma: no cover - it never does
@@ -218,6 +231,29 @@ def _peer(stream: trio.abc.Stream) -> str:
     return "?"
 
 
+async def _admit(
+    stream: trio.SocketStream,
+    *,
+    ssl_context: SSLContext | None,
+    handler: Handler,
+    limits: _Limits,
+    log: Log,
+    connections: _Connections,
+) -> None:
+    if connections.open >= connections.limit:
+        connections.on_refused()
+        await stream.aclose()
+        return
+    connections.open += 1
+    try:
+        # Spec-compliant TLS mode: closing sends close_notify, which strict clients (Python's ssl)
+        # require; a peer that closes without one only breaks its own, finished, connection.
+        served = stream if ssl_context is None else trio.SSLStream(stream, ssl_context, server_side=True)
+        await _serve_connection(served, handler=handler, limits=limits, log=log)
+    finally:
+        connections.open -= 1
+
+
 async def _serve_connection(stream: trio.abc.Stream, *, handler: Handler, limits: _Limits, log: Log) -> None:
     log = log.bind(peer=_peer(stream))
     try:
@@ -232,6 +268,7 @@ async def _serve_connection(stream: trio.abc.Stream, *, handler: Handler, limits
         log.debug("http_connection_broken", error=repr(exc.__cause__ or exc))
     except Exception:
         # Supervision boundary: a bug in one connection must never take the listener down.
+        limits.on_error()
         log.exception("http_connection_failed")
     finally:
         with trio.move_on_after(1):
@@ -266,6 +303,7 @@ async def _serve_requests(stream: trio.abc.Stream, *, handler: Handler, limits: 
         try:
             response = await handler(request)
         except Exception:
+            limits.on_error()
             log.exception("http_handler_failed", method=request.method, path=request.path)
             response = Response.text(HTTPStatus.INTERNAL_SERVER_ERROR, "internal server error")
         await _send(stream, conn, response, close=False, head=request.method == "HEAD", limits=limits)

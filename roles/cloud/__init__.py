@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from nodetask.clock import Clock
 from roles.cloud.hub import Hub, HubSettings
+from roles.cloud.ingress import connection_limits, fd_limit
 from roles.cloud.metrics import HubMetrics
 from roles.config import CloudConfig, RoleConfig
 from roles.http import health_routes, router, serve_http
@@ -32,6 +33,9 @@ def settings_of(cfg: CloudConfig) -> HubSettings:
         image_secret_namespaces=cfg.image_secret_namespaces,
         close_grace=cfg.close_grace,
         compact_status_above=cfg.compact_status_above,
+        handshake_timeout=cfg.handshake_timeout,
+        max_handshakes=cfg.max_handshakes,
+        max_sessions=cfg.max_sessions,
     )
 
 
@@ -65,9 +69,18 @@ async def run(cfg: RoleConfig, *, log: structlog.typing.FilteringBoundLogger, co
         )
         http_host, http_port = cfg.http_address
         routes = router((*health_routes(ready=hub.ready, registry=registry), *hub.http_routes()))
+        serve = functools.partial(
+            serve_http,
+            routes,
+            host=http_host,
+            port=http_port,
+            ssl_context=tls,
+            log=log,
+            max_connections=cfg.max_http_connections or connection_limits(fd_limit()).http,
+            on_error=hub.metrics.connection_errors.labels(transport="http").inc,
+            on_refused=hub.metrics.connections_refused.labels(limit="maxHttpConnections").inc,
+        )
         async with anyio.create_task_group() as tg:
-            await tg.start(
-                functools.partial(serve_http, routes, host=http_host, port=http_port, ssl_context=tls, log=log)
-            )
+            await tg.start(serve)
             await hub.run(host=host, port=port, ssl_context=tls)
             tg.cancel_scope.cancel()

@@ -9,7 +9,11 @@ Secrets labelled :data:`TOKEN_LABEL` are watched, so a fleet reconnecting to a r
 no API call per edge, and a rotated or deleted token stops working as soon as the change arrives.
 Any other Secret (or every Secret, while the watch is not synced, failing or not allowed) is read with a GET;
 a token that checked out that way is cached for ``ttl`` seconds. A token that does not match is
-always re-read, so a rotation works at once whichever way the old token was known.
+re-read, so a rotation works whichever way the old token was known, but at most once per node
+every ``reread_after`` seconds: what a read found (a token, no Secret, a malformed one) answers
+every check of that node meanwhile, and checks arriving while a read is in flight share it. So
+2,000 wrong tokens cost one read per node, not 2,000; a rotation is refused for at most those few
+seconds (the edge retries), and not at all when the Secret is watched.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import anyio
 import anyio.abc
 import structlog
 
+from nodetask.names import clip, object_name_problem
 from roles.kube import ApiError, Deleted, Interrupted, Invalid, Kube, NotFound, Relisted, Upserted, WatchEvent
 from roles.kube.resources import SECRETS
 from schemas.core import Secret
@@ -39,6 +44,8 @@ SECRET_PREFIX: Final = "nodetaskd-edge-"
 READS_IN_FLIGHT: Final = 8
 """Secret GETs at once. Anyone can present a wrong token and cause one: they must not take the API
 client's request slots from status writes and Node marks."""
+READ_ANSWERS_KEPT: Final = 4096
+"""Recent reads remembered (by node name, which anyone can choose): the oldest go first."""
 
 
 def token_secret_name(node: str) -> str:
@@ -74,13 +81,25 @@ class TokenBook:
     """Checks edge tokens against their Secrets; run :meth:`watch` to know labelled ones without GETs."""
 
     def __init__(
-        self, kube: Kube, *, namespace: str, log: Log, ttl: float = 60.0, on_read: Callable[[], object] = lambda: None
+        self,
+        kube: Kube,
+        *,
+        namespace: str,
+        log: Log,
+        ttl: float = 60.0,
+        reread_after: float = 5.0,
+        on_read: Callable[[], object] = lambda: None,
     ) -> None:
         self._kube = kube
         self._namespace = namespace
         self._log = log
         self._ttl = ttl
+        self._reread_after = reread_after
         self._known: dict[str, tuple[bytes, float]] = {}
+        self._answers: dict[str, tuple[bytes | AuthError, float]] = {}
+        """What the last read of each node's Secret found, and until when it stands in for a new read."""
+        self._in_flight: dict[str, anyio.Event] = {}
+        """Reads under way, by node: a check for the same node waits for it instead of reading too."""
         self._watched: dict[str, bytes] | None = None
         """Tokens of the labelled Secrets, by node; None until the watch has listed them, and while it fails."""
         self._changes = 0
@@ -93,6 +112,9 @@ class TokenBook:
         """Return if ``token`` is ``node``'s; raise :class:`AuthError` saying why not."""
         if not node:
             raise AuthError(404, "no node named in the path")
+        problem = object_name_problem(node)
+        if problem:  # never part of a Secret's name, so no read can be steered elsewhere
+            raise AuthError(400, f"node name {clip(node)!r} {problem}")
         if not token:
             raise AuthError(401, "missing bearer token")
         presented = token.encode()
@@ -102,12 +124,47 @@ class TokenBook:
         cached = self._known.get(node)
         if cached is not None and cached[1] > anyio.current_time() and hmac.compare_digest(cached[0], presented):
             return
-        changes = self._changes
-        expected = await self._read(node)
+        expected, settled = await self._expected(node)
         if not hmac.compare_digest(expected, presented):
             raise AuthError(403, f"the token is not node {node}'s")
-        if changes == self._changes:  # else the Secret may have changed since it was read
+        if settled:
             self._known[node] = (expected, anyio.current_time() + self._ttl)
+
+    async def _expected(self, node: str) -> tuple[bytes, bool]:
+        """``node``'s token from a recent read, a read in flight or a new read; and whether it may be cached.
+
+        A read answered across a watch event is used but not kept (the Secret may have changed since).
+        """
+        while True:
+            answer = self._answers.get(node)
+            if answer is not None and answer[1] > anyio.current_time():
+                return _token_or_raise(answer[0]), True
+            in_flight = self._in_flight.get(node)
+            if in_flight is None:
+                break
+            await in_flight.wait()  # then look again: it left its answer, unless it could not read
+        done = self._in_flight[node] = anyio.Event()
+        changes = self._changes
+        try:
+            try:
+                found: bytes | AuthError = await self._read(node)
+            except AuthError as exc:
+                if exc.status >= 500:
+                    raise  # the API server did not answer: nothing learnt about the Secret
+                found = exc
+            settled = changes == self._changes
+            if settled:
+                self._remember(node, found)
+        finally:
+            del self._in_flight[node]
+            done.set()
+        return _token_or_raise(found), settled
+
+    def _remember(self, node: str, found: bytes | AuthError) -> None:
+        self._answers.pop(node, None)
+        while len(self._answers) >= READ_ANSWERS_KEPT:
+            del self._answers[next(iter(self._answers))]
+        self._answers[node] = (found, anyio.current_time() + self._reread_after)
 
     @property
     def synced(self) -> bool:
@@ -160,10 +217,12 @@ class TokenBook:
         if self._watched is None:
             self._log.info("token_secrets_listed", count=len(watched))
         self._known.clear()
+        self._answers.clear()
         self._watched = watched
 
     def _forget(self, node: str) -> None:
         self._known.pop(node, None)
+        self._answers.pop(node, None)
         if self._watched is not None:
             self._watched.pop(node, None)
 
@@ -193,6 +252,12 @@ class TokenBook:
             self._log.warning("token_secret_malformed", node=node, secret=name)
             raise AuthError(403, f"Secret {self._namespace}/{name} has no valid {TOKEN_KEY!r} key")
         return value
+
+
+def _token_or_raise(found: bytes | AuthError) -> bytes:
+    if isinstance(found, AuthError):
+        raise AuthError(found.status, str(found))
+    return found
 
 
 def _decode_token(secret: Secret) -> bytes:

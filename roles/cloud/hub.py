@@ -5,10 +5,15 @@ Who does what:
 * the job watch keeps a cache of every job; a job in Init or InProgress gets a
   :class:`~roles.cloud.runner.JobRunner` (keyed by UID: a re-created job's runner starts only after
   the old one has unwound), and every job gets a :class:`~roles.cloud.status_writer.StatusWriter`;
-* a session handler authenticates the edge (bearer token, node named in the path), reads Hello,
+* each TCP connection takes a handshake place (refused at once when none is free), then the
+  session handler checks the node named in the path and the edge's bearer token, trades the
+  handshake place for a session place, reads Hello,
   records on the Node which hub holds the session and the agent version, offers the node to every
   runner, and then serves frames until the edge goes or stops heartbeating;
 * a report is applied through the job's status writer and acknowledged only after that write.
+
+No error raised while serving one connection ends the hub: :meth:`Hub._connection` is the
+supervision boundary, which logs it, counts it and closes only that connection.
 
 Shutdown (SIGTERM): every session is closed with 1001 "going away" while the websocket server is
 still running, within ``close_grace`` seconds, so that edges reconnect to another hub at once.
@@ -19,6 +24,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import functools
 import math
 import ssl
 from collections import deque
@@ -30,6 +36,7 @@ from typing import Any, Final
 import anyio
 import anyio.abc
 import structlog
+import trio
 import trio_websocket
 from anyio.streams.memory import MemoryObjectReceiveStream
 
@@ -48,9 +55,11 @@ from nodetask.messages import (
     Upstream,
     Welcome,
 )
+from nodetask.names import clip, object_name_problem
 from nodetask.registry_auth import DockerConfig, encode_credentials, parse_docker_config_json
 from roles.cloud.auth import AuthError, TokenBook, bearer_token
 from roles.cloud.changes import RecordOutcome, dispatchable, record
+from roles.cloud.ingress import Admission, LogThrottle, PeerWatch, Slots, connection_limits, fd_limit
 from roles.cloud.metrics import HubMetrics
 from roles.cloud.runner import JobRunner
 from roles.cloud.sessions import Session, SessionTable
@@ -98,6 +107,12 @@ class HubSettings:
     """The only namespaces whose Secrets a job's ``imageSecrets`` may name."""
     close_grace: float = 5.0
     hello_timeout: float = 10.0
+    handshake_timeout: float = 10.0
+    """Seconds from accept for an edge's TLS and websocket handshake; an idle connection is closed after it."""
+    max_handshakes: int | None = None
+    """Edge connections at once not yet past their token check (None: from RLIMIT_NOFILE, see ingress)."""
+    max_sessions: int | None = None
+    """Edge connections at once past it (None: from RLIMIT_NOFILE, see ingress)."""
     compact_status_above: int | None = 1000
     """Jobs of more nodes keep a compact status entry per succeeded node (None: never)."""
 
@@ -146,6 +161,18 @@ class Hub:
         self._jobs_tg: anyio.abc.TaskGroup | None = None
         self._history: deque[JobRunner] = deque(maxlen=RUNNER_HISTORY)
         self.port = 0
+        fds = fd_limit()
+        derived = connection_limits(fds)
+        self._handshakes = Slots(settings.max_handshakes or derived.handshakes)
+        self._session_places = Slots(settings.max_sessions or derived.sessions)
+        metrics.handshakes.set_function(lambda: self._handshakes.used)
+        self._throttle = LogThrottle()
+        self._log.info(
+            "connection_limits",
+            max_handshakes=self._handshakes.total,
+            max_sessions=self._session_places.total,
+            fd_limit=fds,
+        )
 
     # --------------------------------------------------------------------------------- lifecycle
 
@@ -189,11 +216,11 @@ class Hub:
         # Shielded so that sessions can still complete their close handshake during shutdown;
         # run() cancels the scope once they have.
         with scope:
+            listeners = await trio.open_tcp_listeners(port, host=host)
+            self.port = listeners[0].socket.getsockname()[1]
+            serve = functools.partial(self._connection, ssl_context=ssl_context)
             async with anyio.create_task_group() as tg:
-                server = await tg.start(
-                    _serve_websocket, self._handle, host, port, ssl_context, self.settings.max_frame_bytes
-                )
-                self.port = server.port
+                await tg.start(trio.serve_listeners, serve, listeners)
                 ready.set()
 
     async def _close_sessions(self) -> None:
@@ -380,15 +407,108 @@ class Hub:
 
     # --------------------------------------------------------------------------------- sessions
 
-    async def _handle(self, request: trio_websocket.WebSocketRequest) -> None:
+    async def _connection(self, stream: trio.SocketStream, *, ssl_context: ssl.SSLContext | None) -> None:
+        """One edge connection, from accept to close: the hub's per-connection supervision boundary."""
+        admission = Admission(handshakes=self._handshakes, sessions=self._session_places)
+        if not admission.enter():
+            await self._refuse_connection(stream, tls=ssl_context is not None)
+            return
+        try:
+            async with trio.open_nursery() as nursery:  # the websocket's reader task runs here
+                request = await self._upgrade(nursery, stream, ssl_context)
+                if request is not None:
+                    await self._handle(request, admission)
+                nursery.cancel_scope.cancel()
+        except* Exception:
+            # The one place a hub catches every error (C12): a bug met while serving one edge must
+            # end that edge's connection, never the process and every other edge's session with it.
+            # (except*: a cancellation arriving at the same time still propagates.)
+            self.metrics.connection_errors.labels(transport="websocket").inc()
+            self._log.exception("edge_connection_failed", peer=_peer(stream))
+        finally:
+            admission.leave()
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()
+
+    async def _upgrade(
+        self, nursery: trio.Nursery, stream: trio.SocketStream, ssl_context: ssl.SSLContext | None
+    ) -> trio_websocket.WebSocketRequest | None:
+        """The edge's websocket request, once its TLS and HTTP handshake are done; None if they fail or stall."""
+        with anyio.move_on_after(self.settings.handshake_timeout):
+            served: trio.abc.Stream = stream
+            if ssl_context is not None:
+                served = trio.SSLStream(stream, ssl_context, server_side=True, https_compatible=True)
+                try:
+                    await served.do_handshake()
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    # A failed TLS handshake (the SSLError is the cause) or a peer that went.
+                    self._log.debug("edge_handshake_failed", peer=_peer(stream), error=repr(exc.__cause__ or exc))
+                    return None
+            watched = PeerWatch(served)
+            async with anyio.create_task_group() as race:
+                race.start_soon(_cancel_when_gone, watched, race.cancel_scope)
+                request = await trio_websocket.wrap_server_stream(
+                    nursery, watched, max_message_size=self.settings.max_frame_bytes
+                )
+                race.cancel_scope.cancel()
+                return request
+            return None  # the peer went before its request was complete
+        self.metrics.handshake_timeouts.inc()
+        self._warn(self._log, "edge_handshake_timed_out", peer=_peer(stream), seconds=self.settings.handshake_timeout)
+        return None
+
+    async def _refuse_connection(self, stream: trio.SocketStream, *, tls: bool) -> None:
+        """Close a connection beyond ``maxHandshakes`` before any TLS or websocket work."""
+        self.metrics.connections_refused.labels(limit="maxHandshakes").inc()
+        self._warn(
+            self._log,
+            "edge_connection_refused",
+            peer=_peer(stream),
+            limit="maxHandshakes",
+            max_handshakes=self._handshakes.total,
+        )
+        try:
+            if not tls:
+                # Plain HTTP can still say why; a TLS client learns it from its retry.
+                with anyio.move_on_after(0.5):
+                    await stream.send_all(_BUSY)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()
+
+    async def _refuse(self, request: trio_websocket.WebSocketRequest, status: int, reason: str, node: str) -> None:
+        self.metrics.auth_failures.labels(status=str(int(status))).inc()
+        self._warn(self._log, "edge_refused", node=clip(node, 64), status=int(status), error=reason)
+        await request.reject(status, body=reason.encode())
+
+    def _warn(self, log: Log, event: str, **values: object) -> None:
+        """A warning caused by what a peer did, at most a few a second per event (the counters count every one)."""
+        dropped = self._throttle.allow(event, anyio.current_time())
+        if dropped is not None:
+            log.warning(event, **values, **({"suppressed": dropped} if dropped else {}))
+
+    async def _handle(self, request: trio_websocket.WebSocketRequest, admission: Admission) -> None:
         path = request.path.split("?", 1)[0]
-        node = path[len(EDGE_PATH_PREFIX) :] if path.startswith(EDGE_PATH_PREFIX) else ""
+        if not path.startswith(EDGE_PATH_PREFIX):
+            await self._refuse(request, HTTPStatus.NOT_FOUND, f"expected the path {EDGE_PATH_PREFIX}<node>", "")
+            return
+        # Checked before anything else: the name goes into API paths and Secret names.
+        node = path[len(EDGE_PATH_PREFIX) :]
+        problem = object_name_problem(node)
+        if problem:
+            await self._refuse(request, HTTPStatus.BAD_REQUEST, f"node name {clip(node)!r} {problem}", node)
+            return
         try:
             await self.tokens.check(node, bearer_token(request.headers))
         except AuthError as exc:
-            self.metrics.auth_failures.labels(status=str(exc.status)).inc()
-            self._log.warning("edge_refused", node=node, status=exc.status, error=str(exc))
-            await request.reject(exc.status, body=str(exc).encode())
+            await self._refuse(request, exc.status, str(exc), node)
+            return
+        if not admission.promote():
+            self.metrics.connections_refused.labels(limit="maxSessions").inc()
+            reason = f"this hub holds its limit of {self._session_places.total} sessions (maxSessions)"
+            await self._refuse(request, HTTPStatus.SERVICE_UNAVAILABLE, reason, node)
             return
         ws = await request.accept()
         log = self._log.bind(node=node)
@@ -408,7 +528,7 @@ class Hub:
             if replaced is not None:
                 log.info("session_replaced")
                 await replaced.ws.aclose(REPLACED, "replaced by a newer session")
-            log.info("edge_connected", version=hello.version)
+            log.info("edge_connected", version=clip(hello.version, 64))
             # The session reads (and echoes heartbeats) while its Node mark waits its turn: a fleet
             # reconnecting at once must not time its sessions out behind thousands of marks.
             async with anyio.create_task_group() as tg:
@@ -449,9 +569,9 @@ class Hub:
                 self.metrics.messages_in.labels(op="hello").inc()
                 return msg
             self.metrics.rejected.labels(reason="bad_hello").inc()
-            log.warning("bad_hello", error=problem)
+            self._warn(log, "bad_hello", error=clip(problem))
             with contextlib.suppress(trio_websocket.ConnectionClosed):
-                await ws.send_message(messages.encode(Error(code="bad_hello", message=problem)))
+                await ws.send_message(messages.encode(Error(code="bad_hello", message=clip(problem))))
             await ws.aclose(PROTOCOL, "expected hello")
             return None
         log.warning("hello_timed_out")
@@ -503,15 +623,15 @@ class Hub:
                         # Each report waits for its write without holding up heartbeats or other reports.
                         tg.start_soon(self._apply_report, session, msg, log)
                     case Error(code=code, message=text):
-                        log.warning("edge_error", code=code, error=text)
+                        self._warn(log, "edge_error", code=clip(code, 64), error=clip(text))
                     case Hello():
                         await self._reject(session, "unexpected", "hello was already received", log)
             tg.cancel_scope.cancel()
 
     async def _reject(self, session: Session, reason: str, text: str, log: Log, *, ref: str = "") -> None:
         self.metrics.rejected.labels(reason=reason).inc()
-        log.warning("frame_rejected", reason=reason, error=text)
-        await self._send(session, Error(code=reason, message=text, ref=ref))
+        self._warn(log, "frame_rejected", reason=reason, error=clip(text))
+        await self._send(session, Error(code=reason, message=clip(text), ref=ref))
 
     # --------------------------------------------------------------------------------- upstream
 
@@ -617,9 +737,14 @@ class Hub:
         if len(parts) != 7 or (parts[0], parts[2], parts[4], parts[6]) != ("task", "name", "node", "status"):
             return Response.text(HTTPStatus.NOT_FOUND, "expected /task/{taskType}/name/{job}/node/{node}/status")
         task_type, job, node = parts[1], parts[3], parts[5]
+        for what, name in (("node name", node), ("job name", job)):
+            problem = object_name_problem(name)
+            if problem:
+                self.metrics.auth_failures.labels(status=str(int(HTTPStatus.BAD_REQUEST))).inc()
+                return Response.text(HTTPStatus.BAD_REQUEST, f"{what} {clip(name)!r} {problem}")
         jt = self._types.get(LEGACY_TASK_TYPES.get(task_type, task_type))
         if jt is None:
-            return Response.text(HTTPStatus.NOT_FOUND, f"unknown task type {task_type!r}")
+            return Response.text(HTTPStatus.NOT_FOUND, f"unknown task type {clip(task_type, 64)!r}")
         scheme, _, token = (request.header("authorization") or "").partition(" ")
         try:
             await self.tokens.check(node, token.strip() if scheme.lower() == "bearer" else "")
@@ -669,20 +794,21 @@ class Hub:
                 return
 
 
-async def _serve_websocket(
-    handler: Any,
-    host: str,
-    port: int,
-    ssl_context: ssl.SSLContext | None,
-    max_frame_bytes: int,
-    *,
-    task_status: anyio.abc.TaskStatus[Any] = anyio.TASK_STATUS_IGNORED,
-) -> None:
-    await trio_websocket.serve_websocket(
-        handler,
-        host,
-        port,
-        ssl_context,
-        max_message_size=max_frame_bytes,
-        task_status=task_status,
-    )
+_BUSY_TEXT: Final = b"this hub is at its limit of handshakes (maxHandshakes)\n"
+_BUSY: Final = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\ncontent-length: %d\r\n"
+    b"retry-after: 5\r\nconnection: close\r\n\r\n%s" % (len(_BUSY_TEXT), _BUSY_TEXT)
+)
+
+
+async def _cancel_when_gone(watched: PeerWatch, scope: anyio.CancelScope) -> None:
+    await watched.gone.wait()
+    scope.cancel()
+
+
+def _peer(stream: trio.SocketStream) -> str:
+    try:
+        host, port, *_ = stream.socket.getpeername()
+    except OSError:
+        return "?"
+    return f"{host}:{port}"

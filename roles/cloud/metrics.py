@@ -77,4 +77,24 @@ class HubMetrics:
             "Token Secrets read one by one (GET); labelled token Secrets are watched instead.",
             registry=registry,
         )
+        self.connection_errors = Counter(
+            "nodetaskd_hub_connection_errors",
+            "Connections ended by an unexpected error in the hub (logged with its traceback), by transport.",
+            ["transport"],
+            registry=registry,
+        )
+        self.connections_refused = Counter(
+            "nodetaskd_hub_connections_refused",
+            "Connections refused at a limit, by the setting that sets it.",
+            ["limit"],
+            registry=registry,
+        )
+        self.handshake_timeouts = Counter(
+            "nodetaskd_hub_handshake_timeouts",
+            "Edge connections closed for not completing their TLS and websocket handshake in time.",
+            registry=registry,
+        )
+        self.handshakes = Gauge(
+            "nodetaskd_hub_handshakes", "Edge connections not yet past their token check.", registry=registry
+        )
         registry.register(_KubeCounters(kube))

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import functools
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import msgspec
 
+from nodetask.names import clip
 from schemas import core
 from schemas.kinds import GROUP, Kind
 
@@ -25,21 +27,36 @@ class Resource(Generic[T]):
     namespaced: bool = False
 
     def path(self, name: str = "", *, namespace: str = "", subresource: str = "") -> str:
+        """The request path; each part is exactly one path segment, whatever it holds.
+
+        Errors: :class:`ValueError` for a part that cannot be one, as the API server's own rule for
+        names in paths has it: ``.``, ``..``, or holding ``/`` or ``%``. (Quoting is not enough for
+        those: the client resolves dot segments, and the API server decodes ``%2F`` before routing,
+        so ``edge-1%2Fstatus`` would name the Node's status subresource.)
+        """
         prefix = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
         if self.namespaced:
             if not namespace:
                 raise ValueError(f"{self.plural} are namespaced: a namespace is required")
-            prefix += f"/namespaces/{namespace}"
+            prefix += f"/namespaces/{_segment(namespace, 'namespace')}"
         path = f"{prefix}/{self.plural}"
         if name:
-            path += f"/{name}"
+            path += f"/{_segment(name, 'name')}"
         if subresource:
-            path += f"/{subresource}"
+            path += f"/{_segment(subresource, 'subresource')}"
         return path
 
     def decoder(self) -> msgspec.json.Decoder[T]:
         """The typed decoder of this resource's objects, built once per type (every request uses it)."""
         return _decoder(self.type)
+
+
+def _segment(part: str, what: str) -> str:
+    # Kubernetes' IsValidPathSegmentName, then quoting, so that nothing else (a '?', a '#', a space)
+    # can add a query, drop the rest as a fragment or change the segment.
+    if part in (".", "..") or "/" in part or "%" in part:
+        raise ValueError(f"{what} {clip(part, 64)!r} cannot be an API path segment (no '.', '..', '/' or '%')")
+    return urllib.parse.quote(part, safe="")
 
 
 @functools.cache

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import anyio
 import structlog
@@ -49,8 +50,13 @@ async def running_hub(
     heartbeat: float = 1.0,
     close_grace: float = 2.0,
     token_namespace: str = "kube-system",
+    hub_type: type[Hub] = Hub,
+    **settings_: Any,
 ) -> AsyncIterator[RunningHub]:
-    """A hub authenticated as the cloud role, serving plain ws:// on loopback until the block ends."""
+    """A hub authenticated as the cloud role, serving plain ws:// on loopback until the block ends.
+
+    ``hub_type`` may be a subclass that injects faults; other keywords are further :class:`HubSettings`.
+    """
     registry = CollectorRegistry()
     settings = HubSettings(
         hub_id=hub_id,
@@ -58,9 +64,10 @@ async def running_hub(
         coalesce_window=window,
         close_grace=close_grace,
         token_namespace=token_namespace,
+        **settings_,
     )
     async with open_kube(kubeconfig=str(cp.kubeconfig("cloud")), log=structlog.get_logger()) as kube:
-        hub = Hub(
+        hub = hub_type(
             kube=kube,
             clock=Clock.start(),
             log=structlog.get_logger(),

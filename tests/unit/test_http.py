@@ -311,3 +311,39 @@ def test_loading_a_key_of_another_certificate_fails_naming_the_files(tmp_path: P
         load_serving_certificate(first.cert_file, second.key_file)
     with pytest.raises(TlsError, match="cannot read"):
         load_serving_certificate(tmp_path / "missing.crt", first.key_file)
+
+
+async def test_connections_beyond_max_connections_are_closed_at_once_and_counted() -> None:
+    """A connection past the limit is closed before a byte is read; once one ends, a new one is served."""
+    refused: list[int] = []
+    with trio.fail_after(10):
+        async with serving(max_connections=2, on_refused=lambda: refused.append(1)) as port:
+            clients = [Client(await trio.open_tcp_stream(LOOPBACK, port)) for _ in range(2)]
+            for client in clients:
+                assert (await client.request("GET", "/echo"))[0] == 200  # both are being served
+            # Closed at once: an admitted connection would stay open for the 30 s idle timeout.
+            assert await _raw(port, b"") == b""
+            assert refused == [1]
+            await clients[0].stream.aclose()
+            while True:  # until the server has seen the first connection end
+                try:
+                    reply = await _raw(port, b"GET /echo HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n")
+                except trio.BrokenResourceError:  # refused while our request was on its way
+                    reply = b""
+                if reply:
+                    break
+                await trio.sleep(0.01)
+            assert reply.startswith(b"HTTP/1.1 200 ")
+            await clients[1].stream.aclose()
+
+
+async def test_each_failed_handler_is_reported_to_on_error() -> None:
+    """The server's owner can count handler failures (the hub exports them as a metric)."""
+    errors: list[int] = []
+    with trio.fail_after(10):
+        async with serving(on_error=lambda: errors.append(1)) as port:
+            client = Client(await trio.open_tcp_stream(LOOPBACK, port))
+            async with client.stream:
+                assert (await client.request("GET", "/boom"))[0] == 500
+                assert (await client.request("GET", "/echo"))[0] == 200
+    assert errors == [1]

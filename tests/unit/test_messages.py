@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 from typing import Any
 
 import msgspec
@@ -149,3 +150,36 @@ def test_unknown_fields_nested_up_to_the_limit_still_decode() -> None:
     inner = MAX_DEPTH - 1  # the frame's own object is the first level
     frame = '{"op":"heartbeat","sentAt":1.0,"x":' + "[" * inner + "]" * inner + "}"
     assert m.decode_upstream(frame) == m.Heartbeat(sent_at=1.0)
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3),
+    max_leaves=8,
+)
+
+
+@given(
+    st.sampled_from(["report", "hello", "ack", "heartbeat", "error"]),
+    st.dictionaries(
+        st.sampled_from(
+            ["route", "node", "version", "capabilities", "jobUid", "seq", "action", "succ", "id", "sentAt"]
+        ),
+        json_values,
+    ),
+)
+def test_message_shaped_objects_with_any_values_never_escape_as_other_errors(
+    op: str, fields: dict[str, object]
+) -> None:
+    """A route (or any field) of the wrong JSON type is a MessageError naming the field, never another exception."""
+    frame = json.dumps({"op": op, **fields})
+    with contextlib.suppress(m.MessageError):
+        m.decode_upstream(frame)
+
+
+@pytest.mark.parametrize("route", ["5", "[1]", "{}", "null", "true"])
+def test_a_route_that_is_not_a_string_is_refused_naming_the_field(route: str) -> None:
+    """Once an uncaught NotImplementedError from the route hook that ended the whole hub."""
+    frame = '{"op":"report","route":' + route + ',"jobUid":"u","seq":1,"action":"Check","succ":true}'
+    with pytest.raises(m.MessageError, match=r"expected a route string, got \w+ - at `\$.route`"):
+        m.decode_upstream(frame)

@@ -6,14 +6,16 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nodetask.route import Route, RouteError
+from nodetask.messages import parse_route
+from nodetask.route import MAX_ROUTE_CHARS, Route, RouteError
 
-names = st.from_regex(r"[a-z0-9]([-a-z0-9.]{0,30}[a-z0-9])?", fullmatch=True)
+label = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,12}[a-z0-9])?", fullmatch=True)
+names = st.lists(label, min_size=1, max_size=3).map(".".join)
 routes = st.builds(
     Route,
     api_version=st.builds(
         lambda g, v: f"{g}/{v}",
-        st.from_regex(r"[a-z0-9]([-a-z0-9.]{0,20}[a-z0-9])?", fullmatch=True),
+        names,
         st.from_regex(r"v[0-9]{1,2}((alpha|beta)[0-9])?", fullmatch=True),
     ),
     job_type=st.from_regex(r"[a-z][a-z0-9]{0,20}", fullmatch=True),
@@ -96,3 +98,43 @@ def test_parse_accepts_exactly_what_the_validating_constructor_accepts(parts: tu
             Route.parse(text)
     else:
         assert Route.parse(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("operations.kubeedge.io/v1alpha2/nodeupgradejob/job..1/nodes/edge-1", "job name 'job..1' is not"),
+        ("operations.kubeedge.io/v1alpha2/nodeupgradejob/job1/nodes/-edge", "node name '-edge' is not"),
+        ("operations..kubeedge.io/v1alpha2/nodeupgradejob/job1/nodes/edge-1", "group 'operations..kubeedge.io'"),
+        (f"g/v1/t/{'j' * 254}/nodes/n", "job name 'jjjj"),
+        (f"g/v1/t/j/nodes/{'n' * 254}", "longer than 253 characters"),
+        (f"{'g' * 254}/v1/t/j/nodes/n", "longer than 253 characters"),
+        (f"g/v1/{'t' * 64}/j/nodes/n", "job type 'tttt"),
+        (f"g/v{'1' * 63}/t/j/nodes/n", "longer than 63 characters"),
+    ],
+)
+def test_route_parts_get_kubernetes_names_and_length_limits(text: str, message: str) -> None:
+    """Job and node names are DNS subdomains of at most 253 characters, versions and types at most 63."""
+    with pytest.raises(RouteError, match=message):
+        Route.parse(text)
+
+
+def test_longest_valid_route_parses() -> None:
+    """A route with every part at its limit is exactly the longest text parsing accepts."""
+    text = f"{'g' * 253}/v{'1' * 62}/{'t' * 63}/{'j' * 253}/nodes/{'n' * 253}"
+    assert len(text) == MAX_ROUTE_CHARS
+    assert Route.parse(text).node == "n" * 253
+
+
+@pytest.mark.parametrize("part", range(5))
+def test_megabyte_route_parts_are_refused_without_growing_the_route_cache(part: int) -> None:
+    """A route with a 1 MB part is refused, names itself in a short error and is never cached."""
+    parts = ["operations.kubeedge.io", "v1alpha2", "nodeupgradejob", "job1", "edge-1"]
+    parts[part] = "a" * 1_000_000 if part != 1 else "v" + "1" * 1_000_000
+    before = parse_route.cache_info().currsize
+    for i in range(20):
+        text = "/".join([*parts[:4], "nodes", parts[4]]) + str(i)
+        with pytest.raises(RouteError) as refused:
+            parse_route(text)
+        assert len(str(refused.value)) < 512
+    assert parse_route.cache_info().currsize == before
