@@ -12,7 +12,7 @@ predecessor) and ``seq``, the edge outbox position the hub acknowledges.
 from __future__ import annotations
 
 import functools
-from typing import Any, Final
+from typing import Annotated, Any, Final
 
 import msgspec
 
@@ -138,11 +138,16 @@ class Cancel(Message, frozen=True, tag="cancel"):
 # --------------------------------------------------------------------------------------- edge -> cloud
 
 
+MAX_VERSION: Final = 128
+"""Longest agent version a Hello may carry."""
+
+
 class Hello(Message, frozen=True, tag="hello"):
     """First frame of a session: who the edge is."""
 
     node: str
-    version: str
+    version: Annotated[str, msgspec.Meta(max_length=MAX_VERSION)]
+    """The agent's version, as the hub records it on the Node (so it is bounded like a label value's worth)."""
     capabilities: tuple[str, ...] = ()
 
 

@@ -13,6 +13,7 @@ from typing import Annotated, ClassVar, Final
 import msgspec
 
 from nodetask import nesting
+from nodetask.names import clip, object_name_problem
 
 __all__ = [
     "CloudConfig",
@@ -200,6 +201,8 @@ class EdgeConfig(_Config, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.node_name and (problem := object_name_problem(self.node_name)):
+            raise ValueError(f"nodeName {clip(self.node_name)!r} is not a Kubernetes node name: {problem}")
         for url in self.hub_urls:
             if not url.startswith(("wss://", "ws://")):
                 raise ValueError(f"hubUrls: {url!r} is not a ws:// or wss:// URL")

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from nodetask.clock import Clock
 from roles.cloud.hub import Hub, HubSettings
-from roles.cloud.ingress import connection_limits, fd_limit
+from roles.cloud.ingress import connection_limits, fd_limit, raise_fd_limit
 from roles.cloud.metrics import HubMetrics
 from roles.config import CloudConfig, RoleConfig
 from roles.http import health_routes, router, serve_http
@@ -51,6 +51,9 @@ def server_tls(cfg: CloudConfig) -> ssl.SSLContext | None:
 async def run(cfg: RoleConfig, *, log: structlog.typing.FilteringBoundLogger, config_path: Path | None = None) -> None:
     """Run one hub until cancelled."""
     assert isinstance(cfg, CloudConfig)
+    before, after = raise_fd_limit()
+    if after != before:
+        log.info("file_limit_raised", soft_before=before, soft=after)
     tls = server_tls(cfg)
     if tls is None:
         log.warning("hub_without_tls", hint="set tlsCertFile and tlsKeyFile outside development")

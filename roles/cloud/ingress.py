@@ -14,6 +14,7 @@ hub's log faster than a few lines a second; the counters still count every one.
 
 from __future__ import annotations
 
+import contextlib
 import resource
 from dataclasses import dataclass
 from typing import Final, final
@@ -28,6 +29,7 @@ __all__ = [
     "Slots",
     "connection_limits",
     "fd_limit",
+    "raise_fd_limit",
 ]
 
 RESERVE_MIN: Final = 256
@@ -63,6 +65,20 @@ def connection_limits(nofile: int) -> ConnectionLimits:
         sessions=max(1, budget - handshakes),
         http=min(256, max(16, reserve // 4)),
     )
+
+
+def raise_fd_limit() -> tuple[int, int]:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit; returns (before, after).
+
+    Every edge session is a file descriptor, and the caps are derived from the soft limit: a hub
+    left at a distribution's usual soft 1,024 would hold a few hundred edges however large its hard
+    limit. Raising the soft limit up to the hard one needs no privilege.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and (hard == resource.RLIM_INFINITY or soft < hard):
+        with contextlib.suppress(ValueError, OSError):  # a limit the kernel refuses leaves things as they were
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return soft, resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
 def fd_limit() -> int:

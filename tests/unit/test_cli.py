@@ -65,6 +65,8 @@ def test_cloudhub_is_an_alias_of_cloud(capsys: pytest.CaptureFixture[str]) -> No
         ("", ["--role=edge", "--listen=0:1"], "--listen does not apply to the edge role"),
         ("", ["--role=edge", "--hub-url=http://x"], "'http://x' is not a ws:// or wss:// URL"),
         ("criEndpoint: tcp://127.0.0.1:1\n", ["--role=edge"], "criEndpoint 'tcp://127.0.0.1:1' is not a unix socket"),
+        ("nodeName: Edge_1\n", ["--role=edge"], "nodeName 'Edge_1' is not a Kubernetes node name"),
+        ("nodeName: x/../y\n", ["--role=edge"], "nodeName 'x/../y' is not a Kubernetes node name"),
     ],
 )
 def test_bad_config_exits_2_naming_the_field(

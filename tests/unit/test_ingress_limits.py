@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -93,3 +96,19 @@ def test_throttle_lets_a_burst_through_then_says_how_many_it_left_out() -> None:
     assert throttle.allow("edge_error", 0.3) == 0  # other events have their own budget
     assert throttle.allow("frame_rejected", 1.0) == 15
     assert throttle.allow("frame_rejected", 1.1) == 0
+
+
+def test_a_hub_raises_its_soft_file_limit_to_the_hard_one() -> None:
+    """A hub started under a low soft RLIMIT_NOFILE takes what the hard limit allows, so its caps follow."""
+    script = (
+        "import resource\n"
+        "from roles.cloud.ingress import fd_limit, raise_fd_limit\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))\n"
+        "before, after = raise_fd_limit()\n"
+        "print(before, after, fd_limit(), hard)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    before, after, limit, hard = (int(v) for v in out.split())
+    assert before == min(256, hard)
+    assert after == limit == hard

@@ -183,3 +183,11 @@ def test_a_route_that_is_not_a_string_is_refused_naming_the_field(route: str) ->
     frame = '{"op":"report","route":' + route + ',"jobUid":"u","seq":1,"action":"Check","succ":true}'
     with pytest.raises(m.MessageError, match=r"expected a route string, got \w+ - at `\$.route`"):
         m.decode_upstream(frame)
+
+
+def test_a_hello_with_an_overlong_version_is_malformed() -> None:
+    """The version a hub records on the Node is bounded: a 1 MB version is refused at the Hello, naming the field."""
+    frame = m.encode(m.Hello(node="edge-1", version="v" * m.MAX_VERSION))
+    assert m.decode_upstream(frame) == m.Hello(node="edge-1", version="v" * m.MAX_VERSION)
+    with pytest.raises(m.MessageError, match=r"\$\.version"):
+        m.decode_upstream(frame.replace(b"v" * m.MAX_VERSION, b"v" * 1_000_000))
