@@ -622,11 +622,13 @@ class Hub:
     # ------------------------------------------------------------------------------ node marks
 
     async def _admit(self, node: str, version: str, log: Log) -> None:
-        """Mark the Node as held by this hub, then offer the node to every job runner."""
-        # Shielded: a mark cancelled halfway could still land after the unmark that follows the
-        # session's end. The grace bounds how long an ended session waits for its mark's turn.
-        with anyio.move_on_after(self.settings.close_grace, shield=True):
-            await self._mark_node(node, version, log)
+        """Mark the Node as held by this hub, then offer the node to every job runner.
+
+        The mark waits its turn among the API client's requests for as long as the session lives,
+        however long a connect storm makes that. The session's end cancels this task: see
+        :meth:`_mark_node` for what then happens to the mark.
+        """
+        await self._mark_node(node, version, log)
         for state in list(self._jobs.values()):
             if state.runner is not None:
                 state.runner.offer(node)
@@ -634,7 +636,12 @@ class Hub:
     async def _mark_node(self, node: str, version: str, log: Log) -> None:
         annotations = {HUB_ANNOTATION: self.settings.hub_id, AGENT_VERSION_ANNOTATION: version}
         try:
-            await self._kube.merge_patch(NODES, node, {"metadata": {"annotations": annotations}})
+            # Cancelled, a mark still waiting for its turn is dropped (nothing was sent), and one
+            # already sent is awaited for closeGrace: it could otherwise land after the unmark that
+            # follows the session's end.
+            await self._kube.merge_patch(
+                NODES, node, {"metadata": {"annotations": annotations}}, grace=self.settings.close_grace
+            )
         except ApiError as exc:
             # The session still works; the controller then sees the node as not connected.
             log.warning("node_not_marked", error=str(exc))
