@@ -31,6 +31,7 @@ def settings_of(cfg: CloudConfig) -> HubSettings:
         token_namespace=cfg.token_namespace,
         close_grace=cfg.close_grace,
         compact_status_above=cfg.compact_status_above,
+        mark_pending_limit=cfg.mark_pending_limit,
     )
 
 
@@ -63,7 +64,9 @@ async def run(cfg: RoleConfig, *, log: structlog.typing.FilteringBoundLogger, co
             ),
         )
         http_host, http_port = cfg.http_address
-        routes = router((*health_routes(ready=hub.ready, registry=registry), *hub.http_routes()))
+        routes = router(
+            (*health_routes(ready=hub.ready, why_not_ready=hub.why_not_ready, registry=registry), *hub.http_routes())
+        )
         async with anyio.create_task_group() as tg:
             await tg.start(
                 functools.partial(serve_http, routes, host=http_host, port=http_port, ssl_context=tls, log=log)

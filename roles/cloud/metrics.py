@@ -77,4 +77,14 @@ class HubMetrics:
             "Token Secrets read one by one (GET); labelled token Secrets are watched instead.",
             registry=registry,
         )
+        self.marks_pending = Gauge(
+            "nodetaskd_hub_node_marks_pending",
+            "Node marks (hub and agent-version annotations) waiting for their turn or their answer.",
+            registry=registry,
+        )
+        self.mark_oldest = Gauge(
+            "nodetaskd_hub_node_mark_oldest_seconds",
+            "How long the oldest pending Node mark has waited (0 when none is pending).",
+            registry=registry,
+        )
         registry.register(_KubeCounters(kube))
