@@ -126,6 +126,12 @@ class Kube:
     async def delete(self, resource: Resource[Any], name: str, *, namespace: str = "") -> None:
         await self._request("DELETE", resource.path(name, namespace=namespace))
 
+    async def delete_all(self, resource: Resource[Any], *, label_selector: str, namespace: str = "") -> None:
+        """Delete every object that ``label_selector`` matches, in one request (a delete collection)."""
+        if not label_selector:
+            raise ValueError(f"deleting every {resource.plural} needs a label selector")
+        await self._request("DELETE", resource.path(namespace=namespace), query={"labelSelector": label_selector})
+
     async def update_status(
         self,
         resource: Resource[T],
