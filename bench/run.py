@@ -4,9 +4,9 @@
 
 Raw results go to ``docs/bench/results.json``; a partial run (``--only``) keeps the other
 benchmarks' last results, and the report says when each was measured. Without ``--cluster-dir``
-the run starts its own kube-apiserver + etcd on loopback and stops it at the end. Every wait has a
-deadline (``bench/waits.py``); a run that misses one is reported as FAILED with what it waited for,
-the others go on, and the exit status is then 1.
+the run starts its own kube-apiserver + etcd on loopback and stops it at the end, also when stopped
+with Ctrl-C or SIGTERM. Every wait has a deadline (``bench/waits.py``); a run that misses one is
+reported as FAILED with what it waited for, the others go on, and the exit status is then 1.
 """
 
 from __future__ import annotations
@@ -14,15 +14,17 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import signal
 import statistics
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 import msgspec
 
 from bench import cluster, codec, edge_footprint, hub_capacity, job_cost, machine, report
@@ -65,6 +67,27 @@ def _leaves(exc: BaseException) -> Iterator[BaseException]:
             yield from _leaves(inner)
     else:
         yield exc
+
+
+async def _terminable(fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+    """Run ``fn(*args)``; SIGTERM cancels it, so that it stops what it started as after Ctrl-C, then exits 143."""
+    terminated = False
+    async with anyio.create_task_group() as tg:
+
+        async def on_sigterm(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+            nonlocal terminated
+            with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+                task_status.started()
+                async for _ in signals:
+                    terminated = True
+                    _log("SIGTERM: stopping what this run started")
+                    tg.cancel_scope.cancel()
+
+        await tg.start(on_sigterm)
+        await fn(*args)
+        tg.cancel_scope.cancel()
+    if terminated:
+        raise SystemExit(128 + signal.SIGTERM)
 
 
 async def _cluster_benchmarks(args: argparse.Namespace, results: dict[str, Any], failed: list[str]) -> None:
@@ -239,15 +262,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         results["codec"] = _codec(args)
         _save(results, args)
     if "edge" in args.only:
-        results["edge_footprint"] = anyio.run(_edge_footprint, args, backend="trio")
-        _save(results, args)
+        anyio.run(_terminable, _edge_footprint_into, args, results, backend="trio")
     if "job" in args.only or "hub" in args.only:
-        anyio.run(_cluster_benchmarks, args, results, failed, backend="trio")
+        anyio.run(_terminable, _cluster_benchmarks, args, results, failed, backend="trio")
     if failed:
         _log(f"{len(failed)} run(s) FAILED and are missing from the report:")
         for line in failed:
             _log(f"  {line}")
         raise SystemExit(1)
+
+
+async def _edge_footprint_into(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    results["edge_footprint"] = await _edge_footprint(args)
+    _save(results, args)
 
 
 def _save(results: dict[str, Any], args: argparse.Namespace) -> None:
