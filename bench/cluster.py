@@ -61,7 +61,10 @@ async def control_plane(cluster_dir: Path | None, state_dir: Path) -> AsyncItera
         owned = False
     else:
         binaries = await anyio.to_thread.run_sync(ensure_binaries)
-        cp = await anyio.to_thread.run_sync(start, state_dir, binaries)
+        # Started from the main thread (blocking the loop for those seconds, when nothing else runs):
+        # only then does the kernel stop etcd and kube-apiserver should this process die without
+        # its clean-up (SIGKILL), as start() arms them to die with the thread that started them.
+        cp = start(state_dir, binaries)
         owned = True
     try:
         await anyio.to_thread.run_sync(cp.apply_rbac)
@@ -72,7 +75,9 @@ async def control_plane(cluster_dir: Path | None, state_dir: Path) -> AsyncItera
         yield cp
     finally:
         if owned:
-            await anyio.to_thread.run_sync(cp.stop)
+            # Shielded: after SIGTERM or Ctrl-C this runs in a cancelled scope.
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(cp.stop)
 
 
 @asynccontextmanager

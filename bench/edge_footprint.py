@@ -46,6 +46,7 @@ import trio_websocket
 
 from bench.cluster import REPO
 from bench.procs import free_port
+from bench.waits import deadline
 from flows import imageprepulljob
 from nodetask import messages
 from nodetask.route import Route
@@ -232,7 +233,7 @@ async def _one_run(
             argv = [str(python), "-m", "roles.cli", "--role=edge", f"--config={config}", "--log-level=warning"]
             process = await anyio.open_process(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             try:
-                with anyio.fail_after(60):
+                with deadline("the agent's Hello", 60):
                     await hub.welcomed.wait()
                 await anyio.sleep(settle_s)
                 idle = await _settled_memory(process.pid)
@@ -240,7 +241,7 @@ async def _one_run(
                 agent = psutil.Process(process.pid)
                 started = time.perf_counter()
                 hub.start_pull.set()
-                with anyio.fail_after(300):
+                with deadline("the agent's pull report", 300):
                     while not hub.pulled.is_set():
                         own, children = _rss_with_children(agent)
                         peak, peak_total = max(peak, own), max(peak_total, own + children)

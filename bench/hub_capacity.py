@@ -41,6 +41,7 @@ from prometheus_client import CollectorRegistry
 
 from bench import procs
 from bench.cluster import REPO, admin
+from bench.waits import Stalled, deadline_for, until_count
 from nodetask.clock import Clock
 from roles.cloud.hub import Hub, HubSettings
 from roles.cloud.metrics import HubMetrics
@@ -117,11 +118,13 @@ async def _ready(port: int, process: anyio.abc.Process) -> None:
         except OSError:
             return False
 
-    with anyio.fail_after(60):
+    with anyio.move_on_after(60):
         while not await anyio.to_thread.run_sync(probe):
             if process.returncode is not None:
-                raise RuntimeError(f"the hub exited with status {process.returncode}")
+                raise Stalled(f"the hub exited with status {process.returncode} before /readyz answered 200")
             await anyio.sleep(0.2)
+        return
+    raise Stalled("waited 60 s for the hub's /readyz to answer 200")
 
 
 def _config(cp: ControlPlane, path: Path, *, hub_id: str, port: int, http_port: int) -> None:
@@ -136,13 +139,17 @@ def _config(cp: ControlPlane, path: Path, *, hub_id: str, port: int, http_port: 
     )
 
 
-async def _wait_metric(port: int, key: str, target: float, limit_s: float) -> dict[str, float]:
-    with anyio.fail_after(limit_s):
-        while True:
-            m = await _read_metrics(port)
-            if m.get(key, 0.0) >= target:
-                return m
-            await anyio.sleep(0.1)
+async def _wait_metric(what: str, port: int, key: str, target: float, limit_s: float) -> dict[str, float]:
+    """The hub's metrics once ``key`` reaches ``target``; Stalled naming ``what`` after ``limit_s`` seconds."""
+    latest: dict[str, float] = {}
+
+    async def count() -> float:
+        nonlocal latest
+        latest = await _read_metrics(port)
+        return latest.get(key, 0.0)
+
+    await until_count(what, count, target, limit_s=limit_s, interval_s=0.1)
+    return latest
 
 
 async def _target_job(kube: Kube, name: str) -> str:
@@ -202,10 +209,11 @@ async def run_size(cp: ControlPlane, *, sessions: int, seed: str, state_dir: Pat
 
 async def _connect(run: CapacityRun, fleet: procs.Fleet, hub_pid: int, http_port: int) -> None:
     started = time.perf_counter()
-    connected = await fleet.expect("connected", limit_s=1800)
+    connected = await fleet.expect("connected", limit_s=deadline_for(run.sessions))
     run.connect_s = float(connected["seconds"])
     # The hub marks each Node after welcoming its edge; its API writes count the marks.
-    await _wait_metric(http_port, "nodetaskd_hub_api_writes_total", run.sessions, limit_s=1800)
+    limit = deadline_for(run.sessions)
+    await _wait_metric("Nodes marked", http_port, "nodetaskd_hub_api_writes_total", run.sessions, limit_s=limit)
     run.marked_s = time.perf_counter() - started
     run.token_reads = (await _read_metrics(http_port)).get("nodetaskd_hub_token_reads_total", 0.0)
     await anyio.sleep(3)
@@ -228,7 +236,8 @@ async def _heartbeat_burst(run: CapacityRun, fleet: procs.Fleet, pids: dict[str,
     m0, cpu0, started = await _read_metrics(http_port), procs.cpu_seconds(pids), time.perf_counter()
     await fleet.command(f"heartbeats {each}")
     await fleet.expect("sent", limit_s=600)
-    m1 = await _wait_metric(http_port, key, m0.get(key, 0.0) + run.sessions * each, limit_s=600)
+    target = m0.get(key, 0.0) + run.sessions * each
+    m1 = await _wait_metric("heartbeats echoed", http_port, key, target, limit_s=600)
     elapsed, cpu = time.perf_counter() - started, procs.cpu_delta(cpu0, procs.cpu_seconds(pids))
     run.heartbeat_burst_per_s = (m1[key] - m0.get(key, 0.0)) / elapsed
     run.heartbeat_burst_cpu_pct = cpu["hub"] / elapsed * 100
@@ -280,10 +289,12 @@ async def heap_profile(cp: ControlPlane, *, sessions: int, seed: str) -> dict[st
                 gc.collect()
                 before, rss0 = tracemalloc.take_snapshot(), procs.rss_bytes(os.getpid())
                 fleet = await procs.Fleet.spawn(url=f"ws://127.0.0.1:{port}", seed=seed, count=sessions)
-                await fleet.expect("connected", limit_s=1800)
-                with anyio.fail_after(1800):
-                    while kube.writes < sessions:  # noqa: ASYNC110 - a counter, polled
-                        await anyio.sleep(0.1)
+                await fleet.expect("connected", limit_s=deadline_for(sessions))
+
+                async def writes() -> float:
+                    return kube.writes
+
+                await until_count("Nodes marked", writes, sessions, limit_s=deadline_for(sessions))
                 await anyio.sleep(3)
                 gc.collect()
                 after, rss1 = tracemalloc.take_snapshot(), procs.rss_bytes(os.getpid())

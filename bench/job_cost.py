@@ -32,6 +32,7 @@ from prometheus_client import CollectorRegistry
 
 from bench import procs
 from bench.cluster import admin, first_label
+from bench.waits import deadline_for, until_count
 from nodetask.clock import Clock
 from nodetask.phases import JobPhase, NodeTaskPhase
 from roles.cloud.hub import Hub, HubSettings
@@ -153,11 +154,13 @@ async def run_job(
             async with anyio.create_task_group() as hubs:
                 await hubs.start(functools.partial(hub.run, host="127.0.0.1", port=port, ssl_context=None))
                 fleet = await procs.Fleet.spawn(url=f"ws://127.0.0.1:{port}", seed=seed, count=nodes, delay=delay)
-                connected = await fleet.expect("connected", limit_s=600)
+                connected = await fleet.expect("connected", limit_s=deadline_for(nodes))
+
+                async def marked() -> float:
+                    return hub_kube.writes
+
                 # The hub records each session on its Node after welcoming the edge: let those writes end.
-                with anyio.fail_after(300):
-                    while hub_kube.writes < nodes:  # noqa: ASYNC110 - a counter, polled
-                        await anyio.sleep(0.05)
+                await until_count("Nodes marked", marked, nodes, limit_s=deadline_for(nodes), interval_s=0.05)
                 await anyio.sleep(1.0)
                 pids = {"hub+controller": os.getpid(), "edges": fleet.pid, **cp.pids}
                 before = (hub_kube.writes, hub_kube.conflicts, ctl_kube.writes, ctl_kube.conflicts)

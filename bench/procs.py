@@ -16,6 +16,7 @@ import psutil
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from bench.cluster import REPO
+from bench.waits import Stalled
 
 
 def free_port() -> int:
@@ -48,8 +49,9 @@ def rss_bytes(pid: int) -> int:
 class Fleet:
     """A running ``bench.fleet`` process; see that module for its line protocol."""
 
-    def __init__(self, process: anyio.abc.Process) -> None:
+    def __init__(self, process: anyio.abc.Process, count: int) -> None:
         self.process = process
+        self.count = count
         assert process.stdout is not None
         self._out = BufferedByteReceiveStream(process.stdout)
         self.pid = process.pid
@@ -61,18 +63,29 @@ class Fleet:
             f"--delay={delay}", f"--parallel={parallel}",
         ]  # fmt: skip
         process = await anyio.open_process(argv, cwd=REPO, stderr=subprocess.DEVNULL)
-        fleet = cls(process)
+        fleet = cls(process, count)
         await fleet.expect("started", limit_s=30)
         return fleet
 
     async def expect(self, event: str, *, limit_s: float) -> dict[str, Any]:
-        """The next line whose event is ``event`` (other lines are skipped)."""
-        with anyio.fail_after(limit_s):
+        """The next line whose event is ``event`` (other lines are skipped).
+
+        Raises :class:`~bench.waits.Stalled` naming the event after ``limit_s`` seconds, or once the
+        fleet process has ended without saying it.
+        """
+        with anyio.move_on_after(limit_s):
             while True:
-                line = await self._out.receive_until(b"\n", 1 << 20)
+                try:
+                    line = await self._out.receive_until(b"\n", 1 << 20)
+                except (anyio.EndOfStream, anyio.IncompleteRead):
+                    await self.process.wait()
+                    raise Stalled(
+                        f"the fleet of {self.count} edges exited (status {self.process.returncode}) before {event!r}"
+                    ) from None
                 msg: dict[str, Any] = json.loads(line)
                 if msg.get("event") == event:
                     return msg
+        raise Stalled(f"waited {limit_s:.0f} s for the fleet of {self.count} edges to say {event!r}")
 
     async def command(self, line: str) -> None:
         assert self.process.stdin is not None

@@ -4,7 +4,9 @@
 
 Raw results go to ``docs/bench/results.json``; a partial run (``--only``) keeps the other
 benchmarks' last results, and the report says when each was measured. Without ``--cluster-dir``
-the run starts its own kube-apiserver + etcd on loopback and stops it at the end.
+the run starts its own kube-apiserver + etcd on loopback and stops it at the end, also when stopped
+with Ctrl-C or SIGTERM. Every wait has a deadline (``bench/waits.py``); a run that misses one is
+reported as FAILED with what it waited for, the others go on, and the exit status is then 1.
 """
 
 from __future__ import annotations
@@ -12,19 +14,22 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import signal
 import statistics
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 import msgspec
 
 from bench import cluster, codec, edge_footprint, hub_capacity, job_cost, machine, report
 from bench.fleet import raise_fd_limit
+from bench.waits import Stalled
 from roles.logs import configure_logging
 
 RESULTS = cluster.REPO / "docs" / "bench" / "results.json"
@@ -48,7 +53,44 @@ def _log(message: str) -> None:
     sys.stderr.flush()
 
 
-async def _cluster_benchmarks(args: argparse.Namespace, results: dict[str, Any]) -> None:
+def _failed(failed: list[str], what: str, exc: Exception) -> None:
+    """Note a failed run: logged at once, listed again at the end, and the exit status says so."""
+    reason = "; ".join(str(e) if isinstance(e, Stalled) else repr(e) for e in _leaves(exc))
+    failed.append(f"{what}: {reason}")
+    _log(f"  FAILED: {reason}")
+
+
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    """The exceptions inside the groups that task groups wrap them in."""
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+    else:
+        yield exc
+
+
+async def _terminable(fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+    """Run ``fn(*args)``; SIGTERM cancels it, so that it stops what it started as after Ctrl-C, then exits 143."""
+    terminated = False
+    async with anyio.create_task_group() as tg:
+
+        async def on_sigterm(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+            nonlocal terminated
+            with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+                task_status.started()
+                async for _ in signals:
+                    terminated = True
+                    _log("SIGTERM: stopping what this run started")
+                    tg.cancel_scope.cancel()
+
+        await tg.start(on_sigterm)
+        await fn(*args)
+        tg.cancel_scope.cancel()
+    if terminated:
+        raise SystemExit(128 + signal.SIGTERM)
+
+
+async def _cluster_benchmarks(args: argparse.Namespace, results: dict[str, Any], failed: list[str]) -> None:
     sizes = sorted({*args.job_sizes, *args.hub_sizes, args.profile_job, args.heap_sessions} - {0})
     with tempfile.TemporaryDirectory(prefix="nodetaskd-bench-") as tmp:
         async with cluster.control_plane(args.cluster_dir, Path(tmp) / "cp") as cp:
@@ -62,17 +104,23 @@ async def _cluster_benchmarks(args: argparse.Namespace, results: dict[str, Any])
                 _log(f"registered in {took:.0f}s")
             # Cheapest and most robust first: the 5,000-node job is last.
             if "hub" in args.only:
-                await _hub_capacity(cp, seed, args, Path(tmp), results)
+                await _hub_capacity(cp, seed, args, Path(tmp), results, failed=failed)
             if "heap" in args.only and args.heap_sessions:
                 _log(f"hub heap profile: {args.heap_sessions} sessions")
-                heap = await hub_capacity.heap_profile(cp, sessions=args.heap_sessions, seed=seed)
-                results.setdefault("hub_capacity", {"runs": [], "measured": _now()})["heap"] = heap
-                _save(results, args)
+                try:
+                    heap = await hub_capacity.heap_profile(cp, sessions=args.heap_sessions, seed=seed)
+                except Exception as exc:  # the job series still runs
+                    _failed(failed, f"hub heap profile, {args.heap_sessions} sessions", exc)
+                else:
+                    results.setdefault("hub_capacity", {"runs": [], "measured": _now()})["heap"] = heap
+                    _save(results, args)
             if "job" in args.only:
-                await _job_cost(cp, seed, args, results)
+                await _job_cost(cp, seed, args, results, failed=failed)
 
 
-async def _job_cost(cp: Any, seed: str, args: argparse.Namespace, results: dict[str, Any]) -> None:
+async def _job_cost(
+    cp: Any, seed: str, args: argparse.Namespace, results: dict[str, Any], *, failed: list[str]
+) -> None:
     """Run the job series, storing the results after every run."""
     previous = results.get("job_cost", {})
     # Sizes not run this time keep their last results, stamped with when they were measured.
@@ -114,7 +162,7 @@ async def _job_cost(cp: Any, seed: str, args: argparse.Namespace, results: dict[
                         cp, nodes=nodes, window=window, seed=seed, delay=args.delay, limit_s=limit, index=index
                     )
                 except Exception as exc:  # one failed run must not lose the others
-                    _log(f"  FAILED: {exc!r}")
+                    _failed(failed, f"job: {nodes} nodes, window {window}s, run {index + 1}", exc)
                     continue
                 _log(
                     f"  {'completed' if run.completed else 'NOT completed'} in {run.seconds:.1f}s, "
@@ -124,7 +172,9 @@ async def _job_cost(cp: Any, seed: str, args: argparse.Namespace, results: dict[
                 _save(results, args)
 
 
-async def _hub_capacity(cp: Any, seed: str, args: argparse.Namespace, tmp: Path, results: dict[str, Any]) -> None:
+async def _hub_capacity(
+    cp: Any, seed: str, args: argparse.Namespace, tmp: Path, results: dict[str, Any], *, failed: list[str]
+) -> None:
     """Run the hub series, storing the results after every run."""
     runs: list[dict[str, Any]] = []
     # The heap profile is a series of its own (--only heap): a hub-only run keeps the last one.
@@ -137,7 +187,7 @@ async def _hub_capacity(cp: Any, seed: str, args: argparse.Namespace, tmp: Path,
             try:
                 run = await hub_capacity.run_size(cp, sessions=sessions, seed=seed, state_dir=tmp, index=index)
             except Exception as exc:  # one failed run must not lose the others
-                _log(f"  FAILED: {exc!r}")
+                _failed(failed, f"hub: {sessions} sessions, run {index + 1}", exc)
                 continue
             _log(f"  connected in {run.connect_s:.1f}s, {run.per_session_bytes / 1024:.1f} KiB/session")
             runs.append({**asdict(run), "per_session_bytes": run.per_session_bytes, "load": _load()})
@@ -207,14 +257,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     configure_logging(level="error", fmt="console")
     results: dict[str, Any] = msgspec.json.decode(RESULTS.read_bytes()) if RESULTS.exists() else {}
     results["machine"] = machine.describe()
+    failed: list[str] = []
     if "codec" in args.only:
         results["codec"] = _codec(args)
         _save(results, args)
     if "edge" in args.only:
-        results["edge_footprint"] = anyio.run(_edge_footprint, args, backend="trio")
-        _save(results, args)
+        anyio.run(_terminable, _edge_footprint_into, args, results, backend="trio")
     if "job" in args.only or "hub" in args.only:
-        anyio.run(_cluster_benchmarks, args, results, backend="trio")
+        anyio.run(_terminable, _cluster_benchmarks, args, results, failed, backend="trio")
+    if failed:
+        _log(f"{len(failed)} run(s) FAILED and are missing from the report:")
+        for line in failed:
+            _log(f"  {line}")
+        raise SystemExit(1)
+
+
+async def _edge_footprint_into(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    results["edge_footprint"] = await _edge_footprint(args)
+    _save(results, args)
 
 
 def _save(results: dict[str, Any], args: argparse.Namespace) -> None:

@@ -130,9 +130,11 @@ def router(routes: Iterable[Route]) -> Handler:
     return route
 
 
-def health_routes(*, ready: Callable[[], bool], registry: CollectorRegistry) -> tuple[Route, ...]:
+def health_routes(
+    *, ready: Callable[[], bool], registry: CollectorRegistry, why_not_ready: Callable[[], str] = lambda: ""
+) -> tuple[Route, ...]:
     """``/healthz`` and ``/livez`` (200 while the event loop serves), ``/readyz`` (200 when ``ready()``,
-    else 503) and ``/metrics`` (Prometheus text format from ``registry``)."""
+    else 503 saying ``why_not_ready()``) and ``/metrics`` (Prometheus text format from ``registry``)."""
 
     async def live(_: Request) -> Response:
         return Response.text(HTTPStatus.OK, "ok")
@@ -140,7 +142,7 @@ def health_routes(*, ready: Callable[[], bool], registry: CollectorRegistry) -> 
     async def readyz(_: Request) -> Response:
         if ready():
             return Response.text(HTTPStatus.OK, "ok")
-        return Response.text(HTTPStatus.SERVICE_UNAVAILABLE, "not ready")
+        return Response.text(HTTPStatus.SERVICE_UNAVAILABLE, why_not_ready() or "not ready")
 
     async def metrics(_: Request) -> Response:
         return Response(status=HTTPStatus.OK, body=generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

@@ -36,6 +36,7 @@ def settings_of(cfg: CloudConfig) -> HubSettings:
         handshake_timeout=cfg.handshake_timeout,
         max_handshakes=cfg.max_handshakes,
         max_sessions=cfg.max_sessions,
+        mark_pending_limit=cfg.mark_pending_limit,
     )
 
 
@@ -71,7 +72,9 @@ async def run(cfg: RoleConfig, *, log: structlog.typing.FilteringBoundLogger, co
             ),
         )
         http_host, http_port = cfg.http_address
-        routes = router((*health_routes(ready=hub.ready, registry=registry), *hub.http_routes()))
+        routes = router(
+            (*health_routes(ready=hub.ready, why_not_ready=hub.why_not_ready, registry=registry), *hub.http_routes())
+        )
         serve = functools.partial(
             serve_http,
             routes,

@@ -60,6 +60,7 @@ from nodetask.registry_auth import DockerConfig, encode_credentials, parse_docke
 from roles.cloud.auth import AuthError, TokenBook, bearer_token
 from roles.cloud.changes import RecordOutcome, dispatchable, record
 from roles.cloud.ingress import Admission, LogThrottle, PeerWatch, Slots, connection_limits, fd_limit
+from roles.cloud.marks import PendingMarks
 from roles.cloud.metrics import HubMetrics
 from roles.cloud.runner import JobRunner
 from roles.cloud.sessions import Session, SessionTable
@@ -115,6 +116,8 @@ class HubSettings:
     """Edge connections at once past it (None: from RLIMIT_NOFILE, see ingress)."""
     compact_status_above: int | None = 1000
     """Jobs of more nodes keep a compact status entry per succeeded node (None: never)."""
+    mark_pending_limit: float = 120.0
+    """A Node mark pending longer than this makes the hub not ready (its API writes are stuck)."""
 
 
 @dataclass(slots=True)
@@ -173,6 +176,9 @@ class Hub:
             max_sessions=self._session_places.total,
             fd_limit=fds,
         )
+        self.marks: Final = PendingMarks(anyio.current_time)
+        metrics.marks_pending.set_function(lambda: len(self.marks))
+        metrics.mark_oldest.set_function(self.marks.oldest_age)
 
     # --------------------------------------------------------------------------------- lifecycle
 
@@ -193,6 +199,7 @@ class Hub:
                 await tg.start(self._kube.watch, job_resource(jt.kind), send)
             self._synced.set()
             await tg.start(self.tokens.watch)
+            tg.start_soon(self._watch_marks)
             server_scope = anyio.CancelScope(shield=True)
             server_ready = anyio.Event()
             tg.start_soon(self._serve, host, port, ssl_context, server_scope, server_ready)
@@ -709,8 +716,20 @@ class Hub:
         return (Route("POST", "/task/", self._task_status, prefix=True),)
 
     def ready(self) -> bool:
-        """Serving edges and holding a synced job cache."""
-        return self._synced.is_set() and self.port != 0
+        """Serving edges, holding a synced job cache, and no Node mark stuck (see :meth:`why_not_ready`)."""
+        return not self.why_not_ready()
+
+    def why_not_ready(self) -> str:
+        """What keeps the hub from being ready, or empty when it is."""
+        if not self._synced.is_set() or self.port == 0:
+            return "starting: job cache not synced or edge listener not bound yet"
+        age = self.marks.oldest_age()
+        if age > self.settings.mark_pending_limit:
+            return (
+                f"Node marks stuck: {len(self.marks)} pending, the oldest for {age:.0f} s"
+                f" (markPendingLimit {self.settings.mark_pending_limit:g} s)"
+            )
+        return ""
 
     async def _task_status(self, request: Request) -> Response:
         target = await self._task_target(request)
@@ -756,10 +775,13 @@ class Hub:
     # ------------------------------------------------------------------------------ node marks
 
     async def _admit(self, node: str, version: str, log: Log) -> None:
-        """Mark the Node as held by this hub, then offer the node to every job runner."""
-        # Shielded: a mark cancelled halfway could still land after the unmark that follows the
-        # session's end. The grace bounds how long an ended session waits for its mark's turn.
-        with anyio.move_on_after(self.settings.close_grace, shield=True):
+        """Mark the Node as held by this hub, then offer the node to every job runner.
+
+        The mark waits its turn among the API client's requests for as long as the session lives,
+        however long a connect storm makes that. The session's end cancels this task: see
+        :meth:`_mark_node` for what then happens to the mark.
+        """
+        with self.marks.pending():
             await self._mark_node(node, version, log)
         for state in list(self._jobs.values()):
             if state.runner is not None:
@@ -768,10 +790,27 @@ class Hub:
     async def _mark_node(self, node: str, version: str, log: Log) -> None:
         annotations = {HUB_ANNOTATION: self.settings.hub_id, AGENT_VERSION_ANNOTATION: version}
         try:
-            await self._kube.merge_patch(NODES, node, {"metadata": {"annotations": annotations}})
+            # Cancelled, a mark still waiting for its turn is dropped (nothing was sent), and one
+            # already sent is awaited for closeGrace: it could otherwise land after the unmark that
+            # follows the session's end.
+            await self._kube.merge_patch(
+                NODES, node, {"metadata": {"annotations": annotations}}, grace=self.settings.close_grace
+            )
         except ApiError as exc:
             # The session still works; the controller then sees the node as not connected.
             log.warning("node_not_marked", error=str(exc))
+
+    async def _watch_marks(self) -> None:
+        """Log when Node marks start and stop being stuck (readiness and metrics say so meanwhile)."""
+        stuck = False
+        while True:
+            await anyio.sleep(min(10.0, self.settings.mark_pending_limit / 4))
+            now_stuck = self.marks.oldest_age() > self.settings.mark_pending_limit
+            if now_stuck and not stuck:
+                self._log.warning("node_marks_stuck", error=self.why_not_ready())
+            elif stuck and not now_stuck:
+                self._log.info("node_marks_flowing", pending=len(self.marks))
+            stuck = now_stuck
 
     async def _unmark_node(self, node: str, log: Log) -> None:
         for _ in range(5):

@@ -97,4 +97,14 @@ class HubMetrics:
         self.handshakes = Gauge(
             "nodetaskd_hub_handshakes", "Edge connections not yet past their token check.", registry=registry
         )
+        self.marks_pending = Gauge(
+            "nodetaskd_hub_node_marks_pending",
+            "Node marks (hub and agent-version annotations) waiting for their turn or their answer.",
+            registry=registry,
+        )
+        self.mark_oldest = Gauge(
+            "nodetaskd_hub_node_mark_oldest_seconds",
+            "How long the oldest pending Node mark has waited (0 when none is pending).",
+            registry=registry,
+        )
         registry.register(_KubeCounters(kube))

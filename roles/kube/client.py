@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Final, TypeVar
 
 import anyio
 import anyio.abc
 import msgspec
+import outcome
 import structlog
 import trio
 import trio_asyncio
@@ -30,6 +31,7 @@ from roles.kube.resources import Resource
 from roles.kube.watching import Invalid, Relisted, WatchEvent, list_objects, watch_loop
 
 T = TypeVar("T", bound=msgspec.Struct)
+R = TypeVar("R")
 Log = structlog.typing.FilteringBoundLogger
 
 _ENCODER = msgspec.json.Encoder()
@@ -54,8 +56,12 @@ class Kube:
         """Successful writes (a metric)."""
         self._in_flight = anyio.CapacityLimiter(REQUESTS_IN_FLIGHT)
 
-    async def _request(self, method: str, path: str, **kwargs: Any) -> bytes:
+    async def _request(self, method: str, path: str, *, grace: float = 0.0, **kwargs: Any) -> bytes:
+        # Cancellable while it waits for a slot (nothing has been sent yet); once sent, see `grace`.
         async with self._in_flight:
+            if grace > 0:
+                sent: bytes = await _seen_through(grace, self._cross, self._api.request, method, path, **kwargs)
+                return sent
             data: bytes = await self._cross(self._api.request, method, path, **kwargs)
         return data
 
@@ -88,10 +94,22 @@ class Kube:
         return resource.decoder().decode(data)
 
     async def merge_patch(
-        self, resource: Resource[T], name: str, patch: dict[str, Any], *, namespace: str = "", subresource: str = ""
+        self,
+        resource: Resource[T],
+        name: str,
+        patch: dict[str, Any],
+        *,
+        namespace: str = "",
+        subresource: str = "",
+        grace: float = 0.0,
     ) -> T:
-        """JSON merge patch; put ``metadata.resourceVersion`` in ``patch`` to make it conditional."""
-        data = await self._patch(resource.path(name, namespace=namespace, subresource=subresource), patch)
+        """JSON merge patch; put ``metadata.resourceVersion`` in ``patch`` to make it conditional.
+
+        With ``grace``, a patch already sent when the caller is cancelled is still awaited for up to
+        ``grace`` seconds, so that the caller knows it has landed (or failed) before it moves on; a
+        patch still waiting for its turn is dropped at once.
+        """
+        data = await self._patch(resource.path(name, namespace=namespace, subresource=subresource), patch, grace=grace)
         return resource.decoder().decode(data)
 
     async def merge_patch_raw(
@@ -100,13 +118,19 @@ class Kube:
         """A merge patch whose answer is not decoded: for objects that do not decode into their type."""
         await self._patch(resource.path(name, namespace=namespace, subresource=subresource), patch)
 
-    async def _patch(self, path: str, patch: dict[str, Any]) -> bytes:
-        data = await self._request("PATCH", path, body=_ENCODER.encode(patch), content_type=MERGE_PATCH)
+    async def _patch(self, path: str, patch: dict[str, Any], *, grace: float = 0.0) -> bytes:
+        data = await self._request("PATCH", path, body=_ENCODER.encode(patch), content_type=MERGE_PATCH, grace=grace)
         self.writes += 1
         return data
 
     async def delete(self, resource: Resource[Any], name: str, *, namespace: str = "") -> None:
         await self._request("DELETE", resource.path(name, namespace=namespace))
+
+    async def delete_all(self, resource: Resource[Any], *, label_selector: str, namespace: str = "") -> None:
+        """Delete every object that ``label_selector`` matches, in one request (a delete collection)."""
+        if not label_selector:
+            raise ValueError(f"deleting every {resource.plural} needs a label selector")
+        await self._request("DELETE", resource.path(namespace=namespace), query={"labelSelector": label_selector})
 
     async def update_status(
         self,
@@ -188,6 +212,33 @@ class Kube:
             tg.start_soon(self._cross, loop)
             await listed.wait()
             task_status.started()
+
+
+async def _seen_through(grace: float, fn: Callable[..., Awaitable[R]], *args: Any, **kwargs: Any) -> R:
+    """``await fn(*args, **kwargs)``, which a cancellation stops only after ``grace`` more seconds.
+
+    The call runs shielded in a task of its own; a cancellation of the caller starts the clock on
+    the shield, and the cancellation is re-raised once the call has ended (answered or stopped).
+    """
+    result: outcome.Outcome[R] | None = None
+    shield = anyio.CancelScope(shield=True)
+    done = anyio.Event()
+
+    async def run() -> None:
+        nonlocal result
+        with shield:
+            result = await outcome.acapture(fn, *args, **kwargs)
+        done.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        try:
+            await done.wait()
+        except anyio.get_cancelled_exc_class():
+            shield.deadline = anyio.current_time() + grace
+            raise
+    assert result is not None
+    return result.unwrap()
 
 
 @asynccontextmanager

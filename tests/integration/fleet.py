@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import secrets
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 
 import anyio
@@ -29,24 +29,34 @@ async def admin(cp: ControlPlane) -> AsyncIterator[Kube]:
 
 
 async def register_edges(
-    cp: ControlPlane, names: Iterable[str], *, namespace: str = TOKEN_NAMESPACE, labelled: bool = True
+    cp: ControlPlane,
+    names: Iterable[str],
+    *,
+    namespace: str = TOKEN_NAMESPACE,
+    labelled: bool = True,
+    extra_labels: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """Create Ready edge Nodes and their token Secrets (``labelled`` for hubs to watch); returns each token."""
+    """Create Ready edge Nodes and their token Secrets (``labelled`` for hubs to watch); returns each token.
+
+    ``extra_labels`` go on the Nodes and the Secrets alike (to delete them together afterwards).
+    """
     tokens: dict[str, str] = {}
+    extra = dict(extra_labels or {})
     async with admin(cp) as kube, anyio.create_task_group() as tg:
         for name in names:
             tokens[name] = secrets.token_urlsafe(24)
             secret = token_secret(name, tokens[name], namespace=namespace)
-            if not labelled:
-                secret = msgspec.structs.replace(secret, metadata=msgspec.structs.replace(secret.metadata, labels={}))
-            tg.start_soon(_register, kube, name, secret)
+            labels = {**(secret.metadata.labels if labelled else {}), **extra}
+            secret = msgspec.structs.replace(secret, metadata=msgspec.structs.replace(secret.metadata, labels=labels))
+            tg.start_soon(_register, kube, name, secret, extra)
     return tokens
 
 
-async def _register(kube: Kube, name: str, secret: Secret) -> None:
-    node = await kube.create(NODES, Node(metadata=ObjectMeta(name=name, labels={EDGE_ROLE_LABEL: ""})))
+async def _register(kube: Kube, name: str, secret: Secret, labels: dict[str, str]) -> None:
+    # Created with its status, as a kubelet registers a Node: one request instead of two.
     ready = NodeStatus(conditions=(NodeCondition(type="Ready", status="True", reason="Test", message="test"),))
-    await kube.replace(NODES, Node(metadata=node.metadata, status=ready), subresource="status")
+    meta = ObjectMeta(name=name, labels={EDGE_ROLE_LABEL: "", **labels})
+    await kube.create(NODES, Node(metadata=meta, status=ready))
     await kube.create(SECRETS, secret, namespace=secret.metadata.namespace)
 
 
