@@ -177,6 +177,8 @@ class Hub:
             fd_limit=fds,
         )
         self.marks: Final = PendingMarks(anyio.current_time)
+        self._unmarking: set[anyio.CancelScope] = set()
+        self._unmark_deadline = math.inf
         metrics.marks_pending.set_function(lambda: len(self.marks))
         metrics.mark_oldest.set_function(self.marks.oldest_age)
 
@@ -209,6 +211,7 @@ class Hub:
                 await anyio.sleep_forever()
             finally:
                 with anyio.CancelScope(shield=True):
+                    self._bound_unmarks()
                     await self._close_sessions()
                     server_scope.cancel()
 
@@ -549,10 +552,11 @@ class Hub:
                     tg.cancel_scope.cancel()
         finally:
             current = self.sessions.remove(session) if removed is None else removed
-            with anyio.CancelScope(shield=True), anyio.move_on_after(self.settings.close_grace):
+            with anyio.CancelScope(shield=True):
                 if current:
-                    await self._unmark_node(node, log)
-                await ws.aclose(GOING_AWAY if ws.closed is None else 1000)
+                    await self._unmark(node, log)
+                with anyio.move_on_after(self.settings.close_grace):
+                    await ws.aclose(GOING_AWAY if ws.closed is None else 1000)
             log.info("edge_disconnected", reason=str(ws.closed))
 
     async def _hello(self, ws: trio_websocket.WebSocketConnection, node: str, log: Log) -> Hello | None:
@@ -811,6 +815,33 @@ class Hub:
             elif stuck and not now_stuck:
                 self._log.info("node_marks_flowing", pending=len(self.marks))
             stuck = now_stuck
+
+    async def _unmark(self, node: str, log: Log) -> None:
+        """Take this hub's mark off the Node of an ended session.
+
+        No deadline while the hub runs: when many sessions end at once, their unmarks queue behind
+        the API client's limit just as a storm's marks do, and one cut off would leave the Node
+        claiming a session that is gone. Only a stopping hub bounds them, by ``close_grace``.
+        """
+        with anyio.CancelScope(deadline=self._unmark_deadline) as scope:
+            self._unmarking.add(scope)
+            try:
+                await self._unmark_node(node, log)
+            finally:
+                self._unmarking.discard(scope)
+        if scope.cancelled_caught:
+            log.warning("node_not_unmarked", error="the hub stopped before its turn came")
+
+    def _bound_unmarks(self) -> None:
+        """The hub is stopping: unmarks under way or to come get ``close_grace`` from now."""
+        self._unmark_deadline = anyio.current_time() + self.settings.close_grace
+        for scope in self._unmarking:
+            scope.deadline = min(scope.deadline, self._unmark_deadline)
+
+    @property
+    def unmarks_pending(self) -> int:
+        """Unmarks of ended sessions not yet answered."""
+        return len(self._unmarking)
 
     async def _unmark_node(self, node: str, log: Log) -> None:
         for _ in range(5):
