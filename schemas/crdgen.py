@@ -1,6 +1,7 @@
 """Generate the CustomResourceDefinitions from the Struct types.
 
-``python -m schemas.crdgen [OUTDIR]`` (``just crds``) writes one YAML file per kind. msgspec's JSON
+``python -m schemas.crdgen [OUTDIR]`` (``just crds``) writes one YAML file per kind, node jobs and
+diagnosis kinds alike. msgspec's JSON
 Schema is turned into a Kubernetes *structural* schema: ``$ref`` inlined, ``Optional`` as
 ``nullable``, no ``default``/``title``/``enum`` (KubeEdge's CRDs have none, and defaults belong to the
 webhook), no ``additionalProperties: false`` (structural schemas forbid it beside ``properties``).
@@ -16,7 +17,7 @@ from typing import Any
 import msgspec
 import yaml
 
-from schemas.kinds import CATEGORY, GROUP, KINDS, Kind
+from schemas.kinds import CATEGORY, DIAGNOSIS_CATEGORY, DIAGNOSIS_KINDS, GROUP, KINDS, DiagnosisKind, Kind
 
 CRD_DIR = Path(__file__).parent / "crds"
 
@@ -28,6 +29,7 @@ _REQUIRED: Mapping[tuple[str, str], tuple[str, ...]] = {
 _STATUS_REQUIRED: Mapping[tuple[str, str], tuple[str, ...]] = {(k.kind, "v1alpha2"): ("phase",) for k in KINDS}
 _INT_BOUNDS = frozenset({-(2**31), 2**31 - 1, 2**32 - 1})
 _ATOMIC_SELECTOR = {"x-kubernetes-map-type": "atomic"}
+_SELECTOR_KEYS = frozenset({"labelSelector", "nodeSelector", "podSelector", "targetNodeSelector", "targetPodSelector"})
 
 _PRINTER_COLUMNS: tuple[dict[str, Any], ...] = (
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
@@ -38,6 +40,43 @@ _PRINTER_COLUMNS: tuple[dict[str, Any], ...] = (
     {"name": "Unknown", "type": "integer", "jsonPath": ".status.nodeCounts.unknown", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 )
+
+
+def _column(name: str, type_: str, json_path: str, priority: int = 0) -> dict[str, Any]:
+    column: dict[str, Any] = {"name": name, "type": type_, "jsonPath": json_path}
+    if priority:
+        column["priority"] = priority
+    return column
+
+
+_AGE = _column("Age", "date", ".metadata.creationTimestamp")
+# KubeDiag's columns, plus where a run is and what an Operation runs.
+_DIAGNOSIS_COLUMNS: Mapping[str, tuple[dict[str, Any], ...]] = {
+    "Operation": (
+        _column("Builtin", "string", ".spec.processor.builtin.name"),
+        _column("Address", "string", ".spec.processor.httpServer.address"),
+        _column("Script", "string", ".spec.processor.scriptRunner.script", priority=1),
+        _column("Timeout", "integer", ".spec.processor.timeoutSeconds"),
+        _AGE,
+    ),
+    "OperationSet": (_column("Ready", "boolean", ".status.ready"), _AGE),
+    "Diagnosis": (
+        _column("OperationSet", "string", ".spec.operationSet"),
+        _column("Phase", "string", ".status.phase"),
+        _column("Path", "integer", ".status.checkpoint.pathIndex", priority=1),
+        _column("Stage", "integer", ".status.checkpoint.nodeIndex", priority=1),
+        _AGE,
+    ),
+    "Task": (
+        _column("Operation", "string", ".spec.operation"),
+        _column("NodeName", "string", ".spec.nodeName"),
+        _column("PodNamespace", "string", ".spec.podReference.namespace", priority=1),
+        _column("PodName", "string", ".spec.podReference.name", priority=1),
+        _column("PodContainer", "string", ".spec.podReference.container", priority=1),
+        _column("Phase", "string", ".status.phase"),
+        _AGE,
+    ),
+}
 
 
 def _structural(node: Any, defs: Mapping[str, Any]) -> Any:
@@ -102,10 +141,10 @@ def version_schema(kind: Kind, version: str) -> dict[str, Any]:
 
 
 def _mark_selectors(node: Any) -> None:
-    """KubeEdge's CRDs mark label selectors (and their expressions) atomic, as controller-gen does."""
+    """Label selectors (and their expressions) are atomic, as controller-gen marks them."""
     if isinstance(node, dict):
         for key, value in node.get("properties", {}).items():
-            if key == "labelSelector":
+            if key in _SELECTOR_KEYS:
                 value.update(_ATOMIC_SELECTOR)
                 exprs = value["properties"]["matchExpressions"]
                 exprs["x-kubernetes-list-type"] = "atomic"
@@ -147,15 +186,65 @@ def crd(kind: Kind) -> dict[str, Any]:
     }
 
 
-def render(kind: Kind) -> str:
+def diagnosis_crd(kind: DiagnosisKind) -> dict[str, Any]:
+    """The CustomResourceDefinition of one diagnosis kind."""
+    raw = msgspec.json.schema(kind.object_type)
+    schema: dict[str, Any] = _structural(raw, raw.get("$defs", {}))
+    props = schema["properties"]
+    props["metadata"] = {"type": "object"}
+    props["apiVersion"] = {"type": "string"}
+    props["kind"] = {"type": "string"}
+    _mark_selectors(schema)
+    schema.pop("description", None)
+    version = {
+        "name": kind.version,
+        "served": True,
+        "storage": True,
+        "schema": {"openAPIV3Schema": schema},
+        "subresources": {"status": {}},
+        "additionalPrinterColumns": [dict(c) for c in _DIAGNOSIS_COLUMNS[kind.kind]],
+    }
+    if "status" not in props:
+        del version["subresources"]  # an Operation has a spec only
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": kind.crd_name},
+        "spec": {
+            "group": kind.group,
+            "names": {
+                "kind": kind.kind,
+                "listKind": f"{kind.kind}List",
+                "plural": kind.plural,
+                "singular": kind.singular,
+                "shortNames": list(kind.short_names),
+                "categories": [DIAGNOSIS_CATEGORY],
+            },
+            "scope": "Namespaced" if kind.namespaced else "Cluster",
+            "versions": [version],
+        },
+    }
+
+
+class _Dumper(yaml.SafeDumper):
+    """Writes a list shared by two schema nodes twice instead of as a YAML anchor and alias."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def render(kind: Kind | DiagnosisKind) -> str:
     """The CRD as the YAML text committed under ``schemas/crds``."""
     header = "# Generated by `just crds` (python -m schemas.crdgen) from the Struct types. Do not edit.\n"
-    return header + yaml.safe_dump(crd(kind), sort_keys=False, width=120)
+    document = diagnosis_crd(kind) if isinstance(kind, DiagnosisKind) else crd(kind)
+    return header + yaml.dump(document, Dumper=_Dumper, sort_keys=False, width=120)
 
 
 def expected_files() -> dict[str, str]:
     """File name to content, for every kind."""
-    return {f"{GROUP}_{k.plural}.yaml": render(k) for k in KINDS}
+    files = {f"{GROUP}_{k.plural}.yaml": render(k) for k in KINDS}
+    files.update({f"{k.group}_{k.plural}.yaml": render(k) for k in DIAGNOSIS_KINDS})
+    return files
 
 
 def main(argv: list[str]) -> int:

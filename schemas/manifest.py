@@ -1,19 +1,21 @@
-"""Decode a node-job object of any served kind and version, validated once, here."""
+"""Decode a node-job or diagnosis object of any served kind and version, validated once, here."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
 from nodetask import nesting
-from schemas.kinds import GROUP, KINDS, Kind
+from schemas import diagnosis
+from schemas.kinds import DIAGNOSIS_KINDS, GROUP, KINDS, DiagnosisKind, Kind
 
-__all__ = ["ManifestError", "decode_job", "kind_of"]
+__all__ = ["ManifestError", "decode_diagnosis_object", "decode_job", "diagnosis_kind_of", "kind_of"]
 
 
 class ManifestError(ValueError):
-    """The document is not a valid node job; the message names the field path."""
+    """The document is not a valid object of its kind; the message names the field path."""
 
 
 class _Head(msgspec.Struct, rename="camel"):
@@ -34,6 +36,34 @@ def kind_of(api_version: str, kind: str) -> tuple[Kind, str]:
     raise ManifestError(f"kind {kind!r} is not a node job (known: {', '.join(k.kind for k in KINDS)})")
 
 
+def diagnosis_kind_of(api_version: str, kind: str) -> DiagnosisKind:
+    """The :class:`DiagnosisKind` for an object's ``apiVersion`` and ``kind``."""
+    group, _, version = api_version.partition("/")
+    if group != diagnosis.GROUP:
+        raise ManifestError(f"apiVersion {api_version!r} is not in the {diagnosis.GROUP} group")
+    if version != diagnosis.VERSION:
+        raise ManifestError(f"{diagnosis.GROUP} is served at version {diagnosis.VERSION!r} only, not {version!r}")
+    for k in DIAGNOSIS_KINDS:
+        if k.kind == kind:
+            return k
+    raise ManifestError(f"kind {kind!r} is not a diagnosis kind (known: {', '.join(k.kind for k in DIAGNOSIS_KINDS)})")
+
+
+def _decode(document: bytes | str, fmt: str, object_type: Callable[[str, str], type[Any]]) -> Any:
+    if fmt == "yaml":
+        raw = nesting.load_yaml(document)
+        head = msgspec.convert(raw, type=_Head)
+        return msgspec.convert(raw, type=object_type(head.api_version, head.kind))
+    nesting.check_json(document)
+    head = msgspec.json.decode(document, type=_Head)
+    return msgspec.json.decode(document, type=object_type(head.api_version, head.kind))
+
+
+def _job_type(api_version: str, kind: str) -> type[Any]:
+    job_kind, version = kind_of(api_version, kind)
+    return job_kind.versions[version]
+
+
 def decode_job(document: bytes | str, *, fmt: str = "json") -> Any:
     """Decode one object from JSON or YAML into the Struct of its kind and version.
 
@@ -42,16 +72,18 @@ def decode_job(document: bytes | str, *, fmt: str = "json") -> Any:
         the nesting limit (``nesting.MAX_DEPTH``).
     """
     try:
-        if fmt == "yaml":
-            raw = nesting.load_yaml(document)
-            head = msgspec.convert(raw, type=_Head)
-        else:
-            nesting.check_json(document)
-            head = msgspec.json.decode(document, type=_Head)
-        kind, version = kind_of(head.api_version, head.kind)
-        obj_type = kind.versions[version]
-        if fmt == "yaml":
-            return msgspec.convert(raw, type=obj_type)
-        return msgspec.json.decode(document, type=obj_type)
+        return _decode(document, fmt, _job_type)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise ManifestError(f"invalid node job: {exc}") from None
+
+
+def decode_diagnosis_object(document: bytes | str, *, fmt: str = "json") -> diagnosis.DiagnosisObject:
+    """Decode an Operation, OperationSet, Diagnosis or Task from JSON or YAML.
+
+    Errors: :class:`ManifestError` naming the field path or the nesting limit, as :func:`decode_job`.
+    """
+    try:
+        obj: diagnosis.DiagnosisObject = _decode(document, fmt, lambda v, k: diagnosis_kind_of(v, k).object_type)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise ManifestError(f"invalid {diagnosis.GROUP} object: {exc}") from None
+    return obj

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from schemas import crdgen
-from schemas.kinds import KINDS
+from schemas.kinds import DIAGNOSIS_KINDS, KINDS
 
 
 def _walk(node: Any, path: str = "") -> list[tuple[str, Any]]:
@@ -29,7 +29,7 @@ def test_committed_crd_is_current(name: str, text: str) -> None:
     assert committed == text, f"schemas/crds/{name} is stale: run `just crds`"
 
 
-@pytest.mark.parametrize("kind", KINDS, ids=lambda k: k.kind)
+@pytest.mark.parametrize("kind", KINDS + DIAGNOSIS_KINDS, ids=lambda k: k.kind)
 def test_crd_schemas_are_structural(kind: Any) -> None:
     """Every schema node has a type, and there is no $ref, default, anyOf or CEL rule."""
     crd = yaml.safe_load(crdgen.render(kind))
@@ -76,3 +76,104 @@ def test_crd_versions_scope_and_names() -> None:
     update = by_kind["ConfigUpdateJob"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     fields = update["properties"]["spec"]["properties"]["updateFields"]
     assert fields == {"type": "object", "additionalProperties": {"type": "string"}}
+
+
+# Short names of the built-in resources of Kubernetes 1.20, which a CRD must not shadow.
+_CORE_SHORT_NAMES = frozenset(
+    {
+        "cs",
+        "cm",
+        "ds",
+        "deploy",
+        "ep",
+        "ev",
+        "hpa",
+        "ing",
+        "limits",
+        "no",
+        "ns",
+        "pdb",
+        "po",
+        "psp",
+        "pv",
+        "pvc",
+        "quota",
+        "rc",
+        "rs",
+        "sa",
+        "sc",
+        "sts",
+        "svc",
+        "crd",
+        "csr",
+        "netpol",
+        "pc",
+    }
+)
+
+
+def test_diagnosis_crds_scope_names_and_columns() -> None:
+    """KubeDiag's group at v1, cluster-scoped Operation(Set), namespaced Diagnosis and Task, one category."""
+    crds = {k.kind: yaml.safe_load(crdgen.render(k)) for k in DIAGNOSIS_KINDS}
+    scopes = {kind: crd["spec"]["scope"] for kind, crd in crds.items()}
+    assert scopes == {
+        "Operation": "Cluster",
+        "OperationSet": "Cluster",
+        "Diagnosis": "Namespaced",
+        "Task": "Namespaced",
+    }
+    short_names = set()
+    for crd in crds.values():
+        spec = crd["spec"]
+        assert spec["group"] == "diagnosis.kubediag.org"
+        assert spec["names"]["categories"] == ["kubediag"]
+        short_names.update(spec["names"]["shortNames"])
+        [version] = spec["versions"]
+        assert (version["name"], version["served"], version["storage"]) == ("v1", True, True)
+        assert version["additionalPrinterColumns"][-1]["name"] == "Age"
+    assert short_names == {"op", "opset", "diag", "diagtask"}
+    assert not short_names & _CORE_SHORT_NAMES
+    diag = crds["Diagnosis"]["spec"]["versions"][0]
+    columns = {c["name"]: c["jsonPath"] for c in diag["additionalPrinterColumns"]}
+    assert columns["OperationSet"] == ".spec.operationSet"
+    assert columns["Phase"] == ".status.phase"
+    assert diag["subresources"] == {"status": {}}
+    assert "subresources" not in crds["Operation"]["spec"]["versions"][0]  # an Operation has no status
+    schema = diag["schema"]["openAPIV3Schema"]
+    assert schema["required"] == ["spec"]
+    targets = schema["properties"]["spec"]["properties"]["targetSelector"]["properties"]
+    assert set(targets) == {
+        "targetNodeSelector",
+        "targetNodeNames",
+        "targetPodSelector",
+        "targetPodNames",
+        "nodeSelector",
+        "nodeNames",
+        "podSelector",
+        "podReferences",
+    }
+    assert targets["nodeSelector"]["x-kubernetes-map-type"] == "atomic"
+    status = schema["properties"]["status"]["properties"]
+    checkpoint = status["checkpoint"]["properties"]
+    assert list(checkpoint) == [
+        "pathIndex",
+        "nodeIndex",
+        "desired",
+        "active",
+        "succeeded",
+        "failed",
+        "synchronizedTasks",
+    ]
+    operations = status["context"]["properties"]["operations"]
+    assert operations["additionalProperties"]["additionalProperties"] == {
+        "type": "object",
+        "additionalProperties": {"type": "string"},
+    }
+
+
+def test_generated_crds_carry_no_yaml_aliases() -> None:
+    """A list shared by two schema nodes is written out twice, never as an anchor and alias."""
+    for kind in KINDS + DIAGNOSIS_KINDS:
+        text = crdgen.render(kind)
+        assert "&id" not in text
+        assert "*id" not in text
