@@ -18,6 +18,7 @@ __all__ = [
     "InvalidName",
     "check_object_name",
     "clip",
+    "is_object_name",
     "object_name_problem",
 ]
 
@@ -37,6 +38,11 @@ CLIP: Final = 256
 
 class InvalidName(ValueError):
     """Not a Kubernetes object name; the message says what was expected."""
+
+
+def is_object_name(name: str) -> bool:
+    """Whether ``name`` is a Kubernetes object name (a DNS-1123 subdomain of at most 253 characters)."""
+    return not object_name_problem(name)
 
 
 def object_name_problem(name: str) -> str:

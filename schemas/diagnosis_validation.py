@@ -17,19 +17,19 @@ parameters may not shadow the keys every Task gets, and the spec of a Diagnosis 
 from __future__ import annotations
 
 import ipaddress
-import re
 from collections.abc import Mapping
 from typing import Any, Final
 
 import msgspec
 
+from nodetask.names import is_object_name
 from schemas import diagnosis_graph
 from schemas.diagnosis import BUILTIN_PROCESSORS, DEFAULT_TIMEOUT_SECONDS, TELEMETRY_KEYS, AdjacencyNode, StagePolicy
 from schemas.kinds import DIAGNOSIS, DIAGNOSIS_TASK, OPERATION, OPERATION_SET, DiagnosisKind
 from schemas.manifest import ManifestError, diagnosis_kind_of
-from schemas.validation import _MSGSPEC_PATH, FieldError, PatchOperation, _Checker, _json_type, _without_nulls
+from schemas.validation import MSGSPEC_PATH, Checker, FieldError, PatchOperation, json_type, without_nulls
 
-__all__ = ["default_patch", "is_dns_subdomain", "validate_create", "validate_update"]
+__all__ = ["default_patch", "validate_create", "validate_update"]
 
 _PROCESSORS: Final = ("httpServer", "scriptRunner", "builtin")
 _ONE_PROCESSOR: Final = "must set exactly one of httpServer, scriptRunner, builtin"
@@ -44,36 +44,30 @@ _TARGETS: Final = (
     ("targetPodNames", "podReferences", list, "an array of pod references"),
 )
 _ONE_TARGET: Final = "set exactly one of nodeSelector, nodeNames, podSelector, podReferences"
-_DNS_SUBDOMAIN: Final = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", re.ASCII)
 _INT32_MAX: Final = 2**31 - 1
 
 
-def is_dns_subdomain(value: str) -> bool:
-    """An RFC 1123 subdomain, as Kubernetes object names and KubeDiag's host names must be."""
-    return len(value) <= 253 and _DNS_SUBDOMAIN.fullmatch(value) is not None
-
-
-def _check_name(c: _Checker, obj: Mapping[str, Any], key: str, path: str, what: str) -> None:
+def _check_name(c: Checker, obj: Mapping[str, Any], key: str, path: str, what: str) -> None:
     """A required reference to another object by name."""
     name = c.typed(obj, key, path, str, "a string")
     if obj.get(key) is None or name == "":
         c.fail(f"{path}.{key}", f"is required: the name of the {what}")
-    elif name is not None and not is_dns_subdomain(name):
+    elif name is not None and not is_object_name(name):
         c.fail(f"{path}.{key}", f"must be the name of an {what} (a lowercase DNS subdomain), got {name!r}")
 
 
-def _check_strings(c: _Checker, obj: Mapping[str, Any], key: str, path: str) -> dict[str, Any]:
+def _check_strings(c: Checker, obj: Mapping[str, Any], key: str, path: str) -> dict[str, Any]:
     """An object of strings such as ``parameters``; returns it (empty when absent or wrong)."""
     values = c.typed(obj, key, path, dict, "an object of strings")
     for name, value in (values or {}).items():
         if not name:
             c.fail(f"{path}.{key}", "keys must not be empty")
         if not isinstance(value, str):
-            c.fail(f"{path}.{key}[{name!r}]", f"must be a string, got {_json_type(value)}")
+            c.fail(f"{path}.{key}[{name!r}]", f"must be a string, got {json_type(value)}")
     return values or {}
 
 
-def _check_http(c: _Checker, server: Mapping[str, Any], path: str) -> None:
+def _check_http(c: Checker, server: Mapping[str, Any], path: str) -> None:
     address = c.typed(server, "address", path, str, "a string")
     if address is not None and not _is_host(address):
         c.fail(f"{path}.address", f"must be an IP address or a DNS name, got {address!r}")
@@ -96,11 +90,11 @@ def _is_host(value: str) -> bool:
     try:
         ipaddress.ip_address(value)
     except ValueError:
-        return is_dns_subdomain(value)
+        return is_object_name(value)
     return True
 
 
-def _check_script(c: _Checker, runner: Mapping[str, Any], path: str) -> None:
+def _check_script(c: Checker, runner: Mapping[str, Any], path: str) -> None:
     script = c.typed(runner, "script", path, str, "a string")
     if runner.get("script") is None or script == "":
         c.fail(f"{path}.script", "is required: the script's text")
@@ -113,7 +107,7 @@ def _check_script(c: _Checker, runner: Mapping[str, Any], path: str) -> None:
         c.fail(f"{path}.operationResultKey", "must not be empty when set")
 
 
-def _check_builtin(c: _Checker, builtin: Mapping[str, Any], path: str) -> None:
+def _check_builtin(c: Checker, builtin: Mapping[str, Any], path: str) -> None:
     name = c.typed(builtin, "name", path, str, "a string")
     if builtin.get("name") is None:
         c.fail(f"{path}.name", f"is required: one of {', '.join(BUILTIN_PROCESSORS)}")
@@ -121,7 +115,7 @@ def _check_builtin(c: _Checker, builtin: Mapping[str, Any], path: str) -> None:
         c.fail(f"{path}.name", f"must be one of {', '.join(BUILTIN_PROCESSORS)}, got {name!r}")
 
 
-def _check_operation(c: _Checker, spec: Mapping[str, Any]) -> None:
+def _check_operation(c: Checker, spec: Mapping[str, Any]) -> None:
     path = "spec.processor"
     processor = c.typed(spec, "processor", "spec", dict, "an object")
     if processor is None:
@@ -143,7 +137,7 @@ def _check_operation(c: _Checker, spec: Mapping[str, Any]) -> None:
     c.check_range(processor, "timeoutSeconds", path, 1, _INT32_MAX)
 
 
-def _check_operation_set(c: _Checker, spec: Mapping[str, Any]) -> None:
+def _check_operation_set(c: Checker, spec: Mapping[str, Any]) -> None:
     path = "spec.adjacencyList"
     nodes = c.typed(spec, "adjacencyList", "spec", list, "an array of graph nodes")
     if nodes is None:
@@ -154,27 +148,27 @@ def _check_operation_set(c: _Checker, spec: Mapping[str, Any]) -> None:
     for i, node in enumerate(nodes):
         at = f"{path}[{i}]"
         if not isinstance(node, dict):
-            c.fail(at, f"must be an object, got {_json_type(node)}")
+            c.fail(at, f"must be an object, got {json_type(node)}")
             continue
         c.typed(node, "id", at, int, "an integer")
         operation = c.typed(node, "operation", at, str, "a string")
-        if operation and not is_dns_subdomain(operation):
+        if operation and not is_object_name(operation):
             message = f"must be the name of an Operation (a lowercase DNS subdomain), got {operation!r}"
             c.fail(f"{at}.operation", message)
         for key in ("to", "dependences"):
             for k, target in enumerate(c.typed(node, key, at, list, "an array of node ids") or ()):
                 if not isinstance(target, int) or isinstance(target, bool):
-                    c.fail(f"{at}.{key}[{k}]", f"must be a node id (an integer), got {_json_type(target)}")
+                    c.fail(f"{at}.{key}[{k}]", f"must be a node id (an integer), got {json_type(target)}")
     if len(c.errors) > before:
         return  # the graph cannot be read until its fields have the right types
-    graph = msgspec.convert(_without_nulls(nodes), type=tuple[AdjacencyNode, ...])
+    graph = msgspec.convert(without_nulls(nodes), type=tuple[AdjacencyNode, ...])
     for problem in diagnosis_graph.problems(graph):
         c.fail(problem.path(path), problem.message)
 
 
-def _check_pod_reference(c: _Checker, ref: object, path: str) -> None:
+def _check_pod_reference(c: Checker, ref: object, path: str) -> None:
     if not isinstance(ref, dict):
-        c.fail(path, f"must be an object with namespace and name, got {_json_type(ref)}")
+        c.fail(path, f"must be an object with namespace and name, got {json_type(ref)}")
         return
     for key in ("namespace", "name"):
         value = c.typed(ref, key, path, str, "a string")
@@ -183,7 +177,7 @@ def _check_pod_reference(c: _Checker, ref: object, path: str) -> None:
     c.typed(ref, "container", path, str, "a string")
 
 
-def _check_targets(c: _Checker, spec: Mapping[str, Any]) -> None:
+def _check_targets(c: Checker, spec: Mapping[str, Any]) -> None:
     path = "spec.targetSelector"
     selector = c.typed(spec, "targetSelector", "spec", dict, "an object")
     if selector is None:
@@ -192,10 +186,10 @@ def _check_targets(c: _Checker, spec: Mapping[str, Any]) -> None:
         return
     before = len(c.errors)
     chosen: list[str] = []
-    for design_key, head_key, json_type, name in _TARGETS:
+    for design_key, head_key, expected, name in _TARGETS:
         spelled = []
         for key in (design_key, head_key):
-            value = c.typed(selector, key, path, json_type, name)
+            value = c.typed(selector, key, path, expected, name)
             # An empty list means "not specified", as for the node jobs' nodeNames; an empty
             # selector object selects everything, as in Kubernetes.
             if value is None or value == []:
@@ -217,7 +211,7 @@ def _check_targets(c: _Checker, spec: Mapping[str, Any]) -> None:
         c.fail(path, f"must {_ONE_TARGET}, got {', '.join(chosen)}")
 
 
-def _check_diagnosis(c: _Checker, spec: Mapping[str, Any]) -> None:
+def _check_diagnosis(c: Checker, spec: Mapping[str, Any]) -> None:
     _check_name(c, spec, "operationSet", "spec", "OperationSet")
     for key in _check_strings(c, spec, "parameters", "spec"):
         if key in TELEMETRY_KEYS:
@@ -238,7 +232,7 @@ def _check_diagnosis(c: _Checker, spec: Mapping[str, Any]) -> None:
     c.check_range(spec, "ttlSecondsAfterFinished", "spec", 0, _INT32_MAX)
 
 
-def _check_task(c: _Checker, spec: Mapping[str, Any]) -> None:
+def _check_task(c: Checker, spec: Mapping[str, Any]) -> None:
     _check_name(c, spec, "operation", "spec", "Operation")
     node = c.typed(spec, "nodeName", "spec", str, "a string")
     if spec.get("nodeName") is None or node == "":
@@ -256,7 +250,7 @@ _CHECKS: Final = {
 }
 
 
-def _identify(c: _Checker, obj: Mapping[str, Any]) -> DiagnosisKind | None:
+def _identify(c: Checker, obj: Mapping[str, Any]) -> DiagnosisKind | None:
     api_version = c.typed(obj, "apiVersion", "", str, "a string")
     kind = c.typed(obj, "kind", "", str, "a string")
     if api_version is None or kind is None:
@@ -274,9 +268,9 @@ def _identify(c: _Checker, obj: Mapping[str, Any]) -> DiagnosisKind | None:
 def _type_errors(obj: Mapping[str, Any], kind: DiagnosisKind) -> list[FieldError]:
     """Whatever the rules did not cover, as msgspec reports it when converting to the API type."""
     try:
-        msgspec.convert(_without_nulls(obj), type=kind.object_type)
+        msgspec.convert(without_nulls(obj), type=kind.object_type)
     except msgspec.ValidationError as exc:
-        match = _MSGSPEC_PATH.fullmatch(str(exc))
+        match = MSGSPEC_PATH.fullmatch(str(exc))
         if match is None:
             return [FieldError(path="(object)", message=str(exc))]
         return [FieldError(path=match["path"] or "(object)", message=match["message"])]
@@ -288,9 +282,9 @@ def validate_create(obj: object) -> tuple[FieldError, ...]:
 
     Never raises: any JSON value is a valid input, and garbage yields errors naming its fields.
     """
-    c = _Checker()
+    c = Checker()
     if not isinstance(obj, dict):
-        c.fail("(object)", f"must be an object, got {_json_type(obj)}")
+        c.fail("(object)", f"must be an object, got {json_type(obj)}")
         return tuple(c.errors)
     kind = _identify(c, obj)
     if kind is None:
@@ -314,7 +308,7 @@ def validate_update(new: object, old: object) -> tuple[FieldError, ...]:
     """
     if not isinstance(new, dict) or not isinstance(old, dict):
         return validate_create(new)
-    if _without_nulls(new.get("spec")) == _without_nulls(old.get("spec")):
+    if without_nulls(new.get("spec")) == without_nulls(old.get("spec")):
         return ()
     if new.get("kind") in (DIAGNOSIS.kind, DIAGNOSIS_TASK.kind) and new.get("kind") == old.get("kind"):
         return (

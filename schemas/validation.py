@@ -35,15 +35,19 @@ from schemas.update_fields import key_problem, shown_key, typed_value
 __all__ = [
     "CLOSED_POLICY",
     "IMMUTABLE_SPEC_MESSAGE",
+    "MSGSPEC_PATH",
     "AdmissionPolicy",
+    "Checker",
     "FieldError",
     "PatchOperation",
     "default_patch",
     "is_image_reference",
     "is_upgrade_image",
     "is_version",
+    "json_type",
     "validate_create",
     "validate_update",
+    "without_nulls",
 ]
 
 IMMUTABLE_SPEC_MESSAGE: Final = "spec fields are not allowed to update once it's created"
@@ -79,7 +83,7 @@ _IMAGE_REFERENCE: Final = re.compile(
 
 _JSON_TYPES: Final = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"), (list, "array"))
 
-_MSGSPEC_PATH: Final = re.compile(r"(?s)(?P<message>.*) - at `\$\.?(?P<path>.*)`")
+MSGSPEC_PATH: Final = re.compile(r"(?s)(?P<message>.*) - at `\$\.?(?P<path>.*)`")
 
 
 class FieldError(msgspec.Struct, frozen=True, kw_only=True):
@@ -134,7 +138,7 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
-def _json_type(value: object) -> str:
+def json_type(value: object) -> str:
     """The JSON name of a decoded value's type, for messages."""
     if value is None:
         return "null"
@@ -145,7 +149,7 @@ def _json_type(value: object) -> str:
     return "object"
 
 
-class _Checker:
+class Checker:
     """Collects the errors of one object; each ``check_*`` reads one field and never raises."""
 
     def __init__(self) -> None:
@@ -160,7 +164,7 @@ class _Checker:
         if value is None:
             return None
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):  # JSON has no bool ints
-            self.fail(_join(path, key), f"must be {name}, got {_json_type(value)}")
+            self.fail(_join(path, key), f"must be {name}, got {json_type(value)}")
             return None
         return value
 
@@ -202,7 +206,7 @@ class _Checker:
         self.check_tolerance(obj, path)
 
 
-def _check_upgrade(c: _Checker, spec: Mapping[str, Any], policy: AdmissionPolicy) -> None:
+def _check_upgrade(c: Checker, spec: Mapping[str, Any], policy: AdmissionPolicy) -> None:
     version = c.typed(spec, "version", "spec", str, "a string")
     if spec.get("version") is None or version == "":
         c.fail("spec.version", "is required, e.g. v1.21.0")
@@ -216,7 +220,7 @@ def _check_upgrade(c: _Checker, spec: Mapping[str, Any], policy: AdmissionPolicy
     c.check_execution(spec, "spec")
 
 
-def _check_prepull(c: _Checker, spec: Mapping[str, Any], policy: AdmissionPolicy) -> None:
+def _check_prepull(c: Checker, spec: Mapping[str, Any], policy: AdmissionPolicy) -> None:
     path = "spec.imagePrePullTemplate"
     template = c.typed(spec, "imagePrePullTemplate", "spec", dict, "an object")
     if template is None:
@@ -246,7 +250,7 @@ def _check_prepull(c: _Checker, spec: Mapping[str, Any], policy: AdmissionPolicy
     c.check_execution(template, path)
 
 
-def _check_config_update(c: _Checker, spec: Mapping[str, Any], policy: AdmissionPolicy) -> None:
+def _check_config_update(c: Checker, spec: Mapping[str, Any], policy: AdmissionPolicy) -> None:
     fields = c.typed(spec, "updateFields", "spec", dict, "an object of field paths to values")
     if spec.get("updateFields") is None or fields == {}:
         c.fail("spec.updateFields", "must set at least one field")
@@ -256,7 +260,7 @@ def _check_config_update(c: _Checker, spec: Mapping[str, Any], policy: Admission
         if problem := key_problem(key, policy.updatable_edge_fields):
             c.fail(path, problem)
         elif not isinstance(value, str):
-            c.fail(path, f"must be a string, got {_json_type(value)}")
+            c.fail(path, f"must be a string, got {json_type(value)}")
         else:
             typed[key] = typed_value(value)
     if typed and policy.edge_config is not None:
@@ -265,13 +269,13 @@ def _check_config_update(c: _Checker, spec: Mapping[str, Any], policy: Admission
     c.check_execution(spec, "spec")
 
 
-def _check_edge_values(c: _Checker, typed: Mapping[str, object], edge_config: type[Any]) -> None:
+def _check_edge_values(c: Checker, typed: Mapping[str, object], edge_config: type[Any]) -> None:
     """The updated values convert to the edge configuration, as they must on every edge."""
     try:
         # Every edge setting has a default, so the updated ones alone make a whole configuration.
         msgspec.convert(typed, type=edge_config)
     except msgspec.ValidationError as exc:
-        match = _MSGSPEC_PATH.fullmatch(str(exc))
+        match = MSGSPEC_PATH.fullmatch(str(exc))
         if match is None:  # a setting's own rule (e.g. logLevel's names) says which setting it is
             c.fail("spec.updateFields", str(exc))
         else:  # an allowed key, hence short
@@ -285,7 +289,7 @@ _CHECKS: Final = {
 }
 
 
-def _identify(c: _Checker, obj: Mapping[str, Any]) -> tuple[Kind, str] | None:
+def _identify(c: Checker, obj: Mapping[str, Any]) -> tuple[Kind, str] | None:
     api_version = c.typed(obj, "apiVersion", "", str, "a string")
     kind = c.typed(obj, "kind", "", str, "a string")
     if api_version is None or kind is None:
@@ -307,7 +311,7 @@ def _type_errors(obj: Mapping[str, Any], kind: Kind, version: str) -> list[Field
     try:
         msgspec.convert(obj, type=kind.versions[version])
     except msgspec.ValidationError as exc:
-        match = _MSGSPEC_PATH.fullmatch(str(exc))
+        match = MSGSPEC_PATH.fullmatch(str(exc))
         if match is None:
             return [FieldError(path="(object)", message=str(exc))]
         return [FieldError(path=match["path"] or "(object)", message=match["message"])]
@@ -320,9 +324,9 @@ def validate_create(obj: object, *, policy: AdmissionPolicy = CLOSED_POLICY) -> 
     Never raises: any JSON value is a valid input, and garbage yields errors naming its fields.
     ``policy`` says what the deployment allows (by default: no config update keys).
     """
-    c = _Checker()
+    c = Checker()
     if not isinstance(obj, dict):
-        c.fail("(object)", f"must be an object, got {_json_type(obj)}")
+        c.fail("(object)", f"must be an object, got {json_type(obj)}")
         return tuple(c.errors)
     identity = _identify(c, obj)
     if identity is None:
@@ -337,17 +341,17 @@ def validate_create(obj: object, *, policy: AdmissionPolicy = CLOSED_POLICY) -> 
     if not c.errors:
         # The API server prunes nulls of non-nullable fields before admission; do the same here so
         # that null keeps meaning absent, as it does in the rules above.
-        c.errors.extend(_type_errors(_without_nulls(obj), kind, version))
+        c.errors.extend(_type_errors(without_nulls(obj), kind, version))
     return tuple(c.errors)
 
 
-def _without_nulls(value: Any) -> Any:
+def without_nulls(value: Any) -> Any:
     # Absent and null are the same field to the API types; a client that sends nulls back must not
     # look like it changed the spec.
     if isinstance(value, dict):
-        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
     if isinstance(value, list):
-        return [_without_nulls(v) for v in value]
+        return [without_nulls(v) for v in value]
     return value
 
 
@@ -359,7 +363,7 @@ def validate_update(new: object, old: object, *, policy: AdmissionPolicy = CLOSE
     """
     if not isinstance(new, dict) or not isinstance(old, dict):
         return validate_create(new, policy=policy)
-    if _without_nulls(new.get("spec")) != _without_nulls(old.get("spec")):
+    if without_nulls(new.get("spec")) != without_nulls(old.get("spec")):
         return (FieldError(path="spec", message=IMMUTABLE_SPEC_MESSAGE),)
     return ()
 

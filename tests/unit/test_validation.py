@@ -30,11 +30,11 @@ from schemas.validation import (
 )
 
 
-def _without_nulls(value: Any) -> Any:
+def without_nulls(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+        return {k: without_nulls(v) for k, v in value.items() if v is not None}
     if isinstance(value, list):
-        return [_without_nulls(v) for v in value]
+        return [without_nulls(v) for v in value]
     return value
 
 
@@ -338,7 +338,7 @@ def test_accepted_jobs_decode_into_the_api_types(obj: dict[str, Any]) -> None:
     """Whatever the rules admit also decodes into the msgspec type the controller uses."""
     if not validate_create(obj):
         # Nulls dropped, as the API server prunes those of non-nullable fields before storing.
-        decode_job(msgspec.json.encode(_without_nulls(obj)))
+        decode_job(msgspec.json.encode(without_nulls(obj)))
 
 
 # ---------------------------------------------------------------------------------------------- update
