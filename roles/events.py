@@ -3,21 +3,30 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
+import msgspec
 import structlog
 
-from roles.kube import ApiError, Kube
+from roles.kube import ApiError, Resource
 from roles.kube.resources import EVENTS
 from schemas import v1alpha2
 from schemas.core import Event, EventSource, ObjectReference
 from schemas.kinds import Kind
 from schemas.meta import ObjectMeta
 
-__all__ = ["EVENT_NAMESPACE", "job_event", "record_event"]
+__all__ = ["EVENT_NAMESPACE", "EventSink", "job_event", "record_event"]
+
+T = TypeVar("T", bound=msgspec.Struct)
 
 EVENT_NAMESPACE = "default"
 """Jobs are cluster-scoped; their Events live here, as KubeEdge's do."""
+
+
+class EventSink(Protocol):
+    """Where Events are created (:class:`~roles.kube.Kube`, or a fake in tests)."""
+
+    async def create(self, resource: Resource[T], obj: T, *, namespace: str = "") -> T: ...
 
 
 def job_event(
@@ -40,7 +49,7 @@ def job_event(
     )
 
 
-async def record_event(kube: Kube, event: Event, log: structlog.typing.FilteringBoundLogger) -> None:
+async def record_event(kube: EventSink, event: Event, log: structlog.typing.FilteringBoundLogger) -> None:
     """Create ``event``; an Event that cannot be recorded is logged, never an error of the caller's."""
     try:
         await kube.create(EVENTS, event, namespace=EVENT_NAMESPACE)

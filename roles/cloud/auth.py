@@ -30,7 +30,8 @@ import anyio.abc
 import structlog
 
 from nodetask.names import clip, object_name_problem
-from roles.kube import ApiError, Deleted, Interrupted, Invalid, Kube, NotFound, Relisted, Upserted, WatchEvent
+from roles.cloud.api import SecretSource
+from roles.kube import ApiError, Deleted, Interrupted, Invalid, NotFound, Relisted, Upserted, WatchEvent
 from roles.kube.resources import SECRETS
 from schemas.core import Secret
 from schemas.meta import ObjectMeta
@@ -82,7 +83,7 @@ class TokenBook:
 
     def __init__(
         self,
-        kube: Kube,
+        kube: SecretSource,
         *,
         namespace: str,
         log: Log,

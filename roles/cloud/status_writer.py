@@ -17,8 +17,9 @@ from typing import Any
 import anyio
 import structlog
 
+from roles.cloud.api import JobStatusStore
 from roles.cloud.changes import Change
-from roles.kube import ApiError, Kube, Resource
+from roles.kube import ApiError, Resource
 from roles.kube.errors import Unreachable, too_large
 
 Log = structlog.typing.FilteringBoundLogger
@@ -45,7 +46,7 @@ class StatusWriter:
 
     def __init__(
         self,
-        kube: Kube,
+        store: JobStatusStore,
         resource: Resource[Any],
         name: str,
         *,
@@ -57,7 +58,7 @@ class StatusWriter:
         on_too_large: Callable[[ApiError], Awaitable[None]] | None = None,
         on_failed: Callable[[ApiError], None] = lambda _: None,
     ) -> None:
-        self._kube = kube
+        self._store = store
         self._resource = resource
         self._name = name
         self._window = window
@@ -133,7 +134,7 @@ class StatusWriter:
         # learn whether it happened, even when the hub is shutting down.
         with anyio.CancelScope(shield=True, deadline=anyio.current_time() + WRITE_DEADLINE_S) as scope:
             try:
-                updated = await self._kube.update_status(self._resource, self._name, mutate, current=self._cached())
+                updated = await self._store.update_status(self._resource, self._name, mutate, current=self._cached())
             except ApiError as exc:
                 error = exc
         if scope.cancelled_caught:

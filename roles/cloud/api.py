@@ -1,0 +1,91 @@
+"""What a hub asks of the API server, as protocols: :class:`~roles.kube.Kube` has them all.
+
+Each part of the hub takes only the protocol it needs, so that unit tests can stand an in-memory
+fake in for the API server (see ``tests/unit/hub_doubles.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+import anyio
+import anyio.abc
+import msgspec
+from anyio.streams.memory import MemoryObjectSendStream
+
+from roles.events import EventSink
+from roles.kube import Resource, WatchEvent
+
+__all__ = ["HubApi", "JobApi", "JobStatusStore", "NodeStore", "ObjectReader", "SecretSource", "Watcher"]
+
+T = TypeVar("T", bound=msgspec.Struct)
+
+
+class JobStatusStore(Protocol):
+    """What a job's status writer needs: read a job, change its status, replace it."""
+
+    async def update_status(
+        self, resource: Resource[T], name: str, mutate: Callable[[T], T | None], *, current: T | None = None
+    ) -> T | None:
+        """Apply ``mutate`` to job ``name`` and replace its status with the result; the job as written.
+
+        ``current`` is a copy to start from instead of a read; on a conflict the job is read again and
+        ``mutate`` (pure) applied again. ``mutate`` returning None writes nothing, which is decided on
+        a fresh read only. Errors: :class:`~roles.kube.NotFound` when the job is gone, any other
+        :class:`~roles.kube.ApiError` when the write failed.
+        """
+        ...
+
+
+class ObjectReader(Protocol):
+    """Reads one object."""
+
+    async def get(self, resource: Resource[T], name: str, *, namespace: str = "") -> T:
+        """The object; :class:`~roles.kube.NotFound` when absent."""
+        ...
+
+
+class NodeStore(ObjectReader, Protocol):
+    """What Node marks need: read a Node, merge-patch its annotations."""
+
+    async def merge_patch(
+        self,
+        resource: Resource[T],
+        name: str,
+        patch: dict[str, Any],
+        *,
+        namespace: str = "",
+        subresource: str = "",
+        grace: float = 0.0,
+    ) -> T:
+        """A JSON merge patch, conditional when it holds ``metadata.resourceVersion`` (see ``Kube.merge_patch``)."""
+        ...
+
+
+class Watcher(Protocol):
+    """Follows a resource."""
+
+    async def watch(
+        self,
+        resource: Resource[Any],
+        send: MemoryObjectSendStream[WatchEvent],
+        *,
+        label_selector: str = "",
+        namespace: str = "",
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Deliver the snapshot, then the changes, to ``send`` until cancelled; ready after the snapshot."""
+        ...
+
+
+class SecretSource(ObjectReader, Watcher, Protocol):
+    """What the token book needs: watch the labelled token Secrets, read one by name."""
+
+
+class JobApi(JobStatusStore, Watcher, EventSink, Protocol):
+    """What the hub's jobs need: watch jobs, write their status, record Events on them."""
+
+
+class HubApi(JobApi, NodeStore, SecretSource, Protocol):
+    """Everything a hub asks of the API server."""
