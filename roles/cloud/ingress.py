@@ -19,6 +19,8 @@ import resource
 from dataclasses import dataclass
 from typing import Final, final
 
+import anyio
+import structlog
 import trio
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "connection_limits",
     "fd_limit",
     "raise_fd_limit",
+    "warn_throttled",
 ]
 
 RESERVE_MIN: Final = 256
@@ -165,6 +168,15 @@ class LogThrottle:
             return None
         self._windows[event] = (start, shown + 1, 0)
         return dropped
+
+
+def warn_throttled(
+    throttle: LogThrottle, log: structlog.typing.FilteringBoundLogger, event: str, **values: object
+) -> None:
+    """A warning caused by what a peer did, at most a few a second per event (the counters count every one)."""
+    dropped = throttle.allow(event, anyio.current_time())
+    if dropped is not None:
+        log.warning(event, **values, **({"suppressed": dropped} if dropped else {}))
 
 
 @final

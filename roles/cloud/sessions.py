@@ -1,22 +1,54 @@
-"""The edge sessions one hub holds: who is connected, and a way to wait for someone to be.
+"""The edge sessions one hub holds: who is connected, and each session's one writer.
 
 A node has at most one session per hub: a second connection (the edge reconnected before the hub
 noticed the first one die) replaces the first, which is closed.
+
+Everything a hub sends an edge (Welcome, RunActions, Confirms, Cancels, report answers, heartbeat
+echoes) goes through :meth:`Session.send` into a bounded queue that ONE writer task
+(:meth:`Session.write`) drains onto the link, so frames never interleave and a slow edge costs at
+most ``OUTBOUND_QUEUE`` frames of memory. When the queue is full, a sender waits for room: that is
+the backpressure of an edge reading slowly. But it waits at most ``send_timeout`` (the hub gives an
+edge as long to read as it gives it to say anything, its missed-heartbeat deadline): an edge whose
+queue stays full that long has stopped reading, and its session is closed with
+:data:`NOT_READING`, so that no runner, report or heartbeat waits on it forever and the edge, if it
+is alive, reconnects.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final
 
 import anyio
-import trio_websocket
 
 from nodetask import messages
+from nodetask.link import Link, LinkClosed
 from nodetask.messages import Downstream
+
+__all__ = [
+    "GOING_AWAY",
+    "HEARTBEAT_MISSED",
+    "NOT_READING",
+    "OUTBOUND_QUEUE",
+    "PROTOCOL",
+    "REPLACED",
+    "Session",
+    "SessionTable",
+]
+
+# Websocket close codes a hub ends sessions with; an edge reconnects after any of them.
+GOING_AWAY: Final = 1001
+PROTOCOL: Final = 1002
+HEARTBEAT_MISSED: Final = 4008
+REPLACED: Final = 4009
+NOT_READING: Final = 4010
+
+OUTBOUND_QUEUE: Final = 64
+"""Frames waiting for a session's writer. A node has a few in flight per job plus report answers."""
 
 
 class Session:
-    """One edge's websocket session."""
+    """One edge's session over ``link``. Its handler runs :meth:`write` and closes the link."""
 
     def __init__(
         self,
@@ -24,26 +56,73 @@ class Session:
         node: str,
         version: str,
         capabilities: tuple[str, ...],
-        ws: trio_websocket.WebSocketConnection,
+        link: Link,
+        send_timeout: float,
         on_sent: Callable[[str], None] = lambda _: None,
     ) -> None:
         self.node = node
         self.version = version
         self.capabilities = capabilities
-        self.ws = ws
+        self.link = link
         self.closed = anyio.Event()
+        """Set once the session is out of the table or its link failed: runners wait for the next one."""
+        self.ending: tuple[int, str] | None = None
+        """The close code and reason the session is being ended with by the hub, once it is."""
+        self.end_scope = anyio.CancelScope()
+        """The scope its handler serves frames in; :meth:`end` cancels it."""
+        self.link_closed = anyio.Event()
+        """Set once the handler has closed the link (or given up within its grace)."""
+        self._send_timeout = send_timeout
         self._unacked: dict[str, float] = {}
         self._on_sent = on_sent
+        self._queue, self._outbound = anyio.create_memory_object_stream[tuple[bytes, str]](OUTBOUND_QUEUE)
 
     async def send(self, msg: Downstream) -> bool:
-        """Send one message; False if the session is gone (the caller waits for the next one)."""
-        try:
-            await self.ws.send_message(messages.encode(msg))
-        except trio_websocket.ConnectionClosed:
-            self.closed.set()
+        """Queue one message for the writer; False if the session is gone (the caller waits for the next one).
+
+        Waits while the queue is full, for at most ``send_timeout``; then the edge is taken as not
+        reading, the session is ended with :data:`NOT_READING` and False is returned.
+        """
+        if self.closed.is_set():
             return False
-        self._on_sent(str(type(msg).__struct_config__.tag))
-        return True
+        item = (messages.encode(msg), str(type(msg).__struct_config__.tag))
+        try:
+            self._queue.send_nowait(item)
+            return True
+        except anyio.WouldBlock:
+            pass
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            return False
+        with anyio.move_on_after(self._send_timeout):
+            try:
+                await self._queue.send(item)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                return False
+            return True
+        self.end(NOT_READING, f"not reading: {OUTBOUND_QUEUE} frames waited {self._send_timeout:g} s")
+        return False
+
+    async def write(self) -> None:
+        """The session's one writer: send the queued frames in order until the link fails or this is cancelled."""
+        async with self._outbound:
+            async for frame, op in self._outbound:
+                try:
+                    await self.link.send(frame)
+                except LinkClosed:
+                    self.closed.set()
+                    return
+                self._on_sent(op)
+
+    def end(self, code: int, reason: str) -> None:
+        """Ask the session's handler to close it with ``code`` (the first reason asked for wins)."""
+        if self.ending is None:
+            self.ending = (code, reason)
+        self.end_scope.cancel()
+
+    def discard_queue(self) -> None:
+        """Stop taking messages (the handler is done with the session); whatever is queued is dropped."""
+        self._outbound.close()  # wakes the senders waiting for room
+        self._queue.close()
 
     def expect_ack(self, msg_id: str) -> None:
         """Note that ``msg_id`` is being sent now and should be acknowledged."""
@@ -78,7 +157,7 @@ class SessionTable:
         return list(self._by_node.values())
 
     def add(self, session: Session) -> Session | None:
-        """Register ``session``; returns the session it replaces, which the caller closes."""
+        """Register ``session``; returns the session it replaces, which the caller ends."""
         old = self._by_node.get(session.node)
         self._by_node[session.node] = session
         arrival = self._arrival.pop(session.node, None)

@@ -141,7 +141,7 @@ async def hub() -> tuple[Hub, CollectorRegistry]:
     """A hub that looks started (job cache synced, port bound), with a 60 s markPendingLimit, and its metrics."""
     registry = CollectorRegistry()
     hub = _hub(None, registry, mark_pending_limit=60.0)
-    hub._synced.set()
+    hub.jobs.synced.set()
     hub.port = 1
     return hub, registry
 
@@ -188,7 +188,7 @@ async def test_stuck_marks_are_logged_once_when_they_stick_and_once_when_they_fl
     the_hub, _ = hub
     with structlog.testing.capture_logs() as logs:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(the_hub._watch_marks)
+            tg.start_soon(the_hub.node_marks.watch)
             with the_hub.marks.pending():
                 await anyio.sleep(200)
             await anyio.sleep(30)

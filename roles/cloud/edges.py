@@ -1,0 +1,204 @@
+"""The hub's front door for edges: TCP, TLS and the websocket handshake, up to an authenticated link.
+
+Each TCP connection takes a handshake place (refused at once when none is free, before any TLS or
+websocket work); its TLS and websocket handshake must be done within ``handshake_timeout``. Then
+the node named in the path is checked before anything else (it goes into API paths and Secret
+names), then the edge's bearer token; the handshake place is traded for a session place, and the
+accepted websocket is handed, as a :class:`~nodetask.link.Link`, to the session handler.
+
+No error raised while serving one connection ends the hub: :meth:`WebSocketDoor._connection` is
+the supervision boundary, which logs it, counts it and closes only that connection.
+"""
+
+from __future__ import annotations
+
+import functools
+import ssl
+from http import HTTPStatus
+from typing import Final
+
+import anyio
+import anyio.abc
+import structlog
+import trio
+import trio_websocket
+
+from nodetask.names import clip, object_name_problem
+from roles.cloud.auth import AuthError, TokenBook, bearer_token
+from roles.cloud.ingress import Admission, LogThrottle, PeerWatch, Slots, connection_limits, fd_limit, warn_throttled
+from roles.cloud.metrics import HubMetrics
+from roles.cloud.session_handler import ServeEdge
+from roles.cloud.settings import HubSettings
+from roles.cloud.ws_link import WebSocketLink
+
+__all__ = ["EDGE_PATH_PREFIX", "WebSocketDoor"]
+
+Log = structlog.typing.FilteringBoundLogger
+
+EDGE_PATH_PREFIX: Final = "/nodes/"
+
+_BUSY_TEXT: Final = b"this hub is at its limit of handshakes (maxHandshakes)\n"
+_BUSY: Final = (
+    b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\ncontent-length: %d\r\n"
+    b"retry-after: 5\r\nconnection: close\r\n\r\n%s" % (len(_BUSY_TEXT), _BUSY_TEXT)
+)
+
+
+class WebSocketDoor:
+    """Accepts edge websockets and serves each authenticated one; run with :meth:`serve`."""
+
+    def __init__(
+        self, *, settings: HubSettings, tokens: TokenBook, metrics: HubMetrics, throttle: LogThrottle, log: Log
+    ) -> None:
+        self._settings = settings
+        self._tokens = tokens
+        self._metrics = metrics
+        self._throttle = throttle
+        self._log = log
+        fds = fd_limit()
+        derived = connection_limits(fds)
+        self._handshakes = Slots(settings.max_handshakes or derived.handshakes)
+        self._session_places = Slots(settings.max_sessions or derived.sessions)
+        metrics.handshakes.set_function(lambda: self._handshakes.used)
+        log.info(
+            "connection_limits",
+            max_handshakes=self._handshakes.total,
+            max_sessions=self._session_places.total,
+            fd_limit=fds,
+        )
+
+    async def serve(
+        self,
+        serve_edge: ServeEdge,
+        *,
+        host: str,
+        port: int,
+        ssl_context: ssl.SSLContext | None,
+        task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Listen on ``host:port`` and serve edges with ``serve_edge`` until cancelled; ready with the bound port."""
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        bound: int = listeners[0].socket.getsockname()[1]
+        handler = functools.partial(self._connection, serve_edge=serve_edge, ssl_context=ssl_context)
+        async with anyio.create_task_group() as tg:
+            await tg.start(trio.serve_listeners, handler, listeners)
+            task_status.started(bound)
+
+    async def _connection(
+        self, stream: trio.SocketStream, *, serve_edge: ServeEdge, ssl_context: ssl.SSLContext | None
+    ) -> None:
+        """One edge connection, from accept to close: the hub's per-connection supervision boundary."""
+        admission = Admission(handshakes=self._handshakes, sessions=self._session_places)
+        if not admission.enter():
+            await self._refuse_connection(stream, tls=ssl_context is not None)
+            return
+        try:
+            async with trio.open_nursery() as nursery:  # the websocket's reader task runs here
+                request = await self._upgrade(nursery, stream, ssl_context)
+                if request is not None:
+                    await self._handle(request, admission, serve_edge)
+                nursery.cancel_scope.cancel()
+        except* Exception:
+            # The one place a hub catches every error (C12): a bug met while serving one edge must
+            # end that edge's connection, never the process and every other edge's session with it.
+            # (except*: a cancellation arriving at the same time still propagates.)
+            self._metrics.connection_errors.labels(transport="websocket").inc()
+            self._log.exception("edge_connection_failed", peer=_peer(stream))
+        finally:
+            admission.leave()
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()
+
+    async def _upgrade(
+        self, nursery: trio.Nursery, stream: trio.SocketStream, ssl_context: ssl.SSLContext | None
+    ) -> trio_websocket.WebSocketRequest | None:
+        """The edge's websocket request, once its TLS and HTTP handshake are done; None if they fail or stall."""
+        with anyio.move_on_after(self._settings.handshake_timeout):
+            served: trio.abc.Stream = stream
+            if ssl_context is not None:
+                served = trio.SSLStream(stream, ssl_context, server_side=True, https_compatible=True)
+                try:
+                    await served.do_handshake()
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    # A failed TLS handshake (the SSLError is the cause) or a peer that went.
+                    self._log.debug("edge_handshake_failed", peer=_peer(stream), error=repr(exc.__cause__ or exc))
+                    return None
+            watched = PeerWatch(served)
+            async with anyio.create_task_group() as race:
+                race.start_soon(_cancel_when_gone, watched, race.cancel_scope)
+                request = await trio_websocket.wrap_server_stream(
+                    nursery, watched, max_message_size=self._settings.max_frame_bytes
+                )
+                race.cancel_scope.cancel()
+                return request
+            return None  # the peer went before its request was complete
+        self._metrics.handshake_timeouts.inc()
+        seconds = self._settings.handshake_timeout
+        warn_throttled(self._throttle, self._log, "edge_handshake_timed_out", peer=_peer(stream), seconds=seconds)
+        return None
+
+    async def _refuse_connection(self, stream: trio.SocketStream, *, tls: bool) -> None:
+        """Close a connection beyond ``maxHandshakes`` before any TLS or websocket work."""
+        self._metrics.connections_refused.labels(limit="maxHandshakes").inc()
+        warn_throttled(
+            self._throttle,
+            self._log,
+            "edge_connection_refused",
+            peer=_peer(stream),
+            limit="maxHandshakes",
+            max_handshakes=self._handshakes.total,
+        )
+        try:
+            if not tls:
+                # Plain HTTP can still say why; a TLS client learns it from its retry.
+                with anyio.move_on_after(0.5):
+                    await stream.send_all(_BUSY)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()
+
+    async def _refuse(self, request: trio_websocket.WebSocketRequest, status: int, reason: str, node: str) -> None:
+        self._metrics.auth_failures.labels(status=str(int(status))).inc()
+        warn_throttled(self._throttle, self._log, "edge_refused", node=clip(node, 64), status=int(status), error=reason)
+        await request.reject(status, body=reason.encode())
+
+    async def _handle(
+        self, request: trio_websocket.WebSocketRequest, admission: Admission, serve_edge: ServeEdge
+    ) -> None:
+        path = request.path.split("?", 1)[0]
+        if not path.startswith(EDGE_PATH_PREFIX):
+            await self._refuse(request, HTTPStatus.NOT_FOUND, f"expected the path {EDGE_PATH_PREFIX}<node>", "")
+            return
+        # Checked before anything else: the name goes into API paths and Secret names.
+        node = path[len(EDGE_PATH_PREFIX) :]
+        problem = object_name_problem(node)
+        if problem:
+            await self._refuse(request, HTTPStatus.BAD_REQUEST, f"node name {clip(node)!r} {problem}", node)
+            return
+        try:
+            await self._tokens.check(node, bearer_token(request.headers))
+        except AuthError as exc:
+            await self._refuse(request, exc.status, str(exc), node)
+            return
+        if not admission.promote():
+            self._metrics.connections_refused.labels(limit="maxSessions").inc()
+            reason = f"this hub holds its limit of {self._session_places.total} sessions (maxSessions)"
+            await self._refuse(request, HTTPStatus.SERVICE_UNAVAILABLE, reason, node)
+            return
+        ws = await request.accept()
+        await serve_edge(node, WebSocketLink(ws))
+
+
+async def _cancel_when_gone(watched: PeerWatch, scope: anyio.CancelScope) -> None:
+    await watched.gone.wait()
+    scope.cancel()
+
+
+def _peer(stream: trio.SocketStream) -> str:
+    try:
+        host, port, *_ = stream.socket.getpeername()
+    except OSError:
+        return "?"
+    return f"{host}:{port}"

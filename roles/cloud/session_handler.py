@@ -1,0 +1,228 @@
+"""An admitted edge's session, from its Hello until it ends: the hub's side of the protocol.
+
+The handler knows links (:class:`~nodetask.link.Link`), not sockets: the websocket front door
+(:mod:`roles.cloud.edges`) hands it each authenticated edge's link, and unit tests hand it memory
+links. A session:
+
+1. reads the edge's Hello (within ``hello_timeout``), queues Welcome as its first frame and ends
+   (:data:`~roles.cloud.sessions.REPLACED`) a session this hub still held for the node;
+2. has its Node marked and the node offered to every job runner (``admit``), while it already
+   serves frames;
+3. serves frames: heartbeats are echoed, acks noted, each report applied in a task of its own
+   (and answered only after its write), anything unexpected answered with an Error frame;
+4. ends when the edge goes, when nothing came for ``missed_heartbeats`` intervals
+   (:data:`~roles.cloud.sessions.HEARTBEAT_MISSED`), or when the hub ends it
+   (:meth:`~roles.cloud.sessions.Session.end`: replaced, not reading, shutting down). The link is
+   closed at once with that code; then the hub's mark comes off the Node, if the session was current.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, Final
+
+import anyio
+import anyio.abc
+import structlog
+
+from nodetask import messages
+from nodetask.link import Link, LinkClosed
+from nodetask.messages import Ack, Error, Heartbeat, Hello, MessageError, Report, Upstream, Welcome
+from nodetask.names import clip
+from roles.cloud.ingress import LogThrottle, warn_throttled
+from roles.cloud.metrics import HubMetrics
+from roles.cloud.sessions import GOING_AWAY, HEARTBEAT_MISSED, PROTOCOL, REPLACED, Session, SessionTable
+from roles.cloud.settings import HubSettings
+
+__all__ = ["ServeEdge", "SessionHandler"]
+
+Log = structlog.typing.FilteringBoundLogger
+
+ServeEdge = Callable[[str, Link], Coroutine[Any, Any, None]]
+"""Serves one authenticated edge (its node name and link) until its session ends."""
+
+_UNEXPLAINED: Final = "the hub stopped serving it"
+
+
+class SessionHandler:
+    """Serves edge sessions for one hub (:meth:`serve`) and ends them all at shutdown (:meth:`close_all`)."""
+
+    def __init__(
+        self,
+        *,
+        settings: HubSettings,
+        sessions: SessionTable,
+        metrics: HubMetrics,
+        throttle: LogThrottle,
+        admit: Callable[[str, str, Log], Coroutine[Any, Any, None]],
+        unmark: Callable[[str, Log], Awaitable[None]],
+        on_report: Callable[[Session, Report, Log], Coroutine[Any, Any, None]],
+        log: Log,
+    ) -> None:
+        self._settings = settings
+        self._sessions = sessions
+        self._metrics = metrics
+        self._throttle = throttle
+        self._admit = admit
+        self._unmark = unmark
+        self._on_report = on_report
+        self._log = log
+        self._deadline = settings.heartbeat_interval * settings.missed_heartbeats
+
+    async def serve(self, node: str, link: Link) -> None:
+        """Serve ``node``'s edge over ``link`` (its token already checked) until its session ends."""
+        log = self._log.bind(node=node)
+        hello = await self._hello(link, node, log)
+        if hello is None:
+            return
+        session = Session(
+            node=node,
+            version=hello.version,
+            capabilities=hello.capabilities,
+            link=link,
+            send_timeout=self._deadline,
+            on_sent=self._count_out,
+        )
+        # Welcome is queued before the session is visible to the runners: it must be the first frame.
+        await session.send(Welcome(hub=self._settings.hub_id, heartbeat_interval=self._settings.heartbeat_interval))
+        replaced = self._sessions.add(session)
+        removed: bool | None = None
+        ended = _UNEXPLAINED
+        try:
+            if replaced is not None:
+                log.info("session_replaced")
+                replaced.end(REPLACED, "replaced by a newer session")
+                with anyio.move_on_after(self._settings.close_grace):
+                    await replaced.link_closed.wait()
+            log.info("edge_connected", version=clip(hello.version, 64))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(session.write)
+                # The session reads (and echoes heartbeats) while its Node mark waits its turn: a fleet
+                # reconnecting at once must not time its sessions out behind thousands of marks.
+                tg.start_soon(self._admit, node, hello.version, log)
+                try:
+                    ended = await self._receive(session, log)
+                finally:
+                    # Out of the table at once, so nothing more is dispatched to it, while a mark under
+                    # way finishes (see NodeMarks.mark) so that the unmark below comes after it.
+                    removed = self._sessions.remove(session)
+                    tg.cancel_scope.cancel()
+        finally:
+            current = self._sessions.remove(session) if removed is None else removed
+            with anyio.CancelScope(shield=True):
+                await self._close(session, GOING_AWAY, "")  # nothing to do unless an error ended it
+                session.discard_queue()
+                if current:
+                    await self._unmark(node, log)
+            log.info("edge_disconnected", reason=ended)
+
+    async def close_all(self) -> None:
+        """End every session with GOING_AWAY; return once their links are closed, or after ``close_grace``."""
+        sessions = self._sessions.all()
+        if not sessions:
+            return
+        self._log.info("closing_sessions", count=len(sessions))
+        for session in sessions:
+            session.end(GOING_AWAY, "hub shutting down")
+        with anyio.move_on_after(self._settings.close_grace):
+            for session in sessions:
+                await session.link_closed.wait()
+
+    async def _close(self, session: Session, code: int, reason: str) -> None:
+        try:
+            with anyio.move_on_after(self._settings.close_grace, shield=True):
+                await session.link.close(code, reason)
+        finally:
+            session.link_closed.set()
+
+    async def _hello(self, link: Link, node: str, log: Log) -> Hello | None:
+        with anyio.move_on_after(self._settings.hello_timeout):
+            try:
+                frame = await link.receive()
+            except LinkClosed:
+                return None
+            try:
+                msg = messages.decode_upstream(frame)
+            except MessageError as exc:
+                msg = None
+                problem = str(exc)
+            else:
+                problem = (
+                    ""
+                    if isinstance(msg, Hello) and msg.node == node
+                    else "the first frame must be a Hello for this node"
+                )
+            if isinstance(msg, Hello) and not problem:
+                self._metrics.messages_in.labels(op="hello").inc()
+                return msg
+            self._metrics.rejected.labels(reason="bad_hello").inc()
+            self._warn(log, "bad_hello", error=clip(problem))
+            with contextlib.suppress(LinkClosed):
+                # No session and no writer yet: this is the only task using the link.
+                await link.send(messages.encode(Error(code="bad_hello", message=clip(problem))))
+            await link.close(PROTOCOL, "expected hello")
+            return None
+        log.warning("hello_timed_out")
+        await link.close(PROTOCOL, "no hello")
+        return None
+
+    async def _receive(self, session: Session, log: Log) -> str:
+        """Serve frames until the edge goes or the session is ended (then closed at once); says which."""
+        ended = _UNEXPLAINED
+        with session.end_scope:
+            async with anyio.create_task_group() as reports:
+                ended = await self._read(session, reports, log)
+                reports.cancel_scope.cancel()
+        if session.ending is None:
+            return ended
+        code, reason = session.ending
+        await self._close(session, code, reason)
+        return f"closed by the hub with {code}: {reason}"
+
+    async def _read(self, session: Session, reports: anyio.abc.TaskGroup, log: Log) -> str:
+        while True:
+            with anyio.move_on_after(self._deadline) as beat:
+                try:
+                    frame = await session.link.receive()
+                except LinkClosed as exc:
+                    return str(exc)
+            if beat.cancelled_caught:
+                log.warning("heartbeat_missed", seconds=self._deadline)
+                session.end(HEARTBEAT_MISSED, "no heartbeat")
+                return _UNEXPLAINED
+            try:
+                msg: Upstream = messages.decode_upstream(frame)
+            except MessageError as exc:
+                await self._reject(session, "malformed", str(exc), log)
+                continue
+            self._metrics.messages_in.labels(op=type(msg).__struct_config__.tag).inc()
+            match msg:
+                case Heartbeat():
+                    await session.send(Heartbeat(sent_at=msg.sent_at))
+                case Ack(id=msg_id):
+                    latency = session.acked(msg_id)
+                    if latency is not None:
+                        self._metrics.ack_latency.observe(latency)
+                case Report():
+                    if msg.route.node != session.node:
+                        text = f"report for node {msg.route.node} refused"
+                        await self._reject(session, "foreign_node", text, log, ref=str(msg.seq))
+                        continue
+                    # Each report waits for its write without holding up heartbeats or other reports.
+                    reports.start_soon(self._on_report, session, msg, log)
+                case Error(code=code, message=text):
+                    self._warn(log, "edge_error", code=clip(code, 64), error=clip(text))
+                case Hello():
+                    await self._reject(session, "unexpected", "hello was already received", log)
+
+    async def _reject(self, session: Session, reason: str, text: str, log: Log, *, ref: str = "") -> None:
+        self._metrics.rejected.labels(reason=reason).inc()
+        self._warn(log, "frame_rejected", reason=reason, error=clip(text))
+        await session.send(Error(code=reason, message=clip(text), ref=ref))
+
+    def _count_out(self, op: str) -> None:
+        self._metrics.messages_out.labels(op=op).inc()
+
+    def _warn(self, log: Log, event: str, **values: object) -> None:
+        warn_throttled(self._throttle, log, event, **values)

@@ -1,0 +1,33 @@
+"""What the hub needs from the cloud role's configuration (built from it by :func:`roles.cloud.settings_of`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["HubSettings"]
+
+
+@dataclass(frozen=True, slots=True)
+class HubSettings:
+    """What the hub needs from the cloud role's configuration."""
+
+    hub_id: str
+    heartbeat_interval: float = 15.0
+    missed_heartbeats: int = 3
+    coalesce_window: float = 0.2
+    max_frame_bytes: int = 1 << 20
+    token_namespace: str = "kube-system"
+    image_secret_namespaces: tuple[str, ...] = ("kube-system",)
+    """The only namespaces whose Secrets a job's ``imageSecrets`` may name."""
+    close_grace: float = 5.0
+    hello_timeout: float = 10.0
+    handshake_timeout: float = 10.0
+    """Seconds from accept for an edge's TLS and websocket handshake; an idle connection is closed after it."""
+    max_handshakes: int | None = None
+    """Edge connections at once not yet past their token check (None: from RLIMIT_NOFILE, see ingress)."""
+    max_sessions: int | None = None
+    """Edge connections at once past it (None: from RLIMIT_NOFILE, see ingress)."""
+    compact_status_above: int | None = 1000
+    """Jobs of more nodes keep a compact status entry per succeeded node (None: never)."""
+    mark_pending_limit: float = 120.0
+    """A Node mark pending longer than this makes the hub not ready (its API writes are stuck)."""
