@@ -1,0 +1,245 @@
+"""A whole hub over memory links and an in-memory API server: dispatch, reports, heartbeats, replacement."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+import trio.testing
+
+from flows.imageprepulljob import CHECK, PULL, encode_extend
+from nodetask.link import LinkClosed
+from nodetask.messages import Cancel, Error, Heartbeat, Report, ReportAck, RunAction
+from nodetask.phases import ConditionStatus, NodeTaskPhase
+from nodetask.route import Route
+from roles.cloud.sessions import GOING_AWAY, HEARTBEAT_MISSED, NOT_READING, OUTBOUND_QUEUE, REPLACED
+from roles.kube.resources import NODES
+from schemas.core import HUB_ANNOTATION
+from schemas.v1alpha2 import API_VERSION, ImageStatus
+from tests.unit.hub_doubles import PREPULLS, FakeEdge, MemoryApi, edge_nodes, prepull_job, running_hub
+
+PENDING = NodeTaskPhase.PENDING
+IN_PROGRESS = NodeTaskPhase.IN_PROGRESS
+PULLED = encode_extend((ImageStatus(image="registry.example/app:1", status=ConditionStatus.TRUE),))
+
+
+def _report(job: str, uid: str, node: str, seq: int, action: str = CHECK, *, extend: str = "") -> Report:
+    route = Route(API_VERSION, "imageprepulljob", job, node)
+    return Report(route=route, job_uid=uid, seq=seq, action=action, succ=True, extend=extend)
+
+
+async def _complete(edge: FakeEdge, run: RunAction, first_seq: int) -> None:
+    """The edge reports Check and Pull done, each acknowledged."""
+    for seq, action, extend in ((first_seq, CHECK, ""), (first_seq + 1, PULL, PULLED)):
+        await edge.send(_report(run.route.job, run.job_uid, edge.node, seq, action, extend=extend))
+        assert await edge.next_of(ReportAck) == ReportAck(job_uid=run.job_uid, seq=seq)
+
+
+async def _send_heartbeats(edge: FakeEdge, count: int) -> None:
+    for i in range(count):
+        await edge.send(Heartbeat(sent_at=float(i)))
+
+
+def _entry(api: MemoryApi, job: str, node: str) -> object:
+    return next(e for e in api.peek(PREPULLS, job).status.node_status if e.node_name == node)
+
+
+def _hub_of(api: MemoryApi, node: str) -> str | None:
+    return api.peek(NODES, node).metadata.annotations.get(HUB_ANNOTATION)
+
+
+async def test_dispatch_takes_the_adopted_node_first_then_pending_ones_in_job_order_one_at_a_time(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """With concurrency 1 the InProgress node gets its RunAction first, then each Pending one in order as one ends."""
+    api = MemoryApi()
+    edge_nodes(api, "n0", "n1", "n2")
+    async with running_hub(api, heartbeat_interval=60.0) as (_, door):
+        edges = {node: door.connect(node) for node in ("n1", "n2", "n0")}  # connected in another order
+        for edge in edges.values():
+            await edge.hello()
+        job = prepull_job("order", "uid-order", [("n0", PENDING), ("n1", PENDING), ("n2", IN_PROGRESS)], concurrency=1)
+        api.put(PREPULLS, job)
+        for node in ("n2", "n0", "n1"):
+            run = await edges[node].next_of(RunAction)
+            assert (run.route.node, run.action) == (node, CHECK)
+            for other in edges.values():
+                if other is not edges[node]:
+                    assert await other.frames_within(5) == []  # nobody else is dispatched meanwhile
+            await _complete(edges[node], run, first_seq=1)
+        await trio.testing.wait_all_tasks_blocked()
+    entries = api.peek(PREPULLS, "order").status.node_status
+    assert [(e.node_name, e.phase) for e in entries] == [(n, NodeTaskPhase.SUCCESSFUL) for n in ("n0", "n1", "n2")]
+
+
+async def test_an_edge_that_reconnects_before_acking_gets_its_run_action_again(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A RunAction whose session ended before the edge acknowledged it is sent again on the edge's next session."""
+    api = MemoryApi()
+    edge_nodes(api, "n0")
+    api.put(PREPULLS, prepull_job("resend", "uid-resend", [("n0", PENDING)]))
+    async with running_hub(api) as (hub, door):
+        first = door.connect("n0")
+        await first.hello()
+        sent = await first.next_of(RunAction)
+        await first.close()
+        second = door.connect("n0")
+        await second.hello()
+        again = await second.next_of(RunAction)
+        assert (again.route, again.job_uid, again.action) == (sent.route, sent.job_uid, sent.action)
+        assert (sent.id, again.id) == ("uid-resend/n0/1", "uid-resend/n0/2")
+        assert [len(r.dispatched) for r in hub.runners()] == [1]  # claimed once, sent twice
+
+
+async def test_a_report_is_acknowledged_only_after_its_status_write_has_landed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """While the job's status write is held the edge hears nothing; the ReportAck follows the write."""
+    api = MemoryApi()
+    edge_nodes(api, "n0")
+    api.put(PREPULLS, prepull_job("held", "uid-held", [("n0", PENDING)]))
+    async with running_hub(api) as (_, door):
+        edge = door.connect("n0")
+        await edge.hello()
+        await edge.next_of(RunAction)
+        api.hold_status = anyio.Event()
+        await edge.send(_report("held", "uid-held", "n0", seq=1))
+        assert await edge.frames_within(20) == []
+        assert _entry(api, "held", "n0").action_flow == ()  # type: ignore[attr-defined]
+        api.hold_status.set()
+        assert await edge.next_of(ReportAck) == ReportAck(job_uid="uid-held", seq=1)
+        assert [a.action for a in _entry(api, "held", "n0").action_flow] == [CHECK]  # type: ignore[attr-defined]
+
+
+async def test_a_duplicate_report_is_applied_once_and_acknowledged_again(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The same report sent twice (an ack lost on the way) writes the status once and is acknowledged both times."""
+    api = MemoryApi()
+    edge_nodes(api, "n0")
+    api.put(PREPULLS, prepull_job("dup", "uid-dup", [("n0", PENDING)]))
+    async with running_hub(api) as (_, door):
+        edge = door.connect("n0")
+        await edge.hello()
+        await edge.next_of(RunAction)
+        report = _report("dup", "uid-dup", "n0", seq=1)
+        await edge.send(report)
+        assert await edge.next_of(ReportAck) == ReportAck(job_uid="uid-dup", seq=1)
+        writes = api.status_writes
+        await edge.send(report)
+        assert await edge.next_of(ReportAck) == ReportAck(job_uid="uid-dup", seq=1)
+        assert api.status_writes == writes
+        assert [a.action for a in _entry(api, "dup", "n0").action_flow] == [CHECK]  # type: ignore[attr-defined]
+
+
+async def test_a_report_for_another_node_is_refused_and_written_nowhere(autojump_clock: trio.testing.MockClock) -> None:
+    """An edge reporting for a node not its own gets foreign_node with the report's seq, and no status changes."""
+    api = MemoryApi()
+    edge_nodes(api, "n0", "n1")
+    api.put(PREPULLS, prepull_job("foreign", "uid-foreign", [("n0", PENDING), ("n1", PENDING)]))
+    async with running_hub(api) as (_, door):
+        edge = door.connect("n0")
+        await edge.hello()
+        await edge.next_of(RunAction)
+        writes = api.status_writes
+        await edge.send(_report("foreign", "uid-foreign", "n1", seq=7))
+        refused = await edge.next_of(Error)
+        assert (refused.code, refused.ref) == ("foreign_node", "7")
+        assert await edge.frames_within(5) == []
+        assert api.status_writes == writes
+        assert _entry(api, "foreign", "n1").phase is PENDING  # type: ignore[attr-defined]
+
+
+async def test_heartbeats_are_echoed_and_a_silent_edge_is_closed_at_the_missed_heartbeat_deadline(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A heartbeat comes back with its sent_at; silent for three 10 s intervals, the session is closed with 4008."""
+    api = MemoryApi()
+    edge_nodes(api, "n0")
+    async with running_hub(api, heartbeat_interval=10.0, missed_heartbeats=3) as (hub, door):
+        edge = door.connect("n0")
+        assert (await edge.hello()).heartbeat_interval == 10.0
+        await edge.send(Heartbeat(sent_at=12.5))
+        assert await edge.receive() == Heartbeat(sent_at=12.5)
+        silent_since = anyio.current_time()
+        await edge.closed()
+        assert anyio.current_time() - silent_since == pytest.approx(30.0)
+        assert edge.hub_end.closed_with == (HEARTBEAT_MISSED, "no heartbeat")
+        await trio.testing.wait_all_tasks_blocked()
+        assert "n0" not in hub.sessions
+        assert _hub_of(api, "n0") is None
+
+
+async def test_a_newer_session_for_the_same_node_replaces_the_older_one(autojump_clock: trio.testing.MockClock) -> None:
+    """The older session is closed with 4009, the newer one is served, and the Node stays marked by the hub."""
+    api = MemoryApi()
+    edge_nodes(api, "n0")
+    async with running_hub(api) as (hub, door):
+        older = door.connect("n0")
+        await older.hello()
+        await trio.testing.wait_all_tasks_blocked()
+        assert _hub_of(api, "n0") == "hub-a"
+        newer = door.connect("n0")
+        await newer.hello()
+        await older.closed()
+        assert older.hub_end.closed_with == (REPLACED, "replaced by a newer session")
+        await trio.testing.wait_all_tasks_blocked()
+        session = hub.sessions.get("n0")
+        assert session is not None
+        assert session.link is newer.hub_end
+        assert _hub_of(api, "n0") == "hub-a"
+        await newer.send(Heartbeat(sent_at=1.0))
+        assert await newer.receive() == Heartbeat(sent_at=1.0)
+
+
+async def test_a_report_for_a_job_deleted_mid_run_is_answered_job_gone(autojump_clock: trio.testing.MockClock) -> None:
+    """Deleting a running job sends the edge a Cancel, and a report that arrives after it gets job_gone."""
+    api = MemoryApi()
+    edge_nodes(api, "n0")
+    api.put(PREPULLS, prepull_job("doomed", "uid-doomed", [("n0", PENDING)]))
+    async with running_hub(api) as (_, door):
+        edge = door.connect("n0")
+        await edge.hello()
+        await edge.next_of(RunAction)
+        api.delete(PREPULLS, "doomed")
+        cancel = await edge.next_of(Cancel)
+        assert (cancel.route.job, cancel.job_uid) == ("doomed", "uid-doomed")
+        await edge.send(_report("doomed", "uid-doomed", "n0", seq=3))
+        gone = await edge.next_of(Error)
+        assert (gone.code, gone.ref) == ("job_gone", "3")
+
+
+async def test_an_edge_that_stops_reading_is_closed_once_its_queue_stays_full_for_the_deadline(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Heartbeats from an edge that reads nothing fill its outbound queue; 30 s later the hub closes it with 4010."""
+    api = MemoryApi()
+    edge_nodes(api, "n0")
+    async with running_hub(api, heartbeat_interval=10.0, missed_heartbeats=3) as (hub, door):
+        edge = door.connect("n0")
+        await edge.hello()
+        session = hub.sessions.get("n0")
+        assert session is not None
+        with anyio.fail_after(600):  # virtual seconds: a hub that never gives up would hang the test
+            with pytest.raises(LinkClosed):
+                await _send_heartbeats(edge, OUTBOUND_QUEUE * 10)  # far more echoes than the link and queue hold
+            await session.link_closed.wait()
+        assert edge.hub_end.closed_with is not None
+        assert edge.hub_end.closed_with[0] == NOT_READING
+        assert "n0" not in hub.sessions
+
+
+async def test_a_stopping_hub_closes_every_session_going_away_and_unmarks_its_nodes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Every session gets 1001 when the hub stops, and the Nodes it held lose their mark."""
+    api = MemoryApi()
+    edge_nodes(api, "n0", "n1")
+    async with running_hub(api) as (_, door):
+        edges = [door.connect(node) for node in ("n0", "n1")]
+        for edge in edges:
+            await edge.hello()
+        await trio.testing.wait_all_tasks_blocked()
+        assert [_hub_of(api, edge.node) for edge in edges] == ["hub-a", "hub-a"]
+    assert [edge.hub_end.closed_with for edge in edges] == [(GOING_AWAY, "hub shutting down")] * 2
+    assert [_hub_of(api, edge.node) for edge in edges] == [None, None]
