@@ -140,6 +140,7 @@ class Kube:
         *,
         attempts: int = 8,
         current: T | None = None,
+        namespace: str = "",
     ) -> T | None:
         """Read, apply ``mutate``, write the status; on 409 re-read and re-apply, up to ``attempts`` times.
 
@@ -147,6 +148,7 @@ class Kube:
         which case nothing is written and the current object is returned. ``current``, a copy the
         caller already holds (e.g. from a watch), saves the first read: a stale copy only costs
         one 409 and a re-read (a decision to write nothing is always taken on a fresh read).
+        ``namespace`` is the object's, for a namespaced resource.
 
         Errors:
             :class:`~roles.kube.errors.NotFound` if the object is gone; the last
@@ -156,7 +158,7 @@ class Kube:
         for attempt in range(1, attempts + 1):
             fresh = current is None
             if current is None:
-                current = await self.get(resource, name)
+                current = await self.get(resource, name, namespace=namespace)
             changed = mutate(current)
             if changed is None:
                 if not fresh:
