@@ -80,7 +80,12 @@ class Kube:
         return listed
 
     async def create(self, resource: Resource[T], obj: T, *, namespace: str = "") -> T:
-        body = _ENCODER.encode(obj)
+        """POST a new object, with its ``apiVersion`` and ``kind`` even where they are the type's defaults.
+
+        (The API types omit defaults, as Go's ``omitempty`` does; the API server refuses to create a
+        custom resource without its kind.)
+        """
+        body = _ENCODER.encode(_typed(obj))
         data = await self._request("POST", resource.path(namespace=namespace), body=body)
         self.writes += 1
         return resource.decoder().decode(data)
@@ -214,6 +219,16 @@ class Kube:
             tg.start_soon(self._cross, loop)
             await listed.wait()
             task_status.started()
+
+
+def _typed(obj: msgspec.Struct) -> Any:
+    fields = msgspec.to_builtins(obj)
+    if isinstance(fields, dict):
+        for key, attribute in (("apiVersion", "api_version"), ("kind", "kind")):
+            value = getattr(obj, attribute, "")
+            if value:
+                fields.setdefault(key, value)
+    return fields
 
 
 async def _seen_through(grace: float, fn: Callable[..., Awaitable[R]], *args: Any, **kwargs: Any) -> R:
