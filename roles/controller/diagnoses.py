@@ -84,7 +84,6 @@ class DiagnosisController:
         self._ready = anyio.Event()
         self._runs: KeyedWorkers[Key]
         self._sets: KeyedWorkers[str]
-        self.passes = 0
 
     # ------------------------------------------------------------------------------------------ watching
 
@@ -244,7 +243,6 @@ class DiagnosisController:
         return None
 
     async def _diagnosis_pass(self, key: Key) -> float | None:
-        self.passes += 1
         diagnosis = self._diagnoses.get(key)
         live = diagnosis is not None and diagnosis.metadata.deletion_timestamp is None
         await self._release_tasks(key, keep=diagnosis.metadata.uid if diagnosis is not None and live else None)

@@ -54,9 +54,6 @@ class KeyedWorkers(Generic[K]):
         with contextlib.suppress(anyio.WouldBlock):
             wake.send_nowait(None)
 
-    def __contains__(self, key: K) -> bool:
-        return key in self._wake
-
     async def _worker(self, key: K, wake: MemoryObjectReceiveStream[None]) -> None:
         backoff = Backoff(initial=1.0, cap=30.0)
         await self._ready.wait()
