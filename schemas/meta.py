@@ -23,6 +23,7 @@ __all__ = [
     "LabelSelectorRequirement",
     "NodeTaskPhase",
     "ObjectMeta",
+    "OwnerReference",
     "Tolerance",
     "UInt32",
     "parse_tolerance",
@@ -69,6 +70,17 @@ class ApiStruct(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_
     """
 
 
+class OwnerReference(ApiStruct, frozen=True):
+    """``metav1.OwnerReference``: the object this one belongs to (a Task's Diagnosis)."""
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+    controller: bool | None = None
+    block_owner_deletion: bool | None = None
+
+
 class ObjectMeta(ApiStruct, frozen=True):
     """The ``metadata`` fields nodetaskd uses."""
 
@@ -82,6 +94,7 @@ class ObjectMeta(ApiStruct, frozen=True):
     labels: dict[str, str] = {}
     annotations: dict[str, str] = {}
     finalizers: tuple[str, ...] = ()
+    owner_references: tuple[OwnerReference, ...] = ()
 
 
 class LabelSelectorRequirement(ApiStruct, frozen=True):

@@ -80,7 +80,12 @@ class Kube:
         return listed
 
     async def create(self, resource: Resource[T], obj: T, *, namespace: str = "") -> T:
-        body = _ENCODER.encode(obj)
+        """POST a new object, with its ``apiVersion`` and ``kind`` even where they are the type's defaults.
+
+        (The API types omit defaults, as Go's ``omitempty`` does; the API server refuses to create a
+        custom resource without its kind.)
+        """
+        body = _ENCODER.encode(_typed(obj))
         data = await self._request("POST", resource.path(namespace=namespace), body=body)
         self.writes += 1
         return resource.decoder().decode(data)
@@ -140,6 +145,7 @@ class Kube:
         *,
         attempts: int = 8,
         current: T | None = None,
+        namespace: str = "",
     ) -> T | None:
         """Read, apply ``mutate``, write the status; on 409 re-read and re-apply, up to ``attempts`` times.
 
@@ -147,6 +153,7 @@ class Kube:
         which case nothing is written and the current object is returned. ``current``, a copy the
         caller already holds (e.g. from a watch), saves the first read: a stale copy only costs
         one 409 and a re-read (a decision to write nothing is always taken on a fresh read).
+        ``namespace`` is the object's, for a namespaced resource.
 
         Errors:
             :class:`~roles.kube.errors.NotFound` if the object is gone; the last
@@ -156,7 +163,7 @@ class Kube:
         for attempt in range(1, attempts + 1):
             fresh = current is None
             if current is None:
-                current = await self.get(resource, name)
+                current = await self.get(resource, name, namespace=namespace)
             changed = mutate(current)
             if changed is None:
                 if not fresh:
@@ -212,6 +219,16 @@ class Kube:
             tg.start_soon(self._cross, loop)
             await listed.wait()
             task_status.started()
+
+
+def _typed(obj: msgspec.Struct) -> Any:
+    fields = msgspec.to_builtins(obj)
+    if isinstance(fields, dict):
+        for key, attribute in (("apiVersion", "api_version"), ("kind", "kind")):
+            value = getattr(obj, attribute, "")
+            if value:
+                fields.setdefault(key, value)
+    return fields
 
 
 async def _seen_through(grace: float, fn: Callable[..., Awaitable[R]], *args: Any, **kwargs: Any) -> R:

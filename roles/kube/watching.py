@@ -54,6 +54,7 @@ class Invalid:
     name: str
     error: str
     uid: str = ""
+    namespace: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +69,7 @@ WatchEvent = Upserted[Any] | Deleted[Any] | Relisted[Any] | Invalid | Interrupte
 
 class _NamedMeta(msgspec.Struct, rename="camel"):
     name: str = ""
+    namespace: str = ""
     uid: str = ""
     resource_version: str = ""
 
@@ -102,7 +104,7 @@ def _decode_item(decoder: msgspec.json.Decoder[Any], raw: msgspec.Raw) -> Any:
         return decoder.decode(raw)
     except msgspec.ValidationError as exc:
         meta = _NAMED.decode(raw).metadata
-        return Invalid(name=meta.name, uid=meta.uid, error=str(exc))
+        return Invalid(name=meta.name, uid=meta.uid, error=str(exc), namespace=meta.namespace)
 
 
 async def list_objects(
