@@ -70,6 +70,12 @@ class ControllerConfig(_Config, frozen=True, kw_only=True):
     """0 turns the admission webhooks off."""
     webhook_url: str = ""
     """The HTTPS base URL the API server calls the webhooks at; when set, the controller registers them."""
+    webhook_service: str = ""
+    """``namespace/name[:port]`` of the Service in front of every replica's webhook server (port 443 when
+    not given); when set, the controller registers the webhooks with ``clientConfig.service`` and the CA
+    of ``tlsCaFile``. It then needs ``tlsCertFile``, ``tlsKeyFile`` and ``tlsCaFile``: one certificate
+    shared by all replicas (mounted from a Secret), since replicas that each generated their own CA
+    would each register theirs and undo the others' registration."""
     tls_cert_file: str = ""
     tls_key_file: str = ""
     tls_ca_file: str = ""
@@ -90,6 +96,32 @@ class ControllerConfig(_Config, frozen=True, kw_only=True):
         _check_namespaces(self.image_secret_namespaces)
         if self.webhook_url and not self.webhook_url.startswith("https://"):
             raise ValueError(f"webhookUrl {self.webhook_url!r} must be an https:// URL")
+        if self.webhook_service:
+            _service_ref(self.webhook_service)
+            if self.webhook_url:
+                raise ValueError("webhookUrl and webhookService exclude each other: the webhooks have one address")
+            if not (self.tls_cert_file and self.tls_ca_file):
+                raise ValueError(
+                    "webhookService needs tlsCertFile, tlsKeyFile and tlsCaFile (a certificate shared by every"
+                    " replica, e.g. mounted from a Secret): replicas generating their own CA undo each other's"
+                    " registration"
+                )
+
+    @property
+    def webhook_service_ref(self) -> tuple[str, str, int]:
+        """``webhookService`` as (namespace, name, port)."""
+        return _service_ref(self.webhook_service)
+
+
+def _service_ref(text: str) -> tuple[str, str, int]:
+    """``namespace/name[:port]`` as (namespace, name, port); ValueError naming ``webhookService`` otherwise."""
+    ref, _, port = text.partition(":")
+    namespace, _, name = ref.partition("/")
+    if not (_NAMESPACE.fullmatch(namespace) and _NAMESPACE.fullmatch(name)):
+        raise ValueError(f"webhookService {text!r} is not namespace/name[:port]")
+    if port and not (port.isdigit() and 0 < int(port) <= 65535):
+        raise ValueError(f"webhookService {text!r}: port {port!r} is not within 1-65535")
+    return namespace, name, int(port or 443)
 
 
 class CloudConfig(_Config, frozen=True, kw_only=True):

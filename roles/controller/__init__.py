@@ -86,8 +86,14 @@ async def run(cfg: RoleConfig, *, log: Log, config_path: Path | None = None) -> 
                 webhooks = router(admission_routes(policy=admission_policy(cfg), registry=registry, log=log))
                 serve = functools.partial(serve_http, webhooks, host=cfg.listen_host, port=cfg.webhook_port, log=log)
                 await tg.start(functools.partial(serve, ssl_context=server_ssl_context(cert)))
-                if cfg.webhook_url:
-                    validating, mutating = webhook_configurations(url_base=cfg.webhook_url, ca_bundle=cert.ca_bundle)
+                if cfg.webhook_url or cfg.webhook_service:
+                    # Every replica registers the same configuration (same address, same shared CA), so
+                    # registering again is a no-op, whichever replica is last.
+                    validating, mutating = webhook_configurations(
+                        url_base=cfg.webhook_url,
+                        service=cfg.webhook_service_ref if cfg.webhook_service else None,
+                        ca_bundle=cert.ca_bundle,
+                    )
                     await register_webhooks(kube, validating, mutating, log=log)
             await tg.start(
                 functools.partial(serve_http, router(routes), host=cfg.listen_host, port=cfg.metrics_port, log=log)

@@ -238,10 +238,21 @@ def _defaults(req: AdmissionRequest) -> tuple[PatchOperation, ...]:
 # ---------------------------------------------------------------------------------------------- configuration
 
 
+class ServiceReference(ApiStruct, frozen=True):
+    """The Service the API server calls a webhook through (``clientConfig.service``)."""
+
+    namespace: str
+    name: str
+    path: str
+    port: int = 443
+
+
 class WebhookClientConfig(ApiStruct, frozen=True):
-    url: str
     ca_bundle: bytes
     """PEM of the CA that signed the serving certificate; base64 on the wire, as msgspec encodes bytes."""
+    url: str | None = None
+    service: ServiceReference | None = None
+    """Exactly one of ``url`` and ``service`` is set."""
 
 
 class RuleWithOperations(ApiStruct, frozen=True):
@@ -296,18 +307,25 @@ MUTATING_WEBHOOKS: Final = Resource(
 
 def webhook_configurations(
     *,
-    url_base: str,
     ca_bundle: bytes,
+    url_base: str = "",
+    service: tuple[str, str, int] | None = None,
     name: str = "nodetaskd",
     timeout_seconds: int = 5,
     object_selector: LabelSelector | None = None,
 ) -> tuple[ValidatingWebhookConfiguration, MutatingWebhookConfiguration]:
-    """The configurations that send every node job's and diagnosis object's CREATE and UPDATE to ``url_base``.
+    """The configurations that send every node job's and diagnosis object's CREATE and UPDATE to the
+    controller, at ``url_base`` or through ``service``.
 
-    ``url_base`` is ``https://host:port`` of :func:`admission_routes`' server; ``clientConfig.url`` is
-    used (not a Service) because the controller may run outside the cluster, as it does in the
-    tests. ``object_selector`` limits the webhooks to labelled jobs (e.g. for a staged roll-out).
+    ``url_base`` is ``https://host:port`` of :func:`admission_routes`' server, for a controller outside
+    the cluster (as in the tests); ``service`` is (namespace, name, port) of the Service in front of
+    the controller's replicas in the cluster (``containers/deploy/``). ``object_selector`` limits the
+    webhooks to labelled jobs (e.g. for a staged roll-out).
+
+    Errors: :class:`ValueError` unless exactly one of ``url_base`` and ``service`` is given.
     """
+    if bool(url_base) == (service is not None):
+        raise ValueError("the webhooks need exactly one of url_base and service")
     job_rules = tuple(
         RuleWithOperations(
             api_groups=(GROUP,),
@@ -339,6 +357,14 @@ def webhook_configurations(
         "object_selector": object_selector,
     }
     base = url_base.rstrip("/")
+
+    def client_config(path: str) -> WebhookClientConfig:
+        if service is None:
+            return WebhookClientConfig(url=f"{base}{path}", ca_bundle=ca_bundle)
+        namespace, service_name, port = service
+        reference = ServiceReference(namespace=namespace, name=service_name, path=path, port=port)
+        return WebhookClientConfig(service=reference, ca_bundle=ca_bundle)
+
     validating = ValidatingWebhookConfiguration(
         api_version=_ADMISSION_REGISTRATION,
         kind="ValidatingWebhookConfiguration",
@@ -346,7 +372,7 @@ def webhook_configurations(
         webhooks=(
             ValidatingWebhook(
                 name=VALIDATING_WEBHOOK_NAME,
-                client_config=WebhookClientConfig(url=f"{base}{VALIDATE_PATH}", ca_bundle=ca_bundle),
+                client_config=client_config(VALIDATE_PATH),
                 rules=(*job_rules, diagnosis_rule(DIAGNOSIS_KINDS)),
                 failure_policy="Fail",
                 **common,
@@ -360,7 +386,7 @@ def webhook_configurations(
         webhooks=(
             MutatingWebhook(
                 name=MUTATING_WEBHOOK_NAME,
-                client_config=WebhookClientConfig(url=f"{base}{MUTATE_PATH}", ca_bundle=ca_bundle),
+                client_config=client_config(MUTATE_PATH),
                 rules=(*job_rules, diagnosis_rule(defaulted)),
                 failure_policy="Ignore",
                 reinvocation_policy="Never",
