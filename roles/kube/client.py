@@ -70,12 +70,17 @@ class Kube:
         return resource.decoder().decode(await self._request("GET", resource.path(name, namespace=namespace)))
 
     async def list(
-        self, resource: Resource[T], *, label_selector: str = "", namespace: str = ""
+        self, resource: Resource[T], *, label_selector: str = "", namespace: str = "", field_selector: str = ""
     ) -> tuple[list[T], list[Invalid], str]:
         """All objects, the ones that do not decode, and the list's resourceVersion."""
         async with self._in_flight:
             listed: tuple[list[T], list[Invalid], str] = await self._cross(
-                list_objects, self._api, resource, label_selector=label_selector, namespace=namespace
+                list_objects,
+                self._api,
+                resource,
+                label_selector=label_selector,
+                namespace=namespace,
+                field_selector=field_selector,
             )
         return listed
 
@@ -188,6 +193,7 @@ class Kube:
         *,
         label_selector: str = "",
         namespace: str = "",
+        field_selector: str = "",
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """Deliver ``resource``'s snapshot and changes to ``send`` until cancelled.
@@ -214,6 +220,7 @@ class Kube:
             log=self._log,
             label_selector=label_selector,
             namespace=namespace,
+            field_selector=field_selector,
         )
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._cross, loop)

@@ -108,7 +108,7 @@ def _decode_item(decoder: msgspec.json.Decoder[Any], raw: msgspec.Raw) -> Any:
 
 
 async def list_objects(
-    api: AioApi, resource: Resource[Any], *, label_selector: str = "", namespace: str = ""
+    api: AioApi, resource: Resource[Any], *, label_selector: str = "", namespace: str = "", field_selector: str = ""
 ) -> tuple[list[Any], list[Invalid], str]:
     """All objects (valid and not) and the list's resourceVersion, following ``continue`` pages."""
     decoder = resource.decoder()
@@ -117,6 +117,8 @@ async def list_objects(
     query = {"limit": "500"}
     if label_selector:
         query["labelSelector"] = label_selector
+    if field_selector:
+        query["fieldSelector"] = field_selector
     path = resource.path(namespace=namespace)
     while True:
         page = _LIST.decode(await api.request("GET", path, query=query, timeout_s=60))
@@ -172,6 +174,7 @@ async def watch_loop(
     log: Any,
     label_selector: str = "",
     namespace: str = "",
+    field_selector: str = "",
     watch_timeout: int = 290,
     backoff: Backoff | None = None,
 ) -> None:
@@ -187,7 +190,7 @@ async def watch_loop(
         try:
             if not version:
                 valid, invalid, version = await list_objects(
-                    api, resource, label_selector=label_selector, namespace=namespace
+                    api, resource, label_selector=label_selector, namespace=namespace, field_selector=field_selector
                 )
                 deliver(Relisted(tuple(valid), tuple(invalid)))
             query = {
@@ -198,6 +201,8 @@ async def watch_loop(
             }
             if label_selector:
                 query["labelSelector"] = label_selector
+            if field_selector:
+                query["fieldSelector"] = field_selector
             version = await _watch_once(
                 api,
                 path=path,
