@@ -154,7 +154,12 @@ def _restored_previous_config(role: str, args: argparse.Namespace, reason: str) 
     return True
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 (one exit per way a start can end)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    from roles import commands  # beside the roles: edge join|reset, token create, certs create, ctl
+
+    if arguments and arguments[0] in commands.COMMANDS:
+        return commands.main(arguments)
     args = _parser().parse_args(argv)
     role = ROLE_ALIASES[args.role]
     try:
