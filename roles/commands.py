@@ -1,13 +1,14 @@
-"""The commands beside the roles: ``nodetaskd edge join|reset``, ``token create``, ``certs create``.
+"""The commands beside the roles: ``nodetaskd edge join|reset``, ``token create``, ``certs create``, ``ctl ...``.
 
 ``nodetaskd --role=...`` runs a role (``roles.cli``); a first argument naming one of :data:`COMMANDS`
 runs one of these instead. ``edge`` runs on a device's base install; the others talk to the API
-server (the cloud extra). The kubeconfig is ``--kubeconfig``, else ``$KUBECONFIG``, else
-``~/.kube/config``, else the pod's ServiceAccount.
+server (the cloud extra), and ``ctl watch``'s live view wants rich (the ``ctl`` extra). The
+kubeconfig is ``--kubeconfig``, else ``$KUBECONFIG``, else ``~/.kube/config``, else the pod's
+ServiceAccount.
 
-Exit status: 0 done; 1 a write on the device failed, or a reset was refused; 2 bad arguments, or
-input that does not fit; 3 the API server could not be reached or refused, or an extra is missing;
-130 interrupted.
+Exit status: 0 done (``ctl watch``: every job Completed); 1 a watched job ended in Failure or was
+deleted, or a write on the device failed; 2 bad arguments, or a job or input that does not fit;
+3 the API server could not be reached or refused, or an extra is missing; 130 interrupted.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import argparse
 import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Final, NoReturn, TypeVar
 
@@ -24,7 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = ["COMMANDS", "kubeconfig_path", "main"]
 
-COMMANDS: Final = frozenset({"edge", "token", "certs"})
+COMMANDS: Final = frozenset({"edge", "token", "certs", "ctl"})
 EXIT_FAILED: Final = 1
 EXIT_USAGE: Final = 2
 EXIT_UNAVAILABLE: Final = 3
@@ -84,13 +86,14 @@ def _api_errors(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
     """Turn the errors of commands that use the API into one line and an exit status."""
 
     def guarded(args: argparse.Namespace) -> int:
+        from roles.ctl.fetch import CtlError
         from roles.kube import ApiError
 
         try:
             return run(args)
         except (Exception, BaseExceptionGroup) as raised:
             error = _leaf(raised)
-            if isinstance(error, ValueError):  # a bad name or value given
+            if isinstance(error, CtlError | ValueError):  # CtlError, and a bad name or value given
                 return _fail(str(error), EXIT_USAGE)
             if isinstance(error, ApiError):
                 return _fail(str(error), EXIT_UNAVAILABLE)
@@ -187,6 +190,91 @@ def _certs_create(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------------ ctl
+
+
+@_api_errors
+def _ctl_get(args: argparse.Namespace) -> int:
+    from roles.ctl import fetch, text
+    from roles.ctl.views import find_kind
+    from schemas.kinds import KINDS
+
+    kinds = (find_kind(args.kind),) if args.kind else KINDS
+    found = _with_kube(args.kubeconfig, lambda kube: fetch.jobs(kube, kinds))
+    if args.output != "table":
+        sys.stdout.write(text.encode(found, args.output))
+    elif found:
+        sys.stdout.write(text.jobs_table(found, now=datetime.now(UTC)))
+    else:
+        sys.stderr.write("no node jobs\n")
+    return 0
+
+
+@_api_errors
+def _ctl_describe(args: argparse.Namespace) -> int:
+    from roles.ctl import fetch, text
+
+    found = _with_kube(args.kubeconfig, lambda kube: fetch.describe(kube, args.job))
+    if args.output != "table":
+        document = {"job": found.job, "nodes": found.nodes, "events": found.events}
+        sys.stdout.write(text.encode(document, args.output))
+    else:
+        sys.stdout.write(text.describe_text(found.job, found.nodes, found.events, now=datetime.now(UTC)))
+    return 0
+
+
+@_api_errors
+def _ctl_confirm(args: argparse.Namespace) -> int:
+    from roles.ctl import fetch, text
+
+    done = _with_kube(args.kubeconfig, lambda kube: fetch.confirm(kube, args.job, tuple(args.nodes), every=args.all))
+    if args.output != "table":
+        document = {"job": done.job, "before": done.before, "confirm": done.after, "paused": done.paused}
+        sys.stdout.write(text.encode(document, args.output))
+        return 0
+    if done.after == done.before:
+        sys.stdout.write(f"{done.job}: already confirmed ({done.after}), nothing to change\n")
+    else:
+        sys.stdout.write(f"{done.job}: confirm annotation {done.before or '(none)'} -> {done.after}\n")
+    paused = ", ".join(done.paused) or "none"
+    sys.stdout.write(f"paused at WaitingConfirmation now: {paused}; the hubs release the confirmed ones\n")
+    return 0
+
+
+@_api_errors
+def _ctl_nodes(args: argparse.Namespace) -> int:
+    from roles.ctl import fetch, text
+
+    rows = _with_kube(args.kubeconfig, fetch.edges)
+    if args.output != "table":
+        sys.stdout.write(text.encode(rows, args.output))
+    elif rows:
+        sys.stdout.write(text.edges_table(rows))
+    else:
+        sys.stderr.write("no edge Nodes (label node-role.kubernetes.io/edge)\n")
+    return 0
+
+
+@_api_errors
+def _ctl_watch(args: argparse.Namespace) -> int:
+    from roles.ctl.watch import JsonLines, PlainLines, Presenter, watch
+
+    if args.output == "yaml":
+        return _fail("ctl watch prints a table, or a JSON line per change with -o json", EXIT_USAGE)
+    if args.output == "json":
+        return _with_kube(args.kubeconfig, lambda kube: watch(kube, args.jobs, JsonLines(sys.stdout)))
+    if not sys.stdout.isatty():
+        return _with_kube(args.kubeconfig, lambda kube: watch(kube, args.jobs, PlainLines(sys.stdout)))
+    try:
+        from roles.ctl.live import LiveView  # rich comes with the ctl extra only
+    except ModuleNotFoundError:
+        sys.stderr.write("(a line per change: the live view needs rich, pip install 'nodetaskd[ctl]')\n")
+        return _with_kube(args.kubeconfig, lambda kube: watch(kube, args.jobs, PlainLines(sys.stdout)))
+    with LiveView() as view:
+        presenter: Presenter = view
+        return _with_kube(args.kubeconfig, lambda kube: watch(kube, args.jobs, presenter))
+
+
 # ------------------------------------------------------------------------------------------ parser
 
 
@@ -197,6 +285,7 @@ def _parser() -> argparse.ArgumentParser:
     kube.add_argument("--kubeconfig", help="kubeconfig path (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
     _edge_parsers(commands)
     _cloud_parsers(commands, kube)
+    _ctl_parsers(commands, kube)
     return top
 
 
@@ -242,15 +331,44 @@ def _cloud_parsers(commands: argparse._SubParsersAction[_Parser], kube: _Parser)
     make.set_defaults(handler=_certs_create)
 
 
+def _ctl_parsers(commands: argparse._SubParsersAction[_Parser], kube: _Parser) -> None:
+    ctl = commands.add_parser("ctl", help="node jobs and edges, for operators")
+    options = _Parser(add_help=False, parents=[kube])
+    options.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    ctl_commands = ctl.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    get = ctl_commands.add_parser("get", parents=[options], help="jobs of all three kinds, phase and node counts")
+    get.add_argument("kind", nargs="?", help="only this kind (nodeupgradejob, imageprepulljob, configupdatejob)")
+    get.set_defaults(handler=_ctl_get)
+    watch = ctl_commands.add_parser(
+        "watch", parents=[options], help="follow jobs until final: exit 0 if all Completed, 1 otherwise"
+    )
+    watch.add_argument("jobs", nargs="+", metavar="JOB", help="NAME or KIND/NAME")
+    watch.set_defaults(handler=_ctl_watch)
+    describe = ctl_commands.add_parser("describe", parents=[options], help="a job's nodes and latest Events")
+    describe.add_argument("job", metavar="JOB", help="NAME or KIND/NAME")
+    describe.set_defaults(handler=_ctl_describe)
+    confirm = ctl_commands.add_parser(
+        "confirm", parents=[options], help="release nodes paused at WaitingConfirmation (from the cloud)"
+    )
+    confirm.add_argument("job", metavar="JOB", help="NAME or nodeupgradejob/NAME")
+    confirm.add_argument("nodes", nargs="*", metavar="NODE")
+    confirm.add_argument("--all", action="store_true", help="every node of the job")
+    confirm.set_defaults(handler=_ctl_confirm)
+    nodes = ctl_commands.add_parser("nodes", parents=[options], help="edges: hub, agent version, connected")
+    nodes.set_defaults(handler=_ctl_nodes)
+
+
 def main(argv: Sequence[str]) -> int:
     """Run the command ``argv`` names (``argv[0]`` is one of :data:`COMMANDS`)."""
     args = _parser().parse_args(list(argv))
+    if getattr(args, "all", False) and getattr(args, "nodes", None):
+        return _fail("ctl confirm: name nodes or give --all, not both", EXIT_USAGE)
     try:
         status: int = args.handler(args)
     except ModuleNotFoundError as exc:
         if (exc.name or "").startswith("roles."):
             raise
-        extra = "cloud"
+        extra = "ctl" if exc.name == "rich" else "cloud"
         return _fail(
             f"nodetaskd {args.command} needs the {extra} extra (pip install 'nodetaskd[{extra}]'):"
             f" module {exc.name} is not installed",

@@ -6,6 +6,7 @@ the agent started exactly as the written systemd unit starts it, reaching a real
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import subprocess
@@ -133,6 +134,9 @@ async def test_token_create_then_edge_join_brings_a_real_agent_to_a_real_hub(
             return annotations.get(HUB_ANNOTATION) == hub_id and bool(annotations.get(AGENT_VERSION_ANNOTATION))
 
         await _wait_for(marked)
+        listed = await _nodetaskd("ctl", "nodes", "-o", "json", admin_kubeconfig, cwd=operator)
+        (row,) = [r for r in json.loads(listed.stdout) if r["name"] == node]
+        assert (row["connected"], row["hub"]) == (True, hub_id)
 
         # Reset refuses while the agent runs, then undoes the join once it is stopped.
         refused = await _nodetaskd("edge", "reset", f"--root={root}", cwd=device)
