@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from datetime import UTC, datetime
 
 import msgspec
@@ -12,7 +13,7 @@ from rich.console import Console
 
 from nodetask.phases import ConditionStatus, JobPhase, NodeTaskPhase
 from roles.ctl.follow import WatchState, on_event, on_job, outcome
-from roles.ctl.live import render
+from roles.ctl.live import LiveView, render
 from roles.ctl.text import jobs_table, progress_line, table
 from roles.ctl.views import (
     EventRow,
@@ -233,3 +234,17 @@ def test_the_live_view_draws_a_bar_and_the_counts_per_job_and_the_latest_events(
     assert "1/4" in shown
     assert "NodeTimedOut" in shown
     assert "edge-3 went silent" in shown
+
+
+def test_the_live_view_redraws_on_each_change_and_leaves_the_last_frame() -> None:
+    """On a terminal every change redraws the view in place; the final phase is what stays on screen."""
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=120)
+    state = WatchState.start(["nodeupgradejob/u"])
+    with LiveView(console) as view:
+        for summary in (_summary("InProgress", pending=2), _summary("Completed", successful=2)):
+            state, _ = on_job(state, "nodeupgradejob/u", summary)
+            view.job(state, summary)
+    shown = out.getvalue()
+    assert shown.count("nodeupgradejob/u") >= 2  # drawn twice, the second over the first
+    assert shown.rindex("Completed") > shown.rindex("InProgress")
