@@ -92,12 +92,13 @@ def _api_errors(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
         try:
             return run(args)
         except (Exception, BaseExceptionGroup) as raised:
+            # Errors raised inside the API client's task groups arrive wrapped in exception groups.
             error = _leaf(raised)
-            if isinstance(error, CtlError | ValueError):  # CtlError, and a bad name or value given
+            if isinstance(error, CtlError | ValueError):  # a job that does not fit, a bad name or value
                 return _fail(str(error), EXIT_USAGE)
             if isinstance(error, ApiError):
                 return _fail(str(error), EXIT_UNAVAILABLE)
-            if isinstance(error, OSError) and not isinstance(raised, BaseExceptionGroup):
+            if isinstance(error, OSError):  # writing the token or CA file
                 return _fail(str(error), EXIT_FAILED)
             raise
 
