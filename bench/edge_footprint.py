@@ -64,7 +64,7 @@ IMPORT_STEPS: tuple[tuple[str, str], ...] = (
     ("+ trio-websocket", "import trio_websocket"),
     ("+ structlog", "import structlog"),
     ("+ msgspec, sqlite3", "import msgspec, sqlite3"),
-    ("+ the agent (roles.edge): an idle agent", "import roles.edge, roles.cli"),
+    ("+ the agent (roles.edge.role): an idle agent", "import roles.edge.role, roles.cli"),
     ("+ psutil (loaded by the first Check)", "import roles.edge.host"),
     ("+ the registry client (loaded by the first upgrade)", "import roles.edge.artifact"),
     ("+ grpcio and the CRI client (only in the puller's child)", "import roles.edge.runtime.cri"),

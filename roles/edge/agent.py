@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import ssl
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
@@ -43,8 +41,8 @@ from nodetask.messages import (
     Welcome,
 )
 from nodetask.route import Route
-from roles.edge.checks import Thresholds
 from roles.edge.context import Actions, Outcome, TaskContext
+from roles.edge.settings import AgentSettings
 from roles.edge.store import ActionProgress, EdgeStore, NodeTask, StoreError, TaskState
 from roles.restart import RestartRequested
 
@@ -68,24 +66,6 @@ def control_socket(data_dir: Path) -> Path:
 
 
 HELLO_TIMEOUT_S: Final = 10.0
-
-
-@dataclass(frozen=True, slots=True)
-class AgentSettings:
-    """What the agent needs from the edge configuration."""
-
-    node: str
-    version: str
-    hub_urls: tuple[str, ...]
-    token: str
-    data_dir: Path
-    thresholds: Thresholds
-    ssl_context: ssl.SSLContext | None = None
-    reconnect_cap: float = 30.0
-    missed_heartbeats: int = 3
-    config_file: Path | None = None
-    """The YAML file this agent was started with; config updates rewrite it."""
-    health_deadline: float = 60.0
 
 
 class EdgeAgent:
@@ -487,8 +467,3 @@ def _propagates(exc: Exception) -> bool:
     if isinstance(exc, BaseExceptionGroup):
         return exc.subgroup(wanted) is not None
     return isinstance(exc, wanted)
-
-
-def edge_ssl_context(ca_file: str) -> ssl.SSLContext | None:
-    """A client TLS context trusting ``ca_file`` (the system roots when empty)."""
-    return ssl.create_default_context(cafile=ca_file or None)

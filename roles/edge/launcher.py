@@ -20,8 +20,8 @@ re-executing itself when it wants a restart. Then:
   clean exit ends the launcher with the same status;
 * SIGTERM or SIGINT is forwarded to the agent; the launcher exits 0 once it has stopped.
 
-The marker and the ``current`` link are this module's contract with :mod:`roles.edge.upgrade`;
-both are written atomically (a temporary name, then ``os.replace``).
+The marker and the ``current`` link (:mod:`roles.edge.upgrade_marker`) are this module's contract
+with :mod:`roles.edge.upgrade`; both are written atomically (a temporary name, then ``os.replace``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
-from enum import StrEnum
 from pathlib import Path
 from typing import Final
 
@@ -45,88 +44,28 @@ import trio
 
 from nodetask.backoff import Backoff
 from roles.config import ConfigError, EdgeConfig, load_config
-from roles.edge.config_update import restore_after_failed_start
-from roles.files import link_atomically, write_atomically
+from roles.edge.config_pending import restore_after_failed_start
+from roles.edge.upgrade_marker import (
+    CURRENT_LINK,
+    MarkerState,
+    UpgradeMarker,
+    read_marker,
+    switch_current,
+    write_marker,
+)
 from roles.logs import configure_logging
 from roles.restart import EXIT_RESTART, SUPERVISOR_ENV
 
-__all__ = [
-    "MARKER_FILE",
-    "MarkerState",
-    "UpgradeMarker",
-    "current_target",
-    "main",
-    "read_marker",
-    "supervise",
-    "switch_current",
-    "write_marker",
-]
+__all__ = ["agent_command", "agent_environment", "main", "supervise"]
 
 Log = structlog.typing.FilteringBoundLogger
 
-MARKER_FILE: Final = "upgrade.json"
-CURRENT_LINK: Final = "current"
 MAX_FAILED_STARTS: Final = 3
 DEADLINE_GRACE_S: Final = 5.0
 """Added to the marker's deadline: the new agent's own health check should time out first, with its reason."""
 STOP_GRACE_S: Final = 10.0
 POLL_S: Final = 0.2
 EXIT_USAGE: Final = 2
-
-
-class MarkerState(StrEnum):
-    """Where a self-upgrade stands, as the agents and the launcher record it in the marker."""
-
-    SWITCHED = "switched"
-    """``current`` points at the new version, which is on probation."""
-    HEALTHY = "healthy"
-    """The new version reached a hub: the upgrade is kept."""
-    UNHEALTHY = "unhealthy"
-    """The new version gave up on its health check and asks to be rolled back."""
-    ROLLED_BACK = "rolled_back"
-    """The launcher pointed ``current`` back at the previous version."""
-
-
-class UpgradeMarker(msgspec.Struct, frozen=True, kw_only=True):
-    """The self-upgrade in progress on this device (fields only ever added, with defaults)."""
-
-    job_uid: str
-    from_version: str
-    to_version: str
-    previous: str
-    """The ``current`` link's target before the switch; empty when the base installation ran."""
-    state: MarkerState
-    deadline_s: float
-    reason: str = ""
-
-
-def read_marker(data_dir: Path) -> UpgradeMarker | None:
-    """The marker, or None when there is none (or it is unreadable: then nothing is on probation)."""
-    try:
-        return msgspec.json.decode((data_dir / MARKER_FILE).read_bytes(), type=UpgradeMarker)
-    except (OSError, msgspec.DecodeError):
-        return None
-
-
-def write_marker(data_dir: Path, marker: UpgradeMarker) -> None:
-    """Replace the marker atomically."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    write_atomically(data_dir / MARKER_FILE, msgspec.json.encode(marker))
-
-
-def current_target(data_dir: Path) -> str:
-    """Where ``<dataDir>/current`` points (relative to the data directory), or "" for the base installation."""
-    link = data_dir / CURRENT_LINK
-    return os.readlink(link) if link.is_symlink() else ""
-
-
-def switch_current(data_dir: Path, target: str) -> None:
-    """Point ``current`` at ``target`` (e.g. ``versions/v0.2.0``) atomically; "" removes it (the base installation)."""
-    link = data_dir / CURRENT_LINK
-    if target:
-        link_atomically(link, target)
-    else:
-        link.unlink(missing_ok=True)
 
 
 # ------------------------------------------------------------------------------------ supervisor
