@@ -124,7 +124,7 @@ def _leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
 
 def _confirm(cfg: RoleConfig, job: str) -> int:
     """Ask the running agent, over its control socket, to release ``job``."""
-    from roles.edge.agent import control_socket
+    from roles.edge.control import control_socket
 
     assert isinstance(cfg, EdgeConfig)
     path = control_socket(Path(cfg.data_dir))
