@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from dataclasses import dataclass
 from typing import Final, NoReturn, Protocol, final
 
 import anyio
@@ -38,17 +39,33 @@ OUTBOUND_QUEUE: Final = 64
 FIRST_RETRY_S: Final = 0.5
 
 
+@dataclass(frozen=True, slots=True)
+class _Outgoing:
+    msg: Upstream
+    written: anyio.Event | None = None
+    """Set by the writer once the frame is on the link, for a sender that waits for that."""
+
+
 @final
 class Session:
     """A live session's outbound side: :meth:`send` queues a message for its one writer task."""
 
-    def __init__(self, queue: MemoryObjectSendStream[Upstream]) -> None:
+    def __init__(self, queue: MemoryObjectSendStream[_Outgoing]) -> None:
         self._queue = queue
 
     async def send(self, msg: Upstream) -> None:
         """Queue ``msg`` for the hub. Errors: :class:`LinkClosed` once the session has ended."""
+        await self._put(_Outgoing(msg))
+
+    async def send_and_wait(self, msg: Upstream) -> None:
+        """Queue ``msg`` and wait until the writer has put it on the link. Errors: :class:`LinkClosed`."""
+        written = anyio.Event()
+        await self._put(_Outgoing(msg, written))
+        await written.wait()
+
+    async def _put(self, item: _Outgoing) -> None:
         try:
-            await self._queue.send(msg)
+            await self._queue.send(item)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             raise LinkClosed("the session ended") from None
 
@@ -124,7 +141,7 @@ class HubConnection:
                 welcome = messages.decode_downstream(await link.receive())
             if not isinstance(welcome, Welcome):
                 raise MessageError(f"expected a welcome from {url}, got {type(welcome).__name__}")
-            queue, outbound = anyio.create_memory_object_stream[Upstream](OUTBOUND_QUEUE)
+            queue, outbound = anyio.create_memory_object_stream[_Outgoing](OUTBOUND_QUEUE)
             session = Session(queue)
             self.connects += 1
             self.connected.set()
@@ -140,13 +157,16 @@ class HubConnection:
                 self.connected = anyio.Event()
                 self.session = None
 
-    async def _write(self, link: Link, outbound: MemoryObjectReceiveStream[Upstream]) -> None:
-        async for msg in outbound:
-            await link.send(messages.encode(msg))
+    async def _write(self, link: Link, outbound: MemoryObjectReceiveStream[_Outgoing]) -> None:
+        async for item in outbound:
+            await link.send(messages.encode(item.msg))
+            if item.written is not None:
+                item.written.set()
 
     async def _heartbeat(self, session: Session, interval: float) -> NoReturn:
         while True:
-            await session.send(Heartbeat(sent_at=anyio.current_time()))
+            # Waiting until it is written: heartbeats never pile up behind a link that does not move.
+            await session.send_and_wait(Heartbeat(sent_at=anyio.current_time()))
             await anyio.sleep(interval)
 
     async def _receive(self, link: Link, session: Session, deadline: float) -> NoReturn:
