@@ -62,11 +62,11 @@ def clock() -> MockClock:
     return MockClock(autojump_threshold=0.005)
 
 
-def run_action(job: str, *, uid: str | None = None, action: str = imageprepulljob.CHECK) -> RunAction:
+def run_action(job: str, *, action: str = imageprepulljob.CHECK) -> RunAction:
     return RunAction(
         id=f"run-{job}",
         route=Route(API_VERSION, PREPULL, job, NODE),
-        job_uid=uid or f"uid-{job}",
+        job_uid=f"uid-{job}",
         action=action,
         spec=SPEC,
     )
@@ -174,7 +174,7 @@ class FakeHub:
 
 @dataclass(eq=False)
 class FakeActions:
-    """The pre-pull's Check and Pull, counting their runs; Pull blocks until ``pull_may_finish`` when asked to."""
+    """The pre-pull's Check and Pull, recording their runs; with ``block_pull``, Pull runs until cancelled."""
 
     runs: list[tuple[str, str]] = field(default_factory=list)
     block_pull: bool = False
