@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, NoReturn, Protocol, final
 
@@ -123,13 +124,13 @@ class HubConnection:
         backoff = Backoff(initial=FIRST_RETRY_S, cap=self._settings.reconnect_cap)
         for url in itertools.cycle(self._settings.hub_urls):
             try:
-                await self._session(url)
-                backoff.reset()
+                # A session always ends by raising: the backoff starts over once one was welcomed.
+                await self._session(url, welcomed=backoff.reset)
             except* (OSError, LinkClosed, MessageError) as group:
                 self._log.info("hub_connection_lost", url=url, error=str(group.exceptions[0]))
             await anyio.sleep(backoff.delay())
 
-    async def _session(self, url: str) -> None:
+    async def _session(self, url: str, *, welcomed: Callable[[], None]) -> None:
         settings = self._settings
         headers = [(b"authorization", f"Bearer {settings.token}".encode())]
         endpoint = f"{url.rstrip('/')}/nodes/{settings.node}"
@@ -141,6 +142,7 @@ class HubConnection:
                 welcome = messages.decode_downstream(await link.receive())
             if not isinstance(welcome, Welcome):
                 raise MessageError(f"expected a welcome from {url}, got {type(welcome).__name__}")
+            welcomed()
             queue, outbound = anyio.create_memory_object_stream[_Outgoing](OUTBOUND_QUEUE)
             session = Session(queue)
             self.connects += 1

@@ -370,6 +370,21 @@ async def test_a_silent_hub_ends_the_session_after_three_intervals_and_the_agent
         assert all(c / 2 <= gap <= c for gap, c in zip(gaps, ceilings, strict=True)), gaps
 
 
+async def test_the_backoff_starts_over_once_a_session_was_welcomed(tmp_path: Path, clock: MockClock) -> None:
+    """After refused attempts grew the backoff, a welcomed session resets it: its loss is retried within 0.5 s."""
+    async with running_edge(tmp_path, echo=False) as edge:
+        edge.hub.interval = 5.0
+        first = await edge.hub.accept()
+        edge.hub.refuse = 3
+        second = await edge.hub.accept()  # after gaps of up to 0.5, 1 and 2 s and a fourth of up to 4 s
+        assert first.ended_at is not None
+        assert await edge.agent.wait_connected(INTERVAL)
+        await edge.hub.accept()
+        assert second.ended_at is not None
+        retry = edge.hub.attempts[-1] - second.ended_at
+        assert 0.25 <= retry <= 0.5, retry
+
+
 async def test_a_cancel_stops_a_running_task_and_records_it_as_failed(tmp_path: Path, clock: MockClock) -> None:
     """Cancel interrupts the running action; the task ends with a failed report saying it was cancelled."""
     async with running_edge(tmp_path, block_pull=True) as edge:
