@@ -7,6 +7,7 @@ releases that job's task waiting for confirmation on this node. The socket is th
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Final
@@ -57,11 +58,14 @@ async def serve_control(
     task_status.started()
 
     async def serve(stream: anyio.abc.SocketStream) -> None:
-        async with stream:
-            with anyio.move_on_after(CONTROL_TIMEOUT_S):
-                request = (await stream.receive(1024)).decode(errors="replace").strip()
-                answer = await _answer(request, store, confirm)
-                await stream.send(f"{answer}\n".encode())
+        # A client that hangs up before its answer ends its own exchange only: raised here, it would
+        # end the listener's task group and the agent with it.
+        with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            async with stream:
+                with anyio.move_on_after(CONTROL_TIMEOUT_S):
+                    request = (await stream.receive(1024)).decode(errors="replace").strip()
+                    answer = await _answer(request, store, confirm)
+                    await stream.send(f"{answer}\n".encode())
 
     async with listener:
         await listener.serve(serve)
