@@ -1,11 +1,15 @@
-"""A small HTTP/1.1 server (h11 over trio streams) for the roles' webhooks, health and metrics.
+"""A small HTTP/1.1 server (h11 over trio streams) for the roles' webhooks, health, metrics and local API.
 
-The endpoints behind it are few, small and called by the API server, kubelets and Prometheus, so
-this is deliberately minimal: whole bodies in memory (bounded), keep-alive, no streaming, no HTTP/2.
+The endpoints behind it are few, small and called by the API server, kubelets, Prometheus and
+local clients, so this is deliberately minimal: whole request bodies in memory (bounded),
+keep-alive, no HTTP/2, and streamed responses (``Response.stream``, for watches).
 What it does take care of is the part that keeps a daemon alive: a malformed request gets 400, an
 oversized body 413, a slow or silent peer is dropped after an idle timeout, a failed TLS handshake
 ends only its own connection, a handler that raises answers 500 and is logged, never crashing
 the server, and connections beyond ``max_connections`` are closed as soon as they are accepted.
+
+It needs only the base install (an edge device serves its local API with it); the health and
+metrics routes, which need Prometheus' client, are in :mod:`roles.http`.
 
 Usage::
 
@@ -28,8 +32,6 @@ import anyio.abc
 import h11
 import structlog
 import trio
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 __all__ = [
     "DEFAULT_IDLE_TIMEOUT",
@@ -38,7 +40,7 @@ __all__ = [
     "Request",
     "Response",
     "Route",
-    "health_routes",
+    "Send",
     "router",
     "serve_http",
 ]
@@ -70,14 +72,24 @@ class Request:
         return next((v for k, v in self.headers if k == name), None)
 
 
+Send = Callable[[bytes], Awaitable[None]]
+"""Sends one piece of a streamed body; raises if the peer is gone or takes longer than the idle timeout."""
+
+
 @dataclass(frozen=True, slots=True)
 class Response:
-    """A complete response; ``content-length`` and ``content-type`` are added when sent."""
+    """A response; ``content-length`` and ``content-type`` are added when sent.
+
+    With ``stream``, the body is not ``body`` but what ``stream(send)`` sends, piece by piece (chunked),
+    until it returns: a watch. ``stream`` is cancelled if the peer closes its end, and the connection
+    always ends with such a response, so a long stream never holds up a request queued behind it.
+    """
 
     status: int
     body: bytes = b""
     content_type: str = "text/plain; charset=utf-8"
     headers: tuple[tuple[str, str], ...] = ()
+    stream: Callable[[Send], Awaitable[None]] | None = None
 
     @classmethod
     def text(cls, status: int, text: str, *, headers: tuple[tuple[str, str], ...] = ()) -> Response:
@@ -88,6 +100,11 @@ class Response:
     def json(cls, status: int, body: bytes) -> Response:
         """A response with an already-encoded JSON body."""
         return cls(status=status, body=body, content_type="application/json")
+
+    @classmethod
+    def streamed(cls, status: int, stream: Callable[[Send], Awaitable[None]], *, content_type: str) -> Response:
+        """A response whose body ``stream`` sends as it is produced."""
+        return cls(status=status, content_type=content_type, stream=stream)
 
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -128,31 +145,6 @@ def router(routes: Iterable[Route]) -> Handler:
         )
 
     return route
-
-
-def health_routes(
-    *, ready: Callable[[], bool], registry: CollectorRegistry, why_not_ready: Callable[[], str] = lambda: ""
-) -> tuple[Route, ...]:
-    """``/healthz`` and ``/livez`` (200 while the event loop serves), ``/readyz`` (200 when ``ready()``,
-    else 503 saying ``why_not_ready()``) and ``/metrics`` (Prometheus text format from ``registry``)."""
-
-    async def live(_: Request) -> Response:
-        return Response.text(HTTPStatus.OK, "ok")
-
-    async def readyz(_: Request) -> Response:
-        if ready():
-            return Response.text(HTTPStatus.OK, "ok")
-        return Response.text(HTTPStatus.SERVICE_UNAVAILABLE, why_not_ready() or "not ready")
-
-    async def metrics(_: Request) -> Response:
-        return Response(status=HTTPStatus.OK, body=generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
-
-    return (
-        Route("GET", "/healthz", live),
-        Route("GET", "/livez", live),
-        Route("GET", "/readyz", readyz),
-        Route("GET", "/metrics", metrics),
-    )
 
 
 # ---------------------------------------------------------------------------------------------- server
@@ -308,7 +300,11 @@ async def _serve_requests(stream: trio.abc.Stream, *, handler: Handler, limits: 
             limits.on_error()
             log.exception("http_handler_failed", method=request.method, path=request.path)
             response = Response.text(HTTPStatus.INTERNAL_SERVER_ERROR, "internal server error")
-        await _send(stream, conn, response, close=False, head=request.method == "HEAD", limits=limits)
+        streamed = response.stream is not None
+        if streamed:
+            await _stream(stream, conn, response, head=request.method == "HEAD", limits=limits, log=log)
+        else:
+            await _send(stream, conn, response, close=False, head=request.method == "HEAD", limits=limits)
         log.debug(
             "http_request",
             method=request.method,
@@ -316,7 +312,7 @@ async def _serve_requests(stream: trio.abc.Stream, *, handler: Handler, limits: 
             status=int(response.status),
             duration_s=round(trio.current_time() - started, 4),
         )
-        if conn.our_state is h11.MUST_CLOSE:
+        if streamed or conn.our_state is h11.MUST_CLOSE:
             return
         conn.start_next_cycle()
 
@@ -383,13 +379,70 @@ async def _send(
     if close:
         # Tells h11 (and the peer) that this connection ends here: the request may be unread.
         headers.append(("connection", "close"))
-    try:
-        phrase = HTTPStatus(response.status).phrase.encode()
-    except ValueError:
-        phrase = b""
-    data = conn.send(h11.Response(status_code=response.status, headers=headers, reason=phrase)) or b""
+    data = conn.send(h11.Response(status_code=response.status, headers=headers, reason=_phrase(response.status))) or b""
     if response.body and not head:
         data += conn.send(h11.Data(data=response.body)) or b""
     data += conn.send(h11.EndOfMessage()) or b""
     with trio.fail_after(limits.idle_timeout):
         await stream.send_all(data)
+
+
+async def _stream(
+    stream: trio.abc.Stream, conn: h11.Connection, response: Response, *, head: bool, limits: _Limits, log: Log
+) -> None:
+    """Send a streamed response; the connection is to be closed after it, however it ended."""
+    # No content-length: h11 sends the body chunked (close-delimited to an HTTP/1.0 peer).
+    headers = [("content-type", response.content_type), *response.headers, ("connection", "close")]
+    with trio.fail_after(limits.idle_timeout):
+        await stream.send_all(
+            conn.send(h11.Response(status_code=response.status, headers=headers, reason=_phrase(response.status)))
+            or b""
+        )
+
+    async def send(piece: bytes) -> None:
+        if piece:  # an empty chunk would end a chunked body
+            with trio.fail_after(limits.idle_timeout):
+                await stream.send_all(conn.send(h11.Data(data=piece)) or b"")
+
+    peer_left = False
+
+    async def notice_peer_leaving(done: trio.CancelScope) -> None:
+        # A client sends nothing more during a stream; its end of file (or a reset) ends the stream.
+        nonlocal peer_left
+        try:
+            while await stream.receive_some(_RECEIVE_CHUNK):
+                pass
+        except trio.BrokenResourceError:
+            pass
+        peer_left = True
+        done.cancel()
+
+    if response.stream is not None and not head:
+        # Errors are kept and raised outside the nursery, which would otherwise wrap them in a group.
+        broken: trio.BrokenResourceError | trio.TooSlowError | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(notice_peer_leaving, nursery.cancel_scope)
+            try:
+                await response.stream(send)
+            except (trio.BrokenResourceError, trio.TooSlowError) as exc:
+                broken = exc
+            except Exception:
+                # The head is out: all that is left to do is to end the body short, which the client sees.
+                limits.on_error()
+                log.exception("http_stream_failed")
+                peer_left = True
+            finally:
+                nursery.cancel_scope.cancel()
+        if broken is not None:
+            raise broken
+        if peer_left:
+            return
+    with trio.fail_after(limits.idle_timeout):
+        await stream.send_all(conn.send(h11.EndOfMessage()) or b"")
+
+
+def _phrase(status: int) -> bytes:
+    try:
+        return HTTPStatus(status).phrase.encode()
+    except ValueError:
+        return b""

@@ -1,0 +1,64 @@
+"""Health, readiness and metrics routes for the cloud roles, and the HTTP server they are served by.
+
+The server itself is :mod:`roles.httpserver` (base install); its names are re-exported here so that
+a cloud role imports its whole HTTP surface from one place. This module needs Prometheus' client
+(the ``cloud`` extra), which is why the edge role may import :mod:`roles.httpserver` but not this.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from http import HTTPStatus
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from roles.httpserver import (
+    DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_BODY_BYTES,
+    Handler,
+    Request,
+    Response,
+    Route,
+    Send,
+    router,
+    serve_http,
+)
+
+__all__ = [
+    "DEFAULT_IDLE_TIMEOUT",
+    "DEFAULT_MAX_BODY_BYTES",
+    "Handler",
+    "Request",
+    "Response",
+    "Route",
+    "Send",
+    "health_routes",
+    "router",
+    "serve_http",
+]
+
+
+def health_routes(
+    *, ready: Callable[[], bool], registry: CollectorRegistry, why_not_ready: Callable[[], str] = lambda: ""
+) -> tuple[Route, ...]:
+    """``/healthz`` and ``/livez`` (200 while the event loop serves), ``/readyz`` (200 when ``ready()``,
+    else 503 saying ``why_not_ready()``) and ``/metrics`` (Prometheus text format from ``registry``)."""
+
+    async def live(_: Request) -> Response:
+        return Response.text(HTTPStatus.OK, "ok")
+
+    async def readyz(_: Request) -> Response:
+        if ready():
+            return Response.text(HTTPStatus.OK, "ok")
+        return Response.text(HTTPStatus.SERVICE_UNAVAILABLE, why_not_ready() or "not ready")
+
+    async def metrics(_: Request) -> Response:
+        return Response(status=HTTPStatus.OK, body=generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+
+    return (
+        Route("GET", "/healthz", live),
+        Route("GET", "/livez", live),
+        Route("GET", "/readyz", readyz),
+        Route("GET", "/metrics", metrics),
+    )
