@@ -124,13 +124,19 @@ def test_objects_without_a_numeric_version_or_name_are_rejected(bad: Object) -> 
 def test_the_local_api_is_off_unless_configured() -> None:
     """An edge config without ``localApi`` has it off, on port 10261, without Secrets."""
     assert EdgeConfig().local_api == LocalApiConfig(enabled=False, port=10261, serve_secrets=False)
-    cfg = msgspec.convert({"localApi": {"enabled": True, "port": 18000, "serveSecrets": True}}, EdgeConfig)
-    assert cfg.local_api == LocalApiConfig(enabled=True, port=18000, serve_secrets=True)
+    cfg = msgspec.convert({"localApi": {"port": 18000, "serveSecrets": True}}, EdgeConfig)
+    assert cfg.local_api == LocalApiConfig(enabled=False, port=18000, serve_secrets=True)
+
+
+def test_enabling_the_local_api_is_refused_until_its_cache_exists() -> None:
+    """Until the agent keeps the cache the local API serves, enabling it is a clear error, not an empty API."""
+    with pytest.raises(msgspec.ValidationError, match="localApi.enabled: the local API is not available yet"):
+        msgspec.convert({"localApi": {"enabled": True}}, EdgeConfig)
 
 
 @pytest.mark.parametrize(
     ("setting", "says"),
-    [({"port": 0}, r"\$\.localApi\.port"), ({"enabled": True, "host": "0.0.0.0"}, "unknown field `host`")],
+    [({"port": 0}, r"\$\.localApi\.port"), ({"host": "0.0.0.0"}, "unknown field `host`")],
 )
 def test_local_api_settings_are_checked(setting: dict[str, object], says: str) -> None:
     """A port out of range or an unknown key (there is no listening address to set) is refused, named."""
