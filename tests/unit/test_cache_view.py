@@ -130,7 +130,7 @@ def test_the_local_api_is_off_unless_configured() -> None:
 
 def test_enabling_the_local_api_is_refused_until_its_cache_exists() -> None:
     """Until the agent keeps the cache the local API serves, enabling it is a clear error, not an empty API."""
-    with pytest.raises(msgspec.ValidationError, match="localApi.enabled: the local API is not available yet"):
+    with pytest.raises(msgspec.ValidationError, match=r"localApi\.enabled: the local API is not available yet"):
         msgspec.convert({"localApi": {"enabled": True}}, EdgeConfig)
 
 
