@@ -28,7 +28,7 @@ from typing import Final
 import msgspec
 
 from roles.config import EdgeConfig
-from roles.edge.agent import control_socket
+from roles.edge.control import control_socket
 from roles.files import write_atomically
 
 __all__ = ["JoinError", "Layout", "join", "render_unit", "reset"]
