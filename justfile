@@ -22,9 +22,10 @@ lint:
 unit:
     {{py}} -m pytest -q tests/unit
 
-# Regenerate the CRD manifests in schemas/crds from the Struct types.
+# Regenerate the CRD manifests in schemas/crds from the Struct types (and their copies in containers/deploy).
 crds:
     {{py}} -m schemas.crdgen
+    {{py}} -m tools.provision.deploy_crds
 
 # Start the local control plane (kube-apiserver + etcd on loopback); prints the KUBECONFIG line.
 cluster-up:

@@ -17,8 +17,9 @@ process is measured. For each run, a fresh agent:
    :mod:`roles.edge.runtime.puller`);
 3. ``settle_s`` later, memory again: *idle after a pull* (what the pull's imports and buffers left).
 
-Also measured, each in a fresh interpreter: what importing the agent's parts costs, to show where an
-idle agent's memory goes.
+Also measured: the launcher (``python -m roles.edge.launcher``, which supervises the agent on a
+device) with an idle agent under it, and, each in a fresh interpreter, what importing the agent's
+parts costs, to show where an idle agent's memory goes.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ IMPORT_STEPS: tuple[tuple[str, str], ...] = (
     ("+ trio-websocket", "import trio_websocket"),
     ("+ structlog", "import structlog"),
     ("+ msgspec, sqlite3", "import msgspec, sqlite3"),
-    ("+ the agent (roles.edge): an idle agent", "import roles.edge, roles.cli"),
+    ("+ the agent (roles.edge.role): an idle agent", "import roles.edge.role, roles.cli"),
     ("+ psutil (loaded by the first Check)", "import roles.edge.host"),
     ("+ the registry client (loaded by the first upgrade)", "import roles.edge.artifact"),
     ("+ grpcio and the CRI client (only in the puller's child)", "import roles.edge.runtime.cri"),
@@ -89,6 +90,14 @@ class FootprintRun:
     after_pull: Memory
     pull_s: float
     layer_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class LauncherRun:
+    launcher: Memory
+    """The launcher's own memory while its agent is idle."""
+    agent: Memory
+    """The idle agent it started (no container runtime configured)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +290,31 @@ async def run(*, runs: int = 3, settle_s: float = 5.0, layer_mib: int = 32) -> l
         finally:
             ctd.stop()
     return results
+
+
+async def launcher_run(*, settle_s: float = 5.0) -> LauncherRun:
+    """A launcher supervising a fresh agent: both processes' memory ``settle_s`` after the agent's Welcome."""
+    python = device_python()
+    hub = _Hub(image="")
+    with tempfile.TemporaryDirectory(prefix="ntd-launcher-") as tmp:
+        cert = generate_serving_certificate(Path(tmp) / "tls", dns_names=["localhost"])
+        ca_file = Path(tmp) / "ca.pem"
+        ca_file.write_bytes(cert.ca_bundle)
+        async with _serving(hub, server_ssl_context(cert)) as port:
+            config = _agent_config(Path(tmp), port=port, cri_endpoint="", ca_file=ca_file)
+            argv = [str(python), "-m", "roles.edge.launcher", f"--config={config}"]
+            process = await anyio.open_process(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                with anyio.fail_after(60):
+                    await hub.welcomed.wait()
+                await anyio.sleep(settle_s)
+                (agent,) = psutil.Process(process.pid).children()
+                launcher = await _settled_memory(process.pid)
+                idle_agent = await _settled_memory(agent.pid)
+            finally:
+                await terminate(process)
+                await process.aclose()
+    return LauncherRun(launcher=launcher, agent=idle_agent)
 
 
 def import_costs() -> list[ImportStep]:

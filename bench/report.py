@@ -397,6 +397,21 @@ def _edge_section(res: dict[str, Any]) -> list[str]:
             previous = step["rss"]
         out += _table(("imported", "RSS MiB", "added"), table_rows)
         out.append("")
+    launcher: dict[str, Any] | None = res.get("launcher")
+    if launcher:
+        out += [
+            "The launcher (`python -m roles.edge.launcher`, which supervises the agent on a device and rolls back",
+            f"a bad upgrade), {res['settle_s']:.0f} s after its agent's Welcome (one run, medians of three readings):",
+            "",
+        ]
+        out += _table(
+            ("process", "RSS MiB", "USS MiB", "PSS MiB"),
+            [
+                (name, _mib(launcher[name]["rss"]), _mib(launcher[name]["uss"]), _mib(launcher[name]["pss"]))
+                for name in ("launcher", "agent")
+            ],
+        )
+        out.append("")
     idle = med(("idle", "rss"))
     verdict = "met" if idle < 40 * (1 << 20) else f"missed by {_mib(idle - 40 * (1 << 20))} MiB"
     out += [f"**Target** (an idle agent under 40 MiB): **{_mib(idle)} MiB** RSS, {verdict}.", ""]

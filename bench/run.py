@@ -215,6 +215,7 @@ async def _edge_footprint(args: argparse.Namespace) -> dict[str, Any]:
         "measured": _now(),
         "runs": [asdict(r) for r in runs],
         "imports": [asdict(s) for s in edge_footprint.import_costs()],
+        "launcher": asdict(await edge_footprint.launcher_run(settle_s=settle_s)),
         "settle_s": settle_s,
         "layer_mib": args.edge_layer_mib,
         "load": _load(),

@@ -5,7 +5,7 @@
 Options come from the config file and flags (flags win). Any invalid option ends the process at
 once with exit status 2 and a single line on stderr naming what is wrong, except in an edge agent
 that a ConfigUpdateJob has just restarted: one that cannot start with the new file puts the
-previous one back and restarts onto it (``roles.edge.config_update.restore_after_failed_start``).
+previous one back and restarts onto it (``roles.edge.config_pending.restore_after_failed_start``).
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def _runner(role: str) -> Callable[..., Awaitable[None]]:
         from roles.cloud import run as run_cloud
 
         return run_cloud
-    from roles.edge import run as run_edge
+    from roles.edge.role import run as run_edge
 
     return run_edge
 
@@ -124,7 +124,7 @@ def _leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
 
 def _confirm(cfg: RoleConfig, job: str) -> int:
     """Ask the running agent, over its control socket, to release ``job``."""
-    from roles.edge.agent import control_socket
+    from roles.edge.control import control_socket
 
     assert isinstance(cfg, EdgeConfig)
     path = control_socket(Path(cfg.data_dir))
@@ -146,7 +146,7 @@ def _restored_previous_config(role: str, args: argparse.Namespace, reason: str) 
     agent failed with it (``reason``) before proving it healthy: then it restarts onto the previous one."""
     if role != "edge" or args.config is None or args.confirm is not None or args.check_config:
         return False
-    from roles.edge.config_update import restore_after_failed_start
+    from roles.edge.config_pending import restore_after_failed_start
 
     if not restore_after_failed_start(args.config, reason):
         return False
@@ -154,7 +154,12 @@ def _restored_previous_config(role: str, args: argparse.Namespace, reason: str) 
     return True
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 (one exit per way a start can end)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    from roles import commands  # beside the roles: edge join|reset, token create, certs create, ctl
+
+    if arguments and arguments[0] in commands.COMMANDS:
+        return commands.main(arguments)
     args = _parser().parse_args(argv)
     role = ROLE_ALIASES[args.role]
     try:

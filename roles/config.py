@@ -20,6 +20,7 @@ __all__ = [
     "ConfigError",
     "ControllerConfig",
     "EdgeConfig",
+    "LocalApiConfig",
     "RoleConfig",
     "load_config",
 ]
@@ -70,6 +71,12 @@ class ControllerConfig(_Config, frozen=True, kw_only=True):
     """0 turns the admission webhooks off."""
     webhook_url: str = ""
     """The HTTPS base URL the API server calls the webhooks at; when set, the controller registers them."""
+    webhook_service: str = ""
+    """``namespace/name[:port]`` of the Service in front of every replica's webhook server (port 443 when
+    not given); when set, the controller registers the webhooks with ``clientConfig.service`` and the CA
+    of ``tlsCaFile``. It then needs ``tlsCertFile``, ``tlsKeyFile`` and ``tlsCaFile``: one certificate
+    shared by all replicas (mounted from a Secret), since replicas that each generated their own CA
+    would each register theirs and undo the others' registration."""
     tls_cert_file: str = ""
     tls_key_file: str = ""
     tls_ca_file: str = ""
@@ -90,6 +97,32 @@ class ControllerConfig(_Config, frozen=True, kw_only=True):
         _check_namespaces(self.image_secret_namespaces)
         if self.webhook_url and not self.webhook_url.startswith("https://"):
             raise ValueError(f"webhookUrl {self.webhook_url!r} must be an https:// URL")
+        if self.webhook_service:
+            _service_ref(self.webhook_service)
+            if self.webhook_url:
+                raise ValueError("webhookUrl and webhookService exclude each other: the webhooks have one address")
+            if not (self.tls_cert_file and self.tls_ca_file):
+                raise ValueError(
+                    "webhookService needs tlsCertFile, tlsKeyFile and tlsCaFile (a certificate shared by every"
+                    " replica, e.g. mounted from a Secret): replicas generating their own CA undo each other's"
+                    " registration"
+                )
+
+    @property
+    def webhook_service_ref(self) -> tuple[str, str, int]:
+        """``webhookService`` as (namespace, name, port)."""
+        return _service_ref(self.webhook_service)
+
+
+def _service_ref(text: str) -> tuple[str, str, int]:
+    """``namespace/name[:port]`` as (namespace, name, port); ValueError naming ``webhookService`` otherwise."""
+    ref, _, port = text.partition(":")
+    namespace, _, name = ref.partition("/")
+    if not (_NAMESPACE.fullmatch(namespace) and _NAMESPACE.fullmatch(name)):
+        raise ValueError(f"webhookService {text!r} is not namespace/name[:port]")
+    if port and not (port.isdigit() and 0 < int(port) <= 65535):
+        raise ValueError(f"webhookService {text!r}: port {port!r} is not within 1-65535")
+    return namespace, name, int(port or 443)
 
 
 class CloudConfig(_Config, frozen=True, kw_only=True):
@@ -164,6 +197,19 @@ def _address(text: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+class LocalApiConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True):
+    """The device's local Kubernetes API (``roles.edge.local_api``): the cloud objects its node needs,
+    read from the agent's cache, online or offline, by programs on the device and ``kubectl``."""
+
+    enabled: bool = False
+    """Off by default: when on, any local process can read what it serves, without credentials."""
+    port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 10261
+    """The port on 127.0.0.1 (the only address it listens on); 10261 is where OpenYurt's YurtHub
+    serves the same role, so clients set up for one find the other."""
+    serve_secrets: bool = False
+    """Whether it serves the node's cached Secrets too; off, it refuses them with 403."""
+
+
 class EdgeConfig(_Config, frozen=True, kw_only=True):
     UPDATABLE_FIELDS: ClassVar[frozenset[str]] = frozenset(
         {
@@ -202,9 +248,16 @@ class EdgeConfig(_Config, frozen=True, kw_only=True):
     """Registry hosts (``host[:port]``) reached over plain HTTP; loopback registries always are, others use HTTPS."""
     upgrade_health_deadline: Seconds = 60.0
     """How long a newly installed agent version may take to reach a hub before the launcher rolls it back."""
+    local_api: LocalApiConfig = LocalApiConfig()
+    """``localApi: {enabled: true, port: 10261}`` serves the device's cached cloud objects on loopback.
+    Not updatable by a ConfigUpdateJob: whoever may create jobs must not open it on every device."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.local_api.enabled:
+            # The server is built and tested (roles.edge.local_api); what it would serve, the agent's
+            # cache of its node's cloud objects fed by the hub, is not yet: refused rather than empty.
+            raise ValueError("localApi.enabled: the local API is not available yet (the cache it serves is not built)")
         if self.node_name and (problem := object_name_problem(self.node_name)):
             raise ValueError(f"nodeName {clip(self.node_name)!r} is not a Kubernetes node name: {problem}")
         for url in self.hub_urls:

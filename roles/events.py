@@ -1,4 +1,4 @@
-"""Events on node jobs, which ``kubectl describe`` shows under the job: the controller's and the hubs'."""
+"""Events on node jobs and diagnosis objects (the controller's and the hubs'), which ``kubectl describe`` shows."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from schemas.core import Event, EventSource, ObjectReference
 from schemas.kinds import Kind
 from schemas.meta import ObjectMeta
 
-__all__ = ["EVENT_NAMESPACE", "EventSink", "job_event", "record_event"]
+__all__ = ["EVENT_NAMESPACE", "EventSink", "job_event", "object_event", "record_event"]
 
 T = TypeVar("T", bound=msgspec.Struct)
 
@@ -49,9 +49,40 @@ def job_event(
     )
 
 
+def object_event(
+    *,
+    api_version: str,
+    kind: str,
+    meta: ObjectMeta,
+    reason: str,
+    message: str,
+    type_: str,
+    component: str,
+    now: str,
+) -> Event:
+    """A new Event about any object at ``now``: in the object's namespace, or :data:`EVENT_NAMESPACE`."""
+    return Event(
+        # Cut so that the Event's name stays within 253 characters whatever the object's.
+        metadata=ObjectMeta(
+            name=f"{meta.name[:240].rstrip('.-')}.{uuid.uuid4().hex[:12]}", namespace=meta.namespace or EVENT_NAMESPACE
+        ),
+        involved_object=ObjectReference(
+            api_version=api_version, kind=kind, name=meta.name, namespace=meta.namespace, uid=meta.uid
+        ),
+        reason=reason,
+        message=message,
+        type=type_,
+        first_timestamp=now,
+        last_timestamp=now,
+        source=EventSource(component=component),
+        reporting_component=component,
+    )
+
+
 async def record_event(kube: EventSink, event: Event, log: structlog.typing.FilteringBoundLogger) -> None:
-    """Create ``event``; an Event that cannot be recorded is logged, never an error of the caller's."""
+    """Create ``event`` in its namespace (:data:`EVENT_NAMESPACE` if it names none); an Event that
+    cannot be recorded is logged, never an error of the caller's."""
     try:
-        await kube.create(EVENTS, event, namespace=EVENT_NAMESPACE)
+        await kube.create(EVENTS, event, namespace=event.metadata.namespace or EVENT_NAMESPACE)
     except ApiError as exc:
         log.warning("event_not_recorded", reason=event.reason, error=str(exc))

@@ -1,4 +1,4 @@
-"""The few built-in Kubernetes types nodetaskd reads or writes: Node, Lease, Event, Secret, Status.
+"""The few built-in Kubernetes types nodetaskd reads or writes: Node, Pod, Lease, Event, Secret, Status.
 
 Only the fields used are typed; the rest of each object is ignored on decoding, so these are never
 written back whole (writes are patches or objects nodetaskd creates itself).
@@ -54,6 +54,20 @@ class Node(ApiStruct, frozen=True):
     def is_ready(self) -> bool:
         """The Ready condition is True (no conditions means not ready)."""
         return any(c.type == "Ready" and c.status == "True" for c in self.status.conditions)
+
+
+class PodSpec(ApiStruct, frozen=True):
+    node_name: str = ""
+    """The node the pod is bound to; empty until it is scheduled."""
+
+
+class Pod(ApiStruct, frozen=True):
+    """A pod, read to find the node a diagnosis targeting it runs on."""
+
+    api_version: str = "v1"
+    kind: str = "Pod"
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: PodSpec = msgspec.field(default_factory=PodSpec)
 
 
 class LeaseSpec(ApiStruct, frozen=True):

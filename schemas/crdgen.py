@@ -166,21 +166,27 @@ def crd(kind: Kind) -> dict[str, Any]:
         }
         for version in kind.versions
     ]
+    return _definition(kind, group=GROUP, category=CATEGORY, namespaced=False, versions=versions)
+
+
+def _definition(
+    kind: Kind | DiagnosisKind, *, group: str, category: str, namespaced: bool, versions: list[dict[str, Any]]
+) -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {"name": kind.crd_name},
         "spec": {
-            "group": GROUP,
+            "group": group,
             "names": {
                 "kind": kind.kind,
                 "listKind": f"{kind.kind}List",
                 "plural": kind.plural,
                 "singular": kind.singular,
                 "shortNames": list(kind.short_names),
-                "categories": [CATEGORY],
+                "categories": [category],
             },
-            "scope": "Cluster",
+            "scope": "Namespaced" if namespaced else "Cluster",
             "versions": versions,
         },
     }
@@ -206,24 +212,9 @@ def diagnosis_crd(kind: DiagnosisKind) -> dict[str, Any]:
     }
     if "status" not in props:
         del version["subresources"]  # an Operation has a spec only
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": kind.crd_name},
-        "spec": {
-            "group": kind.group,
-            "names": {
-                "kind": kind.kind,
-                "listKind": f"{kind.kind}List",
-                "plural": kind.plural,
-                "singular": kind.singular,
-                "shortNames": list(kind.short_names),
-                "categories": [DIAGNOSIS_CATEGORY],
-            },
-            "scope": "Namespaced" if kind.namespaced else "Cluster",
-            "versions": [version],
-        },
-    }
+    return _definition(
+        kind, group=kind.group, category=DIAGNOSIS_CATEGORY, namespaced=kind.namespaced, versions=[version]
+    )
 
 
 class _Dumper(yaml.SafeDumper):

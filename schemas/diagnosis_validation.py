@@ -308,7 +308,7 @@ def validate_update(new: object, old: object) -> tuple[FieldError, ...]:
     """
     if not isinstance(new, dict) or not isinstance(old, dict):
         return validate_create(new)
-    if without_nulls(new.get("spec")) == without_nulls(old.get("spec")):
+    if _defaulted_spec(new) == _defaulted_spec(old):
         return ()
     if new.get("kind") in (DIAGNOSIS.kind, DIAGNOSIS_TASK.kind) and new.get("kind") == old.get("kind"):
         return (
@@ -319,6 +319,15 @@ def validate_update(new: object, old: object) -> tuple[FieldError, ...]:
             ),
         )
     return validate_create(new)
+
+
+def _defaulted_spec(obj: Mapping[str, Any]) -> object:
+    """The spec as it is once defaulted: a Diagnosis stored while the mutating webhook was away (its
+    failure policy is Ignore) gets ``stagePolicy`` on its next update, which changes nothing."""
+    spec = without_nulls(obj.get("spec"))
+    if obj.get("kind") == DIAGNOSIS.kind and isinstance(spec, dict):
+        return {"stagePolicy": StagePolicy.ALL.value, **spec}
+    return spec
 
 
 def default_patch(obj: object) -> tuple[PatchOperation, ...]:

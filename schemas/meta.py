@@ -12,6 +12,7 @@ from typing import Annotated, Final
 
 import msgspec
 
+from nodetask.label_selectors import Operator, Requirement, format_label_selector, requirement_matches
 from nodetask.phases import ConditionStatus, JobPhase, NodeTaskPhase
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "LabelSelectorRequirement",
     "NodeTaskPhase",
     "ObjectMeta",
+    "OwnerReference",
     "Tolerance",
     "UInt32",
     "parse_tolerance",
@@ -69,6 +71,17 @@ class ApiStruct(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_
     """
 
 
+class OwnerReference(ApiStruct, frozen=True):
+    """``metav1.OwnerReference``: the object this one belongs to (a Task's Diagnosis)."""
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+    controller: bool | None = None
+    block_owner_deletion: bool | None = None
+
+
 class ObjectMeta(ApiStruct, frozen=True):
     """The ``metadata`` fields nodetaskd uses."""
 
@@ -82,6 +95,7 @@ class ObjectMeta(ApiStruct, frozen=True):
     labels: dict[str, str] = {}
     annotations: dict[str, str] = {}
     finalizers: tuple[str, ...] = ()
+    owner_references: tuple[OwnerReference, ...] = ()
 
 
 class LabelSelectorRequirement(ApiStruct, frozen=True):
@@ -92,6 +106,14 @@ class LabelSelectorRequirement(ApiStruct, frozen=True):
     values: tuple[str, ...] = ()
 
 
+_EXPRESSION_OPERATORS: Final = {
+    "In": Operator.IN,
+    "NotIn": Operator.NOT_IN,
+    "Exists": Operator.EXISTS,
+    "DoesNotExist": Operator.DOES_NOT_EXIST,
+}
+
+
 class LabelSelector(ApiStruct, frozen=True):
     """``metav1.LabelSelector``."""
 
@@ -100,7 +122,7 @@ class LabelSelector(ApiStruct, frozen=True):
 
     def __post_init__(self) -> None:
         for req in self.match_expressions:
-            if req.operator not in ("In", "NotIn", "Exists", "DoesNotExist"):
+            if req.operator not in _EXPRESSION_OPERATORS:
                 raise ValueError(
                     f"matchExpressions operator {req.operator!r} is not one of In, NotIn, Exists, DoesNotExist"
                 )
@@ -109,35 +131,25 @@ class LabelSelector(ApiStruct, frozen=True):
             if req.operator in ("Exists", "DoesNotExist") and req.values:
                 raise ValueError(f"matchExpressions operator {req.operator} takes no values (key {req.key!r})")
 
+    def requirements(self) -> tuple[Requirement, ...]:
+        """The selector as label-selector requirements (``metav1.LabelSelectorAsSelector``), unchecked."""
+        reqs = [Requirement(key=k, op=Operator.EQUALS, values=(v,)) for k, v in sorted(self.match_labels.items())]
+        reqs += [
+            Requirement(key=req.key, op=_EXPRESSION_OPERATORS[req.operator], values=tuple(sorted(set(req.values))))
+            for req in self.match_expressions
+        ]
+        return tuple(reqs)
+
     def matches(self, labels: dict[str, str]) -> bool:
         """Whether a label set is selected, with the API server's semantics."""
         for key, value in self.match_labels.items():
-            if labels.get(key) != value:
+            if not requirement_matches(key, Operator.EQUALS, (value,), labels):
                 return False
         for req in self.match_expressions:
-            present = req.key in labels
-            match req.operator:
-                case "In":
-                    ok = present and labels[req.key] in req.values
-                case "NotIn":
-                    ok = not present or labels[req.key] not in req.values
-                case "Exists":
-                    ok = present
-                case _:
-                    ok = not present
-            if not ok:
+            if not requirement_matches(req.key, _EXPRESSION_OPERATORS[req.operator], req.values, labels):
                 return False
         return True
 
     def to_query(self) -> str:
         """The ``labelSelector`` query-string form the API server accepts."""
-        parts = [f"{k}={v}" for k, v in sorted(self.match_labels.items())]
-        for req in self.match_expressions:
-            match req.operator:
-                case "In" | "NotIn":
-                    parts.append(f"{req.key} {req.operator.lower()} ({','.join(req.values)})")
-                case "Exists":
-                    parts.append(req.key)
-                case _:
-                    parts.append(f"!{req.key}")
-        return ",".join(parts)
+        return format_label_selector(self.requirements())

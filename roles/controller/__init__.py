@@ -1,10 +1,11 @@
-"""The controller role: owns every node job's lifecycle in the API server.
+"""The controller role: owns every node job's and every Diagnosis's lifecycle in the API server.
 
 Selection, initial node entries, job phase, timeouts and Events are decided here by the one
-instance holding the leader Lease; the hubs only execute. Every instance serves the admission
-webhooks and its health and metrics endpoints, leader or not, so admission never depends on the
-election. ``--feature-gates=disableNodeTaskV1alpha2`` turns the v1alpha2 controllers off, as in
-KubeEdge.
+instance holding the leader Lease; the hubs only execute. Under the same Lease it runs the
+diagnoses (``roles.controller.diagnoses``): OperationSets' paths, Diagnoses' stages and Tasks.
+Every instance serves the admission webhooks and its health and metrics endpoints, leader or not,
+so admission never depends on the election. ``--feature-gates=disableNodeTaskV1alpha2`` turns the
+v1alpha2 node-job controllers off, as in KubeEdge.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from prometheus_client import CollectorRegistry
 from nodetask.clock import Clock
 from roles.config import ControllerConfig, RoleConfig
 from roles.controller.admission import admission_policy, admission_routes, register_webhooks, webhook_configurations
+from roles.controller.diagnoses import DiagnosisController
 from roles.controller.leader import Elector, default_identity
 from roles.controller.metrics import ControllerMetrics
 from roles.controller.reconciler import Reconciler
@@ -70,8 +72,12 @@ async def run(cfg: RoleConfig, *, log: Log, config_path: Path | None = None) -> 
             reconciler = Reconciler(
                 kube=kube, clock=Clock.start(), log=log, kinds=kinds, on_reconciled=metrics.observe_reconcile
             )
+            diagnoses = DiagnosisController(kube=kube, clock=Clock.start(), log=log)
             with metrics.tracking(reconciler):
-                await reconciler.run()
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(diagnoses.run)
+                    await reconciler.run()
+                    tg.cancel_scope.cancel()
 
         async with anyio.create_task_group() as tg:
             routes = list(health_routes(ready=lambda: True, registry=registry))
@@ -80,8 +86,14 @@ async def run(cfg: RoleConfig, *, log: Log, config_path: Path | None = None) -> 
                 webhooks = router(admission_routes(policy=admission_policy(cfg), registry=registry, log=log))
                 serve = functools.partial(serve_http, webhooks, host=cfg.listen_host, port=cfg.webhook_port, log=log)
                 await tg.start(functools.partial(serve, ssl_context=server_ssl_context(cert)))
-                if cfg.webhook_url:
-                    validating, mutating = webhook_configurations(url_base=cfg.webhook_url, ca_bundle=cert.ca_bundle)
+                if cfg.webhook_url or cfg.webhook_service:
+                    # Every replica registers the same configuration (same address, same shared CA), so
+                    # registering again is a no-op, whichever replica is last.
+                    validating, mutating = webhook_configurations(
+                        url_base=cfg.webhook_url,
+                        service=cfg.webhook_service_ref if cfg.webhook_service else None,
+                        ca_bundle=cert.ca_bundle,
+                    )
                     await register_webhooks(kube, validating, mutating, log=log)
             await tg.start(
                 functools.partial(serve_http, router(routes), host=cfg.listen_host, port=cfg.metrics_port, log=log)

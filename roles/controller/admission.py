@@ -1,16 +1,21 @@
-"""The controller's admission webhooks for node jobs: validating and defaulting, on ``roles.http``.
+"""The controller's admission webhooks for node jobs and the diagnosis kinds: validating and defaulting.
 
-``POST /validate`` (:data:`VALIDATE_PATH`) admits a job only if it follows ``schemas.validation``;
-``POST /mutate`` (:data:`MUTATE_PATH`) answers with a JSON Patch that sets the default
-``concurrency`` and ``timeoutSeconds``. Both take and give ``admission.k8s.io/v1`` AdmissionReviews;
-a body that is not one gets 400 with the reason, as does one nested deeper than ``nesting.MAX_DEPTH``
-(the rules walk the object recursively).
+``POST /validate`` (:data:`VALIDATE_PATH`) admits a job only if it follows ``schemas.validation``,
+and an Operation, OperationSet, Diagnosis or Task only if it follows
+``schemas.diagnosis_validation``; ``POST /mutate`` (:data:`MUTATE_PATH`) answers with a JSON Patch
+that sets the defaults (a job's ``concurrency`` and ``timeoutSeconds``; an Operation's timeout,
+scheme and path, an OperationSet's node ids, a Diagnosis's ``stagePolicy``). Tasks are not sent to
+the mutating webhook: they have no defaults, and the controller creates one per node and stage.
+Both take and give ``admission.k8s.io/v1`` AdmissionReviews; a body that is not one gets 400 with
+the reason, as does one nested deeper than ``nesting.MAX_DEPTH`` (the rules walk the object
+recursively).
 
 Failure policies (see :func:`webhook_configurations`): validating is ``Fail``, so an invalid job is
 never stored while the controller is down (creation waits for it instead); mutating is ``Ignore``
 because its defaults are conveniences: the controller and hubs apply the same defaults when the
-fields are absent (``schemas.access.Targeting``), so a job stored without them behaves the same.
-Both cover CREATE and UPDATE of every kind at every served version, not the ``status`` subresource
+fields are absent (``schemas.access.Targeting``, the diagnosis types' own defaults), so an object
+stored without them behaves the same. Both cover CREATE and UPDATE of every kind at every served
+version (Tasks: validating only), not the ``status`` subresource
 (which the controller and hubs write and the webhooks must never slow down).
 """
 
@@ -26,9 +31,17 @@ from nodetask import nesting
 from roles.config import ControllerConfig, EdgeConfig
 from roles.http import Request, Response, Route
 from roles.kube import Conflict, Kube, Resource
-from schemas.kinds import GROUP, KINDS
+from schemas import diagnosis, diagnosis_validation
+from schemas.kinds import DIAGNOSIS_KINDS, DIAGNOSIS_TASK, GROUP, KINDS
 from schemas.meta import ApiStruct, LabelSelector, ObjectMeta
-from schemas.validation import AdmissionPolicy, default_patch, validate_create, validate_update
+from schemas.validation import (
+    AdmissionPolicy,
+    FieldError,
+    PatchOperation,
+    default_patch,
+    validate_create,
+    validate_update,
+)
 
 __all__ = [
     "MUTATE_PATH",
@@ -107,7 +120,7 @@ class AdmissionReview(msgspec.Struct, frozen=True, kw_only=True, rename="camel",
 
 _REVIEW_DECODER: Final = msgspec.json.Decoder(AdmissionReview)
 _ENCODER: Final = msgspec.json.Encoder()
-_KNOWN_KINDS: Final = frozenset(k.kind for k in KINDS)
+_KNOWN_KINDS: Final = frozenset(k.kind for k in (*KINDS, *DIAGNOSIS_KINDS))
 
 
 def _read_review(request: Request) -> AdmissionRequest | Response:
@@ -145,7 +158,7 @@ def admission_routes(*, policy: AdmissionPolicy, registry: CollectorRegistry, lo
     """The two webhook routes, admitting what ``policy`` allows and counting decisions in ``registry``.
 
     The counter ``nodetaskd_controller_admission_decisions_total`` has labels ``webhook`` (validating,
-    mutating), ``kind`` (the job kind, ``other`` for anything else) and ``allowed``.
+    mutating), ``kind`` (the job or diagnosis kind, ``other`` for anything else) and ``allowed``.
     """
     decisions = Counter(
         "nodetaskd_controller_admission_decisions",
@@ -175,14 +188,7 @@ def admission_routes(*, policy: AdmissionPolicy, registry: CollectorRegistry, lo
         req = _read_review(request)
         if isinstance(req, Response):
             return req
-        if req.sub_resource:
-            errors: tuple[Any, ...] = ()  # status and other subresources are not the user's to validate
-        elif req.operation == "CREATE":
-            errors = validate_create(req.object, policy=policy)
-        elif req.operation == "UPDATE":
-            errors = validate_update(req.object, req.old_object, policy=policy)
-        else:
-            errors = ()  # DELETE and CONNECT are not registered; admit them if they come anyway
+        errors = _errors(req, policy)
         if not errors:
             record("validating", req, allowed=True)
             return _answer(AdmissionResponse(uid=req.uid, allowed=True))
@@ -198,7 +204,7 @@ def admission_routes(*, policy: AdmissionPolicy, registry: CollectorRegistry, lo
         # UPDATE too: a replace that leaves the defaults out gets them back, so its spec still equals
         # the stored one and passes the immutability rule.
         wanted = req.operation in ("CREATE", "UPDATE") and not req.sub_resource
-        ops = default_patch(req.object) if wanted else ()
+        ops = _defaults(req) if wanted else ()
         record("mutating", req, allowed=True, patched=[op.path for op in ops])
         if not ops:
             return _answer(AdmissionResponse(uid=req.uid, allowed=True))
@@ -207,13 +213,46 @@ def admission_routes(*, policy: AdmissionPolicy, registry: CollectorRegistry, lo
     return (Route("POST", VALIDATE_PATH, validate), Route("POST", MUTATE_PATH, mutate))
 
 
+def _errors(req: AdmissionRequest, policy: AdmissionPolicy) -> tuple[FieldError, ...]:
+    """What the rules of the request's group find wrong with its object."""
+    if req.sub_resource:
+        return ()  # status and other subresources are not the user's to validate
+    if req.kind.group == diagnosis.GROUP:
+        if req.operation == "CREATE":
+            return diagnosis_validation.validate_create(req.object)
+        if req.operation == "UPDATE":
+            return diagnosis_validation.validate_update(req.object, req.old_object)
+    elif req.operation == "CREATE":
+        return validate_create(req.object, policy=policy)
+    elif req.operation == "UPDATE":
+        return validate_update(req.object, req.old_object, policy=policy)
+    return ()  # DELETE and CONNECT are not registered; admit them if they come anyway
+
+
+def _defaults(req: AdmissionRequest) -> tuple[PatchOperation, ...]:
+    if req.kind.group == diagnosis.GROUP:
+        return diagnosis_validation.default_patch(req.object)
+    return default_patch(req.object)
+
+
 # ---------------------------------------------------------------------------------------------- configuration
 
 
+class ServiceReference(ApiStruct, frozen=True):
+    """The Service the API server calls a webhook through (``clientConfig.service``)."""
+
+    namespace: str
+    name: str
+    path: str
+    port: int = 443
+
+
 class WebhookClientConfig(ApiStruct, frozen=True):
-    url: str
     ca_bundle: bytes
     """PEM of the CA that signed the serving certificate; base64 on the wire, as msgspec encodes bytes."""
+    url: str | None = None
+    service: ServiceReference | None = None
+    """Exactly one of ``url`` and ``service`` is set."""
 
 
 class RuleWithOperations(ApiStruct, frozen=True):
@@ -268,19 +307,26 @@ MUTATING_WEBHOOKS: Final = Resource(
 
 def webhook_configurations(
     *,
-    url_base: str,
     ca_bundle: bytes,
+    url_base: str = "",
+    service: tuple[str, str, int] | None = None,
     name: str = "nodetaskd",
     timeout_seconds: int = 5,
     object_selector: LabelSelector | None = None,
 ) -> tuple[ValidatingWebhookConfiguration, MutatingWebhookConfiguration]:
-    """The configurations that send every node job's CREATE and UPDATE to the webhooks at ``url_base``.
+    """The configurations that send every node job's and diagnosis object's CREATE and UPDATE to the
+    controller, at ``url_base`` or through ``service``.
 
-    ``url_base`` is ``https://host:port`` of :func:`admission_routes`' server; ``clientConfig.url`` is
-    used (not a Service) because the controller may run outside the cluster, as it does in the
-    tests. ``object_selector`` limits the webhooks to labelled jobs (e.g. for a staged roll-out).
+    ``url_base`` is ``https://host:port`` of :func:`admission_routes`' server, for a controller outside
+    the cluster (as in the tests); ``service`` is (namespace, name, port) of the Service in front of
+    the controller's replicas in the cluster (``containers/deploy/``). ``object_selector`` limits the
+    webhooks to labelled jobs (e.g. for a staged roll-out).
+
+    Errors: :class:`ValueError` unless exactly one of ``url_base`` and ``service`` is given.
     """
-    rules = tuple(
+    if bool(url_base) == (service is not None):
+        raise ValueError("the webhooks need exactly one of url_base and service")
+    job_rules = tuple(
         RuleWithOperations(
             api_groups=(GROUP,),
             api_versions=tuple(kind.versions),
@@ -290,8 +336,18 @@ def webhook_configurations(
         )
         for kind in KINDS
     )
+
+    def diagnosis_rule(kinds: tuple[Any, ...]) -> RuleWithOperations:
+        return RuleWithOperations(
+            api_groups=(diagnosis.GROUP,),
+            api_versions=(diagnosis.VERSION,),
+            resources=tuple(kind.plural for kind in kinds),
+            operations=("CREATE", "UPDATE"),
+            scope="*",  # Operations and OperationSets are cluster-scoped, Diagnoses and Tasks namespaced
+        )
+
+    defaulted = tuple(kind for kind in DIAGNOSIS_KINDS if kind is not DIAGNOSIS_TASK)
     common: dict[str, Any] = {
-        "rules": rules,
         # Equivalent: should a newer version be served before this list knows it, its requests are
         # converted to a listed version and still checked.
         "match_policy": "Equivalent",
@@ -301,6 +357,14 @@ def webhook_configurations(
         "object_selector": object_selector,
     }
     base = url_base.rstrip("/")
+
+    def client_config(path: str) -> WebhookClientConfig:
+        if service is None:
+            return WebhookClientConfig(url=f"{base}{path}", ca_bundle=ca_bundle)
+        namespace, service_name, port = service
+        reference = ServiceReference(namespace=namespace, name=service_name, path=path, port=port)
+        return WebhookClientConfig(service=reference, ca_bundle=ca_bundle)
+
     validating = ValidatingWebhookConfiguration(
         api_version=_ADMISSION_REGISTRATION,
         kind="ValidatingWebhookConfiguration",
@@ -308,7 +372,8 @@ def webhook_configurations(
         webhooks=(
             ValidatingWebhook(
                 name=VALIDATING_WEBHOOK_NAME,
-                client_config=WebhookClientConfig(url=f"{base}{VALIDATE_PATH}", ca_bundle=ca_bundle),
+                client_config=client_config(VALIDATE_PATH),
+                rules=(*job_rules, diagnosis_rule(DIAGNOSIS_KINDS)),
                 failure_policy="Fail",
                 **common,
             ),
@@ -321,7 +386,8 @@ def webhook_configurations(
         webhooks=(
             MutatingWebhook(
                 name=MUTATING_WEBHOOK_NAME,
-                client_config=WebhookClientConfig(url=f"{base}{MUTATE_PATH}", ca_bundle=ca_bundle),
+                client_config=client_config(MUTATE_PATH),
+                rules=(*job_rules, diagnosis_rule(defaulted)),
                 failure_policy="Ignore",
                 reinvocation_policy="Never",
                 **common,

@@ -7,11 +7,10 @@ the registry for the manifest (OCI or Docker, an index narrowed to this device's
 downloads the layer blob, checks its digest and unpacks it beside the installed versions.
 
 The decisions are pure functions (:func:`parse_manifest`, :func:`select_platform`,
-:func:`expected_digest`, :func:`check_member`); the HTTP calls are blocking ``urllib`` calls that
-the async entry points run in worker threads. A registry that asks for a bearer token (Docker Hub,
-GHCR, any ``docker-registry`` with token auth) gets the token exchange of
-:mod:`roles.edge.registry_token`; the exchange, like every request here, is anonymous, because an
-upgrade has no registry credentials: a registry that wants an account fails with a reason saying so.
+:func:`expected_digest`, :func:`check_member`); the HTTP calls are the blocking calls of
+:class:`roles.edge.registry_client.RegistryClient` (with the bearer-token exchange registries such
+as Docker Hub and GHCR ask for, anonymous: an upgrade has no registry credentials), which the async
+entry points run in worker threads.
 Image references are parsed by :func:`nodetask.registry_auth.parse_image`, as the pre-pull's are.
 """
 
@@ -19,26 +18,22 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import ipaddress
 import json
 import platform
 import shutil
 import tarfile
 import tempfile
-import urllib.error
-import urllib.parse
-import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from email.message import Message
-from http.client import HTTPMessage
 from pathlib import Path, PurePosixPath
-from typing import IO, Any, Final
+from typing import Any, Final
 
 import anyio.to_thread
 
 from nodetask import nesting
 from nodetask.registry_auth import ImageRef, api_host, parse_image
 from roles.edge import registry_token
+from roles.edge.registry_client import RegistryClient, RegistryError, plain_http
 from roles.files import sync_directory
 from schemas.v1alpha2 import ImageDigestGetter
 
@@ -53,7 +48,6 @@ __all__ = [
     "parse_manifest",
     "reference",
     "resolve",
-    "same_origin",
     "select_platform",
 ]
 
@@ -72,8 +66,6 @@ LAYERS: Final = frozenset(
     }
 )
 
-HTTP_TIMEOUT_S: Final = 30.0
-_PORTS: Final = {"http": 80, "https": 443}
 MAX_MANIFEST_BYTES: Final = 4 << 20
 VERSION_FILE: Final = "VERSION"
 PACKAGES: Final = ("nodetask", "roles", "flows", "schemas")
@@ -250,156 +242,28 @@ def check_member(name: str) -> PurePosixPath:
     return path
 
 
-def plain_http(host: str, insecure: tuple[str, ...] = ()) -> bool:
-    """Whether ``host`` is reached over plain HTTP: loopback registries and the configured insecure ones."""
-    if host in insecure:
-        return True
-    name = host.rsplit(":", 1)[0].strip("[]") if not host.endswith("]") else host.strip("[]")
-    if name == "localhost":
-        return True
+@contextlib.contextmanager
+def _registry_errors(prefix: str = "") -> Iterator[None]:
+    """The registry client's errors as :class:`ArtifactError`, with the same text after ``prefix``."""
     try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
-
-
-def same_origin(first: str, second: str) -> bool:
-    """Whether two URLs have the same scheme, host and port (default ports filled in)."""
-    a, b = urllib.parse.urlsplit(first), urllib.parse.urlsplit(second)
-    try:
-        return (a.scheme.lower(), a.hostname, a.port or _PORTS.get(a.scheme.lower())) == (
-            b.scheme.lower(),
-            b.hostname,
-            b.port or _PORTS.get(b.scheme.lower()),
-        )
-    except ValueError:  # a port out of range
-        return False
-
-
-# ------------------------------------------------------------------------------ registry access
-
-
-class _SameOriginAuth(urllib.request.HTTPRedirectHandler):
-    """Follows redirects, carrying ``Authorization`` only to the same origin.
-
-    Registries redirect blob downloads to object storage or a CDN with a signed URL; the bearer
-    token is the registry's alone and must not travel there.
-    """
-
-    def redirect_request(  # noqa: PLR0917 (the base class's signature)
-        self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str, headers: HTTPMessage, newurl: str
-    ) -> urllib.request.Request | None:
-        new = super().redirect_request(req, fp, code, msg, headers, newurl)
-        if new is not None and not same_origin(req.full_url, new.full_url):
-            new.remove_header("Authorization")
-        return new
-
-
-class _Client:
-    """Blocking calls to one registry (run in worker threads), with a bearer token when it asks for one."""
-
-    def __init__(self, ref: ImageRef, *, plain: bool, insecure: tuple[str, ...], tokens: registry_token.Tokens) -> None:
-        self.ref = ref
-        self.host = api_host(ref.registry)
-        self.base = f"{'http' if plain else 'https'}://{self.host}/v2/{ref.repository}"
-        self.scope = registry_token.pull_scope(ref.repository)
-        self.insecure = insecure
-        self.tokens = tokens
-        self.realm = ""
-        self._opener = urllib.request.build_opener(_SameOriginAuth)
-
-    def _open(self, url: str, accept: str = "") -> Any:
-        fresh = False
-        while True:
-            token = self.tokens.get(self.host, self.scope)
-            headers = {"Accept": accept} if accept else {}
-            if token:
-                headers["Authorization"] = f"Bearer {token}"
-            try:
-                return self._opener.open(urllib.request.Request(url, headers=headers), timeout=HTTP_TIMEOUT_S)
-            except urllib.error.HTTPError as exc:
-                exc.close()
-                if exc.code == 401 and not fresh:
-                    # No token yet, or a kept one the registry no longer takes: one new token, one retry.
-                    self.tokens.forget(self.host, self.scope)
-                    self._fetch_token(exc.headers)
-                    fresh = True
-                    continue
-                raise self._refusal(exc.code, str(exc.reason)) from None
-            except (OSError, ValueError) as exc:
-                reason = getattr(exc, "reason", exc)
-                raise ArtifactError(f"cannot reach registry {self.host}: {reason}") from None
-
-    def _fetch_token(self, headers: Message) -> None:
-        values = headers.get_all("WWW-Authenticate") or []
-        try:
-            challenge = registry_token.bearer_challenge(values)
-        except ValueError as exc:
-            raise ArtifactError(f"registry {self.host} sent an unreadable WWW-Authenticate header: {exc}") from None
-        if challenge is None:
-            offered = ", ".join(v.split(" ", 1)[0] for v in values) or "no challenge"
-            raise ArtifactError(
-                f"registry {self.host} requires credentials (401, {offered}):"
-                " the upgrade artifact is pulled anonymously"
-            )
-        self.realm = challenge.params["realm"]
-        asked_at = self.tokens.clock()
-        try:
-            url = registry_token.token_url(challenge, self.scope, plain_ok=lambda host: plain_http(host, self.insecure))
-            token, expires_in = registry_token.fetch_token(url, timeout=HTTP_TIMEOUT_S)
-        except registry_token.TokenError as exc:
-            raise ArtifactError(f"registry {self.host}: {exc}") from None
-        self.tokens.put(self.host, self.scope, token, expires_in, asked_at=asked_at)
-
-    def _refusal(self, code: int, reason: str) -> ArtifactError:
-        if code == 404:
-            return ArtifactError("not found in the registry")
-        if code == 401:
-            return ArtifactError(
-                f"registry {self.host} still answers 401 with the token from {self.realm} for {self.scope}:"
-                " the repository is private or the token service grants no anonymous pull"
-                " (the upgrade artifact is pulled anonymously)"
-            )
-        if code == 403:
-            return ArtifactError(f"registry {self.host} denies access to {self.ref.repository} (403)")
-        return ArtifactError(f"registry {self.host} answered {code} {reason}")
-
-    def manifest(self, reference: str) -> tuple[bytes, str]:
-        with self._open(f"{self.base}/manifests/{reference}", ACCEPT) as resp:
-            body: bytes = resp.read(MAX_MANIFEST_BYTES + 1)
-            if len(body) > MAX_MANIFEST_BYTES:
-                raise ArtifactError(f"the manifest of {self.ref} is larger than {MAX_MANIFEST_BYTES} bytes")
-            return body, str(resp.headers.get("Content-Type", ""))
-
-    def blob(self, layer: Descriptor, target: Path) -> None:
-        digest = hashlib.sha256()
-        size = 0
-        with self._open(f"{self.base}/blobs/{layer.digest}") as resp, target.open("wb") as out:
-            while chunk := resp.read(1 << 20):
-                size += len(chunk)
-                if size > layer.size:
-                    raise ArtifactError(f"layer {layer.digest} is larger than its manifest says ({layer.size})")
-                digest.update(chunk)
-                out.write(chunk)
-        got = f"sha256:{digest.hexdigest()}"
-        if got != layer.digest:
-            raise ArtifactError(f"layer digest mismatch: expected {layer.digest}, downloaded {got}")
+        yield
+    except RegistryError as exc:
+        raise ArtifactError(f"{prefix}{exc}") from None
 
 
 def _resolve(
     ref: ImageRef, plain: bool, insecure: tuple[str, ...], getter: ImageDigestGetter | None, arch: str
 ) -> Resolved:
     tokens = registry_token.Tokens()
-    client = _Client(ref, plain=plain, insecure=insecure, tokens=tokens)
-    try:
-        body, content_type = client.manifest(ref.tag)
-    except ArtifactError as exc:
-        raise ArtifactError(f"upgrade artifact {ref}: {exc}") from None
+    client = RegistryClient(ref, plain=plain, insecure=insecure, tokens=tokens)
+    with _registry_errors(f"upgrade artifact {ref}: "):
+        body, content_type = client.manifest(ref.tag, accept=ACCEPT, limit=MAX_MANIFEST_BYTES)
     digest = platform_digest = sha256(body)
     parsed = parse_manifest(body, content_type)
     if isinstance(parsed, Index):
         entry = select_platform(parsed, arch)
-        body, content_type = client.manifest(entry.digest)
+        with _registry_errors():
+            body, content_type = client.manifest(entry.digest, accept=ACCEPT, limit=MAX_MANIFEST_BYTES)
         platform_digest = sha256(body)
         if platform_digest != entry.digest:
             raise ArtifactError(f"manifest digest mismatch: expected {entry.digest}, received {platform_digest}")
@@ -474,8 +338,11 @@ def _install(resolved: Resolved, versions: Path, version: str) -> Path:
     work = Path(tempfile.mkdtemp(prefix=f".{version}.", dir=versions))
     try:
         archive = work / "layer.tar"
-        client = _Client(resolved.ref, plain=resolved.plain_http, insecure=resolved.insecure, tokens=resolved.tokens)
-        client.blob(resolved.layer, archive)
+        client = RegistryClient(
+            resolved.ref, plain=resolved.plain_http, insecure=resolved.insecure, tokens=resolved.tokens
+        )
+        with _registry_errors():
+            client.blob(resolved.layer.digest, resolved.layer.size, archive)
         tree = work / "tree"
         tree.mkdir()
         try:

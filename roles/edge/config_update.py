@@ -15,16 +15,15 @@ progress as a store fact (``config_update/<job uid>``):
 
 A restarted agent that cannot even start with the new file (a file it names is gone, a value it
 cannot use, any error before it reaches a hub) must not exit for good or crash-loop: the role's
-entry point calls :func:`restore_after_failed_start`, which puts the backup back, records why in
-the note and restarts the agent, which then fails Update with that reason and reports RollBack.
-The note sits beside the configuration, not in the store, because a file that cannot be loaded
-does not say where the store is.
+entry point calls :func:`roles.edge.config_pending.restore_after_failed_start`, which puts the
+backup back, records why in the note and restarts the agent, which then fails Update with that
+reason and reports RollBack.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import anyio.to_thread
 import msgspec
@@ -32,16 +31,14 @@ import msgspec
 from nodetask import nesting
 from roles.config import ConfigError, EdgeConfig
 from roles.edge.config_fields import FieldError, apply_fields
+from roles.edge.config_pending import Pending, clear_pending, pending_path, read_pending
 from roles.edge.context import Outcome, TaskContext, take_exclusive
+from roles.edge.settings import settings_of
 from roles.files import write_atomically
 from roles.restart import RestartRequested
 from schemas.update_fields import key_problem
 
-__all__ = ["back_up", "check", "pending_path", "restore_after_failed_start", "roll_back", "update"]
-
-
-MAX_REASON: Final = 500
-"""Characters kept of why a start failed: it is reported upstream, and an exception's text can be long."""
+__all__ = ["back_up", "candidate", "check", "roll_back", "update"]
 
 
 class _Progress(msgspec.Struct, frozen=True):
@@ -50,60 +47,6 @@ class _Progress(msgspec.Struct, frozen=True):
     agent restarts onto the restored file; ``reverted``: the new file failed to start, and this agent
     already runs the restored one."""
     backup: str
-
-
-class _Pending(msgspec.Struct, frozen=True, kw_only=True):
-    """The note beside a configuration that an update replaced and no agent has yet run healthily."""
-
-    job_uid: str
-    backup: str
-    failed: str = ""
-    """Why the agent could not start with the new file, once the backup was put back."""
-
-
-def pending_path(config_file: Path) -> Path:
-    """The note beside ``config_file`` while an update of it is on probation."""
-    return config_file.with_name(f"{config_file.name}.pending-update")
-
-
-def _read_pending(config_file: Path) -> _Pending | None:
-    try:
-        return msgspec.json.decode(pending_path(config_file).read_bytes(), type=_Pending)
-    except (OSError, msgspec.DecodeError):
-        return None
-
-
-def _clear_pending(config_file: Path) -> None:
-    pending_path(config_file).unlink(missing_ok=True)
-
-
-def restore_after_failed_start(config_file: Path, reason: str) -> bool:
-    """Put back the configuration an update replaced, because the agent failed to start with the new one.
-
-    True if it did: the caller restarts the agent, which then reports the update failed with
-    ``reason`` and rolled back. False when no update is on probation, or the file already is the
-    previous one (which then fails by itself: restarting would only loop). Synchronous: it runs
-    where the agent failed, outside any event loop.
-    """
-    pending = _read_pending(config_file)
-    if pending is None:
-        return False
-    try:
-        previous = Path(pending.backup).read_bytes()
-    except OSError:
-        return False
-    try:
-        if config_file.read_bytes() == previous:
-            return False
-    except OSError:
-        pass  # gone or unreadable: put the previous one back
-    if not pending.failed:
-        # The reason first: if the agent dies between the two writes, the next failed start puts the
-        # backup back and keeps it.
-        note = msgspec.structs.replace(pending, failed=reason[:MAX_REASON] or "the agent failed to start")
-        write_atomically(pending_path(config_file), msgspec.json.encode(note))
-    write_atomically(config_file, previous)
-    return True
 
 
 def _fact(ctx: TaskContext) -> str:
@@ -137,9 +80,6 @@ def candidate(ctx: TaskContext) -> tuple[dict[str, Any] | None, str]:
         return None, f"cannot apply updateFields: {exc}"
     try:
         config = msgspec.convert(updated, type=EdgeConfig)
-        # Imported here: the settings module imports the agent, which imports the actions.
-        from roles.edge.settings import settings_of  # noqa: PLC0415
-
         settings_of(config, config_file=ctx.config_file)
     except (msgspec.ValidationError, ConfigError) as exc:
         return None, f"the updated configuration is invalid: {exc}"
@@ -180,22 +120,22 @@ async def update(ctx: TaskContext) -> Outcome:
             return Outcome(False, problem)
         backup = str(_backup_path(ctx))
         await ctx.store.set_fact(_fact(ctx), _Progress(stage="written", backup=backup))
-        note = msgspec.json.encode(_Pending(job_uid=ctx.task.job_uid, backup=backup))
+        note = msgspec.json.encode(Pending(job_uid=ctx.task.job_uid, backup=backup))
         try:
             await anyio.to_thread.run_sync(write_atomically, pending_path(ctx.config_file), note)
             await anyio.to_thread.run_sync(write_atomically, ctx.config_file, msgspec.yaml.encode(new))
         except OSError as exc:
-            await anyio.to_thread.run_sync(_clear_pending, ctx.config_file)
+            await anyio.to_thread.run_sync(clear_pending, ctx.config_file)
             await ctx.store.delete_fact(_fact(ctx))
             return Outcome(False, f"cannot write {exc.filename or ctx.config_file}: {exc.strerror}")
         raise RestartRequested("configuration updated")
     if progress.stage != "written":
         return Outcome(False, "the update was already rolled back")
-    pending = await anyio.to_thread.run_sync(_read_pending, ctx.config_file)
+    pending = await anyio.to_thread.run_sync(read_pending, ctx.config_file)
     if pending is not None and pending.failed:
         # The new file did not start; the entry point put the backup back, and this agent runs it.
         await ctx.store.set_fact(_fact(ctx), _Progress(stage="reverted", backup=progress.backup))
-        await anyio.to_thread.run_sync(_clear_pending, ctx.config_file)
+        await anyio.to_thread.run_sync(clear_pending, ctx.config_file)
         return Outcome(
             False,
             f"the agent could not start with the new configuration ({pending.failed}); "
@@ -203,11 +143,11 @@ async def update(ctx: TaskContext) -> Outcome:
         )
     # This is the restarted agent, running the new configuration: is it healthy?
     if await ctx.wait_connected(ctx.health_deadline):
-        await anyio.to_thread.run_sync(_clear_pending, ctx.config_file)
+        await anyio.to_thread.run_sync(clear_pending, ctx.config_file)
         await ctx.store.delete_fact(_fact(ctx))
         return Outcome(True)
     await anyio.to_thread.run_sync(_copy_atomic, Path(progress.backup), ctx.config_file)
-    await anyio.to_thread.run_sync(_clear_pending, ctx.config_file)
+    await anyio.to_thread.run_sync(clear_pending, ctx.config_file)
     await ctx.store.set_fact(_fact(ctx), _Progress(stage="restored", backup=progress.backup))
     return Outcome(
         False,
@@ -225,6 +165,6 @@ async def roll_back(ctx: TaskContext) -> Outcome:
         await ctx.store.set_fact(_fact(ctx), _Progress(stage="restarting", backup=progress.backup))
         raise RestartRequested("configuration rolled back")
     # Restarted onto the restored file, or ``reverted`` (already running it): nothing is left to undo.
-    await anyio.to_thread.run_sync(_clear_pending, ctx.config_file)
+    await anyio.to_thread.run_sync(clear_pending, ctx.config_file)
     await ctx.store.delete_fact(_fact(ctx))
     return Outcome(True)

@@ -13,15 +13,18 @@ re-executing itself when it wants a restart. Then:
   agent again at once, from whatever ``current`` now points at;
 * while an upgrade is on probation (the marker ``<dataDir>/upgrade.json`` says ``switched``), the
   new version must mark itself ``healthy`` within the marker's deadline (plus a grace). If it exits
-  non-zero :data:`MAX_FAILED_STARTS` times, marks itself ``unhealthy``, or misses the deadline, the
-  launcher points ``current`` back at the previous version, marks the upgrade ``rolled_back`` with
-  the reason, and starts the previous version, which reports Upgrade failed and RollBack;
+  non-zero three times (:data:`roles.edge.supervision.MAX_FAILED_STARTS`), marks itself
+  ``unhealthy``, or misses the deadline, the launcher points ``current`` back at the previous
+  version, marks the upgrade ``rolled_back`` with the reason, and starts the previous version,
+  which reports Upgrade failed and RollBack;
 * any other crash restarts the agent with capped backoff; a configuration error (exit 2) or a
   clean exit ends the launcher with the same status;
 * SIGTERM or SIGINT is forwarded to the agent; the launcher exits 0 once it has stopped.
 
-The marker and the ``current`` link are this module's contract with :mod:`roles.edge.upgrade`;
-both are written atomically (a temporary name, then ``os.replace``).
+These decisions are a pure state machine (:mod:`roles.edge.supervision`); this module runs it.
+
+The marker and the ``current`` link (:mod:`roles.edge.upgrade_marker`) are this module's contract
+with :mod:`roles.edge.upgrade`; both are written atomically (a temporary name, then ``os.replace``).
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
-from enum import StrEnum
 from pathlib import Path
 from typing import Final
 
@@ -45,88 +47,40 @@ import trio
 
 from nodetask.backoff import Backoff
 from roles.config import ConfigError, EdgeConfig, load_config
-from roles.edge.config_update import restore_after_failed_start
-from roles.files import link_atomically, write_atomically
+from roles.edge.config_pending import restore_after_failed_start
+from roles.edge.supervision import (
+    DEADLINE_GRACE_S,
+    EXIT_USAGE,
+    Event,
+    Exited,
+    Finish,
+    Pause,
+    Relaunch,
+    RollBack,
+    Start,
+    Starting,
+    Supervision,
+    decide,
+)
+from roles.edge.upgrade_marker import (
+    CURRENT_LINK,
+    MarkerState,
+    UpgradeMarker,
+    read_marker,
+    switch_current,
+    write_marker,
+)
 from roles.logs import configure_logging
-from roles.restart import EXIT_RESTART, SUPERVISOR_ENV
+from roles.restart import SUPERVISOR_ENV
 
-__all__ = [
-    "MARKER_FILE",
-    "MarkerState",
-    "UpgradeMarker",
-    "current_target",
-    "main",
-    "read_marker",
-    "supervise",
-    "switch_current",
-    "write_marker",
-]
+__all__ = ["agent_command", "agent_environment", "main", "supervise"]
 
 Log = structlog.typing.FilteringBoundLogger
 
-MARKER_FILE: Final = "upgrade.json"
-CURRENT_LINK: Final = "current"
-MAX_FAILED_STARTS: Final = 3
-DEADLINE_GRACE_S: Final = 5.0
-"""Added to the marker's deadline: the new agent's own health check should time out first, with its reason."""
 STOP_GRACE_S: Final = 10.0
 POLL_S: Final = 0.2
-EXIT_USAGE: Final = 2
-
-
-class MarkerState(StrEnum):
-    """Where a self-upgrade stands, as the agents and the launcher record it in the marker."""
-
-    SWITCHED = "switched"
-    """``current`` points at the new version, which is on probation."""
-    HEALTHY = "healthy"
-    """The new version reached a hub: the upgrade is kept."""
-    UNHEALTHY = "unhealthy"
-    """The new version gave up on its health check and asks to be rolled back."""
-    ROLLED_BACK = "rolled_back"
-    """The launcher pointed ``current`` back at the previous version."""
-
-
-class UpgradeMarker(msgspec.Struct, frozen=True, kw_only=True):
-    """The self-upgrade in progress on this device (fields only ever added, with defaults)."""
-
-    job_uid: str
-    from_version: str
-    to_version: str
-    previous: str
-    """The ``current`` link's target before the switch; empty when the base installation ran."""
-    state: MarkerState
-    deadline_s: float
-    reason: str = ""
-
-
-def read_marker(data_dir: Path) -> UpgradeMarker | None:
-    """The marker, or None when there is none (or it is unreadable: then nothing is on probation)."""
-    try:
-        return msgspec.json.decode((data_dir / MARKER_FILE).read_bytes(), type=UpgradeMarker)
-    except (OSError, msgspec.DecodeError):
-        return None
-
-
-def write_marker(data_dir: Path, marker: UpgradeMarker) -> None:
-    """Replace the marker atomically."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    write_atomically(data_dir / MARKER_FILE, msgspec.json.encode(marker))
-
-
-def current_target(data_dir: Path) -> str:
-    """Where ``<dataDir>/current`` points (relative to the data directory), or "" for the base installation."""
-    link = data_dir / CURRENT_LINK
-    return os.readlink(link) if link.is_symlink() else ""
-
-
-def switch_current(data_dir: Path, target: str) -> None:
-    """Point ``current`` at ``target`` (e.g. ``versions/v0.2.0``) atomically; "" removes it (the base installation)."""
-    link = data_dir / CURRENT_LINK
-    if target:
-        link_atomically(link, target)
-    else:
-        link.unlink(missing_ok=True)
+RETRY_S: Final = 0.5
+"""The pause before starting a version on probation again after it failed to start."""
 
 
 # ------------------------------------------------------------------------------------ supervisor
@@ -208,46 +162,36 @@ async def _run_once(command: list[str], data_dir: Path, probation_until: float |
 
 async def supervise(command: list[str], data_dir: Path, *, log: Log, grace: float = DEADLINE_GRACE_S) -> int:
     """Run the agent (``command``, see :func:`agent_command`) until it ends for good; returns the launcher's
-    exit status. ``grace`` is added to a probation's deadline. Cancel to stop (the agent is terminated)."""
-    failed_starts = 0
+    exit status. ``grace`` is added to a probation's deadline. Cancel to stop (the agent is terminated).
+
+    The decisions are :func:`roles.edge.supervision.decide`'s; this shell reads the marker, runs the
+    agent, waits and rolls back as they say.
+    """
+    state = Supervision(grace=grace)
     crashes = Backoff(initial=0.5, cap=30.0)
-    probation: tuple[str, float] | None = None  # (job uid, deadline in loop time)
+    status: int | None = None
+    event: Event = Starting(await anyio.to_thread.run_sync(read_marker, data_dir), anyio.current_time())
     while True:
-        marker = await anyio.to_thread.run_sync(read_marker, data_dir)
-        on_probation = marker is not None and marker.state is MarkerState.SWITCHED
-        if marker is not None and marker.state is MarkerState.UNHEALTHY:
-            await _roll_back(data_dir, marker, marker.reason or f"{marker.to_version} reported itself unhealthy", log)
-            continue
-        until: float | None = None
-        if on_probation and marker is not None:
-            if probation is None or probation[0] != marker.job_uid:
-                probation = (marker.job_uid, anyio.current_time() + marker.deadline_s + grace)
-                failed_starts = 0
-            until = probation[1]
-        status = await _run_once(command, data_dir, until, log)
-        log.info("agent_exited", status=status)
-        marker = await anyio.to_thread.run_sync(read_marker, data_dir)
-        still_on_probation = on_probation and marker is not None and marker.state is MarkerState.SWITCHED
-        if status is None and still_on_probation and marker is not None:
-            reason = f"{marker.to_version} did not report healthy within {marker.deadline_s:g}s"
-            await _roll_back(data_dir, marker, reason, log)
-            continue
-        if status == EXIT_RESTART:
-            crashes.reset()
-            continue
-        if still_on_probation and marker is not None:
-            failed_starts += 1
-            if failed_starts >= MAX_FAILED_STARTS:
-                reason = f"{marker.to_version} exited with status {status} {failed_starts} times before it was healthy"
+        state, decision = decide(state, event)
+        match decision:
+            case Start(until=until):
+                status = await _run_once(command, data_dir, until, log)
+                log.info("agent_exited", status=status)
+                event = Exited(status, await anyio.to_thread.run_sync(read_marker, data_dir))
+                continue
+            case RollBack(marker=marker, reason=reason):
                 await _roll_back(data_dir, marker, reason, log)
-            else:
-                await anyio.sleep(0.5)
-            continue
-        if status in (0, EXIT_USAGE):
-            return status or 0
-        delay = crashes.delay()
-        log.warning("agent_crashed", status=status, restart_in_s=round(delay, 2))
-        await anyio.sleep(delay)
+            case Relaunch(pause=Pause.NONE):
+                crashes.reset()
+            case Relaunch(pause=Pause.RETRY):
+                await anyio.sleep(RETRY_S)
+            case Relaunch(pause=Pause.BACKOFF):
+                delay = crashes.delay()
+                log.warning("agent_crashed", status=status, restart_in_s=round(delay, 2))
+                await anyio.sleep(delay)
+            case Finish(status=final):
+                return final
+        event = Starting(await anyio.to_thread.run_sync(read_marker, data_dir), anyio.current_time())
 
 
 async def _main(command: list[str], data_dir: Path, log: Log) -> int:

@@ -4,14 +4,39 @@ from __future__ import annotations
 
 import importlib.metadata
 import ssl
+from dataclasses import dataclass
 from pathlib import Path
 
 from roles.config import ConfigError, EdgeConfig
-from roles.edge.agent import AgentSettings, edge_ssl_context
 from roles.edge.checks import Thresholds
+
+__all__ = ["AgentSettings", "agent_version", "client_tls", "edge_ssl_context", "settings_of"]
 
 VERSION_FILE = Path(__file__).resolve().parents[2] / "VERSION"
 """Beside the packages when the agent runs from an installed upgrade (``<dataDir>/versions/<v>/VERSION``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentSettings:
+    """What the agent needs from the edge configuration."""
+
+    node: str
+    version: str
+    hub_urls: tuple[str, ...]
+    token: str
+    data_dir: Path
+    thresholds: Thresholds
+    ssl_context: ssl.SSLContext | None = None
+    reconnect_cap: float = 30.0
+    missed_heartbeats: int = 3
+    config_file: Path | None = None
+    """The YAML file this agent was started with; config updates rewrite it."""
+    health_deadline: float = 60.0
+
+
+def edge_ssl_context(ca_file: str) -> ssl.SSLContext | None:
+    """A client TLS context trusting ``ca_file`` (the system roots when empty)."""
+    return ssl.create_default_context(cafile=ca_file or None)
 
 
 def agent_version() -> str:

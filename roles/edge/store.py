@@ -13,10 +13,8 @@ statement has committed or rolled back, so the file is never left mid-transactio
 Every SQLite failure surfaces as :class:`StoreError`, naming the file and what went wrong (disk
 full, read-only, corrupt...). Each write is one transaction, so a failed write changes nothing.
 
-Schema changes are numbered migrations (``PRAGMA user_version``). Each records the oldest schema
-version whose code can still use the file: additive migrations keep it, so an agent rolled back
-after an upgrade still opens the store the newer agent wrote. Only SQL available since SQLite 3.24
-is used (no STRICT tables, no RETURNING), because agents link the device's own libsqlite3.
+The file itself - opening and checking it, its schema and migrations, and how SQLite's errors
+become :class:`StoreError` - is :mod:`roles.edge.store_schema`'s.
 """
 
 from __future__ import annotations
@@ -24,8 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
@@ -35,6 +32,8 @@ import anyio
 import anyio.to_thread
 import msgspec
 import structlog
+
+from roles.edge.store_schema import SCHEMA_VERSION, StoreError, StoreFault, connect, store_error, transaction
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -54,75 +53,15 @@ __all__ = [
 
 T = TypeVar("T")
 
-_BUSY_TIMEOUT_S: Final = 5.0
 _DROPPED_KEPT: Final = 1000
 """How many dropped reports are kept for inspection; older ones are pruned as new ones arrive."""
 
 
-# ------------------------------------------------------------------------------------------- errors
-
-
-class StoreFault(StrEnum):
-    """What kind of failure a :class:`StoreError` is, so the role can react (e.g. quarantine a corrupt file)."""
-
-    FULL = "full"
-    READ_ONLY = "read_only"
-    CANNOT_OPEN = "cannot_open"
-    CORRUPT = "corrupt"
-    BUSY = "busy"
-    IO = "io"
-    SCHEMA = "schema"
-    OTHER = "other"
-
-
-_FAULT_TEXT: Final = {
-    StoreFault.FULL: "is full",
-    StoreFault.READ_ONLY: "is read-only",
-    StoreFault.CANNOT_OPEN: "cannot be opened",
-    StoreFault.CORRUPT: "is corrupt or not a database",
-    StoreFault.BUSY: "is locked by another process",
-    StoreFault.IO: "had an I/O error",
-    StoreFault.SCHEMA: "has an unusable schema",
-    StoreFault.OTHER: "failed",
-}
-
-# Primary result codes (https://sqlite.org/rescode.html); Python reports extended codes, whose low byte is these.
-_FAULT_BY_CODE: Final = {
-    3: StoreFault.CANNOT_OPEN,  # SQLITE_PERM
-    5: StoreFault.BUSY,  # SQLITE_BUSY
-    6: StoreFault.BUSY,  # SQLITE_LOCKED
-    8: StoreFault.READ_ONLY,  # SQLITE_READONLY
-    10: StoreFault.IO,  # SQLITE_IOERR
-    11: StoreFault.CORRUPT,  # SQLITE_CORRUPT
-    13: StoreFault.FULL,  # SQLITE_FULL
-    14: StoreFault.CANNOT_OPEN,  # SQLITE_CANTOPEN
-    26: StoreFault.CORRUPT,  # SQLITE_NOTADB
-}
-
-
-class StoreError(Exception):
-    """The store could not do what was asked; the message names the file and the cause."""
-
-    def __init__(self, path: Path, fault: StoreFault, cause: str) -> None:
-        super().__init__(f"edge store {path} {_FAULT_TEXT[fault]}: {cause}")
-        self.path = path
-        self.fault = fault
-        self.cause = cause
+# ------------------------------------------------------------------------------------------ records
 
 
 class TaskNotFoundError(LookupError):
     """No node task with this job UID is stored."""
-
-
-def _store_error(path: Path, exc: sqlite3.Error | OSError) -> StoreError:
-    if isinstance(exc, OSError):
-        return StoreError(path, StoreFault.CANNOT_OPEN, str(exc))
-    code = getattr(exc, "sqlite_errorcode", None)
-    fault = _FAULT_BY_CODE.get(code & 0xFF, StoreFault.OTHER) if isinstance(code, int) else StoreFault.OTHER
-    return StoreError(path, fault, str(exc))
-
-
-# ------------------------------------------------------------------------------------------ records
 
 
 class TaskState(StrEnum):
@@ -197,106 +136,6 @@ class ExclusiveHold(_Record, frozen=True):
         return f"{self.kind} {self.route} (job {self.job_uid}) since {self.since.isoformat()}"
 
 
-# ---------------------------------------------------------------------------------------- migrations
-
-
-@dataclass(frozen=True, slots=True)
-class _Migration:
-    version: int
-    oldest_reader: int
-    """The oldest schema version whose code can still use a store at ``version``."""
-    statements: tuple[str, ...]
-
-
-_MIGRATIONS: Final = (
-    _Migration(
-        version=1,
-        oldest_reader=1,
-        statements=(
-            "CREATE TABLE store_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
-            """CREATE TABLE node_tasks (
-                job_uid TEXT PRIMARY KEY, route TEXT NOT NULL, job_type TEXT NOT NULL, spec BLOB NOT NULL,
-                run_action_id TEXT NOT NULL, received_at TEXT NOT NULL, state TEXT NOT NULL,
-                current_action TEXT NOT NULL)""",
-            """CREATE TABLE action_progress (
-                job_uid TEXT NOT NULL REFERENCES node_tasks (job_uid) ON DELETE CASCADE,
-                action TEXT NOT NULL, succ INTEGER NOT NULL, finish_time TEXT NOT NULL, reason TEXT NOT NULL,
-                extend TEXT NOT NULL, PRIMARY KEY (job_uid, action))""",
-            # AUTOINCREMENT, unlike a plain rowid, never hands out a value again, even after the
-            # highest row is deleted: a hub may still hold an acknowledgement for that seq.
-            """CREATE TABLE outbox (
-                seq INTEGER PRIMARY KEY AUTOINCREMENT, route TEXT NOT NULL, job_uid TEXT NOT NULL,
-                action TEXT NOT NULL, succ INTEGER NOT NULL, finish_time TEXT NOT NULL, reason TEXT NOT NULL,
-                extend TEXT NOT NULL)""",
-            """CREATE TABLE dropped_reports (
-                seq INTEGER PRIMARY KEY, route TEXT NOT NULL, job_uid TEXT NOT NULL, action TEXT NOT NULL,
-                succ INTEGER NOT NULL, finish_time TEXT NOT NULL, reason TEXT NOT NULL, extend TEXT NOT NULL,
-                drop_reason TEXT NOT NULL, dropped_at TEXT NOT NULL)""",
-            # One row at most; deleting its task releases it, so a forgotten task never blocks the node.
-            """CREATE TABLE exclusive_hold (
-                slot TEXT PRIMARY KEY CHECK (slot = 'node'),
-                job_uid TEXT NOT NULL REFERENCES node_tasks (job_uid) ON DELETE CASCADE,
-                kind TEXT NOT NULL, since TEXT NOT NULL)""",
-            "CREATE TABLE agent_facts (key TEXT PRIMARY KEY, value BLOB NOT NULL, updated_at TEXT NOT NULL)",
-        ),
-    ),
-)
-
-SCHEMA_VERSION: Final = _MIGRATIONS[-1].version
-
-
-@contextlib.contextmanager
-def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
-    # IMMEDIATE takes the write lock up front, so a concurrent reader process (an inspection tool)
-    # makes us wait for the busy timeout instead of failing half-way through.
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-    except BaseException:
-        # SQLite rolls back by itself on some errors (SQLITE_FULL among them); a second ROLLBACK would fail.
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
-
-
-def _oldest_reader(conn: sqlite3.Connection) -> int:
-    row = conn.execute("SELECT value FROM store_meta WHERE key = 'oldest_reader'").fetchone()
-    return int(row[0]) if row else 0
-
-
-def _migrate_step(conn: sqlite3.Connection, migration: _Migration) -> None:
-    """Apply one migration, and record it, in one transaction."""
-    with _transaction(conn):
-        for statement in migration.statements:
-            conn.execute(statement)
-        conn.execute(
-            "INSERT INTO store_meta (key, value) VALUES ('oldest_reader', ?)"
-            " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-            (str(migration.oldest_reader),),
-        )
-        conn.execute(f"PRAGMA user_version = {int(migration.version)}")
-
-
-def _migrate(conn: sqlite3.Connection, path: Path) -> int:
-    """Bring the schema up to :data:`SCHEMA_VERSION`; returns the version found."""
-    found: int = conn.execute("PRAGMA user_version").fetchone()[0]
-    if found > SCHEMA_VERSION:
-        oldest = _oldest_reader(conn)
-        if oldest > SCHEMA_VERSION:
-            raise StoreError(
-                path,
-                StoreFault.SCHEMA,
-                f"schema version {found} needs an agent that reads version {oldest} or later;"
-                f" this agent reads up to {SCHEMA_VERSION}",
-            )
-        return found
-    for migration in _MIGRATIONS:
-        if migration.version > found:
-            _migrate_step(conn, migration)
-    return found
-
-
 # --------------------------------------------------------------------------------------------- store
 
 
@@ -366,41 +205,6 @@ def _insert_report(conn: sqlite3.Connection, report: OutboxReport) -> OutboxRepo
     return msgspec.structs.replace(report, seq=cursor.lastrowid)
 
 
-def _connect(path: Path, max_bytes: int | None) -> tuple[sqlite3.Connection, int]:
-    """Open (creating if need be), configure, check and migrate; returns the connection and the version found."""
-    new = not path.exists()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    conn = sqlite3.connect(path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
-    try:
-        if new:
-            # The store may hold job specs (config values): keep it to the agent. -wal and -shm inherit this mode.
-            path.chmod(0o600)
-        # Reading the header here is what finds a file that is not a database.
-        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-        if mode != "wal":
-            raise StoreError(path, StoreFault.CANNOT_OPEN, f"write-ahead logging unavailable (journal mode {mode})")
-        # FULL, not NORMAL: in WAL mode NORMAL keeps the file consistent but a commit can vanish on power
-        # loss. We acknowledge a RunAction once stored, and the outbox's seq must never go back (a hub may
-        # hold an acknowledgement for it), so a commit must be on disk before we act on it. Writes are a
-        # few per action, so one fsync each costs nothing that matters.
-        conn.execute("PRAGMA synchronous = FULL")
-        conn.execute("PRAGMA foreign_keys = ON")
-        conn.execute(f"PRAGMA busy_timeout = {int(_BUSY_TIMEOUT_S * 1000)}")
-        if max_bytes is not None:
-            page_size: int = conn.execute("PRAGMA page_size").fetchone()[0]
-            conn.execute(f"PRAGMA max_page_count = {max(1, max_bytes // page_size)}")
-        # A damaged page would otherwise surface in the middle of a task; the store is small (reports
-        # leave once acknowledged), so checking it once per start is cheap.
-        problems = [row[0] for row in conn.execute("PRAGMA quick_check")]
-        if problems != ["ok"]:
-            raise StoreError(path, StoreFault.CORRUPT, "; ".join(str(p) for p in problems[:3]))
-        found = _migrate(conn, path)
-    except BaseException:
-        conn.close()
-        raise
-    return conn, found
-
-
 @final
 class EdgeStore:
     """The agent's durable state. Make one with :func:`open_store`; all methods are safe to call concurrently.
@@ -426,7 +230,7 @@ class EdgeStore:
             try:
                 return fn(conn)
             except (sqlite3.Error, OSError) as exc:
-                raise _store_error(self.path, exc) from exc
+                raise store_error(self.path, exc) from exc
 
         return await anyio.to_thread.run_sync(run, limiter=self._limiter)
 
@@ -451,7 +255,7 @@ class EdgeStore:
         received_at = self._now()
 
         def op(conn: sqlite3.Connection) -> tuple[NodeTask, bool]:
-            with _transaction(conn):
+            with transaction(conn):
                 existing = _get_task(conn, job_uid)
                 if existing is not None:
                     return existing, False
@@ -493,7 +297,7 @@ class EdgeStore:
         Errors: :class:`TaskNotFoundError`."""
 
         def op(conn: sqlite3.Connection) -> NodeTask:
-            with _transaction(conn):
+            with transaction(conn):
                 task = _require_task(conn, job_uid)
                 conn.execute(
                     "UPDATE node_tasks SET state = ?, current_action = ? WHERE job_uid = ?",
@@ -518,7 +322,7 @@ class EdgeStore:
         default the action reported), all in one transaction. Errors: :class:`TaskNotFoundError`."""
 
         def op(conn: sqlite3.Connection) -> OutboxReport:
-            with _transaction(conn):
+            with transaction(conn):
                 task = _require_task(conn, progress.job_uid)
                 conn.execute(
                     "INSERT INTO action_progress (job_uid, action, succ, finish_time, reason, extend)"
@@ -617,7 +421,7 @@ class EdgeStore:
         dropped_at = _stamp(self._now())
 
         def op(conn: sqlite3.Connection) -> bool:
-            with _transaction(conn):
+            with transaction(conn):
                 moved = conn.execute(
                     f"INSERT INTO dropped_reports ({_REPORT_COLUMNS}, drop_reason, dropped_at)"
                     f" SELECT {_REPORT_COLUMNS}, ?, ? FROM outbox WHERE seq = ?",
@@ -652,7 +456,7 @@ class EdgeStore:
         since = _stamp(self._now())
 
         def op(conn: sqlite3.Connection) -> str | None:
-            with _transaction(conn):
+            with transaction(conn):
                 _require_task(conn, job_uid)
                 holder = _hold(conn)
                 if holder is not None:
@@ -736,13 +540,13 @@ async def open_store(
     file = Path(path)
     logger = log if log is not None else structlog.get_logger()
 
-    def connect() -> tuple[sqlite3.Connection, int]:
+    def open_file() -> tuple[sqlite3.Connection, int]:
         try:
-            return _connect(file, max_bytes)
+            return connect(file, max_bytes)
         except (sqlite3.Error, OSError) as exc:
-            raise _store_error(file, exc) from exc
+            raise store_error(file, exc) from exc
 
-    conn, found = await anyio.to_thread.run_sync(connect)
+    conn, found = await anyio.to_thread.run_sync(open_file)
     store = EdgeStore(conn, path=file, now=now)
     logger.info("store_opened", path=str(file), found_version=found, schema_version=max(found, SCHEMA_VERSION))
     try:

@@ -36,7 +36,7 @@ import msgspec
 
 from roles.config import ConfigError, EdgeConfig, load_config
 from roles.edge.context import Outcome, TaskContext
-from roles.edge.launcher import (
+from roles.edge.upgrade_marker import (
     MarkerState,
     UpgradeMarker,
     current_target,

@@ -70,17 +70,27 @@ class Kube:
         return resource.decoder().decode(await self._request("GET", resource.path(name, namespace=namespace)))
 
     async def list(
-        self, resource: Resource[T], *, label_selector: str = "", namespace: str = ""
+        self, resource: Resource[T], *, label_selector: str = "", namespace: str = "", field_selector: str = ""
     ) -> tuple[list[T], list[Invalid], str]:
         """All objects, the ones that do not decode, and the list's resourceVersion."""
         async with self._in_flight:
             listed: tuple[list[T], list[Invalid], str] = await self._cross(
-                list_objects, self._api, resource, label_selector=label_selector, namespace=namespace
+                list_objects,
+                self._api,
+                resource,
+                label_selector=label_selector,
+                namespace=namespace,
+                field_selector=field_selector,
             )
         return listed
 
     async def create(self, resource: Resource[T], obj: T, *, namespace: str = "") -> T:
-        body = _ENCODER.encode(obj)
+        """POST a new object, with its ``apiVersion`` and ``kind`` even where they are the type's defaults.
+
+        (The API types omit defaults, as Go's ``omitempty`` does; the API server refuses to create a
+        custom resource without its kind.)
+        """
+        body = _ENCODER.encode(_typed(obj))
         data = await self._request("POST", resource.path(namespace=namespace), body=body)
         self.writes += 1
         return resource.decoder().decode(data)
@@ -140,6 +150,7 @@ class Kube:
         *,
         attempts: int = 8,
         current: T | None = None,
+        namespace: str = "",
     ) -> T | None:
         """Read, apply ``mutate``, write the status; on 409 re-read and re-apply, up to ``attempts`` times.
 
@@ -147,6 +158,7 @@ class Kube:
         which case nothing is written and the current object is returned. ``current``, a copy the
         caller already holds (e.g. from a watch), saves the first read: a stale copy only costs
         one 409 and a re-read (a decision to write nothing is always taken on a fresh read).
+        ``namespace`` is the object's, for a namespaced resource.
 
         Errors:
             :class:`~roles.kube.errors.NotFound` if the object is gone; the last
@@ -156,7 +168,7 @@ class Kube:
         for attempt in range(1, attempts + 1):
             fresh = current is None
             if current is None:
-                current = await self.get(resource, name)
+                current = await self.get(resource, name, namespace=namespace)
             changed = mutate(current)
             if changed is None:
                 if not fresh:
@@ -181,6 +193,7 @@ class Kube:
         *,
         label_selector: str = "",
         namespace: str = "",
+        field_selector: str = "",
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """Deliver ``resource``'s snapshot and changes to ``send`` until cancelled.
@@ -207,11 +220,22 @@ class Kube:
             log=self._log,
             label_selector=label_selector,
             namespace=namespace,
+            field_selector=field_selector,
         )
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._cross, loop)
             await listed.wait()
             task_status.started()
+
+
+def _typed(obj: msgspec.Struct) -> Any:
+    fields = msgspec.to_builtins(obj)
+    if isinstance(fields, dict):
+        for key, attribute in (("apiVersion", "api_version"), ("kind", "kind")):
+            value = getattr(obj, attribute, "")
+            if value:
+                fields.setdefault(key, value)
+    return fields
 
 
 async def _seen_through(grace: float, fn: Callable[..., Awaitable[R]], *args: Any, **kwargs: Any) -> R:

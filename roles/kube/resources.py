@@ -10,7 +10,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 
 from nodetask.names import clip
-from schemas import core
+from schemas import core, diagnosis
 from schemas.kinds import GROUP, Kind
 
 T = TypeVar("T", bound=msgspec.Struct)
@@ -32,10 +32,12 @@ class Resource(Generic[T]):
         Errors: :class:`ValueError` for a part that cannot be one, as the API server's own rule for
         names in paths has it: ``.``, ``..``, or holding ``/`` or ``%``. (Quoting is not enough for
         those: the client resolves dot segments, and the API server decodes ``%2F`` before routing,
-        so ``edge-1%2Fstatus`` would name the Node's status subresource.)
+        so ``edge-1%2Fstatus`` would name the Node's status subresource.) A namespaced resource
+        without a namespace is the collection across all namespaces, to list or watch; anything else
+        of it needs a namespace.
         """
         prefix = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
-        if self.namespaced:
+        if self.namespaced and (namespace or name or subresource):
             if not namespace:
                 raise ValueError(f"{self.plural} are namespaced: a namespace is required")
             prefix += f"/namespaces/{_segment(namespace, 'namespace')}"
@@ -74,3 +76,13 @@ NODES: Resource[core.Node] = Resource("v1", "nodes", core.Node)
 SECRETS: Resource[core.Secret] = Resource("v1", "secrets", core.Secret, namespaced=True)
 EVENTS: Resource[core.Event] = Resource("v1", "events", core.Event, namespaced=True)
 LEASES: Resource[core.Lease] = Resource("coordination.k8s.io/v1", "leases", core.Lease, namespaced=True)
+PODS: Resource[core.Pod] = Resource("v1", "pods", core.Pod, namespaced=True)
+
+OPERATIONS: Resource[diagnosis.Operation] = Resource(diagnosis.API_VERSION, "operations", diagnosis.Operation)
+OPERATION_SETS: Resource[diagnosis.OperationSet] = Resource(
+    diagnosis.API_VERSION, "operationsets", diagnosis.OperationSet
+)
+DIAGNOSES: Resource[diagnosis.Diagnosis] = Resource(
+    diagnosis.API_VERSION, "diagnoses", diagnosis.Diagnosis, namespaced=True
+)
+TASKS: Resource[diagnosis.Task] = Resource(diagnosis.API_VERSION, "tasks", diagnosis.Task, namespaced=True)

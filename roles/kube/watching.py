@@ -54,6 +54,7 @@ class Invalid:
     name: str
     error: str
     uid: str = ""
+    namespace: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +69,7 @@ WatchEvent = Upserted[Any] | Deleted[Any] | Relisted[Any] | Invalid | Interrupte
 
 class _NamedMeta(msgspec.Struct, rename="camel"):
     name: str = ""
+    namespace: str = ""
     uid: str = ""
     resource_version: str = ""
 
@@ -102,11 +104,11 @@ def _decode_item(decoder: msgspec.json.Decoder[Any], raw: msgspec.Raw) -> Any:
         return decoder.decode(raw)
     except msgspec.ValidationError as exc:
         meta = _NAMED.decode(raw).metadata
-        return Invalid(name=meta.name, uid=meta.uid, error=str(exc))
+        return Invalid(name=meta.name, uid=meta.uid, error=str(exc), namespace=meta.namespace)
 
 
 async def list_objects(
-    api: AioApi, resource: Resource[Any], *, label_selector: str = "", namespace: str = ""
+    api: AioApi, resource: Resource[Any], *, label_selector: str = "", namespace: str = "", field_selector: str = ""
 ) -> tuple[list[Any], list[Invalid], str]:
     """All objects (valid and not) and the list's resourceVersion, following ``continue`` pages."""
     decoder = resource.decoder()
@@ -115,6 +117,8 @@ async def list_objects(
     query = {"limit": "500"}
     if label_selector:
         query["labelSelector"] = label_selector
+    if field_selector:
+        query["fieldSelector"] = field_selector
     path = resource.path(namespace=namespace)
     while True:
         page = _LIST.decode(await api.request("GET", path, query=query, timeout_s=60))
@@ -170,6 +174,7 @@ async def watch_loop(
     log: Any,
     label_selector: str = "",
     namespace: str = "",
+    field_selector: str = "",
     watch_timeout: int = 290,
     backoff: Backoff | None = None,
 ) -> None:
@@ -185,7 +190,7 @@ async def watch_loop(
         try:
             if not version:
                 valid, invalid, version = await list_objects(
-                    api, resource, label_selector=label_selector, namespace=namespace
+                    api, resource, label_selector=label_selector, namespace=namespace, field_selector=field_selector
                 )
                 deliver(Relisted(tuple(valid), tuple(invalid)))
             query = {
@@ -196,6 +201,8 @@ async def watch_loop(
             }
             if label_selector:
                 query["labelSelector"] = label_selector
+            if field_selector:
+                query["fieldSelector"] = field_selector
             version = await _watch_once(
                 api,
                 path=path,

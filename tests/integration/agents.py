@@ -14,8 +14,9 @@ import structlog
 from nodetask.clock import Clock
 from nodetask.phases import ConditionStatus
 from roles.edge.actions import AuthFor, build_actions
-from roles.edge.agent import AgentSettings, EdgeAgent
+from roles.edge.agent import EdgeAgent
 from roles.edge.checks import Thresholds
+from roles.edge.settings import AgentSettings
 from roles.edge.store import open_store
 from roles.jobtypes import job_types
 from schemas.v1alpha2 import ImageStatus

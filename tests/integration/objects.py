@@ -5,16 +5,21 @@ from __future__ import annotations
 import functools
 import random
 import subprocess
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
 import msgspec
 
-from nodetask.phases import JobPhase
+from flows.diagnosis_tasks import DIAGNOSIS_UID_LABEL
+from nodetask.phases import ConditionStatus, JobPhase
 from roles.kube import Kube, Resource
+from roles.kube.resources import DIAGNOSES, TASKS
+from schemas.diagnosis import Condition, Diagnosis, DiagnosisPhase, Task, TaskPhase
 from tests.integration.controlplane import ControlPlane
+
+T = TypeVar("T")
 
 
 def unique(prefix: str) -> str:
@@ -48,3 +53,67 @@ async def job_when(
 def settled(job: Any) -> bool:
     """The job reached Completed or Failure."""
     return job.status.phase in (JobPhase.COMPLETED, JobPhase.FAILURE)
+
+
+async def diagnosis_when(
+    kube: Kube, name: str, check: Callable[[Diagnosis], bool], *, namespace: str = "default", limit_s: float = 60
+) -> Diagnosis:
+    """The Diagnosis once ``check`` holds, polled every 0.1 s; fails the test after ``limit_s`` seconds."""
+    with anyio.fail_after(limit_s):
+        while True:
+            diagnosis = await kube.get(DIAGNOSES, name, namespace=namespace)
+            if check(diagnosis):
+                return diagnosis
+            await anyio.sleep(0.1)
+
+
+def finished(diagnosis: Diagnosis) -> bool:
+    """The Diagnosis reached Succeeded or Failed."""
+    return diagnosis.status.phase in (DiagnosisPhase.SUCCEEDED, DiagnosisPhase.FAILED)
+
+
+async def tasks_of(kube: Kube, diagnosis: Diagnosis) -> list[Task]:
+    """The Diagnosis's Tasks, by the uid label the controller puts on each."""
+    tasks, _, _ = await kube.list(
+        TASKS, label_selector=f"{DIAGNOSIS_UID_LABEL}={diagnosis.metadata.uid}", namespace=diagnosis.metadata.namespace
+    )
+    return sorted(tasks, key=lambda t: t.metadata.name)
+
+
+async def answer_task(kube: Kube, task: Task, *, ok: bool, results: dict[str, str] | None = None) -> Task:
+    """Write what a hub writes for a Task: Running with Accepted, then Succeeded with results (or Failed)."""
+
+    def accepted(t: Task) -> Task:
+        condition = Condition(type="Accepted", status=ConditionStatus.TRUE, reason="TaskAccepted")
+        status = msgspec.structs.replace(
+            t.status, phase=TaskPhase.RUNNING, conditions=(condition,), start_time=t.metadata.creation_timestamp
+        )
+        return msgspec.structs.replace(t, status=status)
+
+    def ended(t: Task) -> Task:
+        condition = Condition(
+            type="Complete" if ok else "Failed", status=ConditionStatus.TRUE, reason="Test", message="by the test"
+        )
+        status = msgspec.structs.replace(
+            t.status,
+            phase=TaskPhase.SUCCEEDED if ok else TaskPhase.FAILED,
+            conditions=(*t.status.conditions, condition),
+            results=results or {},
+        )
+        return msgspec.structs.replace(t, status=status)
+
+    namespace = task.metadata.namespace
+    await kube.update_status(TASKS, task.metadata.name, accepted, namespace=namespace)
+    written = await kube.update_status(TASKS, task.metadata.name, ended, namespace=namespace)
+    assert written is not None
+    return written
+
+
+async def polled(fetch: Callable[[], Awaitable[T]], check: Callable[[T], bool], *, limit_s: float = 30) -> T:
+    """What ``fetch`` returns once ``check`` holds for it, asked every 0.1 s; fails the test after ``limit_s``."""
+    with anyio.fail_after(limit_s):
+        while True:
+            found = await fetch()
+            if check(found):
+                return found
+            await anyio.sleep(0.1)

@@ -12,6 +12,7 @@ import pytest
 
 from roles.edge import artifact, registry_token
 from roles.edge.artifact import ArtifactError
+from roles.edge.registry_client import RegistryClient
 from tests.integration.token_server import SERVICE, TokenRequest, TokenServer, token_server
 from tools.provision import upgrade_artifact
 from tools.provision.containerd import Registry, Tools, start_registry
@@ -183,10 +184,10 @@ def test_the_registry_token_is_not_sent_where_a_blob_download_is_redirected(
     ref = artifact.reference(f"{host}/team/agent", "v1")
     tokens = registry_token.Tokens()
     tokens.put(host, registry_token.pull_scope("team/agent"), "T0KEN", 300, asked_at=tokens.clock())
-    client = artifact._Client(ref, plain=True, insecure=(), tokens=tokens)
+    client = RegistryClient(ref, plain=True, insecure=(), tokens=tokens)
     layer = artifact.Descriptor("application/vnd.oci.image.layer.v1.tar", artifact.sha256(b"layer bytes"), 11)
 
-    client.blob(layer, tmp_path / "blob")
+    client.blob(layer.digest, layer.size, tmp_path / "blob")
 
     assert (tmp_path / "blob").read_bytes() == b"layer bytes"
     assert registry.seen[0] == (f"/v2/team/agent/blobs/{layer.digest}", "Bearer T0KEN")

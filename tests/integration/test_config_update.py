@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from nodetask.phases import JobPhase, NodeTaskPhase
-from roles.edge import config_update
+from roles.edge import config_pending
 from roles.kube import Kube
 from roles.kube.resources import job_resource
 from schemas.kinds import CONFIG_UPDATE_JOB
@@ -95,7 +95,7 @@ async def test_config_updates_apply_or_are_refused_and_each_is_reported(
     assert _flow(done[ok]) == [("Check", "True"), ("BackUp", "True"), ("Update", "True")]
     written = yaml.safe_load((tmp_path / ok / "edge.yaml").read_text())
     assert (written["maxCpuUsage"], written["logLevel"]) == (95, "debug")
-    assert not config_update.pending_path(tmp_path / ok / "edge.yaml").exists()
+    assert not config_pending.pending_path(tmp_path / ok / "edge.yaml").exists()
 
     refused = done[invalid].status.node_status[0]
     assert _flow(done[invalid]) == [("Check", "False")]
@@ -173,7 +173,7 @@ async def test_an_update_the_agent_cannot_run_with_is_rolled_back_and_the_agent_
             "the config update failed and the previous config was restored",
         )
         assert (tmp_path / node / "edge.yaml").read_bytes() == before[node]
-        assert not config_update.pending_path(tmp_path / node / "edge.yaml").exists()
+        assert not config_pending.pending_path(tmp_path / node / "edge.yaml").exists()
     update_failed = done[broken].status.node_status[0].action_flow[2].reason
     assert update_failed.startswith("the agent could not start with the new configuration (tokenFile ")
     assert update_failed.endswith(" is empty); the previous configuration was restored")

@@ -115,6 +115,8 @@ def test_demo_stops_on_ctrl_c_then_a_second_run_reaches_its_summary(state: Path,
         assert _nodes(tolerant, "Failure") == ["edge-04"]
         assert DISK_REASON in tolerant["nodes"][1]["reason"]
         assert "containerd holds 2 of the 2 seeded images" in output
+        # The controller's and hubs' image, built without a container engine, is in the demo's registry.
+        assert re.search(r"/nodetaskd/nodetaskd@sha256:[0-9a-f]{64}", output), output[-4000:]
 
     assert config["phase"] == "Completed"
     assert _nodes(config, "Successful") == ["edge-03", "edge-04"]

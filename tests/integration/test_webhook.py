@@ -38,6 +38,7 @@ pytestmark = pytest.mark.integration
 
 V1 = "operations.kubeedge.io/v1alpha1"
 V2 = "operations.kubeedge.io/v1alpha2"
+DIAG = "diagnosis.kubediag.org/v1"
 TEST_LABEL = "nodetaskd-test"
 
 
@@ -57,6 +58,13 @@ class Cluster:
     def job(self, kind: str, spec: dict[str, Any], *, api_version: str = V2, name: str = "") -> dict[str, Any]:
         metadata = {"name": name or unique(kind.lower()), "labels": {TEST_LABEL: self.run_id}}
         return {"apiVersion": api_version, "kind": kind, "metadata": metadata, "spec": spec}
+
+    def diagnosis_object(self, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+        """An Operation, OperationSet, Diagnosis or Task (the last two in namespace default)."""
+        obj = self.job(kind, spec, api_version=DIAG)
+        if kind in ("Diagnosis", "Task"):
+            obj["metadata"]["namespace"] = "default"
+        return obj
 
     async def create(self, obj: dict[str, Any], *, dry_run: bool = False) -> subprocess.CompletedProcess[str]:
         args = ["create", "--validate=false", "-o", "json", "-f", "-"]
@@ -148,6 +156,9 @@ async def cluster(crds: ControlPlane, controller_kube: Kube, tmp_path: Path) -> 
                 await _until(lambda: _not(mutating_active), what="mutating webhook gone")
                 await cluster.kubectl(
                     "delete", "nodeupgradejobs,imageprepulljobs,configupdatejobs", "-l", f"{TEST_LABEL}={name}"
+                )
+                await cluster.kubectl(
+                    "delete", "operations,operationsets,diagnoses,tasks", "-A", "-l", f"{TEST_LABEL}={name}"
                 )
             nursery.cancel_scope.cancel()
 
@@ -340,3 +351,88 @@ async def test_registering_again_updates_the_configurations_in_place(cluster: Cl
         (webhook,) = msgspec.json.decode(result.stdout)["webhooks"]
         assert webhook["timeoutSeconds"] == 7
     await cluster.refused(cluster.job("NodeUpgradeJob", upgrade_spec(version="still-checked")))
+
+
+DIAGNOSIS_REFUSALS = {
+    "function-processor": Refusal(
+        "Operation",
+        DIAG,
+        {"processor": {"function": {"runtime": "python3", "codeSource": {"handler.py": "x"}}}},
+        "spec.processor.function",
+        "not supported by nodetaskd",
+    ),
+    "two-processors": Refusal(
+        "Operation",
+        DIAG,
+        {"processor": {"builtin": {"name": "node.resources"}, "httpServer": {"port": 80}}},
+        "spec.processor",
+        "must set exactly one of httpServer, scriptRunner, builtin, got httpServer, builtin",
+    ),
+    "unreachable-node": Refusal(
+        "OperationSet",
+        DIAG,
+        {"adjacencyList": [{"to": [1]}, {"operation": "a"}, {"operation": "b"}]},
+        "spec.adjacencyList[2]",
+        "node 2 (b) is not reachable from the start node 0",
+    ),
+    "cycle": Refusal(
+        "OperationSet",
+        DIAG,
+        {"adjacencyList": [{"to": [1]}, {"operation": "a", "to": [2]}, {"operation": "b", "to": [1]}]},
+        "spec.adjacencyList[1].to",
+        "is on the cycle 1 -> 2 -> 1",
+    ),
+    "two-targets": Refusal(
+        "Diagnosis",
+        DIAG,
+        {"operationSet": "g", "targetSelector": {"nodeNames": ["a"], "podSelector": {"matchLabels": {"a": "b"}}}},
+        "spec.targetSelector",
+        "got nodeNames, podSelector",
+    ),
+    "telemetry-parameter": Refusal(
+        "Diagnosis",
+        DIAG,
+        {"operationSet": "g", "targetSelector": {"nodeNames": ["a"]}, "parameters": {"node": "x"}},
+        "spec.parameters['node']",
+        "is set by nodetaskd for every Task",
+    ),
+    "task-without-node": Refusal("Task", DIAG, {"operation": "collect"}, "spec.nodeName", "is required"),
+}
+
+
+@pytest.mark.parametrize("case", DIAGNOSIS_REFUSALS.values(), ids=DIAGNOSIS_REFUSALS.keys())
+async def test_invalid_diagnosis_objects_are_refused_naming_the_field(cluster: Cluster, case: Refusal) -> None:
+    """Each kind of diagnosis.kubediag.org goes through the validating webhook, which names the field."""
+    message = await cluster.refused(cluster.diagnosis_object(case.kind, case.spec))
+    assert f"{case.field}: " in message
+    assert case.says in message
+
+
+async def test_diagnosis_objects_are_defaulted_and_a_diagnosis_spec_is_immutable(cluster: Cluster) -> None:
+    """Operation, OperationSet and Diagnosis get KubeDiag's defaults; a Diagnosis's spec cannot change later,
+    its labels can."""
+    operation = cluster.diagnosis_object("Operation", {"processor": {"httpServer": {"port": 8080}}})
+    opset = cluster.diagnosis_object("OperationSet", {"adjacencyList": [{"to": [1]}, {"operation": "collect"}]})
+    diagnosis = cluster.diagnosis_object("Diagnosis", {"operationSet": "g", "targetSelector": {"nodeNames": ["a"]}})
+    for obj in (operation, opset, diagnosis):
+        result = await cluster.create(obj)
+        assert result.returncode == 0, result.stderr
+
+    stored = await cluster.get("operations", operation["metadata"]["name"])
+    assert stored["spec"]["processor"] == {
+        "httpServer": {"port": 8080, "scheme": "http", "path": "/"},
+        "timeoutSeconds": 30,
+    }
+    stored = await cluster.get("operationsets", opset["metadata"]["name"])
+    assert [node.get("id") for node in stored["spec"]["adjacencyList"]] == [0, 1]
+    stored = await cluster.get("diagnoses", diagnosis["metadata"]["name"])
+    assert stored["spec"]["stagePolicy"] == "All"
+
+    stored["spec"]["targetSelector"]["nodeNames"] = ["b"]
+    result = await cluster.replace(stored)
+    assert result.returncode != 0
+    assert "spec: a Diagnosis's spec is immutable" in result.stderr
+    stored = await cluster.get("diagnoses", diagnosis["metadata"]["name"])
+    stored["metadata"]["labels"]["extra"] = "yes"
+    result = await cluster.replace(stored)
+    assert result.returncode == 0, result.stderr

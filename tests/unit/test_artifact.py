@@ -20,12 +20,11 @@ from roles.edge.artifact import (
     device_arch,
     expected_digest,
     parse_manifest,
-    plain_http,
     reference,
-    same_origin,
     select_platform,
     single_layer,
 )
+from roles.edge.registry_client import RegistryClient, plain_http, same_origin
 from roles.edge.registry_token import Tokens
 from schemas.v1alpha2 import ImageDigestGetter
 from tools.provision import upgrade_artifact
@@ -75,7 +74,7 @@ def test_the_artifact_and_the_pre_pull_read_an_image_reference_alike(
     parsed = parse_image(image)
     assert (ref.registry, ref.repository) == (parsed.registry, parsed.repository) == (registry, repository)
     assert (ref.tag, ref.digest) == ("v0.2.0", "")
-    client = artifact._Client(ref, plain=False, insecure=(), tokens=Tokens())
+    client = RegistryClient(ref, plain=False, insecure=(), tokens=Tokens())
     assert client.base == f"https://{endpoint}/v2/{repository}"
 
 

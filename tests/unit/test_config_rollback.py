@@ -12,7 +12,7 @@ import trio
 
 from nodetask.route import Route
 from roles.cli import main
-from roles.edge import config_update
+from roles.edge import config_pending, config_update
 from roles.edge.checks import Thresholds
 from roles.edge.context import TaskContext
 from roles.edge.launcher import _load
@@ -88,7 +88,7 @@ async def updated(store: EdgeStore, home: Path) -> tuple[TaskContext, bytes]:
     with pytest.raises(RestartRequested):
         await config_update.update(ctx)
     assert config.read_bytes() != previous
-    assert config_update.pending_path(config).exists()
+    assert config_pending.pending_path(config).exists()
     return ctx, previous
 
 
@@ -98,10 +98,10 @@ async def test_a_failed_start_restores_the_previous_file_once_and_update_reports
     """The backup is put back, Update fails with the start's error, and RollBack ends without another restart."""
     ctx, previous = await updated(store, tmp_path)
     config = tmp_path / "edge.yaml"
-    assert config_update.restore_after_failed_start(config, "tokenFile /x is empty")
+    assert config_pending.restore_after_failed_start(config, "tokenFile /x is empty")
     assert config.read_bytes() == previous
     # The previous file failing as well is not the update's doing: no second restore, no loop.
-    assert not config_update.restore_after_failed_start(config, "tokenFile /x is empty")
+    assert not config_pending.restore_after_failed_start(config, "tokenFile /x is empty")
 
     outcome = await config_update.update(ctx)  # the agent restarted on the previous file
     assert not outcome.succ
@@ -110,7 +110,7 @@ async def test_a_failed_start_restores_the_previous_file_once_and_update_reports
         "the previous configuration was restored"
     )
     assert (await config_update.roll_back(ctx)).succ
-    assert not config_update.pending_path(config).exists()
+    assert not config_pending.pending_path(config).exists()
     assert config.read_bytes() == previous
 
 
@@ -122,14 +122,14 @@ async def test_an_update_that_never_reaches_a_hub_is_restored_and_leaves_no_note
     outcome = await config_update.update(ctx)
     assert "did not reach a hub within 1s" in outcome.reason
     assert (tmp_path / "edge.yaml").read_bytes() == previous
-    assert not config_update.restore_after_failed_start(tmp_path / "edge.yaml", "anything")
+    assert not config_pending.restore_after_failed_start(tmp_path / "edge.yaml", "anything")
 
 
 def test_without_an_update_on_probation_nothing_is_restored(tmp_path: Path) -> None:
     """A start failure with no pending update leaves the file alone."""
     config = write_config(tmp_path)
     before = config.read_bytes()
-    assert not config_update.restore_after_failed_start(config, "anything")
+    assert not config_pending.restore_after_failed_start(config, "anything")
     assert config.read_bytes() == before
 
 
@@ -162,7 +162,7 @@ def test_the_entry_point_restores_and_restarts_an_agent_that_cannot_start_after_
     assert exited.value.code == EXIT_RESTART
     assert (tmp_path / "edge.yaml").read_bytes() == previous
     assert says in capsys.readouterr().err
-    note = msgspec.json.decode(config_update.pending_path(tmp_path / "edge.yaml").read_bytes())
+    note = msgspec.json.decode(config_pending.pending_path(tmp_path / "edge.yaml").read_bytes())
     assert says in note["failed"]
 
 

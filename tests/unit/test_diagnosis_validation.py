@@ -240,6 +240,18 @@ def test_diagnosis_and_task_specs_are_immutable() -> None:
     assert "a Task's spec is immutable" in error.message
 
 
+def test_a_diagnosis_stored_without_defaults_can_still_be_labelled() -> None:
+    """A Diagnosis stored while the mutating webhook was away takes a label update, which defaulting
+    gives stagePolicy All, without being refused as a spec change; another policy still is one."""
+    stored = diagnosis()
+    labelled = copy.deepcopy(stored) | {"metadata": {"name": "d", "labels": {"a": "b"}}}
+    labelled["spec"]["stagePolicy"] = "All"
+    assert validate_update(labelled, stored) == ()
+    labelled["spec"]["stagePolicy"] = "Any"
+    [error] = validate_update(labelled, stored)
+    assert error.path == "spec"
+
+
 def test_operation_sets_and_operations_may_change_but_stay_valid() -> None:
     """A changed OperationSet or Operation is validated again (a running Diagnosis notices the change)."""
     grown = operation_set({"to": [1, 2]}, {"operation": "a"}, {"operation": "b"})

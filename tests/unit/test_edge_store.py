@@ -25,10 +25,10 @@ from roles.edge.store import (
     StoreFault,
     TaskNotFoundError,
     TaskState,
-    _store_error,
     open_store,
     quarantine_store,
 )
+from roles.edge.store_schema import store_error
 
 ROUTE = "operations.kubeedge.io/v1alpha2/nodeupgradejob/up-1/nodes/edge-1"
 
@@ -255,7 +255,7 @@ def test_a_read_only_database_maps_to_a_read_only_store_error(tmp_path: Path) ->
     with pytest.raises(sqlite3.OperationalError) as raised:
         conn.execute("INSERT INTO t VALUES (1)")
     conn.close()
-    error = _store_error(path, raised.value)
+    error = store_error(path, raised.value)
     assert error.fault is StoreFault.READ_ONLY
     assert str(error) == f"edge store {path} is read-only: attempt to write a readonly database"
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ssl
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -17,7 +17,7 @@ import trio
 from cryptography import x509
 from structlog.testing import capture_logs
 
-from roles.http import Request, Response, Route, health_routes, router, serve_http
+from roles.http import Handler, Request, Response, Route, Send, health_routes, router, serve_http
 from roles.tls import TlsError, generate_serving_certificate, load_serving_certificate, server_ssl_context
 
 LOOPBACK = "127.0.0.1"
@@ -347,3 +347,102 @@ async def test_each_failed_handler_is_reported_to_on_error() -> None:
                 assert (await client.request("GET", "/boom"))[0] == 500
                 assert (await client.request("GET", "/echo"))[0] == 200
     assert errors == [1]
+
+
+# -------------------------------------------------------------------------------------------- streaming
+
+
+def _streaming(stream: Callable[[Send], Awaitable[None]]) -> Handler:
+    async def handle(_: Request) -> Response:
+        return Response.streamed(200, stream, content_type="application/json")
+
+    return router([Route("GET", "/stream", handle), Route("HEAD", "/stream", handle), *ROUTES])
+
+
+async def _read_until(stream: trio.abc.Stream, marker: bytes, received: bytes = b"") -> bytes:
+    while marker not in received:
+        chunk = await stream.receive_some(65536)
+        assert chunk, f"connection closed before {marker!r}; got {received!r}"
+        received += chunk
+    return received
+
+
+async def test_a_streamed_body_goes_out_piece_by_piece_then_the_connection_closes() -> None:
+    """Each piece reaches the client as it is sent (chunked); the body then ends and the connection closes."""
+    go_on = trio.Event()
+
+    async def two_pieces(send: Send) -> None:
+        await send(b'{"n":1}\n')
+        await go_on.wait()
+        await send(b'{"n":2}\n')
+
+    with trio.fail_after(10):
+        async with serving(handler=_streaming(two_pieces)) as port:
+            stream = await trio.open_tcp_stream(LOOPBACK, port)
+            async with stream:
+                await stream.send_all(b"GET /stream HTTP/1.1\r\nhost: t\r\n\r\n")
+                first = await _read_until(stream, b'{"n":1}\n')
+                assert b'{"n":2}' not in first
+                head = first.split(b"\r\n\r\n")[0].lower()
+                assert b"transfer-encoding: chunked" in head
+                assert b"connection: close" in head
+                assert b"content-type: application/json" in head
+                go_on.set()
+                rest = await _read_until(stream, b"0\r\n\r\n")
+                assert b'{"n":2}\n' in rest
+                assert await stream.receive_some(65536) == b""
+
+
+async def test_a_stream_is_cancelled_when_its_client_leaves() -> None:
+    """A client closing its end mid-stream cancels the stream at once instead of at its next piece."""
+    left = trio.Event()
+
+    async def forever(send: Send) -> None:
+        await send(b"hello\n")
+        try:
+            await trio.sleep_forever()
+        finally:
+            left.set()
+
+    with trio.fail_after(10):
+        async with serving(handler=_streaming(forever)) as port:
+            stream = await trio.open_tcp_stream(LOOPBACK, port)
+            await stream.send_all(b"GET /stream HTTP/1.1\r\nhost: t\r\n\r\n")
+            await _read_until(stream, b"hello\n")
+            await stream.aclose()
+            await left.wait()
+
+
+async def test_a_failing_stream_ends_its_body_short_and_the_server_goes_on() -> None:
+    """A stream that raises leaves its body unterminated (the client sees it cut), is logged and counted."""
+    errors: list[None] = []
+
+    async def broken(send: Send) -> None:
+        await send(b"part\n")
+        raise RuntimeError("stream bug")
+
+    with trio.fail_after(10), capture_logs() as logs:
+        async with serving(handler=_streaming(broken), on_error=lambda: errors.append(None)) as port:
+            reply = await _raw(port, b"GET /stream HTTP/1.1\r\nhost: t\r\n\r\n")
+            assert reply.startswith(b"HTTP/1.1 200 ")
+            assert b"part\n" in reply
+            assert not reply.endswith(b"0\r\n\r\n")
+            client = Client(await trio.open_tcp_stream(LOOPBACK, port))
+            async with client.stream:
+                assert (await client.request("GET", "/echo"))[0] == 200
+    assert [e["log_level"] for e in logs if e["event"] == "http_stream_failed"] == ["error"]
+    assert len(errors) == 1
+
+
+async def test_a_head_request_gets_a_streams_head_only() -> None:
+    """HEAD on a streamed resource answers the head and an empty body, without running the stream."""
+    ran: list[None] = []
+
+    async def stream(send: Send) -> None:
+        ran.append(None)
+
+    with trio.fail_after(10):
+        async with serving(handler=_streaming(stream)) as port:
+            reply = await _raw(port, b"HEAD /stream HTTP/1.1\r\nhost: t\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 200 ")
+    assert not ran

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from yarl import URL
 
-from roles.kube.resources import NODES, SECRETS
+from roles.kube.resources import NODES, SECRETS, TASKS
 
 HOST = "https://127.0.0.1:6443"
 
@@ -75,3 +75,12 @@ def test_ordinary_names_are_unchanged() -> None:
     assert SECRETS.path("nodetaskd-edge-e1", namespace="kube-system", subresource="status") == (
         "/api/v1/namespaces/kube-system/secrets/nodetaskd-edge-e1/status"
     )
+
+
+def test_a_namespaced_collection_without_namespace_spans_all_namespaces() -> None:
+    """Listing or watching Tasks across namespaces has a path; naming one object still needs its namespace."""
+    assert TASKS.path() == "/apis/diagnosis.kubediag.org/v1/tasks"
+    assert TASKS.path(namespace="default") == "/apis/diagnosis.kubediag.org/v1/namespaces/default/tasks"
+    for name, subresource in (("t", ""), ("t", "status"), ("", "status")):
+        with pytest.raises(ValueError, match="tasks are namespaced: a namespace is required"):
+            TASKS.path(name, subresource=subresource)

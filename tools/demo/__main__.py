@@ -6,7 +6,9 @@ What runs, all on loopback and all owned by this process:
   which takes minutes and shows its progress), with the CRDs and RBAC applied, and N edge Nodes
   registered as a kubelet would (labelled ``node-role.kubernetes.io/edge``, Ready) with their tokens;
 - a containerd and a registry seeded with the sample jobs' images (``tools/provision/containerd.py``) when they
-  can run here; otherwise the demo says so and the edges run without a container runtime;
+  can run here; otherwise the demo says so and the edges run without a container runtime; the registry
+  also gets the controller's and hubs' image, built without a container engine (``tools/provision/image.py``),
+  and its digest is printed;
 - ``nodetaskd --role=controller`` (admission webhooks registered), two ``--role=cloud`` hubs over TLS,
   and N ``--role=edge`` agents split across the hubs, each with its own config, token and store.
 
@@ -69,12 +71,15 @@ from tools.demo.view import (
 from tools.processes import processes_in_sessions
 from tools.provision import controlplane as _cp
 from tools.provision.containerd import RuntimeServicesError
+from tools.provision.image import ImageError, build_and_push, project_version
 from tools.provision.upgrade_artifact import push as push_artifact
 
 SAMPLES_DIR: Final = _cp.REPO_ROOT / "containers" / "samples"
 UPGRADE_REPOSITORY: Final = "nodetaskd/agent"
 UPGRADE_VERSION: Final = "v0.2.0"
 """What ``containers/samples/nodeupgradejob.yaml`` upgrades the canaries to."""
+IMAGE_REPOSITORY: Final = "nodetaskd/nodetaskd"
+"""Where the controller's and hubs' image (``containers/Containerfile``) goes in the demo's registry."""
 CRD_DIR: Final = _cp.REPO_ROOT / "schemas" / "crds"
 SAMPLES: Final = (
     "imageprepulljob.yaml",
@@ -225,6 +230,24 @@ class Demo:
         image = f"{self.runtime.registry.host}/{UPGRADE_REPOSITORY}"
         push_artifact(image, UPGRADE_VERSION)
         self.say(f"upgrade artifact: this project as agent {UPGRADE_VERSION}, pushed to {image}:{UPGRADE_VERSION}")
+
+    def publish_image(self) -> None:
+        """Build the controller's and hubs' image without a container engine and push it to the demo's registry.
+
+        The demo's own processes run from this checkout (a container runtime here cannot run images);
+        the image is what ``containers/deploy/`` runs in a cluster.
+        """
+        if self.runtime is None:
+            self.say("no registry: the controller's and hubs' image is not built")
+            return
+        reference = f"{self.runtime.registry.host}/{IMAGE_REPOSITORY}:{project_version()}"
+        with self.console.status("building the controller's and hubs' image (tools/provision/image.py, no daemon)"):
+            try:
+                pushed = build_and_push(reference, layout=self.layout.root / "image")
+            except (ImageError, RuntimeServicesError, _cp.ControlPlaneError) as exc:
+                self.say(f"THE IMAGE WAS NOT BUILT: {' '.join(str(exc).split())[:300]}", "bold yellow")
+                return
+        self.say(f"controller and hub image (containers/Containerfile, built by umoci, pushed by skopeo): {pushed}")
 
     def start_edges(self, tokens: dict[str, str], cri_endpoint: str) -> None:
         assert self.api is not None
@@ -536,6 +559,7 @@ def run(demo: Demo) -> None:
     tokens = demo.register_fleet(api, hubs)
     cri_endpoint = demo.provision_runtime(sample_repositories())
     demo.publish_upgrade()
+    demo.publish_image()
     demo.start_control(hubs)
     demo.start_edges(tokens, cri_endpoint)
     registry = f"{demo.runtime.registry.host}/" if demo.runtime else NO_REGISTRY

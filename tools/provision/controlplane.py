@@ -747,7 +747,10 @@ class ControlPlane:
         return result
 
     def apply_rbac(self, rbac_dir: Path = DEFAULT_RBAC_DIR) -> None:
-        """``kubectl apply`` every manifest in ``rbac_dir`` as admin."""
+        """``kubectl apply`` every manifest in ``rbac_dir`` as admin (its kustomization, when it has one)."""
+        if (rbac_dir / "kustomization.yaml").is_file():
+            self.kubectl("apply", "-k", str(rbac_dir))
+            return
         manifests = sorted(p for p in rbac_dir.iterdir() if p.suffix in (".yaml", ".yml"))
         if not manifests:
             raise ControlPlaneError(f"no RBAC manifests in {rbac_dir}")

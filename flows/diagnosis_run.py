@@ -1,0 +1,449 @@
+"""A Diagnosis run as a pure state machine: from what the controller sees to what it writes next.
+
+:func:`start` takes a new Diagnosis and its resolved targets; :func:`advance` takes a running one,
+its OperationSet's compiled paths (:mod:`flows.diagnosis_pipeline`), the Operations and the
+Diagnosis's Tasks, and returns a :class:`Step`: the status to write, the Tasks to create, the
+Tasks to declare Unknown, the Events to record and when to look again. Nothing here reads a clock
+or the API; ``roles.controller.diagnoses`` does the I/O, and is the only writer of a Diagnosis's
+status (KubeDiag's agents race each other on it).
+
+The run walks the compiled flow one stage at a time. A stage is one Task per target node
+(:mod:`flows.diagnosis_tasks`); once every one of them has ended, the stage passes when all
+succeeded (``stagePolicy: All``, the design's rule) or at least one did (``Any``, KubeDiag's code).
+A passing stage leads to the next stage of its path, the last one to Succeeded; a failing stage
+adds every path through it to ``failedPaths`` and leads to the next path's first stage it does not
+share with them, so a stage passed on a shared prefix is not run again; no path left is Failed.
+A Task that stays silent past its operation's timeout is declared Unknown (a failure), so no stage
+waits forever; a stage whose Operation does not exist fails at once, without Tasks.
+
+The checkpoint is KubeDiag's: ``pathIndex`` and ``nodeIndex`` name the stage (the first path
+through it and its depth), ``desired`` is the number of target nodes, ``succeeded`` and ``failed``
+count the stage's ended Tasks, each once (its name goes into ``synchronizedTasks`` in the same
+write), and ``active`` is the rest. Since the checkpoint and the counts are written together,
+conditionally on the object's version, a controller that restarts or takes over mid-run resumes
+exactly there: Task names are deterministic, so it finds the stage's Tasks instead of creating
+them again, and never counts one twice. Each succeeded Task's results go to
+``context.operations.<operation>.<task>`` and on to the next stages' Tasks on the same node.
+
+The run fails with ``OperationSetChanged`` when the OperationSet's graph no longer has the hash
+stamped on the Diagnosis when it started, ``OperationSetNotFound`` or ``OperationSetNotReady``
+when there is none or it cannot run, and with ``NoTargets`` when its targets select no node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from types import MappingProxyType
+from typing import Final
+
+import msgspec
+
+from flows.diagnosis_conditions import find_condition, set_condition
+from flows.diagnosis_paths import Stage
+from flows.diagnosis_pipeline import HASH_LABEL, BrokenGraph, Pipeline
+from flows.diagnosis_targets import Resolution
+from flows.diagnosis_tasks import deadline, is_final, new_task, task_name
+from nodetask.clock import format_time, parse_time
+from nodetask.flow import UnknownActionError
+from nodetask.phases import ConditionStatus
+from schemas.diagnosis import (
+    Checkpoint,
+    Condition,
+    Diagnosis,
+    DiagnosisConditionType,
+    DiagnosisContext,
+    DiagnosisPhase,
+    DiagnosisStatus,
+    Operation,
+    Path,
+    PodReference,
+    StagePolicy,
+    Task,
+    TaskPhase,
+)
+
+__all__ = [
+    "FINAL_PHASES",
+    "PODS_ANNOTATION",
+    "Notice",
+    "Step",
+    "World",
+    "advance",
+    "start",
+]
+
+PODS_ANNOTATION: Final = "diagnosis.kubediag.org/target-pods"
+"""On a Diagnosis targeting pods: JSON ``{node: {namespace, name, container}}``, the pod each node's
+Tasks carry, resolved with the nodes when the run started."""
+
+FINAL_PHASES: Final = frozenset((DiagnosisPhase.SUCCEEDED, DiagnosisPhase.FAILED, DiagnosisPhase.UNKNOWN))
+
+ACCEPTED: Final = DiagnosisConditionType.ACCEPTED.value
+COMPLETE: Final = DiagnosisConditionType.COMPLETE.value
+NO_TARGETS: Final = "NoTargets"
+ALL_PATHS_FAILED: Final = "AllPathsFailed"
+INVALID_CHECKPOINT: Final = "InvalidCheckpoint"
+_KUBEDIAG_CONDITIONS: Final = frozenset(
+    (
+        DiagnosisConditionType.OPERATION_SET_CHANGED.value,
+        DiagnosisConditionType.OPERATION_SET_NOT_READY.value,
+        DiagnosisConditionType.OPERATION_SET_NOT_FOUND.value,
+    )
+)
+"""Failures KubeDiag records as a condition of their own type as well."""
+
+
+@dataclass(frozen=True, slots=True)
+class World:
+    """What one decision about a Diagnosis reads besides the Diagnosis itself."""
+
+    pipeline: Pipeline | BrokenGraph | None
+    """The Diagnosis's OperationSet compiled; None when it does not exist."""
+    operations: Mapping[str, Operation]
+    tasks: Mapping[str, Task]
+    """The Diagnosis's Tasks by name (those it owns)."""
+    now: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """A Kubernetes Event to record on the Diagnosis."""
+
+    type: str
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What to do next: write metadata (a start only), then the status, then create and expire Tasks."""
+
+    status: DiagnosisStatus
+    labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    """Labels to set on the Diagnosis before its status is written."""
+    annotations: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    create: tuple[Task, ...] = ()
+    expire: tuple[str, ...] = ()
+    """Tasks past their deadline without a result: to declare Unknown, then decide again."""
+    notices: tuple[Notice, ...] = ()
+    due: datetime | None = None
+    """When to decide again without anything changing: the next Task deadline, or the TTL."""
+    delete: bool = False
+    """The Diagnosis has outlived ``ttlSecondsAfterFinished``: delete it (its Tasks go with it)."""
+
+
+def start(diagnosis: Diagnosis, world: World, targets: Resolution) -> Step:
+    """The first step of a new Diagnosis: Running on the resolved targets, or Failed saying why."""
+    problem = _pipeline_problem(diagnosis, world.pipeline)
+    if problem is not None:
+        return _finish(diagnosis, diagnosis.status, DiagnosisPhase.FAILED, *problem, now=world.now)
+    if not targets.nodes:
+        refused = Condition(
+            type=ACCEPTED, status=ConditionStatus.FALSE, reason=NO_TARGETS, message=targets.empty_reason
+        )
+        base = msgspec.structs.replace(
+            diagnosis.status,
+            start_time=format_time(world.now),
+            conditions=set_condition(diagnosis.status.conditions, refused, world.now),
+        )
+        return _finish(diagnosis, base, DiagnosisPhase.FAILED, NO_TARGETS, targets.empty_reason, now=world.now)
+    assert isinstance(world.pipeline, Pipeline)
+    count = len(targets.nodes)
+    message = f"{count} target node{'' if count == 1 else 's'}"
+    if targets.skipped:
+        message += f"; left out: {'; '.join(targets.skipped)}"
+    accepted = Condition(type=ACCEPTED, status=ConditionStatus.TRUE, reason="TargetsResolved", message=message)
+    status = DiagnosisStatus(
+        phase=DiagnosisPhase.RUNNING,
+        conditions=set_condition(diagnosis.status.conditions, accepted, world.now),
+        start_time=format_time(world.now),
+        node_names=targets.nodes,
+        checkpoint=Checkpoint(desired=count, active=count),
+        context=DiagnosisContext(parameters=dict(diagnosis.spec.parameters)),
+    )
+    pods = {PODS_ANNOTATION: msgspec.json.encode(dict(targets.pods)).decode()} if targets.pods else {}
+    notices = [Notice("Normal", "DiagnosisRunning", f"OperationSet {diagnosis.spec.operation_set} on {message}")]
+    return Step(
+        status=status,
+        labels=MappingProxyType({HASH_LABEL: world.pipeline.hash}),
+        annotations=MappingProxyType(pods),
+        notices=tuple(notices),
+    )
+
+
+def advance(diagnosis: Diagnosis, world: World) -> Step:
+    """The next step of a started Diagnosis (see the module docstring); its own status if nothing changes.
+
+    Deciding again on the status a step wrote gives that status back: a step is idempotent, which
+    is what lets a write be retried on a fresh copy, and a new leader resume.
+    """
+    status = diagnosis.status
+    if status.phase in FINAL_PHASES:
+        return _after_finish(diagnosis, world.now)
+    if status.phase in (DiagnosisPhase.NONE, DiagnosisPhase.PENDING):
+        return Step(status=status)  # not started: start() decides
+    problem = _pipeline_problem(diagnosis, world.pipeline)
+    if problem is not None:
+        return _finish(diagnosis, status, DiagnosisPhase.FAILED, *problem, now=world.now)
+    pipeline = world.pipeline
+    assert isinstance(pipeline, Pipeline)
+    if diagnosis.metadata.labels.get(HASH_LABEL) != pipeline.hash:
+        message = (
+            f"OperationSet {diagnosis.spec.operation_set}'s specification has been changed during diagnosis execution"
+        )
+        return _finish(
+            diagnosis,
+            status,
+            DiagnosisPhase.FAILED,
+            DiagnosisConditionType.OPERATION_SET_CHANGED.value,
+            message,
+            now=world.now,
+        )
+    nodes = status.node_names
+    if not nodes:
+        return _finish(diagnosis, status, DiagnosisPhase.FAILED, NO_TARGETS, "status.nodeNames is empty", now=world.now)
+    return _Run(diagnosis, world, pipeline).walk()
+
+
+class _Run:
+    """One decision over a running Diagnosis: synchronize the stage, move on while stages are decided."""
+
+    def __init__(self, diagnosis: Diagnosis, world: World, pipeline: Pipeline) -> None:
+        self.diagnosis = diagnosis
+        self.world = world
+        self.pipeline = pipeline
+        self.plan = pipeline.plan
+        status = diagnosis.status
+        self.nodes = status.node_names
+        self.checkpoint = status.checkpoint or Checkpoint(desired=len(self.nodes), active=len(self.nodes))
+        self.context = status.context or DiagnosisContext(parameters=dict(diagnosis.spec.parameters))
+        self.failed_paths: tuple[Path, ...] = status.failed_paths
+        self.succeeded_path: Path = status.succeeded_path
+        self.notices: list[Notice] = []
+
+    def walk(self) -> Step:
+        # Each round decides one stage or stops; a flow has no cycle, so its size bounds the rounds.
+        for _ in range(len(self.plan.stages) + 1):
+            cp = self.checkpoint
+            try:
+                action = self.plan.action_at(cp.path_index, cp.node_index)
+            except UnknownActionError as exc:
+                return self._finish(DiagnosisPhase.FAILED, INVALID_CHECKPOINT, str(exc))
+            stage = self.plan.stage(action)
+            operation = self.world.operations.get(stage.operation)
+            if operation is None:
+                ok = False
+                message = f"{_stage_name(stage, cp)}: Operation {stage.operation} is not found"
+                self.notices.append(Notice("Warning", DiagnosisConditionType.OPERATION_NOT_FOUND.value, message))
+            else:
+                self._synchronize(stage)
+                if self.checkpoint.active > 0:
+                    return self._wait(stage, operation)
+                ok = self._passes()
+                self._tell_verdict(stage, ok)
+            following = self.plan.flow.next(action, ok)
+            if not ok:
+                self.failed_paths += self.pipeline.paths[cp.path_index : stage.last_path + 1]
+            if following is None:
+                if ok:
+                    self.succeeded_path = self.pipeline.paths[cp.path_index]
+                    return self._finish(
+                        DiagnosisPhase.SUCCEEDED, "DiagnosisComplete", f"path {cp.path_index} passed every stage"
+                    )
+                self.succeeded_path = ()
+                return self._finish(DiagnosisPhase.FAILED, ALL_PATHS_FAILED, "every path failed at one of its stages")
+            after = self.plan.stage(following)
+            self.checkpoint = Checkpoint(
+                path_index=after.first_path, node_index=after.depth, desired=len(self.nodes), active=len(self.nodes)
+            )
+            self.succeeded_path = self.pipeline.paths[after.first_path][: after.depth]
+        raise AssertionError("a run visits each stage at most once")
+
+    def _synchronize(self, stage: Stage) -> None:
+        """Count the stage's Tasks that ended since the last write, each once, and keep their results."""
+        cp = self.checkpoint
+        synchronized = list(cp.synchronized_tasks)
+        seen = set(synchronized)
+        succeeded, failed = cp.succeeded, cp.failed
+        operations = self.context.operations
+        for node in self.nodes:
+            name = task_name(self.diagnosis, node, stage)
+            task = self.world.tasks.get(name)
+            if name in seen or task is None or not is_final(task.status.phase):
+                continue
+            synchronized.append(name)
+            seen.add(name)
+            if task.status.phase is TaskPhase.SUCCEEDED:
+                succeeded += 1
+                results = {**operations.get(stage.operation, {}), name: dict(task.status.results)}
+                operations = {**operations, stage.operation: results}
+            else:
+                failed += 1
+        desired = len(self.nodes)
+        self.checkpoint = Checkpoint(
+            path_index=cp.path_index,
+            node_index=cp.node_index,
+            desired=desired,
+            active=max(0, desired - succeeded - failed),
+            succeeded=succeeded,
+            failed=failed,
+            synchronized_tasks=tuple(synchronized),
+        )
+        self.context = msgspec.structs.replace(self.context, operations=operations)
+
+    def _passes(self) -> bool:
+        cp = self.checkpoint
+        if self.diagnosis.spec.stage_policy is StagePolicy.ANY:
+            return cp.succeeded > 0
+        return cp.failed == 0
+
+    def _tell_verdict(self, stage: Stage, ok: bool) -> None:
+        cp = self.checkpoint
+        name = _stage_name(stage, cp)
+        if ok:
+            message = f"{name} passed: {cp.succeeded} of {cp.desired} Tasks succeeded"
+            self.notices.append(Notice("Normal", "StagePassed", message))
+            return
+        paths = range(cp.path_index, stage.last_path + 1)
+        failed = f"path {paths[0]}" if len(paths) == 1 else f"paths {paths[0]} to {paths[-1]}"
+        message = f"{name} failed: {cp.failed} of {cp.desired} Tasks failed; {failed} failed"
+        self.notices.append(Notice("Warning", "OperationFailed", message))
+
+    def _status(self) -> DiagnosisStatus:
+        return msgspec.structs.replace(
+            self.diagnosis.status,
+            checkpoint=self.checkpoint,
+            context=self.context,
+            failed_paths=self.failed_paths,
+            succeeded_path=self.succeeded_path,
+        )
+
+    def _wait(self, stage: Stage, operation: Operation) -> Step:
+        """The stage runs: create its missing Tasks, expire silent ones, look again at the next deadline."""
+        status = self._status()
+        diagnosis = msgspec.structs.replace(self.diagnosis, status=status)
+        timeout = operation.spec.processor.timeout_seconds
+        now = self.world.now
+        pods = _pods(self.diagnosis)
+        counted = set(self.checkpoint.synchronized_tasks)
+        create: list[Task] = []
+        expire: list[str] = []
+        dues: list[datetime] = []
+        cp = self.checkpoint
+        for node in self.nodes:
+            name = task_name(diagnosis, node, stage)
+            task = self.world.tasks.get(name)
+            if task is None:
+                if name not in counted:  # a counted Task deleted by hand is not run again
+                    create.append(
+                        new_task(
+                            diagnosis,
+                            self.plan,
+                            path_index=cp.path_index,
+                            node_index=cp.node_index,
+                            node=node,
+                            pod=pods.get(node),
+                        )
+                    )
+                    dues.append(now + timedelta(seconds=timeout))
+                continue
+            due = deadline(task, timeout)
+            if due is None:
+                continue
+            if now >= due:
+                expire.append(name)
+            else:
+                dues.append(due)
+        return Step(
+            status=status,
+            create=tuple(create),
+            expire=tuple(expire),
+            notices=tuple(self.notices),
+            due=min(dues, default=None),
+        )
+
+    def _finish(self, phase: DiagnosisPhase, reason: str, message: str) -> Step:
+        step = _finish(self.diagnosis, self._status(), phase, reason, message, now=self.world.now)
+        return dataclasses.replace(step, notices=(*self.notices, *step.notices))
+
+
+def _stage_name(stage: Stage, cp: Checkpoint) -> str:
+    return f"stage {stage.depth} of path {cp.path_index} ({stage.operation})"
+
+
+def _pipeline_problem(diagnosis: Diagnosis, pipeline: Pipeline | BrokenGraph | None) -> tuple[str, str] | None:
+    name = diagnosis.spec.operation_set
+    if pipeline is None:
+        return DiagnosisConditionType.OPERATION_SET_NOT_FOUND.value, f"OperationSet {name} is not found"
+    if isinstance(pipeline, BrokenGraph):
+        message = f"OperationSet {name} cannot run: {pipeline.message}"
+        return DiagnosisConditionType.OPERATION_SET_NOT_READY.value, message
+    return None
+
+
+def _pods(diagnosis: Diagnosis) -> dict[str, PodReference]:
+    text = diagnosis.metadata.annotations.get(PODS_ANNOTATION)
+    if not text:
+        return {}
+    try:
+        return msgspec.json.decode(text, type=dict[str, PodReference])
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return {}  # edited by hand into something else: the Tasks just carry no pod
+
+
+def _finish(
+    diagnosis: Diagnosis, status: DiagnosisStatus, phase: DiagnosisPhase, reason: str, message: str, *, now: datetime
+) -> Step:
+    """``status`` ended in ``phase``, with a ``Complete`` condition (and KubeDiag's own for its reasons)."""
+    conditions = status.conditions
+    if reason in _KUBEDIAG_CONDITIONS:
+        conditions = set_condition(
+            conditions, Condition(type=reason, status=ConditionStatus.TRUE, reason=reason, message=message), now
+        )
+    succeeded = phase is DiagnosisPhase.SUCCEEDED
+    complete = Condition(
+        type=COMPLETE,
+        status=ConditionStatus.TRUE if succeeded else ConditionStatus.FALSE,
+        reason=reason,
+        message=message,
+    )
+    cp = status.checkpoint
+    if cp is not None:
+        cp = msgspec.structs.replace(cp, active=0)
+    ended = msgspec.structs.replace(
+        status,
+        phase=phase,
+        conditions=set_condition(conditions, complete, now),
+        start_time=status.start_time or format_time(now),
+        checkpoint=cp,
+    )
+    notice = (
+        Notice("Normal", "DiagnosisSucceeded", message)
+        if succeeded
+        else Notice("Warning", "DiagnosisFailed", f"{reason}: {message}")
+    )
+    step = _after_finish(msgspec.structs.replace(diagnosis, status=ended), now)
+    return dataclasses.replace(step, notices=(notice,))
+
+
+def _after_finish(diagnosis: Diagnosis, now: datetime) -> Step:
+    """A finished Diagnosis waits for its ``ttlSecondsAfterFinished``, counted from when it finished."""
+    status = diagnosis.status
+    ttl = diagnosis.spec.ttl_seconds_after_finished
+    if ttl is None:
+        return Step(status=status)
+    complete = find_condition(status.conditions, COMPLETE)
+    finished = None
+    for text in (complete.last_transition_time if complete else "", diagnosis.metadata.creation_timestamp):
+        try:
+            finished = parse_time(text)
+            break
+        except ValueError:
+            continue
+    if finished is None:
+        return Step(status=status)
+    due = finished + timedelta(seconds=ttl)
+    return Step(status=status, due=None if now >= due else due, delete=now >= due)

@@ -1,0 +1,150 @@
+"""What ``ctl get``, ``describe``, ``confirm`` and ``nodes`` read and write, through the project's Kube client."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+from roles.ctl.views import (
+    EdgeRow,
+    EventRow,
+    JobSummary,
+    NodeRow,
+    confirm_value,
+    confirmable,
+    edge_rows,
+    event_rows,
+    find_kind,
+    node_rows,
+    paused_for_confirmation,
+    summarize,
+)
+from roles.events import EVENT_NAMESPACE
+from roles.kube import Conflict, Kube, NotFound
+from roles.kube.resources import EVENTS, NODES, job_resource
+from schemas.core import CONFIRM_ANNOTATION
+from schemas.kinds import KINDS, Kind
+
+__all__ = ["Confirmed", "CtlError", "Described", "confirm", "describe", "edges", "events_selector", "jobs", "resolve"]
+
+EVENTS_SHOWN: Final = 10
+CONFIRM_ATTEMPTS: Final = 5
+
+
+class CtlError(ValueError):
+    """A job argument that names no job (or several), or a request that does not apply; the message says which."""
+
+
+async def resolve(kube: Kube, text: str) -> tuple[Kind, Any]:
+    """The job ``text`` names (``NAME`` or ``KIND/NAME``) and its kind.
+
+    Errors: :class:`CtlError` when no kind has such a job, or several do (then the kind must be said).
+    """
+    kind_text, sep, name = text.rpartition("/")
+    if not name:
+        raise CtlError(f"{text!r} names no job")
+    try:
+        kinds = [find_kind(kind_text)] if sep else list(KINDS)
+    except ValueError as exc:
+        raise CtlError(str(exc)) from None
+    found = []
+    for kind in kinds:
+        try:
+            found.append((kind, await kube.get(job_resource(kind), name)))
+        except NotFound:
+            continue
+    if not found:
+        return _none(text, kinds)
+    if len(found) > 1:
+        names = " and ".join(f"{kind.singular}/{name}" for kind, _ in found)
+        raise CtlError(f"{name!r} names several jobs ({names}): say which, e.g. {found[0][0].singular}/{name}")
+    return found[0]
+
+
+def _none(text: str, kinds: list[Kind]) -> tuple[Kind, Any]:
+    where = kinds[0].plural if len(kinds) == 1 else "node jobs (nodeupgradejobs, imageprepulljobs, configupdatejobs)"
+    raise CtlError(f"no job {text!r} among the {where}")
+
+
+async def jobs(kube: Kube, kinds: tuple[Kind, ...] = KINDS) -> list[JobSummary]:
+    """Every job of ``kinds``, by kind then name."""
+    found: list[JobSummary] = []
+    for kind in kinds:
+        listed, _, _ = await kube.list(job_resource(kind))
+        found.extend(summarize(kind, job) for job in sorted(listed, key=lambda j: j.metadata.name))
+    return found
+
+
+def events_selector(kind: Kind, name: str) -> str:
+    """The field selector of the Events about job ``name`` (recorded in :data:`EVENT_NAMESPACE`)."""
+    return f"involvedObject.kind={kind.kind},involvedObject.name={name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Described:
+    job: JobSummary
+    nodes: list[NodeRow]
+    events: list[EventRow]
+
+
+async def describe(kube: Kube, text: str) -> Described:
+    """The job, a row per node (with each Node's hub and agent version) and its latest Events."""
+    kind, job = await resolve(kube, text)
+    nodes, _, _ = await kube.list(NODES)
+    events, _, _ = await kube.list(
+        EVENTS, namespace=EVENT_NAMESPACE, field_selector=events_selector(kind, job.metadata.name)
+    )
+    return Described(
+        job=summarize(kind, job),
+        nodes=node_rows(job, {n.metadata.name: n for n in nodes}),
+        events=event_rows(events, limit=EVENTS_SHOWN),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Confirmed:
+    job: str
+    before: str
+    after: str
+    paused: list[str]
+    """Nodes paused at WaitingConfirmation when the annotation was written."""
+
+
+async def confirm(kube: Kube, text: str, nodes: tuple[str, ...], *, every: bool) -> Confirmed:
+    """Add ``nodes`` (or ``*``) to the job's confirm annotation, which the hubs act on.
+
+    The write is conditional on the job's resourceVersion, so two operators confirming at once
+    both get their nodes in. Errors: :class:`CtlError` for a job that cannot wait for confirmation,
+    no nodes given, or nodes the job does not have.
+    """
+    kind, job = await resolve(kube, text)
+    ref = f"{kind.singular}/{job.metadata.name}"
+    if not confirmable(kind):
+        raise CtlError(f"{ref}: only NodeUpgradeJobs wait for a confirmation (spec.requireConfirmation)")
+    if not nodes and not every:
+        raise CtlError(f"{ref}: name the nodes to release, or --all")
+    known = {entry.node_name for entry in job.status.node_status}
+    unknown = sorted(set(nodes) - known)
+    if unknown:
+        raise CtlError(f"{ref} has no node {', '.join(unknown)} (its nodes: {', '.join(sorted(known)) or 'none yet'})")
+    resource = job_resource(kind)
+    for _ in range(CONFIRM_ATTEMPTS):
+        current = job.metadata.annotations.get(CONFIRM_ANNOTATION, "")
+        wanted = confirm_value(current, nodes, every=every)
+        if wanted == current:
+            return Confirmed(job=ref, before=current, after=current, paused=paused_for_confirmation(job))
+        patch = {
+            "metadata": {"resourceVersion": job.metadata.resource_version, "annotations": {CONFIRM_ANNOTATION: wanted}}
+        }
+        try:
+            written = await kube.merge_patch(resource, job.metadata.name, patch)
+        except Conflict:
+            job = await kube.get(resource, job.metadata.name)
+            continue
+        return Confirmed(job=ref, before=current, after=wanted, paused=paused_for_confirmation(written))
+    raise CtlError(f"{ref} kept changing under {CONFIRM_ATTEMPTS} attempts to annotate it; try again")
+
+
+async def edges(kube: Kube) -> list[EdgeRow]:
+    nodes, _, _ = await kube.list(NODES)
+    return edge_rows(nodes)

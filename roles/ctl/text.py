@@ -1,0 +1,122 @@
+"""Plain-text output of the operator's CLI: ``kubectl``-style tables, and JSON or YAML for scripts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, Final
+
+import msgspec
+
+from roles.ctl.views import COUNT_KEYS, EdgeRow, EventRow, JobSummary, NodeRow, age
+
+__all__ = [
+    "FORMATS",
+    "describe_text",
+    "edges_table",
+    "encode",
+    "event_line",
+    "events_table",
+    "jobs_table",
+    "progress_line",
+    "table",
+]
+
+FORMATS: Final = ("table", "json", "yaml")
+COUNT_HEADERS: Final = ("PENDING", "IN-PROGRESS", "SUCCESSFUL", "FAILURE", "UNKNOWN")
+MESSAGE_LIMIT: Final = 160
+"""Characters of a reason or message in a table cell (a failed pull lists every image's error); the
+JSON and YAML output have them whole."""
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned columns three spaces apart, as ``kubectl get`` prints them (the last one unpadded)."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        padded = [c.ljust(w) for c, w in zip(cells[:-1], widths[:-1], strict=True)]
+        return "   ".join([*padded, cells[-1]]).rstrip()
+
+    return "\n".join([line(headers), *(line(r) for r in rows)]) + "\n"
+
+
+def encode(value: Any, fmt: str) -> str:
+    """``value`` (rows, or a mapping of them) as indented JSON or as YAML."""
+    if fmt == "yaml":
+        return msgspec.yaml.encode(value).decode()
+    return msgspec.json.format(msgspec.json.encode(value).decode(), indent=2) + "\n"
+
+
+def _cut(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= MESSAGE_LIMIT else flat[: MESSAGE_LIMIT - 1] + "…"
+
+
+def jobs_table(jobs: Sequence[JobSummary], *, now: datetime) -> str:
+    rows = [
+        [
+            j.kind,
+            j.name,
+            j.phase or "(new)",
+            str(j.total),
+            *(str(j.counts.get(k, 0)) for k in COUNT_KEYS),
+            age(j.created, now),
+        ]
+        for j in jobs
+    ]
+    return table(("KIND", "NAME", "PHASE", "NODES", *COUNT_HEADERS, "AGE"), rows)
+
+
+def nodes_table(rows: Sequence[NodeRow]) -> str:
+    cells = [
+        [
+            r.node,
+            r.phase,
+            f"{r.last_action} ({r.last_action_status})" if r.last_action else "-",
+            _cut(r.reason) or "-",
+            r.hub or "-",
+            r.agent_version or "-",
+        ]
+        for r in rows
+    ]
+    return table(("NODE", "PHASE", "LAST ACTION", "REASON", "HUB", "AGENT"), cells)
+
+
+def edges_table(rows: Sequence[EdgeRow]) -> str:
+    cells = [
+        [r.name, "yes" if r.connected else "no", r.hub or "-", r.agent_version or "-", "yes" if r.ready else "no"]
+        for r in rows
+    ]
+    return table(("NAME", "CONNECTED", "HUB", "AGENT", "READY"), cells)
+
+
+def events_table(rows: Sequence[EventRow]) -> str:
+    cells = [[r.time or "-", r.type, r.reason, _cut(r.message)] for r in rows]
+    return table(("TIME", "TYPE", "REASON", "MESSAGE"), cells)
+
+
+def describe_text(job: JobSummary, nodes: Sequence[NodeRow], events: Sequence[EventRow], *, now: datetime) -> str:
+    counts = ", ".join(f"{k} {job.counts.get(k, 0)}" for k in COUNT_KEYS)
+    head = [
+        f"Name:    {job.name}",
+        f"Kind:    {job.kind}",
+        f"Phase:   {job.phase or '(new)'}",
+        *([f"Reason:  {job.reason}"] if job.reason else []),
+        f"Nodes:   {job.total} ({counts})",
+        f"Age:     {age(job.created, now)}",
+        "",
+    ]
+    parts = ["\n".join(head), nodes_table(nodes) if nodes else "No nodes yet.\n"]
+    parts.append("\nEvents:\n" + (events_table(events) if events else "  none\n"))
+    return "\n".join(parts).replace("\n\n\n", "\n\n")
+
+
+def progress_line(job: JobSummary, *, when: str) -> str:
+    """One line for a change of ``job`` (the non-terminal ``ctl watch`` output)."""
+    counts = " ".join(f"{k}={job.counts.get(k, 0)}" for k in COUNT_KEYS)
+    reason = f" reason={' '.join(job.reason.split())!r}" if job.reason and job.final else ""
+    return f"{when} {job.ref} phase={job.phase or '(new)'} nodes={job.total} {counts}{reason}"
+
+
+def event_line(event: EventRow, *, when: str) -> str:
+    return f"{when} {event.object} event {event.type} {event.reason}: {' '.join(event.message.split())}"

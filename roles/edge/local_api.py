@@ -1,0 +1,408 @@
+"""A device's local Kubernetes API: the cloud objects its node needs, read from its cache, online or not.
+
+Programs on the device (and ``kubectl --server=http://127.0.0.1:<port>``) get, list and watch the
+node's Node, Pods, ConfigMaps and Secrets at the API server's paths, with its JSON, selectors and
+errors, from the agent's cache (:class:`~roles.edge.cache_view.CacheView`), also while the cloud is
+unreachable. It is a copy of the cloud, so it is read-only: every write is refused with a
+Kubernetes ``Status`` 403 that says so. Its watches stream the cache's changes; when the cloud comes
+back the agent ends them all (:meth:`LocalApi.end_watches`), so that clients list again and see
+whatever changed while the device was offline.
+
+Security: it listens on 127.0.0.1 only, answers only requests addressed to a loopback name (a web
+page cannot reach it through DNS rebinding), and is off unless ``localApi.enabled``. Any local
+process can read what it serves, so Secrets are refused unless ``localApi.serveSecrets`` allows them.
+
+Import this module only when the local API is on: an agent with it off then loads none of it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any, Final, NoReturn, final
+from urllib.parse import parse_qs
+
+import anyio
+import anyio.abc
+import msgspec
+import structlog
+from anyio.streams.memory import MemoryObjectReceiveStream
+
+from nodetask.field_selectors import FieldRequirement, check_fields, field_set, fields_match, parse_field_selector
+from nodetask.label_selectors import Requirement, SelectorError, labels_match, parse_label_selector
+from roles.edge.cache_view import CacheView, Change, ChangeType, Object, resource_version
+from roles.edge.local_api_paths import (
+    Resource,
+    Target,
+    api_group_list,
+    api_resource_list,
+    api_versions,
+    parse_target,
+    version_info,
+)
+from roles.httpserver import Request, Response, Send, serve_http
+
+__all__ = ["LOOPBACK", "LocalApi", "Serving", "serve_local_api", "watch_event"]
+
+Log = structlog.typing.FilteringBoundLogger
+
+LOOPBACK: Final = "127.0.0.1"
+MAX_CONNECTIONS: Final = 100
+"""Connections at once (each watch holds one); more are closed as soon as they are accepted."""
+MAX_WATCH_S: Final = 1800.0
+"""Longest a watch lasts without ``timeoutSeconds`` (the API server's default minRequestTimeout)."""
+_READS: Final = frozenset({"GET", "HEAD"})
+_WRITES: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+_LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "localhost", "[::1]"})
+_JSON: Final = "application/json"
+_encode = msgspec.json.Encoder().encode
+
+
+class _BadRequest(Exception):
+    """The request's query cannot be served as asked; the message says why (a 400 ``Status``)."""
+
+
+def _status(code: int, reason: str, message: str, details: dict[str, str] | None = None) -> Response:
+    """A Kubernetes ``Status`` failure, which clients show as ``Error from server (<reason>): <message>``."""
+    status: dict[str, Any] = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
+    if details:
+        status["details"] = details
+    return Response.json(code, _encode(status))
+
+
+def _named(target: Target) -> str:
+    """How the API server names the target in its messages: ``pods "web-1"``, or ``pods``."""
+    return f'{target.resource.plural} "{target.name}"' if target.name else target.resource.plural
+
+
+def _details(target: Target) -> dict[str, str]:
+    return {"name": target.name, "kind": target.resource.plural} if target.name else {"kind": target.resource.plural}
+
+
+def _host_name(host: str) -> str:
+    """The name in a ``Host`` header, without its port."""
+    host = host.lower()
+    if host.startswith("["):
+        return host[: host.find("]") + 1] if "]" in host else host
+    return host.partition(":")[0]
+
+
+def _document(request: Request) -> bytes | None:
+    """The discovery document at the request's path, if it names one."""
+    match request.path.rstrip("/"):
+        case "/api":
+            return api_versions(request.header("host") or LOOPBACK)
+        case "/api/v1":
+            return api_resource_list()
+        case "/apis":
+            return api_group_list()
+        case "/version":
+            return version_info()
+    return None
+
+
+def _with_kind(obj: Object, resource: Resource) -> Object:
+    # Lists' items may come without kind and apiVersion (the API server leaves them out); a single
+    # object or a watch event's object must carry them for clients to decode it.
+    if obj.get("kind") == resource.kind and obj.get("apiVersion") == "v1":
+        return obj
+    return {"kind": resource.kind, "apiVersion": "v1", **obj}
+
+
+@dataclass(frozen=True, slots=True)
+class _Selection:
+    """Which objects a request selects: its namespace, label and field selectors."""
+
+    kind: str
+    namespace: str
+    labels: tuple[Requirement, ...] = ()
+    fields: tuple[FieldRequirement, ...] = ()
+
+    def __call__(self, obj: Object) -> bool:
+        meta = obj.get("metadata") or {}
+        if self.namespace and meta.get("namespace") != self.namespace:
+            return False
+        if self.labels and not labels_match(self.labels, meta.get("labels") or {}):
+            return False
+        return not self.fields or fields_match(self.fields, field_set(self.kind, obj))
+
+
+def _selection(target: Target, query: dict[str, list[str]]) -> _Selection:
+    """The request's selection; the label selector is read first, then the field selector, as the API
+    server does (so its first error is the one reported)."""
+    labels = parse_label_selector(query.get("labelSelector", [""])[0])
+    fields = parse_field_selector(query.get("fieldSelector", [""])[0])
+    check_fields(target.resource.kind, fields)
+    if target.name:  # a watch of one object: the API server makes it a field selector
+        fields = (*fields, FieldRequirement("metadata.name", target.name))
+    return _Selection(kind=target.resource.kind, namespace=target.namespace, labels=labels, fields=fields)
+
+
+def _watch_start(query: dict[str, list[str]]) -> int | None:
+    """The resource version a watch starts after; None for ``""`` and ``"0"``: the current objects first."""
+    text = query.get("resourceVersion", [""])[0]
+    if text in ("", "0"):
+        return None
+    if not (text.isascii() and text.isdecimal()):
+        raise _BadRequest(f"resourceVersion {text!r} is not one of this API's resource versions (decimal numbers)")
+    return int(text)
+
+
+def _watch_timeout(query: dict[str, list[str]]) -> float:
+    text = query.get("timeoutSeconds", [""])[0]
+    if not text:
+        return MAX_WATCH_S
+    try:
+        seconds = int(text)
+    except ValueError:
+        raise _BadRequest(f"timeoutSeconds {text!r} is not a whole number of seconds") from None
+    return float(seconds) if seconds > 0 else MAX_WATCH_S
+
+
+def watch_event(change: Change, selected: Callable[[Object], bool]) -> tuple[ChangeType, Object] | None:
+    """The event a watch with selection ``selected`` sees for ``change``, or None.
+
+    As in the API server's watch cache, an object updated into the selection is ADDED for the watch,
+    one updated out of it is DELETED (with its new state), and one outside it before and after is
+    not seen at all.
+    """
+    now = selected(change.object)
+    if change.type is not ChangeType.MODIFIED or change.previous is None:
+        return (change.type, change.object) if now else None
+    before = selected(change.previous)
+    if now and before:
+        return (ChangeType.MODIFIED, change.object)
+    if now:
+        return (ChangeType.ADDED, change.object)
+    if before:
+        return (ChangeType.DELETED, change.object)
+    return None
+
+
+def _event(kind: str, obj: Object) -> bytes:
+    return _encode({"type": kind, "object": obj}) + b"\n"
+
+
+def _expired(since: int, current: int) -> bytes:
+    """The ERROR event that makes a client list again: the watch cannot start at ``since``."""
+    message = (
+        f"too old resource version: {since} ({current})"
+        if since < current
+        else f"too large resource version: {since}, current: {current}"
+    )
+    status = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": "Expired",
+        "code": HTTPStatus.GONE,
+    }
+    return _event("ERROR", status)
+
+
+@dataclass(frozen=True, slots=True)
+class _WatchPlan:
+    """A watch as asked for, checked: what it streams, from where, for how long, and what ends it."""
+
+    resource: Resource
+    selection: _Selection
+    since: int | None
+    """The resource version it starts after; None: the current objects first, as ADDED."""
+    lifetime_s: float
+    end: anyio.Event
+    """:meth:`LocalApi.end_watches` sets it for the watches asked for before it was called."""
+
+
+@final
+class LocalApi:
+    """The request handler of the local API over ``cache``, and the watches it is streaming."""
+
+    def __init__(self, cache: CacheView, *, serve_secrets: bool, log: Log) -> None:
+        self._cache = cache
+        self._serve_secrets = serve_secrets
+        self._log = log
+        self._end = anyio.Event()
+        """Set to end the watches running now; each watch holds the one current when it started."""
+        self._watches = 0
+
+    @property
+    def watches(self) -> int:
+        """Watches being streamed now."""
+        return self._watches
+
+    def end_watches(self) -> int:
+        """End every watch being streamed (as when the cloud returns), so that their clients list again.
+
+        Returns how many were streaming. Watches started afterwards are not affected.
+        """
+        ending, self._end = self._end, anyio.Event()
+        ending.set()
+        self._log.info("local_api_watches_ended", watches=self._watches)
+        return self._watches
+
+    async def handle(self, request: Request) -> Response:
+        """Answer one request (a ``roles.httpserver.Handler``)."""
+        target = parse_target(request.path)
+        refusal = self._refusal(request, target)
+        if refusal is not None:
+            return refusal
+        document = _document(request)
+        if document is not None:
+            return Response.json(HTTPStatus.OK, document)
+        if target is None:
+            return _status(HTTPStatus.NOT_FOUND, "NotFound", "the server could not find the requested resource")
+        return await self._serve(target, parse_qs(request.query, keep_blank_values=True))
+
+    async def _serve(self, target: Target, query: dict[str, list[str]]) -> Response:
+        try:
+            if target.watch or query.get("watch", [""])[0].lower() in ("true", "1"):
+                return self._watch(target, query)
+            if target.name:
+                return await self._get(target)
+            return await self._list(target, _selection(target, query))
+        except (SelectorError, _BadRequest) as exc:
+            return _status(HTTPStatus.BAD_REQUEST, "BadRequest", str(exc))
+
+    def _refusal(self, request: Request, target: Target | None) -> Response | None:
+        """The answer to a request the local API does not serve at all, or None."""
+        host = _host_name(request.header("host") or LOOPBACK)
+        if host not in _LOOPBACK_HOSTS:
+            return _status(
+                HTTPStatus.FORBIDDEN,
+                "Forbidden",
+                f"the local API answers only requests addressed to 127.0.0.1 or localhost, not {host}",
+            )
+        if request.method in _WRITES:
+            return _status(
+                HTTPStatus.FORBIDDEN,
+                "Forbidden",
+                f"{_named(target) if target else request.path} is forbidden: this is the device's read-only copy"
+                " of cloud objects (its local API); write through the cloud's API server",
+                _details(target) if target else None,
+            )
+        if request.method not in _READS:
+            return _status(HTTPStatus.METHOD_NOT_ALLOWED, "MethodNotAllowed", f"{request.method} is not supported")
+        if target is not None and target.resource.kind == "Secret" and not self._serve_secrets:
+            return _status(
+                HTTPStatus.FORBIDDEN,
+                "Forbidden",
+                f"{_named(target)} is forbidden: the local API serves Secrets only with localApi.serveSecrets"
+                " (any local process can read what it serves)",
+                _details(target),
+            )
+        return None
+
+    async def _get(self, target: Target) -> Response:
+        obj = await self._cache.get(target.resource.kind, target.namespace, target.name)
+        if obj is None:
+            return _status(HTTPStatus.NOT_FOUND, "NotFound", f"{_named(target)} not found", _details(target))
+        return Response.json(HTTPStatus.OK, _encode(_with_kind(obj, target.resource)))
+
+    async def _list(self, target: Target, selection: _Selection) -> Response:
+        listing = await self._cache.list(target.resource.kind, target.namespace)
+        return Response.json(
+            HTTPStatus.OK,
+            _encode(
+                {
+                    "kind": f"{target.resource.kind}List",
+                    "apiVersion": "v1",
+                    "metadata": {"resourceVersion": listing.resource_version},
+                    "items": [obj for obj in listing.items if selection(obj)],
+                }
+            ),
+        )
+
+    def _watch(self, target: Target, query: dict[str, list[str]]) -> Response:
+        # Everything that can be refused is checked here, before the 200 goes out.
+        plan = _WatchPlan(
+            resource=target.resource,
+            selection=_selection(target, query),
+            since=_watch_start(query),
+            lifetime_s=_watch_timeout(query),
+            end=self._end,
+        )
+        return Response.streamed(HTTPStatus.OK, functools.partial(self._stream, plan), content_type=_JSON)
+
+    async def _stream(self, plan: _WatchPlan, send: Send) -> None:
+        """Stream the watch for its lifetime, until its ``end`` is set, or until the cache ends it."""
+        self._watches += 1
+        try:
+            with anyio.move_on_after(plan.lifetime_s), self._cache.subscribe(plan.resource.kind) as changes:
+                async with anyio.create_task_group() as tg:
+
+                    async def stop_at_end() -> None:
+                        await plan.end.wait()
+                        tg.cancel_scope.cancel()
+
+                    tg.start_soon(stop_at_end)
+                    await self._send_changes(plan, changes, send)
+                    tg.cancel_scope.cancel()
+        finally:
+            self._watches -= 1
+
+    async def _send_changes(self, plan: _WatchPlan, changes: MemoryObjectReceiveStream[Change], send: Send) -> None:
+        # Subscribed first, listed second: the listing may already hold changes that are queued in the
+        # subscription, and the resource versions tell which.
+        selected, resource = plan.selection, plan.resource
+        listing = await self._cache.list(resource.kind, selected.namespace)
+        current = int(listing.resource_version)
+        if plan.since is None:
+            for obj in listing.items:
+                if selected(obj):
+                    await send(_event(ChangeType.ADDED, _with_kind(obj, resource)))
+        elif plan.since != current:
+            await send(_expired(plan.since, current))
+            return
+        async for change in changes:
+            if resource_version(change.object) <= current:
+                continue
+            if (event := watch_event(change, selected)) is not None:
+                await send(_event(event[0], _with_kind(event[1], resource)))
+
+
+@dataclass(frozen=True, slots=True)
+class Serving:
+    """A running local API: where it listens, and how the agent ends its watches."""
+
+    port: int
+    api: LocalApi
+
+
+async def serve_local_api(
+    cache: CacheView,
+    *,
+    port: int,
+    log: Log,
+    serve_secrets: bool = False,
+    task_status: anyio.abc.TaskStatus[Serving] = anyio.TASK_STATUS_IGNORED,
+) -> NoReturn:
+    """Serve the local API over ``cache`` on 127.0.0.1:``port`` until cancelled.
+
+    Reports a :class:`Serving` through ``task_status`` once listening (``port=0`` picks a free port).
+
+    Cancellation: cancelling the caller's scope closes the listener and every connection, watches included.
+    Errors: only binding errors (:class:`OSError`, e.g. the port is taken) escape.
+    """
+    log = log.bind(component="local_api")
+    api = LocalApi(cache, serve_secrets=serve_secrets, log=log)
+    async with anyio.create_task_group() as tg:
+        bound: int = await tg.start(
+            functools.partial(
+                serve_http, api.handle, host=LOOPBACK, port=port, log=log, max_connections=MAX_CONNECTIONS
+            )
+        )
+        log.info("local_api_listening", port=bound, serve_secrets=serve_secrets)
+        task_status.started(Serving(port=bound, api=api))
+    raise AssertionError("serve_http returned")  # pragma: no cover - it never does

@@ -1,0 +1,88 @@
+"""The edge role's wiring: settings from the configuration, the store, the actions and the agent.
+
+Kept out of the package's ``__init__`` so that importing any part of :mod:`roles.edge` (the
+launcher above all, which runs for as long as the device does) does not load the whole agent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from pathlib import Path
+
+import structlog
+
+from nodetask.clock import Clock
+from roles.config import EdgeConfig, RoleConfig
+from roles.edge.actions import AuthFor, PullImages, build_actions
+from roles.edge.agent import EdgeAgent
+from roles.edge.runtime.puller import pull_in_child, request_for
+from roles.edge.settings import AgentSettings, settings_of
+from roles.edge.store import StoreError, StoreFault, open_store, quarantine_store
+from roles.jobtypes import job_types
+from schemas.v1alpha2 import ImageStatus
+
+Log = structlog.typing.FilteringBoundLogger
+
+STORE_FILE = "store.sqlite"
+
+
+async def run(cfg: RoleConfig, *, log: Log, config_path: Path | None = None) -> None:
+    """Run the edge agent until cancelled."""
+    assert isinstance(cfg, EdgeConfig)
+    settings = settings_of(cfg, config_file=config_path)
+    clock = Clock.start()
+    path = settings.data_dir / STORE_FILE
+    try:
+        await _run(settings, cfg, path, clock, log)
+    except* StoreError as group:
+        error = group.exceptions[0]
+        if not isinstance(error, StoreError) or error.fault is not StoreFault.CORRUPT:
+            raise
+        # A corrupt store would fail every start: keep it for inspection and begin afresh.
+        moved = await quarantine_store(path, log=log)
+        log.error("store_quarantined", path=str(path), moved_to=str(moved))
+        await _run(settings, cfg, path, clock, log)
+
+
+def _puller(cfg: EdgeConfig, log: Log) -> PullImages:
+    """Image pulls through the runtime at ``cfg.cri_endpoint``, each in a child process (see
+    :mod:`roles.edge.runtime.puller`: the CRI client would otherwise stay in the agent's memory)."""
+
+    async def pull(images: tuple[str, ...], retry_times: int, auth_for: AuthFor) -> tuple[ImageStatus, ...]:
+        request = request_for(
+            cfg.cri_endpoint,
+            images,
+            retry_times,
+            auth_for,
+            log_level=cfg.log_level,
+            log_format=cfg.log_format,
+            log_context=structlog.get_context(log),
+        )
+        return await pull_in_child(request, log=log)
+
+    return pull
+
+
+async def _run(settings: AgentSettings, cfg: EdgeConfig, path: Path, clock: Clock, log: Log) -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        store = await stack.enter_async_context(open_store(path, now=clock.now, log=log))
+        pull: PullImages | None = None
+        if cfg.cri_endpoint:
+            pull = _puller(cfg, log)
+        else:
+            log.warning("no_container_runtime", hint="criEndpoint is empty: image pulls will fail")
+        agent: EdgeAgent
+
+        def credentials(job_uid: str) -> tuple[Mapping[str, str], str]:
+            return agent.credentials(job_uid)
+
+        agent = EdgeAgent(
+            settings=settings,
+            store=store,
+            actions=build_actions(pull=pull, credentials=credentials),
+            job_types=job_types(),
+            clock=clock,
+            log=log,
+        )
+        await agent.run()

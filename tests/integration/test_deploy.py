@@ -1,0 +1,344 @@
+"""``containers/deploy/`` applied to a control plane of its own, and the roles run as its ServiceAccounts.
+
+The local control plane has no kubelet and no scheduler: the Deployments are created, their Pods
+never run. What can be checked here is: the server accepts every object (a server-side dry run,
+then for real), each ServiceAccount's RBAC allows what its role does and refuses what it must not
+(``kubectl auth can-i --as``), and the two roles, run as processes with those ServiceAccounts'
+tokens, the Deployments' ConfigMaps and the Secrets ``nodetaskd certs create`` made, do their work:
+two controller replicas register the Service-based webhooks with the one shared CA and serve the
+certificate the API server would check, and a hub becomes ready. The tests' kube-apiserver (1.20)
+predates policy/v1, so the manifests go in through ``deploy-k8s-1.20/``, which only changes the
+PodDisruptionBudgets' apiVersion.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import ssl
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import msgspec
+import pytest
+import yaml
+
+from tests.integration.hubs import free_port
+from tests.integration.processes import RoleProcess
+from tools.provision.controlplane import ControlPlane, ensure_binaries, start
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "containers" / "deploy"
+OVERLAY = Path(__file__).resolve().parent / "deploy-k8s-1.20"
+NAMESPACE = "nodetaskd-system"
+CONTROLLER_SA = f"system:serviceaccount:{NAMESPACE}:nodetaskd-controller"
+CLOUD_SA = f"system:serviceaccount:{NAMESPACE}:nodetaskd-cloud"
+WEBHOOK_HOST = f"nodetaskd-webhook.{NAMESPACE}.svc"
+
+
+@dataclass(frozen=True)
+class Deployed:
+    cp: ControlPlane
+    home: Path
+    expected: frozenset[str]
+    """``kind/name`` of every object the overlay renders (kubectl's lower-case resource names)."""
+    dry_run: str
+    created_before_apply: bool
+    hub_ca: Path
+
+
+def _objects(rendered: str) -> frozenset[str]:
+    documents = [d for d in yaml.safe_load_all(rendered) if d]
+    return frozenset(f"{d['kind'].lower()}/{d['metadata']['name']}" for d in documents)
+
+
+def _nodetaskd(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "roles.cli", *args], capture_output=True, text=True, timeout=120, check=False, cwd=cwd
+    )
+
+
+@pytest.fixture(scope="module")
+def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
+    """A fresh control plane (never the session's: these webhooks would refuse its jobs) with the
+    deployment dry-run, then applied, and the Secrets made by ``nodetaskd certs create``."""
+    home = tmp_path_factory.mktemp("deploy")
+    cp = start(home / "cluster", ensure_binaries())
+    try:
+        rendered = cp.kubectl("kustomize", str(OVERLAY)).stdout
+        # A dry run cannot create the namespace the other objects go into: it exists first, as it would
+        # after a first install.
+        cp.kubectl("apply", "-f", str(DEPLOY / "namespace.yaml"))
+        dry_run = cp.kubectl("apply", "--dry-run=server", "-k", str(OVERLAY)).stdout
+        probe = cp.kubectl("-n", NAMESPACE, "get", "deployment", "nodetaskd-controller", check=False)
+        cp.kubectl("apply", "-k", str(OVERLAY))
+        cp.kubectl("wait", "--for=condition=established", "--timeout=60s", "crd", "--all")
+        made = _nodetaskd(
+            "certs",
+            "create",
+            f"--kubeconfig={cp.kubeconfig('admin')}",
+            "--hub-host=127.0.0.1",
+            f"--ca-out={home / 'hub-ca.crt'}",
+            cwd=REPO,
+        )
+        assert made.returncode == 0, made.stderr
+        yield Deployed(
+            cp=cp,
+            home=home,
+            expected=_objects(rendered),
+            dry_run=dry_run,
+            created_before_apply=probe.returncode == 0,
+            hub_ca=home / "hub-ca.crt",
+        )
+    finally:
+        cp.stop()
+
+
+def test_a_server_side_dry_run_accepts_every_object_and_creates_none(deployed: Deployed) -> None:
+    """`kubectl apply --dry-run=server -k` passes every object through the API server's validation, creating nothing."""
+    lines = [line for line in deployed.dry_run.splitlines() if line]
+    assert len(lines) == len(deployed.expected) == 29
+    assert all(line.endswith("(server dry run)") for line in lines), lines
+    assert not deployed.created_before_apply
+
+
+def test_applying_creates_every_object(deployed: Deployed) -> None:
+    """After `kubectl apply -k`, each object the kustomization renders exists in the cluster."""
+    found = deployed.cp.kubectl("get", "-k", str(OVERLAY), "-o", "name").stdout.split()
+    # kubectl names them resource.group/name: keep the resource and the name.
+    kinds_and_names = {f"{n.split('/')[0].split('.')[0]}/{n.split('/', 1)[1]}" for n in found}
+    assert kinds_and_names == set(deployed.expected)
+    deployments = json.loads(deployed.cp.kubectl("-n", NAMESPACE, "get", "deployments", "-o", "json").stdout)
+    replicas = {d["metadata"]["name"]: d["spec"]["replicas"] for d in deployments["items"]}
+    assert replicas == {"nodetaskd-controller": 2, "nodetaskd-cloud": 2}
+
+
+# What each role needs (one line per kind of access its code uses), and what it must not be able to do.
+ALLOWED = {
+    CONTROLLER_SA: [
+        "patch nodeupgradejobs.operations.kubeedge.io",
+        "update imageprepulljobs.operations.kubeedge.io --subresource=status",
+        "update configupdatejobs.operations.kubeedge.io --subresource=finalizers",
+        "watch nodes",
+        "create tasks.diagnosis.kubediag.org -n default",
+        "patch diagnoses.diagnosis.kubediag.org --subresource=status -n default",
+        "list pods -n default",
+        "create events -n default",
+        f"update leases.coordination.k8s.io -n {NAMESPACE}",
+        "patch validatingwebhookconfigurations.admissionregistration.k8s.io",
+        "create mutatingwebhookconfigurations.admissionregistration.k8s.io",
+    ],
+    CLOUD_SA: [
+        "watch nodeupgradejobs.operations.kubeedge.io",
+        "update imageprepulljobs.operations.kubeedge.io --subresource=status",
+        "patch nodes",
+        "create events -n default",
+        "get secrets -n kube-system",
+        "watch secrets -n kube-system",
+    ],
+}
+REFUSED = {
+    CONTROLLER_SA: [
+        "get secrets -n kube-system",  # the controller never reads a Secret
+        "patch nodes",  # nodes are the hubs' to mark
+        "create pods -n default",
+    ],
+    CLOUD_SA: [
+        "get secrets -n default",  # Secrets only in kube-system, never cluster-wide
+        "delete nodeupgradejobs.operations.kubeedge.io",  # hubs write status, never the job
+        "create validatingwebhookconfigurations.admissionregistration.k8s.io",
+        "create pods -n default",
+    ],
+}
+
+
+def _can(cp: ControlPlane, who: str, access: str) -> bool:
+    answer = cp.kubectl("auth", "can-i", *access.split(), f"--as={who}", check=False).stdout.strip()
+    return answer == "yes"
+
+
+def test_each_service_account_may_do_its_roles_work_and_is_refused_the_rest(deployed: Deployed) -> None:
+    """`kubectl auth can-i --as` each ServiceAccount: yes to every access its role uses, no to what it must not do."""
+    wrong = [
+        f"{who} {access}: no"
+        for who, accesses in ALLOWED.items()
+        for access in accesses
+        if not _can(deployed.cp, who, access)
+    ]
+    wrong += [
+        f"{who} {access}: yes"
+        for who, accesses in REFUSED.items()
+        for access in accesses
+        if _can(deployed.cp, who, access)
+    ]
+    assert wrong == []
+
+
+def _kubeconfig(deployed: Deployed, account: str) -> Path:
+    """A kubeconfig with a token the API server issues for ``account`` (TokenRequest), as a Pod would mount."""
+    token = deployed.cp.kubectl("-n", NAMESPACE, "create", "token", account, "--duration=1h").stdout.strip()
+    ca = base64.b64encode(deployed.cp.ca_file.read_bytes()).decode()
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": deployed.cp.server, "certificate-authority-data": ca}}],
+        "users": [{"name": account, "user": {"token": token}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": account}}],
+        "current-context": "c",
+    }
+    path = deployed.home / f"{account}.kubeconfig"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def _mounted(deployed: Deployed, secret: str, directory: Path) -> Path:
+    """The Secret's keys as files, as its volume mounts them."""
+    data = json.loads(deployed.cp.kubectl("-n", NAMESPACE, "get", "secret", secret, "-o", "json").stdout)["data"]
+    directory.mkdir(parents=True, exist_ok=True)
+    for key, value in data.items():
+        (directory / key).write_bytes(base64.b64decode(value))
+    return directory
+
+
+def _config_map(deployed: Deployed, name: str, key: str) -> dict[str, object]:
+    data = json.loads(deployed.cp.kubectl("-n", NAMESPACE, "get", "configmap", name, "-o", "json").stdout)["data"]
+    loaded: dict[str, object] = msgspec.yaml.decode(data[key].encode())
+    return loaded
+
+
+def _webhook_configs(deployed: Deployed) -> list[dict[str, object]]:
+    return [
+        json.loads(deployed.cp.kubectl("get", kind, "nodetaskd", "-o", "json").stdout)["webhooks"][0]["clientConfig"]
+        for kind in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration")
+    ]
+
+
+async def test_controller_replicas_register_the_service_webhooks_with_the_one_mounted_ca(
+    deployed: Deployed, tmp_path: Path
+) -> None:
+    """Two controllers as the ServiceAccount, with the ConfigMap's settings and the Secret's files: one leads,
+    both set the shared CA on the Service-based webhooks, and each serves a certificate valid for the Service."""
+    assert all("caBundle" not in config for config in _webhook_configs(deployed))  # as applied
+    tls = _mounted(deployed, "nodetaskd-webhook-tls", tmp_path / "tls")
+    settings = _config_map(deployed, "nodetaskd-controller", "controller.yaml")
+    kubeconfig = _kubeconfig(deployed, "nodetaskd-controller")
+    replicas, ports = [], []
+    for i in range(2):
+        ports.append(free_port())
+        config = {
+            **settings,
+            "kubeconfig": str(kubeconfig),
+            "identity": f"replica-{i}",
+            "listenHost": "127.0.0.1",
+            "webhookPort": ports[-1],
+            "metricsPort": free_port(),
+            "logFormat": "console",
+            "tlsCertFile": str(tls / "tls.crt"),
+            "tlsKeyFile": str(tls / "tls.key"),
+            "tlsCaFile": str(tls / "ca.crt"),
+        }
+        path = tmp_path / f"controller-{i}.yaml"
+        path.write_bytes(msgspec.yaml.encode(config))
+        replicas.append(RoleProcess(f"controller-{i}", path, "controller", tmp_path / f"controller-{i}.log"))
+    try:
+        for replica in replicas:
+            await replica.start()
+
+        def registered() -> bool:
+            logs = [r.log.read_text(errors="replace") for r in replicas]
+            return all("webhook_configuration_updated" in log for log in logs)
+
+        with anyio.fail_after(60):
+            while not registered():
+                assert all(r.alive for r in replicas), [r.log.read_text() for r in replicas]
+                await anyio.sleep(0.2)
+            while True:
+                lease = json.loads(
+                    deployed.cp.kubectl(
+                        "-n", NAMESPACE, "get", "lease", "nodetaskd-controller", "-o", "json", check=False
+                    ).stdout
+                    or "{}"
+                )
+                if lease.get("spec", {}).get("holderIdentity") in ("replica-0", "replica-1"):
+                    break
+                await anyio.sleep(0.2)
+        ca = (tls / "ca.crt").read_bytes()
+        for config in _webhook_configs(deployed):
+            assert base64.b64decode(config["caBundle"]) == ca  # type: ignore[arg-type]
+            assert config["service"]["namespace"] == NAMESPACE  # type: ignore[index]
+            assert config["service"]["name"] == "nodetaskd-webhook"  # type: ignore[index]
+        client = ssl.create_default_context(cadata=ca.decode())
+        for port in ports:
+            # What the API server does: verify the certificate for the Service's name, then POST a review.
+            answer = await anyio.to_thread.run_sync(_post_review, port, client)
+            assert answer == 400  # not a review: refused by the webhook itself, over verified TLS
+        assert all(r.alive for r in replicas)
+    finally:
+        for replica in replicas:
+            await replica.stop()
+    assert sorted(p.name for p in tls.iterdir()) == ["ca.crt", "tls.crt", "tls.key"]  # nothing generated
+
+
+def _post_review(port: int, client: ssl.SSLContext) -> int:
+    """POST a body that is no AdmissionReview to the replica, as the API server would call the Service: the status."""
+    request = (
+        f"POST /validate HTTP/1.1\r\nHost: {WEBHOOK_HOST}\r\nContent-Type: application/json\r\n"
+        "Content-Length: 2\r\nConnection: close\r\n\r\n{}"
+    )
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=10) as raw,
+        client.wrap_socket(raw, server_hostname=WEBHOOK_HOST) as tls,
+    ):
+        tls.sendall(request.encode())
+        status_line = tls.recv(4096).split(b"\r\n", 1)[0]
+    return int(status_line.split()[1])
+
+
+async def test_a_hub_as_its_service_account_becomes_ready_with_the_mounted_certificate(
+    deployed: Deployed, tmp_path: Path
+) -> None:
+    """A hub with the cloud ServiceAccount, the ConfigMap's settings and the hub Secret syncs jobs, watches the
+    token Secrets (allowed in kube-system) and answers /readyz over TLS the edges' CA verifies."""
+    tls = _mounted(deployed, "nodetaskd-hub-tls", tmp_path / "tls")
+    http_port = free_port()
+    config = {
+        **_config_map(deployed, "nodetaskd-cloud", "cloud.yaml"),
+        "kubeconfig": str(_kubeconfig(deployed, "nodetaskd-cloud")),
+        "hubId": "hub-under-test",
+        "listen": f"127.0.0.1:{free_port()}",
+        "httpListen": f"127.0.0.1:{http_port}",
+        "logFormat": "console",
+        "tlsCertFile": str(tls / "tls.crt"),
+        "tlsKeyFile": str(tls / "tls.key"),
+    }
+    path = tmp_path / "cloud.yaml"
+    path.write_bytes(msgspec.yaml.encode(config))
+    hub = RoleProcess("hub", path, "cloud", tmp_path / "hub.log")
+    client = ssl.create_default_context(cafile=str(deployed.hub_ca))
+
+    def ready() -> int:
+        try:
+            with urllib.request.urlopen(f"https://127.0.0.1:{http_port}/readyz", timeout=2, context=client) as answer:
+                return int(answer.status)
+        except OSError:
+            return 0
+
+    try:
+        await hub.start()
+        with anyio.fail_after(60):
+            while await anyio.to_thread.run_sync(ready) != 200:
+                assert hub.alive, hub.log.read_text()
+                await anyio.sleep(0.2)
+    finally:
+        await hub.stop()
+    log = hub.log.read_text(errors="replace")
+    assert "token_secrets_listed" in log
+    assert "forbidden" not in log.lower()

@@ -1,0 +1,528 @@
+"""The diagnosis controller against the real API server; the test plays the hubs and edges by writing Task status."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import msgspec
+import pytest
+import structlog
+
+from flows.diagnosis_pipeline import HASH_LABEL
+from flows.diagnosis_tasks import TASK_FINALIZER
+from nodetask.clock import Clock
+from roles.controller.diagnoses import DiagnosisController
+from roles.kube import Kube, NotFound
+from roles.kube.resources import DIAGNOSES, NODES, OPERATION_SETS, OPERATIONS, TASKS
+from schemas.core import Node
+from schemas.diagnosis import (
+    AdjacencyNode,
+    Builtin,
+    Diagnosis,
+    DiagnosisPhase,
+    DiagnosisSpec,
+    Operation,
+    OperationSet,
+    OperationSetSpec,
+    OperationSpec,
+    PodReference,
+    Processor,
+    StagePolicy,
+    TargetSelector,
+    Task,
+    TaskPhase,
+)
+from schemas.meta import LabelSelector, ObjectMeta
+from tests.integration.controlplane import ControlPlane
+from tests.integration.fleet import admin
+from tests.integration.objects import answer_task, diagnosis_when, finished, kubectl, polled, tasks_of, unique
+
+pytestmark = pytest.mark.integration
+NS = "default"
+
+Verdict = tuple[bool, dict[str, str]] | None
+"""What the test's hub does with a Task: (succeeded, results), or nothing at all."""
+
+
+class Objects:
+    """Creates one test's objects as an administrator, and removes them while a controller still runs."""
+
+    def __init__(self, cp: ControlPlane, kube: Kube) -> None:
+        self.cp = cp
+        self.kube = kube
+        self.diagnoses: list[Diagnosis] = []
+        self.cluster_scoped: list[tuple[Any, str]] = []
+        self.pods: list[str] = []
+        self.prefix = unique("t")
+
+    async def operations(self, *names: str, timeout_seconds: int = 30) -> list[str]:
+        """Builtin Operations (what they run does not matter: the test answers for the edges)."""
+        out = []
+        for name in names:
+            full = f"{self.prefix}-{name}"
+            processor = Processor(builtin=Builtin(name="node.resources"), timeout_seconds=timeout_seconds)
+            await self.kube.create(OPERATIONS, Operation(metadata=ObjectMeta(name=full), spec=OperationSpec(processor)))
+            self.cluster_scoped.append((OPERATIONS, full))
+            out.append(full)
+        return out
+
+    async def operation_set(self, successors: list[list[int]], operations: Sequence[str]) -> OperationSet:
+        """Node ``i`` leads to ``successors[i]`` and runs ``operations[i - 1]`` (node 0 is the start)."""
+        nodes = tuple(
+            AdjacencyNode(to=tuple(to), operation=operations[i - 1] if i else "") for i, to in enumerate(successors)
+        )
+        name = f"{self.prefix}-set-{len(self.cluster_scoped)}"
+        obj = OperationSet(metadata=ObjectMeta(name=name), spec=OperationSetSpec(adjacency_list=nodes))
+        created = await self.kube.create(OPERATION_SETS, obj)
+        self.cluster_scoped.append((OPERATION_SETS, name))
+        return created
+
+    async def diagnosis(self, operation_set: str, targets: TargetSelector, **spec: Any) -> Diagnosis:
+        name = f"{self.prefix}-diag-{len(self.diagnoses)}"
+        obj = Diagnosis(
+            metadata=ObjectMeta(name=name, namespace=NS),
+            spec=DiagnosisSpec(operation_set=operation_set, target_selector=targets, **spec),
+        )
+        created = await self.kube.create(DIAGNOSES, obj, namespace=NS)
+        self.diagnoses.append(created)
+        return created
+
+    async def nodes(self, *names: str, **labels: str) -> None:
+        for name in names:
+            await self.kube.create(NODES, Node(metadata=ObjectMeta(name=name, labels=labels)))
+            self.cluster_scoped.append((NODES, name))
+
+    async def pod(self, name: str, *, node: str = "", **labels: str) -> None:
+        """A pod bound to ``node`` (as a scheduler binds one), or not yet scheduled."""
+        spec: dict[str, Any] = {
+            "containers": [{"name": "c", "image": "busybox"}],
+            "automountServiceAccountToken": False,
+        }
+        if node:
+            spec["nodeName"] = node
+        doc = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels}, "spec": spec}
+        await anyio.to_thread.run_sync(
+            functools.partial(self.cp.kubectl, "create", "-n", NS, "-f", "-", input=json.dumps(doc))
+        )
+        self.pods.append(name)
+
+    async def cleanup(self) -> None:
+        """Delete the Diagnoses and wait until the controller has removed their Tasks; then the rest."""
+        for diagnosis in self.diagnoses:
+            with contextlib.suppress(NotFound):
+                await self.kube.delete(DIAGNOSES, diagnosis.metadata.name, namespace=NS)
+        for diagnosis in self.diagnoses:
+            await polled(functools.partial(tasks_of, self.kube, diagnosis), _empty, limit_s=60)
+        for resource, name in self.cluster_scoped:
+            with contextlib.suppress(NotFound):
+                await self.kube.delete(resource, name)
+        if self.pods:
+            # No kubelet confirms a pod's end here: delete at once.
+            await kubectl(self.cp, "delete", "pod", "-n", NS, "--grace-period=0", "--force", *self.pods)
+        self.diagnoses.clear()
+        self.cluster_scoped.clear()
+        self.pods.clear()
+
+
+@pytest.fixture
+async def admin_kube(crds: ControlPlane) -> AsyncIterator[Kube]:
+    async with admin(crds) as kube:
+        yield kube
+
+
+@asynccontextmanager
+async def running(kube: Kube) -> AsyncIterator[DiagnosisController]:
+    """A diagnosis controller, ready (every watch listed) on entry and stopped on exit."""
+    controller = DiagnosisController(kube=kube, clock=Clock.start(), log=structlog.get_logger())
+    async with anyio.create_task_group() as tg:
+        await tg.start(controller.run)
+        yield controller
+        tg.cancel_scope.cancel()
+
+
+@pytest.fixture
+async def controller(crds: ControlPlane, controller_kube: Kube) -> AsyncIterator[DiagnosisController]:
+    """A running diagnosis controller authenticated as the controller role."""
+    async with running(controller_kube) as controller:
+        yield controller
+
+
+@pytest.fixture
+async def objects(crds: ControlPlane, admin_kube: Kube, controller: DiagnosisController) -> AsyncIterator[Objects]:
+    made = Objects(crds, admin_kube)
+    try:
+        yield made
+    finally:
+        await made.cleanup()
+
+
+@pytest.fixture
+async def pods_allowed(crds: ControlPlane) -> None:
+    """The namespace's default ServiceAccount, which pod admission wants (no controller-manager makes it here)."""
+    await anyio.to_thread.run_sync(
+        functools.partial(crds.kubectl, "create", "serviceaccount", "default", "-n", NS, check=False)
+    )
+
+
+@asynccontextmanager
+async def hub(kube: Kube, diagnosis: Diagnosis, decide: Callable[[Task], Verdict]) -> AsyncIterator[None]:
+    """Answer each new Task of ``diagnosis`` as ``decide`` says, as a hub and its edge would, while inside."""
+
+    async def answer() -> None:
+        answered: set[str] = set()
+        while True:
+            for task in await tasks_of(kube, diagnosis):
+                if task.metadata.name in answered:
+                    continue
+                answered.add(task.metadata.name)
+                verdict = decide(task)
+                if verdict is not None:
+                    await answer_task(kube, task, ok=verdict[0], results=verdict[1])
+            await anyio.sleep(0.1)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(answer)
+        yield
+        tg.cancel_scope.cancel()
+
+
+def _empty(items: Sequence[object]) -> bool:
+    return not items
+
+
+def _at_least(count: int, items: Sequence[object]) -> bool:
+    return len(items) >= count
+
+
+def ids(path: Sequence[AdjacencyNode]) -> list[int | None]:
+    return [node.id for node in path]
+
+
+async def _exists(kube: Kube, diagnosis: Diagnosis) -> bool:
+    try:
+        await kube.get(DIAGNOSES, diagnosis.metadata.name, namespace=NS)
+    except NotFound:
+        return False
+    return True
+
+
+async def reasons(cp: ControlPlane, diagnosis: Diagnosis, *, until: str) -> list[str]:
+    """The reasons of the Events on ``diagnosis`` once one says ``until`` (Events follow status writes)."""
+    with anyio.fail_after(20):
+        while True:
+            result = await kubectl(
+                cp,
+                "get",
+                "events",
+                "-n",
+                NS,
+                "--field-selector",
+                f"involvedObject.uid={diagnosis.metadata.uid}",
+                "-o",
+                "json",
+            )
+            items = msgspec.json.decode(result.stdout)["items"]
+            found = [e["reason"] for e in items]
+            if until in found:
+                return found
+            await anyio.sleep(0.1)
+
+
+async def test_a_failed_path_falls_back_without_rerunning_the_shared_stage_and_passes_results_on(
+    crds: ControlPlane, objects: Objects, admin_kube: Kube
+) -> None:
+    """check fails on one node: path 0 fails, path 1 runs only other (collect is shared and not run again), and
+    other's Tasks get collect's results from their own node; failedPaths, succeededPath, context and Events say so."""
+    collect, check, other = await objects.operations("collect", "check", "other")
+    opset = await objects.operation_set([[1], [2, 3], [], []], [collect, check, other])
+    edges = [unique("edge"), unique("edge")]
+    diagnosis = await objects.diagnosis(
+        opset.metadata.name, TargetSelector(node_names=tuple(edges)), parameters={"target": "10.0.0.1"}
+    )
+
+    def decide(task: Task) -> Verdict:
+        node = task.spec.node_name
+        if task.spec.operation == collect:
+            return True, {"addr": f"addr-of-{node}"}
+        if task.spec.operation == check:
+            return node == edges[0], {}
+        return True, {"seen": task.spec.parameters.get(f"{collect}.addr", "")}
+
+    async with hub(admin_kube, diagnosis, decide):
+        done = await diagnosis_when(admin_kube, diagnosis.metadata.name, finished)
+    assert done.status.phase is DiagnosisPhase.SUCCEEDED
+    assert [ids(p) for p in done.status.failed_paths] == [[1, 2]]
+    assert ids(done.status.succeeded_path) == [1, 3]
+    assert done.status.node_names == tuple(edges)
+
+    tasks = await tasks_of(admin_kube, diagnosis)
+    assert sorted((t.spec.operation, t.spec.node_name) for t in tasks) == sorted(
+        (op, node) for op in (collect, check, other) for node in edges
+    )
+    for task in tasks:
+        assert task.metadata.finalizers == (TASK_FINALIZER,)
+        assert [(o.kind, o.uid) for o in task.metadata.owner_references] == [("Diagnosis", diagnosis.metadata.uid)]
+    [last] = [t for t in tasks if t.spec.operation == other and t.spec.node_name == edges[1]]
+    assert last.spec.parameters == {
+        "target": "10.0.0.1",
+        f"{collect}.addr": f"addr-of-{edges[1]}",
+        "task.name": last.metadata.name,
+        "task.namespace": NS,
+        "node": edges[1],
+    }
+    assert done.status.context is not None
+    assert done.status.context.parameters == {"target": "10.0.0.1"}
+    assert done.status.context.operations[other][last.metadata.name] == {"seen": f"addr-of-{edges[1]}"}
+    assert done.status.checkpoint is not None
+    assert (done.status.checkpoint.succeeded, done.status.checkpoint.failed) == (2, 0)
+    told = await reasons(crds, diagnosis, until="DiagnosisSucceeded")
+    # Event times have whole seconds, so only the multiset is certain.
+    assert sorted(told) == sorted(
+        ["DiagnosisRunning", "StagePassed", "OperationFailed", "StagePassed", "DiagnosisSucceeded"]
+    )
+
+
+async def test_a_silent_task_becomes_unknown_and_fails_its_stage(
+    crds: ControlPlane, objects: Objects, admin_kube: Kube
+) -> None:
+    """A node that never answers has its Task Unknown after the operation's timeout; the stage fails, and with
+    no other path the Diagnosis fails instead of waiting forever."""
+    (probe,) = await objects.operations("probe", timeout_seconds=2)
+    opset = await objects.operation_set([[1], []], [probe])
+    edges = [unique("edge"), unique("silent")]
+    diagnosis = await objects.diagnosis(opset.metadata.name, TargetSelector(node_names=tuple(edges)))
+
+    async with hub(admin_kube, diagnosis, lambda t: (True, {}) if t.spec.node_name == edges[0] else None):
+        done = await diagnosis_when(admin_kube, diagnosis.metadata.name, finished, limit_s=30)
+    assert done.status.phase is DiagnosisPhase.FAILED
+    assert [ids(p) for p in done.status.failed_paths] == [[1]]
+    complete = [c for c in done.status.conditions if c.type == "Complete"]
+    assert [(c.status, c.reason) for c in complete] == [("False", "AllPathsFailed")]
+    assert done.status.checkpoint is not None
+    assert (done.status.checkpoint.succeeded, done.status.checkpoint.failed) == (1, 1)
+    [silent] = [t for t in await tasks_of(admin_kube, diagnosis) if t.spec.node_name == edges[1]]
+    assert silent.status.phase is TaskPhase.UNKNOWN
+    assert [(c.type, c.reason) for c in silent.status.conditions] == [("Failed", "TimedOut")]
+    assert "TaskTimedOut" in await reasons(crds, diagnosis, until="DiagnosisFailed")
+
+
+async def test_a_restarted_controller_resumes_with_no_task_duplicated_or_counted_twice(
+    crds: ControlPlane, controller_kube: Kube, admin_kube: Kube
+) -> None:
+    """A controller counts two of a stage's three Tasks and stops; the third ends while none runs; the next
+    controller counts just that one (2 succeeded, 1 failed) and creates nothing again."""
+    made = Objects(crds, admin_kube)
+    try:
+        await _restart_mid_diagnosis(made, controller_kube, admin_kube)
+    finally:
+        async with running(controller_kube):
+            await made.cleanup()
+
+
+async def _restart_mid_diagnosis(made: Objects, controller_kube: Kube, admin_kube: Kube) -> None:
+    first, second = await made.operations("first", "second")
+    opset = await made.operation_set([[1], [2], []], [first, second])
+    edges = [unique("edge") for _ in range(3)]
+    diagnosis = await made.diagnosis(opset.metadata.name, TargetSelector(node_names=tuple(edges)))
+    name = diagnosis.metadata.name
+
+    async with running(controller_kube):
+        stage = await polled(functools.partial(tasks_of, admin_kube, diagnosis), lambda ts: len(ts) == 3)
+        for task in stage:
+            await answer_task(admin_kube, task, ok=True)
+        everything = await polled(functools.partial(tasks_of, admin_kube, diagnosis), lambda ts: len(ts) == 6)
+        later = [t for t in everything if t.spec.operation == second]
+        by_node = {t.spec.node_name: t for t in later}
+        for node in edges[:2]:
+            await answer_task(admin_kube, by_node[node], ok=True)
+        counted = await diagnosis_when(
+            admin_kube, name, lambda d: d.status.checkpoint is not None and d.status.checkpoint.succeeded == 2
+        )
+    assert counted.status.checkpoint is not None
+    assert (counted.status.checkpoint.path_index, counted.status.checkpoint.node_index) == (0, 1)
+    before = {t.metadata.name: t.metadata.uid for t in await tasks_of(admin_kube, diagnosis)}
+
+    await answer_task(admin_kube, by_node[edges[2]], ok=False)
+    async with running(controller_kube):
+        done = await diagnosis_when(admin_kube, name, finished)
+    assert done.status.phase is DiagnosisPhase.FAILED
+    cp = done.status.checkpoint
+    assert cp is not None
+    assert (cp.node_index, cp.desired, cp.succeeded, cp.failed, cp.active) == (1, 3, 2, 1, 0)
+    assert sorted(cp.synchronized_tasks) == sorted(t.metadata.name for t in later)
+    after = {t.metadata.name: t.metadata.uid for t in await tasks_of(admin_kube, diagnosis)}
+    assert after == before
+    assert len(after) == 6
+
+
+async def test_an_operation_set_changed_mid_run_fails_the_diagnosis(
+    objects: Objects, admin_kube: Kube, controller: DiagnosisController
+) -> None:
+    """Another graph under the OperationSet's name while a Diagnosis runs it: Failed with OperationSetChanged,
+    and no Task of the new graph; the OperationSet itself gets its new paths and hash."""
+    collect, extra = await objects.operations("collect", "extra")
+    opset = await objects.operation_set([[1], []], [collect])
+    diagnosis = await objects.diagnosis(opset.metadata.name, TargetSelector(node_names=(unique("edge"),)))
+    first = await diagnosis_when(admin_kube, diagnosis.metadata.name, lambda d: HASH_LABEL in d.metadata.labels)
+    await polled(functools.partial(tasks_of, admin_kube, diagnosis), bool)
+
+    graph = [{"to": [1]}, {"operation": collect, "to": [2]}, {"operation": extra}]
+    await admin_kube.merge_patch(OPERATION_SETS, opset.metadata.name, {"spec": {"adjacencyList": graph}})
+    done = await diagnosis_when(admin_kube, diagnosis.metadata.name, finished)
+    assert done.status.phase is DiagnosisPhase.FAILED
+    [changed] = [c for c in done.status.conditions if c.type == "OperationSetChanged"]
+    assert (changed.status, changed.reason) == ("True", "OperationSetChanged")
+    assert [t.spec.operation for t in await tasks_of(admin_kube, diagnosis)] == [collect]
+
+    def repathed(s: OperationSet) -> bool:
+        return (
+            s.status.ready
+            and len(s.status.paths[0]) == 2
+            and s.metadata.labels.get(HASH_LABEL)
+            not in (
+                None,
+                first.metadata.labels[HASH_LABEL],
+            )
+        )
+
+    await polled(functools.partial(admin_kube.get, OPERATION_SETS, opset.metadata.name), repathed)
+
+
+async def test_every_target_selector_resolves_to_its_nodes(
+    objects: Objects, admin_kube: Kube, pods_allowed: None
+) -> None:
+    """Node selector, node names, pod selector (the pods' nodes, each Task carrying its pod) and pod references
+    (a missing pod said in the Accepted condition) each run on their nodes; a selector matching nothing fails."""
+    (probe,) = await objects.operations("probe")
+    opset = await objects.operation_set([[1], []], [probe])
+    zone, app = unique("zone"), unique("app")
+    n1, n2, n3 = (unique("edge") for _ in range(3))
+    await objects.nodes(n1, n2, zone=zone)
+    await objects.nodes(n3)
+    await objects.pod(f"{app}-0", node=n1, app=app)
+    await objects.pod(f"{app}-1", node=n3, app=app)
+    await objects.pod(f"{app}-2", app=app)
+
+    cases = {
+        "nodeSelector": (TargetSelector(node_selector=LabelSelector(match_labels={"zone": zone})), sorted([n1, n2])),
+        "targetNodeNames": (TargetSelector(target_node_names=(n3, n1, n3)), [n3, n1]),
+        "podSelector": (TargetSelector(pod_selector=LabelSelector(match_labels={"app": app})), [n1, n3]),
+        "targetPodNames": (
+            TargetSelector(
+                target_pod_names=(
+                    PodReference(namespace=NS, name=f"{app}-1", container="c"),
+                    PodReference(namespace=NS, name=f"{app}-missing"),
+                )
+            ),
+            [n3],
+        ),
+    }
+    for kind, (targets, expected) in cases.items():
+        diagnosis = await objects.diagnosis(opset.metadata.name, targets)
+        tasks = await polled(
+            functools.partial(tasks_of, admin_kube, diagnosis), functools.partial(_at_least, len(expected))
+        )
+        started = await admin_kube.get(DIAGNOSES, diagnosis.metadata.name, namespace=NS)
+        assert list(started.status.node_names) == expected, kind
+        assert sorted(t.spec.node_name for t in tasks) == sorted(expected), kind
+        pods = {
+            t.spec.node_name: (t.spec.parameters.get("pod.name"), t.spec.parameters.get("container")) for t in tasks
+        }
+        if kind == "podSelector":
+            assert pods == {n1: (f"{app}-0", ""), n3: (f"{app}-1", "")}
+            assert tasks[0].spec.pod_reference is not None
+        elif kind == "targetPodNames":
+            assert pods == {n3: (f"{app}-1", "c")}
+            [accepted] = [c for c in started.status.conditions if c.type == "Accepted"]
+            assert accepted.message == f"1 target node; left out: pod {NS}/{app}-missing does not exist"
+        else:
+            assert set(pods.values()) == {(None, None)}
+
+    nothing = await objects.diagnosis(
+        opset.metadata.name, TargetSelector(node_selector=LabelSelector(match_labels={"zone": unique("none")}))
+    )
+    failed = await diagnosis_when(admin_kube, nothing.metadata.name, finished)
+    assert failed.status.phase is DiagnosisPhase.FAILED
+    [accepted] = [c for c in failed.status.conditions if c.type == "Accepted"]
+    assert (accepted.status, accepted.reason) == ("False", "NoTargets")
+    assert "matched no node" in accepted.message
+    assert await tasks_of(admin_kube, nothing) == []
+
+
+async def test_a_task_stays_while_its_diagnosis_exists_and_goes_with_it(
+    crds: ControlPlane, objects: Objects, admin_kube: Kube
+) -> None:
+    """Deleting a Task of a live Diagnosis only marks it (the finalizer keeps it); deleting the Diagnosis
+    removes all its Tasks, without a garbage collector."""
+    (probe,) = await objects.operations("probe")
+    opset = await objects.operation_set([[1], []], [probe])
+    diagnosis = await objects.diagnosis(opset.metadata.name, TargetSelector(node_names=(unique("e"), unique("e"))))
+    tasks = await polled(functools.partial(tasks_of, admin_kube, diagnosis), lambda ts: len(ts) == 2)
+    await kubectl(crds, "delete", "task", "-n", NS, tasks[0].metadata.name, "--wait=false")
+    kept = await admin_kube.get(TASKS, tasks[0].metadata.name, namespace=NS)
+    assert kept.metadata.deletion_timestamp is not None
+    assert kept.metadata.finalizers == (TASK_FINALIZER,)
+
+    await admin_kube.delete(DIAGNOSES, diagnosis.metadata.name, namespace=NS)
+    await polled(functools.partial(tasks_of, admin_kube, diagnosis), _empty)
+
+
+async def test_a_finished_diagnosis_is_reaped_after_its_ttl_with_its_tasks(
+    crds: ControlPlane, objects: Objects, admin_kube: Kube
+) -> None:
+    """ttlSecondsAfterFinished: 1 deletes the Diagnosis about a second after it succeeded (condition times have
+    whole seconds), and its Tasks with it."""
+    (probe,) = await objects.operations("probe")
+    opset = await objects.operation_set([[1], []], [probe])
+    diagnosis = await objects.diagnosis(
+        opset.metadata.name, TargetSelector(node_names=(unique("e"),)), ttl_seconds_after_finished=1
+    )
+    async with hub(admin_kube, diagnosis, lambda t: (True, {})):
+        await polled(functools.partial(_exists, admin_kube, diagnosis), lambda there: not there)
+    await polled(functools.partial(tasks_of, admin_kube, diagnosis), _empty)
+    assert "DiagnosisSucceeded" in await reasons(crds, diagnosis, until="DiagnosisSucceeded")
+
+
+async def test_operation_sets_get_their_paths_or_a_condition_naming_the_bad_node(
+    objects: Objects, admin_kube: Kube, controller: DiagnosisController
+) -> None:
+    """A graph stored without the webhook that has an unreachable node is not ready, the condition naming the
+    node; a valid one is ready with every path and its hash label. A Diagnosis of the bad one fails."""
+    a, b = await objects.operations("a", "b")
+    bad = await objects.operation_set([[1], [], []], [a, b])
+    good = await objects.operation_set([[1, 2], [], []], [a, b])
+
+    async def status(name: str, check: Callable[[OperationSet], bool]) -> OperationSet:
+        return await polled(functools.partial(admin_kube.get, OPERATION_SETS, name), check)
+
+    broken = await status(bad.metadata.name, lambda s: bool(s.status.conditions))
+    assert (broken.status.ready, broken.status.paths) == (False, ())
+    [ready] = broken.status.conditions
+    assert (ready.status, ready.reason) == ("False", "InvalidGraph")
+    assert ready.message == f"spec.adjacencyList[2]: node 2 ({b}) is not reachable from the start node 0"
+    fine = await status(good.metadata.name, lambda s: s.status.ready and HASH_LABEL in s.metadata.labels)
+    assert [ids(p) for p in fine.status.paths] == [[1], [2]]
+
+    diagnosis = await objects.diagnosis(bad.metadata.name, TargetSelector(node_names=(unique("e"),)))
+    failed = await diagnosis_when(admin_kube, diagnosis.metadata.name, finished)
+    [not_ready] = [c for c in failed.status.conditions if c.type == "OperationSetNotReady"]
+    assert "is not reachable from the start node 0" in not_ready.message
+
+
+async def test_policy_any_passes_a_stage_one_node_passed(objects: Objects, admin_kube: Kube) -> None:
+    """stagePolicy Any (KubeDiag's code): one of two nodes succeeding passes the stage."""
+    (probe,) = await objects.operations("probe")
+    opset = await objects.operation_set([[1], []], [probe])
+    edges = (unique("e"), unique("e"))
+    diagnosis = await objects.diagnosis(
+        opset.metadata.name, TargetSelector(node_names=edges), stage_policy=StagePolicy.ANY
+    )
+    async with hub(admin_kube, diagnosis, lambda t: (t.spec.node_name == edges[0], {})):
+        done = await diagnosis_when(admin_kube, diagnosis.metadata.name, finished)
+    assert done.status.phase is DiagnosisPhase.SUCCEEDED

@@ -1,0 +1,120 @@
+"""``containers/deploy/`` agrees with the code: the CRDs, the webhooks, the configs, the names, the probes.
+
+(That the API server takes the manifests, and that the RBAC works, is
+``tests/integration/test_deploy.py``.)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import yaml
+
+from roles import certs
+from roles.config import ControllerConfig, load_config
+from roles.controller.admission import webhook_configurations
+from tools.provision import deploy_crds
+
+DEPLOY = Path(__file__).resolve().parents[2] / "containers" / "deploy"
+
+
+def _documents(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((DEPLOY / name).read_text()) if d]
+
+
+def _one(name: str, kind: str, object_name: str) -> dict[str, Any]:
+    (found,) = [d for d in _documents(name) if d["kind"] == kind and d["metadata"]["name"] == object_name]
+    return found
+
+
+def _role_config(role: str, tmp_path: Path) -> Any:
+    config_map = _one(f"{role}.yaml", "ConfigMap", f"nodetaskd-{role}")
+    path = tmp_path / f"{role}.yaml"
+    path.write_text(config_map["data"][f"{role}.yaml"])
+    return load_config(role, path, {})
+
+
+def test_the_deployed_crds_are_the_generated_ones() -> None:
+    """containers/deploy/crds holds exactly schemas/crds and a kustomization listing them (`just crds` syncs them)."""
+    assert deploy_crds.differences() == []
+
+
+def test_the_webhook_manifests_are_what_the_controller_registers_but_the_ca(tmp_path: Path) -> None:
+    """Same names, rules and policies as roles/controller/admission.py builds for the Service; no caBundle."""
+    config = _role_config("controller", tmp_path)
+    assert isinstance(config, ControllerConfig)
+    built = webhook_configurations(service=config.webhook_service_ref, ca_bundle=b"")
+    for document, code in zip(_documents("webhooks.yaml"), built, strict=True):
+        expected = msgspec.json.decode(msgspec.json.encode(code))
+        for webhook in expected["webhooks"]:
+            del webhook["clientConfig"]["caBundle"]  # set at start by every replica, from the shared Secret
+            for rule in webhook["rules"]:
+                rule.setdefault("scope", "*")
+        manifest = {**document, "metadata": {"name": document["metadata"]["name"]}}  # labels aside
+        assert manifest == expected
+
+
+def test_the_configmaps_are_valid_role_configs_that_use_the_mounted_files(tmp_path: Path) -> None:
+    """Both ConfigMaps load as their role's config; the files they name are where the Secrets are mounted."""
+    controller = _role_config("controller", tmp_path)
+    cloud = _role_config("cloud", tmp_path)
+    assert controller.webhook_service_ref == (certs.NAMESPACE, certs.WEBHOOK_SERVICE, 443)
+    for role, config, secret in (("controller", controller, certs.WEBHOOK_SECRET), ("cloud", cloud, certs.HUB_SECRET)):
+        pod = _one(f"{role}.yaml", "Deployment", f"nodetaskd-{role}")["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        assert volumes["tls"]["secret"]["secretName"] == secret
+        assert config.tls_cert_file == f"{mounts['tls']}/tls.crt"
+        assert config.tls_key_file == f"{mounts['tls']}/tls.key"
+        assert container["args"] == [f"--role={role}", f"--config={mounts['config']}/{role}.yaml"]
+    assert controller.tls_ca_file == "/etc/nodetaskd/tls/ca.crt"
+
+
+def test_probes_and_scrape_annotations_point_at_the_ports_the_configs_listen_on(tmp_path: Path) -> None:
+    """Readiness on /readyz, liveness on /healthz, Prometheus on /metrics, each on the health port of the role."""
+    health_ports = {
+        "controller": _role_config("controller", tmp_path).metrics_port,
+        "cloud": _role_config("cloud", tmp_path).http_address[1],
+    }
+    for role, port in health_ports.items():
+        template = _one(f"{role}.yaml", "Deployment", f"nodetaskd-{role}")["spec"]["template"]
+        (container,) = template["spec"]["containers"]
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert ports[container["readinessProbe"]["httpGet"]["port"]] == port
+        assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+        assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+        assert template["metadata"]["annotations"]["prometheus.io/port"] == str(port)
+        assert template["metadata"]["annotations"]["prometheus.io/path"] == "/metrics"
+
+
+@pytest.mark.parametrize("role", ["controller", "cloud"])
+def test_services_and_budgets_select_the_pods_and_the_pods_run_unprivileged(role: str) -> None:
+    """Every Service and PodDisruptionBudget selects the Deployment's pods; they run as the image's user, read-only."""
+    deployment = _one(f"{role}.yaml", "Deployment", f"nodetaskd-{role}")
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    for document in _documents(f"{role}.yaml"):
+        selector = document.get("spec", {}).get("selector")
+        if document["kind"] == "Service":
+            assert selector.items() <= labels.items()
+        elif document["kind"] in ("PodDisruptionBudget", "Deployment"):
+            assert selector["matchLabels"].items() <= labels.items()
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == f"nodetaskd-{role}"
+    assert (pod["securityContext"]["runAsNonRoot"], pod["securityContext"]["runAsUser"]) == (True, 65532)
+    (container,) = pod["containers"]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    resources = container["resources"]
+    assert set(resources) == {"requests", "limits"}
+
+
+def test_the_controller_runs_two_replicas_and_always_keeps_one() -> None:
+    """Two replicas under one Lease; the budget keeps one serving the webhooks through a drain."""
+    assert _one("controller.yaml", "Deployment", "nodetaskd-controller")["spec"]["replicas"] == 2
+    assert _one("controller.yaml", "PodDisruptionBudget", "nodetaskd-controller")["spec"]["minAvailable"] == 1
+    service = _one("cloud.yaml", "Service", "nodetaskd-cloud-headless")
+    assert service["spec"]["clusterIP"] == "None"

@@ -1,0 +1,404 @@
+"""The edge agent against a fake hub over in-memory links, in virtual time, with its real store on disk.
+
+The fake hub answers each Hello with a Welcome, echoes heartbeats (unless told to stay silent) and
+hands every other frame to the test, which plays the hub's part. The tests wait for frames, never
+for time.
+
+The store's calls run in worker threads, which trio's autojump cannot see: with every task waiting
+on one, the clock would jump to the next deadline at once. So the clock (:func:`clock`) jumps only
+after everything has been idle for a few milliseconds of real time, and a ticker keeps the next
+deadline at most a second away: a slow disk costs virtual seconds, never the test's guard.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import sqlite3
+import ssl
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+import anyio
+import anyio.abc
+import msgspec
+import pytest
+import structlog
+import trio.testing
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from trio.testing import MockClock
+
+from flows import imageprepulljob
+from nodetask import messages
+from nodetask.clock import Clock
+from nodetask.link import Link, LinkClosed, MemoryLink, memory_links
+from nodetask.messages import Ack, Cancel, Error, Heartbeat, Hello, Report, ReportAck, RunAction, Upstream, Welcome
+from nodetask.route import Route
+from roles.edge.agent import EdgeAgent
+from roles.edge.checks import Thresholds
+from roles.edge.context import Action, Outcome, TaskContext
+from roles.edge.settings import AgentSettings
+from roles.edge.store import EdgeStore, TaskState, open_store
+from roles.jobtypes import job_types
+from schemas.v1alpha2 import API_VERSION, ImagePrePullJobSpec, ImagePrePullTemplate
+
+NODE: Final = "edge-1"
+PREPULL: Final = imageprepulljob.JOB_TYPE.resource_type
+INTERVAL: Final = 1.0
+"""The fake hub's heartbeat interval, and the ticker's."""
+GUARD: Final = 1000.0
+"""Virtual seconds a test may take (each tick of an idle second costs 5 ms of real time)."""
+SPEC: Final = msgspec.Raw(
+    msgspec.json.encode(ImagePrePullJobSpec(image_pre_pull_template=ImagePrePullTemplate(images=("busybox",))))
+)
+
+
+@pytest.fixture
+def clock() -> MockClock:
+    """Virtual time, jumping to the next deadline once all tasks (and the store's thread) sat idle for 5 ms."""
+    return MockClock(autojump_threshold=0.005)
+
+
+def run_action(job: str, *, action: str = imageprepulljob.CHECK) -> RunAction:
+    return RunAction(
+        id=f"run-{job}",
+        route=Route(API_VERSION, PREPULL, job, NODE),
+        job_uid=f"uid-{job}",
+        action=action,
+        spec=SPEC,
+    )
+
+
+@dataclass(eq=False)
+class HubSession:
+    """The hub's end of one session: what the agent sent besides heartbeats, and a way to answer."""
+
+    link: MemoryLink
+    frames: MemoryObjectReceiveStream[Upstream]
+    welcomed_at: float
+    heartbeats: list[float] = field(default_factory=list)
+    """Loop times the agent's heartbeats arrived."""
+    ended_at: float | None = None
+    """Loop time the agent closed the link."""
+    beat: anyio.Event = field(default_factory=anyio.Event)
+    """Set (and replaced) whenever a heartbeat arrives."""
+
+    async def wait_heartbeats(self, count: int) -> list[float]:
+        """The arrival times of the first ``count`` heartbeats, once they have all arrived."""
+        while len(self.heartbeats) < count:
+            await self.beat.wait()
+        return self.heartbeats[:count]
+
+    async def send(self, msg: messages.Message) -> None:
+        await self.link.send(messages.encode(msg))
+
+    async def receive(self) -> Upstream:
+        return await self.frames.receive()
+
+    async def reports(self, count: int) -> list[Report]:
+        """The next ``count`` frames, each of which must be a report."""
+        got = [await self.receive() for _ in range(count)]
+        assert all(isinstance(r, Report) for r in got), got
+        return [r for r in got if isinstance(r, Report)]
+
+    def nothing_received(self) -> bool:
+        try:
+            self.frames.receive_nowait()
+        except anyio.WouldBlock:
+            return True
+        return False
+
+
+@dataclass(eq=False)
+class FakeHub:
+    """Accepts the agent's links (or refuses the next ``refuse`` of them) and serves each in a task of its own."""
+
+    tg: anyio.abc.TaskGroup
+    echo: bool = True
+    interval: float = INTERVAL
+    refuse: int = 0
+    attempts: list[float] = field(default_factory=list)
+    """Loop times the agent tried to connect."""
+    _accepted: tuple[MemoryObjectSendStream[MemoryLink], MemoryObjectReceiveStream[MemoryLink]] = field(
+        default_factory=lambda: anyio.create_memory_object_stream[MemoryLink](math.inf)
+    )
+
+    @asynccontextmanager
+    async def open_link(
+        self, url: str, *, headers: Sequence[tuple[bytes, bytes]], ssl_context: ssl.SSLContext | None
+    ) -> AsyncIterator[Link]:
+        self.attempts.append(anyio.current_time())
+        if self.refuse:
+            self.refuse -= 1
+            raise OSError("connection refused")
+        # Unbounded: the hub's echoes never wait for the agent (which may be busy in its store), so the
+        # test exercises the agent's logic, not flow control between two fakes.
+        agent_end, hub_end = memory_links(math.inf)
+        self._accepted[0].send_nowait(hub_end)
+        try:
+            yield agent_end
+        finally:
+            await agent_end.close()
+
+    async def accept(self) -> HubSession:
+        """The agent's next session, welcomed."""
+        link = await self._accepted[1].receive()
+        hello = messages.decode_upstream(await link.receive())
+        assert isinstance(hello, Hello)
+        assert hello.node == NODE
+        await link.send(messages.encode(Welcome(hub="fake", heartbeat_interval=self.interval)))
+        frames, received = anyio.create_memory_object_stream[Upstream](math.inf)
+        session = HubSession(link, received, welcomed_at=anyio.current_time())
+        self.tg.start_soon(self._serve, session, frames)
+        return session
+
+    async def _serve(self, session: HubSession, frames: MemoryObjectSendStream[Upstream]) -> None:
+        with frames:
+            try:
+                while True:
+                    msg = messages.decode_upstream(await session.link.receive())
+                    if isinstance(msg, Heartbeat):
+                        session.heartbeats.append(anyio.current_time())
+                        session.beat.set()
+                        session.beat = anyio.Event()
+                        if self.echo:
+                            await session.link.send(messages.encode(msg))
+                    else:
+                        frames.send_nowait(msg)
+            except LinkClosed:
+                session.ended_at = anyio.current_time()
+
+
+@dataclass(eq=False)
+class FakeActions:
+    """The pre-pull's Check and Pull, recording their runs; with ``block_pull``, Pull runs until cancelled."""
+
+    runs: list[tuple[str, str]] = field(default_factory=list)
+    block_pull: bool = False
+    pull_started: anyio.Event = field(default_factory=anyio.Event)
+    pull_cancelled: bool = False
+
+    def table(self) -> dict[tuple[str, str], Action]:
+        async def check(ctx: TaskContext) -> Outcome:
+            self.runs.append((ctx.task.job_uid, imageprepulljob.CHECK))
+            return Outcome(True)
+
+        async def pull(ctx: TaskContext) -> Outcome:
+            self.runs.append((ctx.task.job_uid, imageprepulljob.PULL))
+            self.pull_started.set()
+            if self.block_pull:
+                try:
+                    await anyio.sleep_forever()
+                except anyio.get_cancelled_exc_class():
+                    self.pull_cancelled = True
+                    raise
+            return Outcome(True)
+
+        return {(PREPULL, imageprepulljob.CHECK): check, (PREPULL, imageprepulljob.PULL): pull}
+
+
+@dataclass(eq=False)
+class Edge:
+    agent: EdgeAgent
+    store: EdgeStore
+    hub: FakeHub
+    actions: FakeActions
+
+
+@asynccontextmanager
+async def running_edge(tmp_path: Path, *, echo: bool = True, block_pull: bool = False) -> AsyncIterator[Edge]:
+    """An agent with its store in ``tmp_path``, connected to a fake hub, under a guard of :data:`GUARD` seconds."""
+    settings = AgentSettings(
+        node=NODE,
+        version="v0.1.0",
+        hub_urls=("ws://hub.test",),
+        token="t0ken",
+        data_dir=tmp_path,
+        thresholds=Thresholds(),
+    )
+    actions = FakeActions(block_pull=block_pull)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_tick)
+        with anyio.fail_after(GUARD):
+            async with open_store(tmp_path / "store.sqlite") as store:
+                hub = FakeHub(tg, echo=echo)
+                agent = EdgeAgent(
+                    settings=settings,
+                    store=store,
+                    actions=actions.table(),
+                    job_types=job_types(),
+                    clock=Clock.start(),
+                    log=structlog.get_logger(),
+                    open_link=hub.open_link,
+                )
+                async with anyio.create_task_group() as agent_tg:
+                    await agent_tg.start(agent.run)
+                    yield Edge(agent, store, hub, actions)
+                    agent_tg.cancel_scope.cancel()
+        tg.cancel_scope.cancel()
+
+
+async def _tick() -> None:
+    for _ in itertools.count():
+        await anyio.sleep(INTERVAL)
+
+
+def summary(reports: list[Report]) -> list[tuple[int, str, str, bool]]:
+    return [(r.seq, r.job_uid, r.action, r.succ) for r in reports]
+
+
+async def test_a_run_action_is_acknowledged_only_once_it_is_stored(tmp_path: Path, clock: MockClock) -> None:
+    """While the store cannot take the task (its write lock held elsewhere), the hub gets no Ack; then it does."""
+    async with running_edge(tmp_path) as edge:
+        session = await edge.hub.accept()
+        blocker = sqlite3.connect(edge.store.path, isolation_level=None)
+        try:
+            blocker.execute("BEGIN IMMEDIATE")
+            await session.send(run_action("a"))
+            await trio.testing.wait_all_tasks_blocked()
+            assert session.nothing_received()
+            # Through the blocking connection: the agent's store waits behind its own pending write.
+            assert blocker.execute("SELECT count(*) FROM node_tasks").fetchone() == (0,)
+        finally:
+            blocker.execute("ROLLBACK")
+            blocker.close()
+        assert await session.receive() == Ack(id="run-a")
+        assert await edge.store.get_task("uid-a") is not None
+
+
+async def test_actions_run_in_flow_order_and_their_reports_go_out_in_seq_order(
+    tmp_path: Path, clock: MockClock
+) -> None:
+    """A RunAction is acked, then Check and Pull run and their reports arrive as seq 1 and 2."""
+    async with running_edge(tmp_path) as edge:
+        session = await edge.hub.accept()
+        await session.send(run_action("a"))
+        assert await session.receive() == Ack(id="run-a")
+        assert summary(await session.reports(2)) == [(1, "uid-a", "Check", True), (2, "uid-a", "Pull", True)]
+        assert edge.actions.runs == [("uid-a", "Check"), ("uid-a", "Pull")]
+
+
+async def test_unacknowledged_reports_are_sent_again_on_each_new_session_until_acknowledged(
+    tmp_path: Path, clock: MockClock
+) -> None:
+    """Reports the hub did not acknowledge come again after a reconnect; acknowledged ones never do."""
+    async with running_edge(tmp_path) as edge:
+        first = await edge.hub.accept()
+        await first.send(run_action("a"))
+        assert await first.receive() == Ack(id="run-a")
+        assert [r.seq for r in await first.reports(2)] == [1, 2]
+        await first.link.close()
+
+        second = await edge.hub.accept()
+        resent = await second.reports(2)
+        assert [r.seq for r in resent] == [1, 2]
+        for report in resent:
+            await second.send(ReportAck(job_uid=report.job_uid, seq=report.seq))
+        await second.send(run_action("b"))
+        assert await second.receive() == Ack(id="run-b")  # sent after the acks above were taken
+        assert [r.seq for r in await second.reports(2)] == [3, 4]
+        await second.link.close()
+
+        third = await edge.hub.accept()
+        assert summary(await third.reports(2)) == [(3, "uid-b", "Check", True), (4, "uid-b", "Pull", True)]
+        assert edge.actions.runs == [("uid-a", "Check"), ("uid-a", "Pull"), ("uid-b", "Check"), ("uid-b", "Pull")]
+
+
+async def test_a_duplicate_run_action_does_not_run_the_task_again_but_reports_its_latest_result(
+    tmp_path: Path, clock: MockClock
+) -> None:
+    """The same job UID sent again is acked and answered with its newest result; no action runs twice."""
+    async with running_edge(tmp_path) as edge:
+        session = await edge.hub.accept()
+        await session.send(run_action("a"))
+        assert await session.receive() == Ack(id="run-a")
+        for report in await session.reports(2):
+            await session.send(ReportAck(job_uid=report.job_uid, seq=report.seq))
+        await session.send(run_action("a"))
+        assert await session.receive() == Ack(id="run-a")
+        assert summary(await session.reports(1)) == [(3, "uid-a", "Pull", True)]
+        assert edge.actions.runs == [("uid-a", "Check"), ("uid-a", "Pull")]
+
+
+@pytest.mark.parametrize("code", ["job_gone", "report_rejected"])
+async def test_a_report_the_hub_refuses_for_good_is_dropped(tmp_path: Path, clock: MockClock, code: str) -> None:
+    """An Error with a final code naming a report's seq takes it out of the outbox, with the hub's reason."""
+    async with running_edge(tmp_path) as edge:
+        session = await edge.hub.accept()
+        await session.send(run_action("a"))
+        assert await session.receive() == Ack(id="run-a")
+        await session.reports(2)
+        await session.send(Error(code=code, message="no such job", ref="1"))
+        await session.send(Error(code="internal", message="try later", ref="2"))  # not final: kept
+        await session.send(run_action("b", action=imageprepulljob.PULL))
+        assert await session.receive() == Ack(id="run-b")  # sent after the errors above were handled
+        assert [(d.report.seq, d.reason) for d in await edge.store.dropped()] == [(1, f"{code}: no such job")]
+        assert [r.seq for r in await edge.store.pending()][:1] == [2]
+
+
+async def test_heartbeats_go_out_at_the_interval_the_hub_asked_for(tmp_path: Path, clock: MockClock) -> None:
+    """The first heartbeat follows the Welcome at once, then one every interval, exactly."""
+    async with running_edge(tmp_path) as edge:
+        edge.hub.interval = 7.0
+        session = await edge.hub.accept()
+        start = session.welcomed_at
+        assert await session.wait_heartbeats(4) == [start, start + 7.0, start + 14.0, start + 21.0]
+
+
+async def test_a_silent_hub_ends_the_session_after_three_intervals_and_the_agent_reconnects_with_backoff(
+    tmp_path: Path, clock: MockClock
+) -> None:
+    """With no frame from the hub for three heartbeat intervals the agent closes the link, then reconnects,
+    each failed attempt waiting longer (within the jittered bounds of a doubling ceiling)."""
+    async with running_edge(tmp_path, echo=False) as edge:
+        edge.hub.interval = 5.0
+        session = await edge.hub.accept()
+        assert await edge.agent.wait_connected(INTERVAL)
+        edge.hub.refuse = 2
+        await edge.hub.accept()
+        assert await edge.agent.wait_connected(INTERVAL)
+        assert session.ended_at is not None
+        assert session.ended_at >= session.welcomed_at + 15.0
+        assert edge.agent.connects == 2
+        end, *attempts = [session.ended_at, *edge.hub.attempts[1:]]
+        gaps = [b - a for a, b in itertools.pairwise([end, *attempts])]
+        ceilings = [0.5, 1.0, 2.0]
+        assert len(gaps) == len(ceilings)
+        assert all(c / 2 <= gap <= c for gap, c in zip(gaps, ceilings, strict=True)), gaps
+
+
+async def test_the_backoff_starts_over_once_a_session_was_welcomed(tmp_path: Path, clock: MockClock) -> None:
+    """After refused attempts grew the backoff, a welcomed session resets it: its loss is retried within 0.5 s."""
+    async with running_edge(tmp_path, echo=False) as edge:
+        edge.hub.interval = 5.0
+        first = await edge.hub.accept()
+        edge.hub.refuse = 3
+        second = await edge.hub.accept()  # after gaps of up to 0.5, 1 and 2 s and a fourth of up to 4 s
+        assert first.ended_at is not None
+        assert await edge.agent.wait_connected(INTERVAL)
+        await edge.hub.accept()
+        assert second.ended_at is not None
+        retry = edge.hub.attempts[-1] - second.ended_at
+        assert 0.25 <= retry <= 0.5, retry
+
+
+async def test_a_cancel_stops_a_running_task_and_records_it_as_failed(tmp_path: Path, clock: MockClock) -> None:
+    """Cancel interrupts the running action; the task ends with a failed report saying it was cancelled."""
+    async with running_edge(tmp_path, block_pull=True) as edge:
+        session = await edge.hub.accept()
+        run = run_action("a")
+        await session.send(run)
+        assert await session.receive() == Ack(id="run-a")
+        assert summary(await session.reports(1)) == [(1, "uid-a", "Check", True)]
+        await edge.actions.pull_started.wait()
+        await session.send(Cancel(route=run.route, job_uid=run.job_uid))
+        (report,) = await session.reports(1)
+        assert (report.seq, report.action, report.succ) == (2, "Pull", False)
+        assert report.reason == "cancelled: the job was deleted or interrupted in the cloud"
+        assert edge.actions.pull_cancelled
+        task = await edge.store.get_task("uid-a")
+        assert task is not None
+        assert task.state is TaskState.FINISHED
