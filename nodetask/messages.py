@@ -108,7 +108,7 @@ class RunAction(Message, frozen=True, tag="run_action"):
     spec: msgspec.Raw
     """The job's spec as JSON, decoded by the job type on the edge."""
     credentials: dict[str, str] = {}
-    """Image reference to its registry's credentials (``registry_auth.encode_credentials``), resolved
+    """Image reference to its registry's credentials (``roles.registry_auth.encode_credentials``), resolved
     by the cloud from the job's ``imageSecrets`` and sent only to that job's nodes."""
     credentials_error: str = ""
     """Why the job's ``imageSecrets`` could not be resolved; the edge fails its pulls with it."""

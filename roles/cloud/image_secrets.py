@@ -11,10 +11,10 @@ import base64
 import binascii
 from typing import Any, Final
 
-from nodetask.registry_auth import DockerConfig, encode_credentials, parse_docker_config_json
 from roles.cloud.api import ObjectReader
 from roles.kube import ApiError, NotFound
 from roles.kube.resources import SECRETS
+from roles.registry_auth import DockerConfig, encode_credentials, parse_docker_config_json
 
 __all__ = ["DOCKER_CONFIG_KEY", "ImageSecrets"]
 

@@ -13,10 +13,10 @@ from types import MappingProxyType
 
 from flows import configupdatejob, imageprepulljob, nodeupgradejob
 from nodetask.phases import ConditionStatus
-from nodetask.registry_auth import RegistryAuth, decode_credentials
 from roles.edge import config_update, upgrade
 from roles.edge.checks import run_checks
 from roles.edge.context import Action, Actions, Outcome, TaskContext, take_exclusive
+from roles.registry_auth import RegistryAuth, decode_credentials
 from schemas.v1alpha2 import ImageStatus
 from schemas.validation import is_version
 

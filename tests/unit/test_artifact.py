@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from nodetask.registry_auth import parse_image
 from roles.edge import artifact
 from roles.edge.artifact import (
     ArtifactError,
@@ -26,6 +25,7 @@ from roles.edge.artifact import (
 )
 from roles.edge.registry_client import RegistryClient, plain_http, same_origin
 from roles.edge.registry_token import Tokens
+from roles.registry_auth import parse_image
 from schemas.v1alpha2 import ImageDigestGetter
 from tools.provision import upgrade_artifact
 

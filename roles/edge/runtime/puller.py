@@ -28,8 +28,8 @@ import trio
 
 import roles
 from nodetask.phases import ConditionStatus
-from nodetask.registry_auth import RegistryAuth, decode_credentials, encode_credentials
 from roles.logs import configure_logging
+from roles.registry_auth import RegistryAuth, decode_credentials, encode_credentials
 from schemas.v1alpha2 import ImageStatus
 
 __all__ = ["PullRequest", "pull_in_child", "request_for"]
