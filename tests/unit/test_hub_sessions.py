@@ -47,6 +47,14 @@ def _hub_of(api: MemoryApi, node: str) -> str | None:
     return api.peek(NODES, node).metadata.annotations.get(HUB_ANNOTATION)
 
 
+def _one_node_job(name: str) -> MemoryApi:
+    """An API server holding node n0 and a pre-pull job ``name`` (UID ``uid-<name>``) pending on it."""
+    api = MemoryApi()
+    edge_nodes(api, "n0")
+    api.put(PREPULLS, prepull_job(name, f"uid-{name}", [("n0", PENDING)]))
+    return api
+
+
 async def test_dispatch_takes_the_adopted_node_first_then_pending_ones_in_job_order_one_at_a_time(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -75,9 +83,7 @@ async def test_an_edge_that_reconnects_before_acking_gets_its_run_action_again(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """A RunAction whose session ended before the edge acknowledged it is sent again on the edge's next session."""
-    api = MemoryApi()
-    edge_nodes(api, "n0")
-    api.put(PREPULLS, prepull_job("resend", "uid-resend", [("n0", PENDING)]))
+    api = _one_node_job("resend")
     async with running_hub(api) as (hub, door):
         first = door.connect("n0")
         await first.hello()
@@ -95,9 +101,7 @@ async def test_a_report_is_acknowledged_only_after_its_status_write_has_landed(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """While the job's status write is held the edge hears nothing; the ReportAck follows the write."""
-    api = MemoryApi()
-    edge_nodes(api, "n0")
-    api.put(PREPULLS, prepull_job("held", "uid-held", [("n0", PENDING)]))
+    api = _one_node_job("held")
     async with running_hub(api) as (_, door):
         edge = door.connect("n0")
         await edge.hello()
@@ -115,9 +119,7 @@ async def test_a_duplicate_report_is_applied_once_and_acknowledged_again(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """The same report sent twice (an ack lost on the way) writes the status once and is acknowledged both times."""
-    api = MemoryApi()
-    edge_nodes(api, "n0")
-    api.put(PREPULLS, prepull_job("dup", "uid-dup", [("n0", PENDING)]))
+    api = _one_node_job("dup")
     async with running_hub(api) as (_, door):
         edge = door.connect("n0")
         await edge.hello()
@@ -194,9 +196,7 @@ async def test_a_newer_session_for_the_same_node_replaces_the_older_one(autojump
 
 async def test_a_report_for_a_job_deleted_mid_run_is_answered_job_gone(autojump_clock: trio.testing.MockClock) -> None:
     """Deleting a running job sends the edge a Cancel, and a report that arrives after it gets job_gone."""
-    api = MemoryApi()
-    edge_nodes(api, "n0")
-    api.put(PREPULLS, prepull_job("doomed", "uid-doomed", [("n0", PENDING)]))
+    api = _one_node_job("doomed")
     async with running_hub(api) as (_, door):
         edge = door.connect("n0")
         await edge.hello()
