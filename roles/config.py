@@ -210,6 +210,22 @@ class LocalApiConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", 
     """Whether it serves the node's cached Secrets too; off, it refuses them with 403."""
 
 
+class ScriptsConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True):
+    """Which diagnosis scripts (an Operation's ``scriptRunner``) this device runs."""
+
+    enabled: bool = False
+    """Off by default: whoever may create an Operation must not get a shell on every device."""
+    allowed_sha256: tuple[str, ...] = ()
+    """With ``enabled``, only scripts whose SHA-256 (hex) is listed run, unless ``allowAny``."""
+    allow_any: bool = False
+
+
+class DiagnosisConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True):
+    """What a diagnosis Task (``diagnosis.kubediag.org``) may make this device do (``roles.edge.processors``)."""
+
+    scripts: ScriptsConfig = ScriptsConfig()
+
+
 class EdgeConfig(_Config, frozen=True, kw_only=True):
     UPDATABLE_FIELDS: ClassVar[frozenset[str]] = frozenset(
         {
@@ -251,6 +267,9 @@ class EdgeConfig(_Config, frozen=True, kw_only=True):
     local_api: LocalApiConfig = LocalApiConfig()
     """``localApi: {enabled: true, port: 10261}`` serves the device's cached cloud objects on loopback.
     Not updatable by a ConfigUpdateJob: whoever may create jobs must not open it on every device."""
+
+    diagnosis: DiagnosisConfig = DiagnosisConfig()
+    """What diagnosis processors may do here; closed by default. Not updatable by a ConfigUpdateJob."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
