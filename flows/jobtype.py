@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
@@ -26,6 +26,7 @@ from schemas.kinds import Kind
 from schemas.v1alpha2 import ActionStatus, NodeTaskStatus
 
 __all__ = [
+    "EdgeJobType",
     "ExtendError",
     "JobType",
     "NextStep",
@@ -117,6 +118,28 @@ class JobType:
             return None, f"the job spec is invalid: {exc}"
 
 
+class EdgeJobType(Protocol):
+    """What the edge's task walk needs of a job type: :class:`JobType` has it, and so has a diagnosis Task's
+    (:mod:`flows.diagnosis_job`), whose status is not a node job's and which the hub runs apart."""
+
+    @property
+    def resource_type(self) -> str: ...
+
+    @property
+    def flow(self) -> Flow: ...
+
+    @property
+    def exclusive(self) -> bool: ...
+
+    @property
+    def confirmation(self) -> str | None: ...
+
+    @property
+    def asks_confirmation(self) -> Callable[[Any], bool]: ...
+
+    def read_spec(self, raw: bytes) -> tuple[msgspec.Struct | None, str]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class NextStep:
     """What follows an action's result on the device."""
@@ -127,7 +150,7 @@ class NextStep:
     """Wait for confirmation before running :attr:`action`."""
 
 
-def next_step(job_type: JobType, spec: Any, action: str, succ: bool) -> NextStep:
+def next_step(job_type: EdgeJobType, spec: Any, action: str, succ: bool) -> NextStep:
     """The step after ``action`` ended with ``succ``, for a task whose decoded spec is ``spec``. Pure.
 
     An action the flow does not know ends the task (its failure is what gets reported).
@@ -140,7 +163,7 @@ def next_step(job_type: JobType, spec: Any, action: str, succ: bool) -> NextStep
     return NextStep(after, pause)
 
 
-def resume_at(job_type: JobType, current: str, done: Mapping[str, bool]) -> str | None:
+def resume_at(job_type: EdgeJobType, current: str, done: Mapping[str, bool]) -> str | None:
     """Where a node task resumes: ``current``, or past it along the results already recorded in ``done``
     (action to success), so that no recorded action runs twice; None when they finish the task. Pure."""
     action: str | None = current

@@ -18,7 +18,7 @@ import anyio
 import anyio.abc
 import structlog
 
-from flows.jobtype import JobType, NextStep, next_step, resume_at
+from flows.jobtype import EdgeJobType, NextStep, next_step, resume_at
 from nodetask.clock import Clock
 from nodetask.messages import Report, Upstream
 from nodetask.route import Route
@@ -48,7 +48,7 @@ class TaskRunner:
         settings: AgentSettings,
         store: EdgeStore,
         actions: Actions,
-        job_types: Mapping[str, JobType],
+        job_types: Mapping[str, EdgeJobType],
         clock: Clock,
         outbox: Outbox,
         wait_connected: Callable[[float], Awaitable[bool]],
