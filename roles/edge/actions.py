@@ -11,22 +11,28 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
 
-from flows import configupdatejob, imageprepulljob, nodeupgradejob
+from flows import configupdatejob, diagnosis_job, imageprepulljob, nodeupgradejob
+from flows.diagnosis_job import TaskRun
+from flows.jobtype import ExtendError
 from nodetask.phases import ConditionStatus
-from roles.edge import config_update, upgrade
+from roles.edge import config_update, processors, upgrade
 from roles.edge.checks import run_checks
 from roles.edge.context import Action, Actions, Outcome, TaskContext, take_exclusive
+from roles.edge.processors import ProcessorEnv, ProcessorOutcome
 from roles.registry_auth import RegistryAuth, decode_credentials
+from schemas.diagnosis import Processor
 from schemas.v1alpha2 import ImageStatus
 from schemas.validation import is_version
 
-__all__ = ["PullImages", "build_actions"]
+__all__ = ["PullImages", "RunProcessor", "build_actions", "diagnosis_run"]
 
 AuthFor = Callable[[str], RegistryAuth | None]
 PullImages = Callable[[tuple[str, ...], int, AuthFor], Awaitable[tuple[ImageStatus, ...]]]
 """Pull ``images`` with ``retryTimes``, each with its registry's credentials: per-image statuses."""
 Credentials = Callable[[str], tuple[Mapping[str, str], str]]
 """A job's credentials by image as the hub sent them, and the hub's reason when it had none to send."""
+RunProcessor = Callable[[Processor, Mapping[str, str], ProcessorEnv], Awaitable[ProcessorOutcome]]
+"""Runs a diagnosis processor on request data (:func:`roles.edge.processors.run`)."""
 
 
 async def _checks(ctx: TaskContext, items: tuple[str, ...]) -> Outcome:
@@ -93,12 +99,43 @@ async def _waiting_confirmation(ctx: TaskContext) -> Outcome:
     return Outcome(True)
 
 
-def build_actions(*, pull: PullImages | None, credentials: Credentials, self_upgrade: bool | None = None) -> Actions:
+# ------------------------------------------------------------------------------- diagnosis Task
+
+
+def diagnosis_run(env: ProcessorEnv, run: RunProcessor = processors.run) -> Action:
+    """A Task's one action: its Operation's processor on its request data; the results go in ``extend``.
+
+    Not exclusive: a diagnosis only looks at the device, so it runs beside an upgrade or config update.
+    """
+
+    async def action(ctx: TaskContext) -> Outcome:
+        spec: TaskRun = ctx.spec
+        request = {**spec.request}
+        request.setdefault("task.uid", ctx.task.job_uid)
+        outcome = await run(spec.processor, request, env)
+        if not outcome.succeeded:
+            return Outcome(False, outcome.reason or f"the processor of Operation {spec.operation} failed")
+        try:
+            return Outcome(True, "", diagnosis_job.encode_results(outcome.results))
+        except ExtendError as exc:
+            return Outcome(False, f"Operation {spec.operation}: {exc}")
+
+    return action
+
+
+def build_actions(
+    *,
+    pull: PullImages | None,
+    credentials: Credentials,
+    self_upgrade: bool | None = None,
+    diagnosis: ProcessorEnv | None = None,
+) -> Actions:
     """The actions this agent can run; ``pull`` is None where no container runtime is reachable.
 
     ``self_upgrade`` says whether the agent can restart onto another installed version, which
     only its launcher can do (None: whether the launcher started this process). Without it the
     NodeUpgradeJob still runs Check and WaitingConfirmation, and then fails with that reason.
+    ``diagnosis`` is what diagnosis processors may use; without it, Tasks fail saying so.
     """
     if self_upgrade is None:
         self_upgrade = upgrade.supervised()
@@ -122,5 +159,8 @@ def build_actions(*, pull: PullImages | None, credentials: Credentials, self_upg
         (config, configupdatejob.BACK_UP): config_update.back_up,
         (config, configupdatejob.UPDATE): config_update.update,
         (config, configupdatejob.ROLL_BACK): config_update.roll_back,
+        (diagnosis_job.RESOURCE_TYPE, diagnosis_job.RUN): (
+            diagnosis_run(diagnosis) if diagnosis is not None else _unavailable("diagnosis", "no processor settings")
+        ),
     }
     return MappingProxyType(table)

@@ -24,7 +24,7 @@ import anyio
 import anyio.abc
 import structlog
 
-from flows.jobtype import JobType
+from flows.jobtype import EdgeJobType
 from nodetask.clock import Clock
 from nodetask.link import OpenLink
 from nodetask.messages import Ack, Cancel, Confirm, Downstream, Error, ReportAck, RunAction
@@ -55,7 +55,7 @@ class EdgeAgent:
         settings: AgentSettings,
         store: EdgeStore,
         actions: Actions,
-        job_types: Mapping[str, JobType],
+        job_types: Mapping[str, EdgeJobType],
         clock: Clock,
         log: Log,
         open_link: OpenLink = open_ws_link,
@@ -106,6 +106,23 @@ class EdgeAgent:
         with the RunAction that resynchronises the task, before a resumed pull needs them.
         """
         return self._credentials.get(job_uid, ({}, ""))
+
+    async def status(self) -> Mapping[str, str]:
+        """The agent's own state, for the ``agent.status`` diagnosis collector: ``version``, ``node``,
+        ``store`` (``ok`` or why not), ``outboxDepth`` (reports not yet acknowledged; empty when the store
+        fails), ``hub`` (the hub of the current session, empty when there is none) and ``connected``."""
+        try:
+            depth, store = str(await self._store.outbox_depth()), "ok"
+        except StoreError as exc:
+            depth, store = "", str(exc)
+        return {
+            "version": self.settings.version,
+            "node": self.settings.node,
+            "store": store,
+            "outboxDepth": depth,
+            "hub": self._hub.hub,
+            "connected": "true" if self._hub.connected.is_set() else "false",
+        }
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Resume stored tasks, then keep a hub connection until cancelled."""

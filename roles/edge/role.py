@@ -16,10 +16,11 @@ from nodetask.clock import Clock
 from roles.config import EdgeConfig, RoleConfig
 from roles.edge.actions import AuthFor, PullImages, build_actions
 from roles.edge.agent import EdgeAgent
+from roles.edge.processors import ProcessorEnv
 from roles.edge.runtime.puller import pull_in_child, request_for
 from roles.edge.settings import AgentSettings, settings_of
 from roles.edge.store import StoreError, StoreFault, open_store, quarantine_store
-from roles.jobtypes import job_types
+from roles.jobtypes import edge_job_types
 from schemas.v1alpha2 import ImageStatus
 
 Log = structlog.typing.FilteringBoundLogger
@@ -77,11 +78,17 @@ async def _run(settings: AgentSettings, cfg: EdgeConfig, path: Path, clock: Cloc
         def credentials(job_uid: str) -> tuple[Mapping[str, str], str]:
             return agent.credentials(job_uid)
 
+        async def agent_status() -> Mapping[str, str]:
+            return await agent.status()
+
+        diagnosis = ProcessorEnv(
+            node=settings.node, config=cfg.diagnosis, cri_endpoint=cfg.cri_endpoint, agent_status=agent_status
+        )
         agent = EdgeAgent(
             settings=settings,
             store=store,
-            actions=build_actions(pull=pull, credentials=credentials),
-            job_types=job_types(),
+            actions=build_actions(pull=pull, credentials=credentials, diagnosis=diagnosis),
+            job_types=edge_job_types(),
             clock=clock,
             log=log,
         )

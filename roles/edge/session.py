@@ -102,6 +102,8 @@ class HubConnection:
         self.connects = 0
         """Sessions established since the agent started."""
         self.session: Session | None = None
+        self.hub = ""
+        """The hub the current session is with (its id as it said in Welcome), empty between sessions."""
 
     async def wait_connected(self, within: float) -> bool:
         """Whether a hub session is (or becomes, within ``within`` seconds) established."""
@@ -148,6 +150,7 @@ class HubConnection:
             self.connects += 1
             self.connected.set()
             self.session = session
+            self.hub = welcome.hub
             self._log.info("hub_connected", hub=welcome.hub, url=url)
             try:
                 async with queue, outbound, anyio.create_task_group() as tg:
@@ -158,6 +161,7 @@ class HubConnection:
             finally:
                 self.connected = anyio.Event()
                 self.session = None
+                self.hub = ""
 
     async def _write(self, link: Link, outbound: MemoryObjectReceiveStream[_Outgoing]) -> None:
         async for item in outbound:

@@ -412,6 +412,10 @@ class EdgeStore:
 
         return await self._call(op)
 
+    async def outbox_depth(self) -> int:
+        """How many reports wait for a hub's acknowledgement."""
+        return await self._call(lambda conn: int(conn.execute("SELECT COUNT(*) FROM outbox").fetchone()[0]))
+
     async def acknowledge(self, seq: int) -> bool:
         """Forget a report a hub has durably applied; False if it was not pending (a repeated ack)."""
         return await self._call(lambda conn: conn.execute("DELETE FROM outbox WHERE seq = ?", (seq,)).rowcount == 1)

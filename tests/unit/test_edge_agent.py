@@ -16,7 +16,7 @@ import itertools
 import math
 import sqlite3
 import ssl
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,18 +31,23 @@ import trio.testing
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from trio.testing import MockClock
 
-from flows import imageprepulljob
+from flows import diagnosis_job, imageprepulljob
 from nodetask import messages
 from nodetask.clock import Clock
 from nodetask.link import Link, LinkClosed, MemoryLink, memory_links
 from nodetask.messages import Ack, Cancel, Error, Heartbeat, Hello, Report, ReportAck, RunAction, Upstream, Welcome
 from nodetask.route import Route
+from roles.config import DiagnosisConfig
+from roles.edge.actions import diagnosis_run
 from roles.edge.agent import EdgeAgent
 from roles.edge.checks import Thresholds
 from roles.edge.context import Action, Outcome, TaskContext
+from roles.edge.processors import ProcessorEnv, ProcessorOutcome
 from roles.edge.settings import AgentSettings
 from roles.edge.store import EdgeStore, TaskState, open_store
-from roles.jobtypes import job_types
+from roles.jobtypes import edge_job_types
+from schemas.diagnosis import HTTPServer, Processor, Task, TaskSpec
+from schemas.meta import ObjectMeta
 from schemas.v1alpha2 import API_VERSION, ImagePrePullJobSpec, ImagePrePullTemplate
 
 NODE: Final = "edge-1"
@@ -54,6 +59,7 @@ GUARD: Final = 1000.0
 SPEC: Final = msgspec.Raw(
     msgspec.json.encode(ImagePrePullJobSpec(image_pre_pull_template=ImagePrePullTemplate(images=("busybox",))))
 )
+PROCESSOR: Final = Processor(http_server=HTTPServer(address="127.0.0.1", port=9, path="/check"), timeout_seconds=5)
 
 
 @pytest.fixture
@@ -69,6 +75,21 @@ def run_action(job: str, *, action: str = imageprepulljob.CHECK) -> RunAction:
         job_uid=f"uid-{job}",
         action=action,
         spec=SPEC,
+    )
+
+
+def task_action(name: str) -> RunAction:
+    """The RunAction a hub sends for the diagnosis Task ``name`` (uid ``uid-<name>``) on this node."""
+    task = Task(
+        metadata=ObjectMeta(name=name, namespace="ns", uid=f"uid-{name}"),
+        spec=TaskSpec(operation="check", node_name=NODE, parameters={"target": "10.0.0.1"}),
+    )
+    return RunAction(
+        id=f"run-{name}",
+        route=diagnosis_job.route_of(task),
+        job_uid=task.metadata.uid,
+        action=diagnosis_job.RUN,
+        spec=msgspec.Raw(diagnosis_job.task_run(task, PROCESSOR)),
     )
 
 
@@ -180,6 +201,13 @@ class FakeActions:
     block_pull: bool = False
     pull_started: anyio.Event = field(default_factory=anyio.Event)
     pull_cancelled: bool = False
+    processed: list[tuple[Processor, Mapping[str, str]]] = field(default_factory=list)
+    """What the diagnosis processor was asked to run, in order."""
+    processor_outcome: ProcessorOutcome = field(default_factory=lambda: ProcessorOutcome(True, {"open": "yes"}))
+
+    async def process(self, processor: Processor, request: Mapping[str, str], env: ProcessorEnv) -> ProcessorOutcome:
+        self.processed.append((processor, request))
+        return self.processor_outcome
 
     def table(self) -> dict[tuple[str, str], Action]:
         async def check(ctx: TaskContext) -> Outcome:
@@ -197,7 +225,15 @@ class FakeActions:
                     raise
             return Outcome(True)
 
-        return {(PREPULL, imageprepulljob.CHECK): check, (PREPULL, imageprepulljob.PULL): pull}
+        async def no_status() -> Mapping[str, str]:
+            return {}
+
+        env = ProcessorEnv(node=NODE, config=DiagnosisConfig(), cri_endpoint="", agent_status=no_status)
+        return {
+            (PREPULL, imageprepulljob.CHECK): check,
+            (PREPULL, imageprepulljob.PULL): pull,
+            (diagnosis_job.RESOURCE_TYPE, diagnosis_job.RUN): diagnosis_run(env, self.process),
+        }
 
 
 @dataclass(eq=False)
@@ -229,7 +265,7 @@ async def running_edge(tmp_path: Path, *, echo: bool = True, block_pull: bool = 
                     settings=settings,
                     store=store,
                     actions=actions.table(),
-                    job_types=job_types(),
+                    job_types=edge_job_types(),
                     clock=Clock.start(),
                     log=structlog.get_logger(),
                     open_link=hub.open_link,
@@ -402,3 +438,76 @@ async def test_a_cancel_stops_a_running_task_and_records_it_as_failed(tmp_path: 
         task = await edge.store.get_task("uid-a")
         assert task is not None
         assert task.state is TaskState.FINISHED
+
+
+async def test_a_task_runs_its_processor_on_its_request_and_reports_the_results_in_extend(
+    tmp_path: Path, clock: MockClock
+) -> None:
+    """A Task's RunAction is acked once stored; its Operation's processor gets the request data with ``task.uid``,
+    and one report of Run carries the results as a JSON object of strings."""
+    async with running_edge(tmp_path) as edge:
+        session = await edge.hub.accept()
+        await session.send(task_action("t"))
+        assert await session.receive() == Ack(id="run-t")
+        (report,) = await session.reports(1)
+        assert (report.seq, report.job_uid, report.action, report.succ) == (1, "uid-t", "Run", True)
+        assert msgspec.json.decode(report.extend) == {"open": "yes"}
+        assert str(report.route) == f"diagnosis.kubediag.org/v1/task/t/nodes/{NODE}"
+        assert edge.actions.processed == [(PROCESSOR, {"target": "10.0.0.1", "task.uid": "uid-t"})]
+
+
+async def test_a_failed_processor_and_results_over_the_bound_are_reported_as_failures_with_the_reason(
+    tmp_path: Path, clock: MockClock
+) -> None:
+    """The processor's reason is the report's; results too large for the wire fail the Task saying so."""
+    async with running_edge(tmp_path) as edge:
+        session = await edge.hub.accept()
+        edge.actions.processor_outcome = ProcessorOutcome(False, reason="HTTP 500 from 127.0.0.1:9/check")
+        await session.send(task_action("a"))
+        assert await session.receive() == Ack(id="run-a")
+        (failed,) = await session.reports(1)
+        assert (failed.succ, failed.reason, failed.extend) == (False, "HTTP 500 from 127.0.0.1:9/check", "")
+        edge.actions.processor_outcome = ProcessorOutcome(True, {"k": "x" * diagnosis_job.MAX_RESULTS_BYTES})
+        await session.send(task_action("b"))
+        assert await session.receive() == Ack(id="run-b")
+        (big,) = await session.reports(1)
+        assert not big.succ
+        assert big.reason.startswith("Operation check: the results are ")
+        assert f"more than the {diagnosis_job.MAX_RESULTS_BYTES} a task may report" in big.reason
+
+
+async def test_a_task_runs_while_an_upgrade_holds_the_nodes_exclusive_slot_and_never_takes_it(
+    tmp_path: Path, clock: MockClock
+) -> None:
+    """Diagnosing only looks at the device: a Task runs beside the agent-changing task holding the slot."""
+    async with running_edge(tmp_path) as edge:
+        await edge.store.add_task(
+            job_uid="uid-up", route="r", job_type="nodeupgradejob", spec=b"{}", run_action_id="x", action="Upgrade"
+        )
+        assert await edge.store.try_begin_exclusive("uid-up", "nodeupgradejob") is None
+        session = await edge.hub.accept()
+        await session.send(task_action("t"))
+        assert await session.receive() == Ack(id="run-t")
+        (report,) = await session.reports(1)
+        assert report.succ
+        hold = await edge.store.exclusive_hold()
+        assert hold is not None
+        assert hold.job_uid == "uid-up"
+
+
+async def test_the_agent_status_names_its_version_store_outbox_depth_and_hub(tmp_path: Path, clock: MockClock) -> None:
+    """What the ``agent.status`` collector reports: version, node, store health, unacknowledged reports, the hub."""
+    async with running_edge(tmp_path) as edge:
+        assert (await edge.agent.status())["connected"] == "false"
+        session = await edge.hub.accept()
+        await session.send(task_action("t"))
+        assert await session.receive() == Ack(id="run-t")
+        await session.reports(1)
+        assert await edge.agent.status() == {
+            "version": "v0.1.0",
+            "node": NODE,
+            "store": "ok",
+            "outboxDepth": "1",
+            "hub": "fake",
+            "connected": "true",
+        }
