@@ -15,9 +15,19 @@ import msgspec
 from anyio.streams.memory import MemoryObjectSendStream
 
 from roles.events import EventSink
-from roles.kube import Resource, WatchEvent
+from roles.kube import Invalid, Resource, WatchEvent
 
-__all__ = ["HubApi", "JobApi", "JobStatusStore", "NodeStore", "ObjectReader", "SecretSource", "Watcher"]
+__all__ = [
+    "HubApi",
+    "JobApi",
+    "JobStatusStore",
+    "Lister",
+    "NodeStore",
+    "ObjectReader",
+    "SecretSource",
+    "TaskApi",
+    "Watcher",
+]
 
 T = TypeVar("T", bound=msgspec.Struct)
 
@@ -26,9 +36,16 @@ class JobStatusStore(Protocol):
     """What a job's status writer needs: read a job, change its status, replace it."""
 
     async def update_status(
-        self, resource: Resource[T], name: str, mutate: Callable[[T], T | None], *, current: T | None = None
+        self,
+        resource: Resource[T],
+        name: str,
+        mutate: Callable[[T], T | None],
+        *,
+        current: T | None = None,
+        namespace: str = "",
     ) -> T | None:
-        """Apply ``mutate`` to job ``name`` and replace its status with the result; the job as written.
+        """Apply ``mutate`` to object ``name`` (in ``namespace``) and replace its status with the result; the
+        object as written.
 
         ``current`` is a copy to start from instead of a read; on a conflict the job is read again and
         ``mutate`` (pure) applied again. ``mutate`` returning None writes nothing, which is decided on
@@ -79,6 +96,16 @@ class Watcher(Protocol):
         ...
 
 
+class Lister(Protocol):
+    """Lists a resource."""
+
+    async def list(
+        self, resource: Resource[T], *, label_selector: str = "", namespace: str = "", field_selector: str = ""
+    ) -> tuple[list[T], list[Invalid], str]:
+        """The objects, the ones that do not decode, and the list's resourceVersion."""
+        ...
+
+
 class SecretSource(ObjectReader, Watcher, Protocol):
     """What the token book needs: watch the labelled token Secrets, read one by name."""
 
@@ -87,5 +114,9 @@ class JobApi(JobStatusStore, Watcher, EventSink, Protocol):
     """What the hub's jobs need: watch jobs, write their status, record Events on them."""
 
 
-class HubApi(JobApi, NodeStore, SecretSource, Protocol):
+class TaskApi(JobStatusStore, Watcher, ObjectReader, Lister, Protocol):
+    """What the hub's diagnosis Tasks need: watch Tasks and Operations, read one, list by name, write status."""
+
+
+class HubApi(JobApi, NodeStore, SecretSource, Lister, Protocol):
     """Everything a hub asks of the API server."""

@@ -12,7 +12,9 @@
 * :mod:`~roles.cloud.reports`: a report is applied through the job's status writer and
   acknowledged only after that write; :mod:`~roles.cloud.kubeedge_http` takes KubeEdge's HTTP
   reports the same way;
-* :mod:`~roles.cloud.image_secrets`: registry credentials for a job's images.
+* :mod:`~roles.cloud.image_secrets`: registry credentials for a job's images;
+* :mod:`~roles.cloud.tasks`: diagnosis Tasks, sent to their nodes and their results written on the
+  same protocol, reports from the edges' outboxes included.
 
 Shutdown (SIGTERM): every session is closed with 1001 "going away" while the websocket server is
 still running, within ``close_grace`` seconds, so that edges reconnect to another hub at once.
@@ -47,7 +49,9 @@ from roles.cloud.runner import JobRunner
 from roles.cloud.session_handler import ServeEdge, SessionHandler
 from roles.cloud.sessions import Session, SessionTable
 from roles.cloud.settings import HubSettings
+from roles.cloud.tasks import Tasks
 from roles.http import Route
+from schemas import diagnosis
 
 __all__ = ["EdgeDoor", "Hub", "HubSettings"]
 
@@ -94,6 +98,7 @@ class Hub:
             log=self._log,
         )
         self.reports: Final = Reports(jobs=self.jobs, types=job_types, clock=clock, settings=settings, metrics=metrics)
+        self.tasks: Final = Tasks(kube, sessions=self.sessions, clock=clock, settings=settings, log=self._log)
         self.marks: Final = PendingMarks(anyio.current_time)
         self.node_marks: Final = NodeMarks(
             kube,
@@ -132,7 +137,7 @@ class Hub:
         ssl_context: ssl.SSLContext | None,
         task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Watch jobs and serve edge websockets until cancelled; ready (with the bound port) once both are."""
+        """Watch jobs and Tasks and serve edge websockets until cancelled; ready (with the bound port) once all are."""
 
         async def door(serve_edge: ServeEdge, *, task_status: anyio.abc.TaskStatus[int]) -> None:
             await self.websockets.serve(
@@ -147,6 +152,7 @@ class Hub:
         """Watch jobs and serve the edges ``door`` lets in until cancelled; ready once both are."""
         async with anyio.create_task_group() as tg:
             await tg.start(self.jobs.run)
+            await tg.start(self.tasks.run)
             await tg.start(self.tokens.watch)
             tg.start_soon(self.node_marks.watch)
             door_scope = anyio.CancelScope(shield=True)
@@ -180,8 +186,8 @@ class Hub:
 
     def why_not_ready(self) -> str:
         """What keeps the hub from being ready, or empty when it is."""
-        if not self.jobs.synced.is_set() or self.port == 0:
-            return "starting: job cache not synced or edge listener not bound yet"
+        if not self.jobs.synced.is_set() or not self.tasks.synced.is_set() or self.port == 0:
+            return "starting: job or task cache not synced or edge listener not bound yet"
         return self.node_marks.stuck()
 
     def runners(self) -> list[JobRunner]:
@@ -200,12 +206,16 @@ class Hub:
         return await self.reports.record(jt, job, node, result, uid=uid, log=log)
 
     async def _admit(self, node: str, version: str, log: Log) -> None:
-        """Mark the Node as held by this hub, then offer the node to every job runner.
+        """Mark the Node as held by this hub, then offer the node to every job runner and its Tasks.
 
         The session's end cancels this task: see :meth:`NodeMarks.mark` for what then happens to the mark.
         """
         await self.node_marks.mark(node, version, log)
         self.jobs.offer(node)
+        self.tasks.offer(node)
 
     async def _apply_report(self, session: Session, report: Report, log: Log) -> None:
-        await session.send(await self.reports.answer(report, log))
+        if report.route.api_version == diagnosis.API_VERSION:
+            await session.send(await self.tasks.answer(report, log))
+        else:
+            await session.send(await self.reports.answer(report, log))

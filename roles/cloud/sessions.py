@@ -73,7 +73,7 @@ class Session:
         self.link_closed = anyio.Event()
         """Set once the handler has closed the link (or given up within its grace)."""
         self._send_timeout = send_timeout
-        self._unacked: dict[str, float] = {}
+        self._unacked: dict[str, tuple[float, anyio.Event]] = {}
         self._on_sent = on_sent
         self._queue, self._outbound = anyio.create_memory_object_stream[tuple[bytes, str]](OUTBOUND_QUEUE)
 
@@ -124,14 +124,19 @@ class Session:
         self._outbound.close()  # wakes the senders waiting for room
         self._queue.close()
 
-    def expect_ack(self, msg_id: str) -> None:
-        """Note that ``msg_id`` is being sent now and should be acknowledged."""
-        self._unacked[msg_id] = anyio.current_time()
+    def expect_ack(self, msg_id: str) -> anyio.Event:
+        """Note that ``msg_id`` is being sent now and should be acknowledged; the event is set when it is."""
+        acked = anyio.Event()
+        self._unacked[msg_id] = (anyio.current_time(), acked)
+        return acked
 
     def acked(self, msg_id: str) -> float | None:
         """Record an acknowledgement: the seconds since the send, or None if nothing awaited it."""
         sent = self._unacked.pop(msg_id, None)
-        return None if sent is None else anyio.current_time() - sent
+        if sent is None:
+            return None
+        sent[1].set()
+        return anyio.current_time() - sent[0]
 
 
 class SessionTable:

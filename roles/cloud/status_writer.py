@@ -39,7 +39,8 @@ class _Submitted:
 
 
 class StatusWriter:
-    """Writes the status changes of job ``name``. Run :meth:`run` in a task group, then :meth:`submit`.
+    """Writes the status changes of job ``name`` (or of any object with a status: a diagnosis Task, in its
+    ``namespace``). Run :meth:`run` in a task group, then :meth:`submit`.
 
     ``window`` 0 turns coalescing off: one write per change (the benchmark's baseline).
     """
@@ -57,10 +58,12 @@ class StatusWriter:
         finish: Callable[[Any], Any] = lambda job: job,
         on_too_large: Callable[[ApiError], Awaitable[None]] | None = None,
         on_failed: Callable[[ApiError], None] = lambda _: None,
+        namespace: str = "",
     ) -> None:
         self._store = store
         self._resource = resource
         self._name = name
+        self._namespace = namespace
         self._window = window
         self._finish = finish
         """Applied once to a batch's result before it is written (e.g. derived fields)."""
@@ -134,7 +137,9 @@ class StatusWriter:
         # learn whether it happened, even when the hub is shutting down.
         with anyio.CancelScope(shield=True, deadline=anyio.current_time() + WRITE_DEADLINE_S) as scope:
             try:
-                updated = await self._store.update_status(self._resource, self._name, mutate, current=self._cached())
+                updated = await self._store.update_status(
+                    self._resource, self._name, mutate, current=self._cached(), namespace=self._namespace
+                )
             except ApiError as exc:
                 error = exc
         if scope.cancelled_caught:

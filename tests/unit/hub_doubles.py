@@ -29,7 +29,7 @@ from roles.cloud.hub import Hub, HubSettings
 from roles.cloud.metrics import HubMetrics
 from roles.cloud.session_handler import ServeEdge
 from roles.jobtypes import job_types
-from roles.kube import Deleted, NotFound, Relisted, Resource, Upserted, WatchEvent
+from roles.kube import Deleted, Invalid, NotFound, Relisted, Resource, Upserted, WatchEvent
 from roles.kube.resources import NODES, job_resource
 from schemas.core import Node
 from schemas.kinds import IMAGE_PRE_PULL_JOB
@@ -62,15 +62,17 @@ class MemoryApi:
 
     # ------------------------------------------------------------------------------ for the test
 
-    def put(self, resource: Resource[T], obj: T) -> T:
-        """Create or replace ``obj`` (a new resourceVersion), telling the watches."""
+    def put(self, resource: Resource[T], obj: T, *, tell: bool = True) -> T:
+        """Create or replace ``obj`` (a new resourceVersion), telling the watches unless ``tell`` is False
+        (a watch that has not caught up yet)."""
         meta: ObjectMeta = obj.metadata  # type: ignore[attr-defined]
         stored = msgspec.structs.replace(
             obj,
             metadata=msgspec.structs.replace(meta, resource_version=str(next(self._versions))),
         )
         self._objects[(resource.plural, meta.namespace, meta.name)] = stored
-        self._tell(resource, meta.namespace, Upserted(stored))
+        if tell:
+            self._tell(resource, meta.namespace, Upserted(stored))
         return stored
 
     def delete(self, resource: Resource[Any], name: str, namespace: str = "") -> None:
@@ -112,19 +114,44 @@ class MemoryApi:
         return self.put(resource, msgspec.convert(merged, resource.type))
 
     async def update_status(
-        self, resource: Resource[T], name: str, mutate: Callable[[T], T | None], *, current: T | None = None
+        self,
+        resource: Resource[T],
+        name: str,
+        mutate: Callable[[T], T | None],
+        *,
+        current: T | None = None,
+        namespace: str = "",
     ) -> T | None:
-        # Always from the stored copy: as fresh as the API server's answer after any conflict.
-        current = await self.get(resource, name)
-        changed = mutate(current)
-        if changed is None:
-            return current
-        if self.hold_status is not None:
-            await self.hold_status.wait()
-        if (resource.plural, "", name) not in self._objects:
-            raise NotFound(404, "NotFound", f"{resource.plural} {name!r} not found")
-        self.status_writes += 1
-        return self.put(resource, changed)
+        while True:
+            # Always from the stored copy: as fresh as the API server's answer after any conflict.
+            current = await self.get(resource, name, namespace=namespace)
+            changed = mutate(current)
+            if changed is None:
+                return current
+            if self.hold_status is not None:
+                await self.hold_status.wait()
+            stored = self._objects.get((resource.plural, namespace, name))
+            if stored is None:
+                raise NotFound(404, "NotFound", f"{resource.plural} {name!r} not found")
+            if stored.metadata.resource_version == current.metadata.resource_version:  # type: ignore[attr-defined]
+                self.status_writes += 1
+                return self.put(resource, changed)
+            # Changed while this write waited: a 409, after which the client reads and applies again.
+
+    async def list(
+        self, resource: Resource[T], *, label_selector: str = "", namespace: str = "", field_selector: str = ""
+    ) -> tuple[list[T], list[Invalid], str]:
+        """Objects of ``resource``; of the field selectors, only ``metadata.name=<name>`` (what a hub uses)."""
+        await anyio.lowlevel.checkpoint()
+        assert not label_selector, "MemoryApi lists by field selector only"
+        key, _, wanted = field_selector.partition("=")
+        assert key in ("", "metadata.name"), field_selector
+        found = [
+            obj
+            for (plural, ns, name), obj in self._objects.items()
+            if plural == resource.plural and namespace in ("", ns) and (not key or name == wanted)
+        ]
+        return found, [], str(next(self._versions))
 
     async def create(self, resource: Resource[T], obj: T, *, namespace: str = "") -> T:
         await anyio.lowlevel.checkpoint()

@@ -138,10 +138,11 @@ async def test_every_mark_of_a_connect_storm_lands_however_long_it_queues(
 
 @pytest.fixture
 async def hub() -> tuple[Hub, CollectorRegistry]:
-    """A hub that looks started (job cache synced, port bound), with a 60 s markPendingLimit, and its metrics."""
+    """A hub that looks started (its caches synced, port bound), with a 60 s markPendingLimit, and its metrics."""
     registry = CollectorRegistry()
     hub = _hub(None, registry, mark_pending_limit=60.0)
     hub.jobs.synced.set()
+    hub.tasks.synced.set()
     hub.port = 1
     return hub, registry
 

@@ -25,7 +25,13 @@ class FakeStatusApi:
         self.error = error
 
     async def update_status(
-        self, _resource: Any, _name: str, mutate: Callable[[int], int | None], *, current: int | None = None
+        self,
+        _resource: Any,
+        _name: str,
+        mutate: Callable[[int], int | None],
+        *,
+        current: int | None = None,
+        namespace: str = "",
     ) -> int:
         await anyio.sleep(0.01)
         # Like the API server: a batch that changes nothing is not written, so it cannot fail.

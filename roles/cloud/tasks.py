@@ -1,0 +1,456 @@
+"""The hub's diagnosis Tasks: each sent to its node while the node is connected here, its status written from
+what the node says.
+
+KubeDiag's Task runs as a job type of the node-task protocol (:mod:`flows.diagnosis_job`): route
+``diagnosis.kubediag.org/v1/task/<task>/nodes/<node>``, the Task's uid as job UID, one action. A
+Task is namespaced and a route has no room for a namespace, so the hub keeps its Tasks by uid, the
+job UID every report carries; the RunAction's spec names the namespace for the edge.
+
+Tasks (all namespaces) and Operations are watched. Every Task that has not ended, is not being
+deleted and names a node connected here gets a worker (:meth:`Tasks._work`), with no concurrency
+limit (the controller creates one stage at a time). The worker reads the Task's Operation, sends
+the RunAction on every session of the node until the Task ends (the edge stores a Task once by its
+uid and only acknowledges a repeat), writes ``startTime`` after the first send and Running with
+Accepted when the node acknowledges it. A Task whose Operation does not exist fails with
+OperationNotFound naming it. A Task deleted, or declared Unknown by the controller, while its node
+holds it gets a Cancel.
+
+Reports come through the edge's outbox and are answered only once written (:meth:`Tasks.answer`),
+through one coalescing status writer per Task that has not ended. No write moves a Task out of a
+final phase; a result arriving after the controller's Unknown is acknowledged and dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import anyio
+import anyio.abc
+import msgspec
+import structlog
+from anyio.streams.memory import MemoryObjectReceiveStream
+
+from flows import diagnosis_job
+from flows.diagnosis_job import RUN, Recorded, TaskChange, accepted, dispatched, failed, finished, route_of
+from nodetask.backoff import Backoff
+from nodetask.clock import Clock
+from nodetask.messages import Cancel, Error, Report, ReportAck, RunAction
+from roles.cloud.api import TaskApi
+from roles.cloud.reports import JOB_GONE, REPORT_REJECTED
+from roles.cloud.sessions import SessionTable
+from roles.cloud.settings import HubSettings
+from roles.cloud.status_writer import StatusWriter
+from roles.kube import ApiError, Deleted, NotFound, Relisted, Upserted, WatchEvent
+from roles.kube.errors import too_large
+from roles.kube.resources import OPERATIONS, TASKS
+from schemas.diagnosis import Operation, Task, TaskPhase
+
+__all__ = ["Tasks"]
+
+Log = structlog.typing.FilteringBoundLogger
+
+CANCEL_GRACE_S: Final = 2.0
+GONE_KEPT: Final = 4096
+"""Uids of deleted Tasks remembered, so that their late reports are answered without asking the API server."""
+_FINAL: Final = frozenset({TaskPhase.SUCCEEDED, TaskPhase.FAILED, TaskPhase.UNKNOWN})
+
+
+@dataclass(slots=True, eq=False)
+class TaskState:
+    """One Task: its newest copy, its status writer while it has not ended, and its worker while one runs."""
+
+    task: Task
+    writer: StatusWriter | None = None
+    worker: anyio.CancelScope | None = None
+    node: str = ""
+    """The node it is indexed under among the open Tasks, if it is."""
+    gone: bool = False
+    changed: anyio.Event = field(default_factory=anyio.Event)
+
+    @property
+    def final(self) -> bool:
+        return self.task.status.phase in _FINAL
+
+    @property
+    def open(self) -> bool:
+        """Still to run: not ended, not deleted or being deleted."""
+        return not (self.gone or self.final or self.task.metadata.deletion_timestamp is not None)
+
+    def update(self, task: Task) -> None:
+        self.task = task
+        self.changed.set()
+        self.changed = anyio.Event()
+
+
+def _fresher(new: Task, old: Task) -> bool:
+    try:
+        return int(new.metadata.resource_version) >= int(old.metadata.resource_version)
+    except ValueError:
+        return True
+
+
+def _kept(task: Task) -> Task:
+    """What the cache keeps of ``task``: an ended Task is never written again, so not its request or results."""
+    if task.status.phase not in _FINAL:
+        return task
+    spec = msgspec.structs.replace(task.spec, parameters={})
+    return msgspec.structs.replace(task, spec=spec, status=msgspec.structs.replace(task.status, results={}))
+
+
+class Tasks:
+    """Every Task this hub may dispatch. Run :meth:`run`; ready once both watches have listed."""
+
+    def __init__(self, api: TaskApi, *, sessions: SessionTable, clock: Clock, settings: HubSettings, log: Log) -> None:
+        self._api = api
+        self._sessions = sessions
+        self._clock = clock
+        self._settings = settings
+        self._log = log
+        self._by_uid: dict[str, TaskState] = {}
+        self._open_by_node: dict[str, set[str]] = {}
+        self._operations: dict[str, Operation] = {}
+        self._gone: OrderedDict[str, None] = OrderedDict()
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._listed = {"operations": anyio.Event(), "tasks": anyio.Event()}
+        self.synced = anyio.Event()
+        """Set once the first lists of Tasks and Operations are taken in."""
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Follow Tasks and Operations, dispatching and writing as they need, until cancelled."""
+        async with anyio.create_task_group() as tg:
+            self._tg = tg
+            handlers: tuple[tuple[Any, Callable[[WatchEvent], None], str], ...] = (
+                (OPERATIONS, self._on_operation, "operations"),
+                (TASKS, self._on_task, "tasks"),
+            )
+            for resource, handle, kind in handlers:
+                send, receive = anyio.create_memory_object_stream[WatchEvent](max_buffer_size=math.inf)
+                tg.start_soon(self._consume, receive, handle, kind)
+                await tg.start(self._api.watch, resource, send)
+            for listed in self._listed.values():
+                await listed.wait()
+            self.synced.set()
+            task_status.started()
+
+    def offer(self, node: str) -> None:
+        """A session of ``node`` came up: each of its open Tasks gets a worker if it has none."""
+        for uid in sorted(self._open_by_node.get(node, ())):
+            self._start(self._by_uid[uid])
+
+    # ---------------------------------------------------------------------------------------- the watches
+
+    async def _consume(
+        self, events: MemoryObjectReceiveStream[WatchEvent], handle: Callable[[WatchEvent], None], kind: str
+    ) -> None:
+        async with events:
+            async for event in events:
+                handle(event)
+                if isinstance(event, Relisted):
+                    self._listed[kind].set()
+
+    def _on_operation(self, event: WatchEvent) -> None:
+        match event:
+            case Relisted(objects=objects):
+                self._operations = {o.metadata.name: o for o in objects}
+            case Upserted(obj=operation):
+                self._operations[operation.metadata.name] = operation
+            case Deleted(obj=operation):
+                self._operations.pop(operation.metadata.name, None)
+            case _:
+                pass
+
+    def _on_task(self, event: WatchEvent) -> None:
+        match event:
+            case Relisted(objects=objects):
+                listed = {task.metadata.uid for task in objects}
+                for uid in [uid for uid in self._by_uid if uid not in listed]:
+                    self._forget(uid)
+                for task in objects:
+                    self._upsert(task)
+            case Upserted(obj=task):
+                self._upsert(task)
+            case Deleted(obj=task):
+                self._forget(task.metadata.uid)
+            case _:
+                pass
+
+    def _upsert(self, task: Task) -> None:
+        uid = task.metadata.uid
+        state = self._by_uid.get(uid)
+        if state is None:
+            state = self._by_uid[uid] = TaskState(task=_kept(task))
+        elif _fresher(task, state.task):
+            state.update(_kept(task))
+        else:
+            return
+        self._index(state)
+        if state.open:
+            self._start(state)
+        elif state.final and state.writer is not None:
+            state.writer.close()  # what it holds is written (each a no-op now); nothing more comes
+            state.writer = None
+
+    def _forget(self, uid: str) -> None:
+        state = self._by_uid.pop(uid, None)
+        if state is None:
+            return
+        state.gone = True
+        state.changed.set()
+        self._index(state)
+        if state.writer is not None:
+            state.writer.close()
+            state.writer = None
+        self._gone[uid] = None
+        while len(self._gone) > GONE_KEPT:
+            self._gone.popitem(last=False)
+
+    def _index(self, state: TaskState) -> None:
+        uid = state.task.metadata.uid
+        node = state.task.spec.node_name if state.open else ""
+        if node == state.node:
+            return
+        if state.node:
+            waiting = self._open_by_node.get(state.node, set())
+            waiting.discard(uid)
+            if not waiting:
+                self._open_by_node.pop(state.node, None)
+        if node:
+            self._open_by_node.setdefault(node, set()).add(uid)
+        state.node = node
+
+    # ---------------------------------------------------------------------------------------- writing
+
+    def _writer(self, state: TaskState) -> StatusWriter | None:
+        """The Task's status writer, started on first use; None once the Task has ended or is gone."""
+        if state.writer is None and not (state.final or state.gone):
+            assert self._tg is not None
+            meta = state.task.metadata
+            state.writer = StatusWriter(
+                self._api,
+                TASKS,
+                meta.name,
+                namespace=meta.namespace,
+                window=self._settings.coalesce_window,
+                log=self._log.bind(task=f"{meta.namespace}/{meta.name}"),
+                on_written=self._upsert,
+                cached=lambda: state.task,
+            )
+            self._tg.start_soon(state.writer.run)
+        return state.writer
+
+    async def _write(self, state: TaskState, change: TaskChange) -> Recorded | None:
+        """Apply ``change`` to the Task's status; its outcome, or None when the Task is gone.
+
+        Errors: the :class:`ApiError` of a write that failed (not NotFound).
+        """
+        # A change already true of the cached copy is true of any fresher one (they only move forward).
+        new, outcome = change(state.task)
+        if new is None and outcome in (Recorded.UNCHANGED, Recorded.FINAL):
+            return outcome
+        writer = self._writer(state)
+        if writer is None:
+            return None if state.gone else Recorded.FINAL
+        try:
+            result: Recorded = await writer.submit(change)
+        except NotFound:
+            return None
+        except anyio.ClosedResourceError:
+            # The Task ended or went while this change waited for its turn.
+            return None if state.gone else Recorded.FINAL
+        return result
+
+    async def _write_retrying(self, state: TaskState, change: TaskChange, log: Log) -> Recorded | None:
+        """:meth:`_write`, retried with backoff after API errors until it is written or the Task ends."""
+        backoff = Backoff(initial=0.2, cap=5.0)
+        while True:
+            try:
+                return await self._write(state, change)
+            except ApiError as exc:
+                log.warning("task_status_write_retry", error=str(exc))
+            await anyio.sleep(backoff.delay())
+
+    # ---------------------------------------------------------------------------------------- dispatch
+
+    def _start(self, state: TaskState) -> None:
+        node = state.task.spec.node_name
+        if state.worker is not None or not state.open or node not in self._sessions or self._tg is None:
+            return
+        scope = state.worker = anyio.CancelScope()
+        self._tg.start_soon(self._work, state, scope)
+
+    async def _work(self, state: TaskState, scope: anyio.CancelScope) -> None:
+        """Send the Task to its node on every session until it ends; Cancel it there if it is deleted first."""
+        task = state.task
+        meta, node = task.metadata, task.spec.node_name
+        log = self._log.bind(task=f"{meta.namespace}/{meta.name}", node=node, uid=meta.uid)
+        sent = False
+        try:
+            with scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self._until_closed, state, tg.cancel_scope)
+                    spec = await self._spec(state, log)
+                    if spec is None:
+                        tg.cancel_scope.cancel()
+                        return
+                    route = route_of(task)
+                    sends = 0
+                    while True:
+                        session = await self._sessions.wait_for(node)
+                        sends += 1
+                        msg = RunAction(id=f"{meta.uid}/{sends}", route=route, job_uid=meta.uid, action=RUN, spec=spec)
+                        acked = session.expect_ack(msg.id)
+                        if not await session.send(msg):
+                            continue
+                        log.debug("task_sent", attempt=sends)
+                        if not sent:
+                            sent = True
+                            tg.start_soon(
+                                self._write_retrying, state, dispatched(uid=meta.uid, now=self._clock.now()), log
+                            )
+                        async with anyio.create_task_group() as this_session:
+                            this_session.start_soon(self._accept_when_acked, state, acked, log)
+                            await session.closed.wait()
+                            this_session.cancel_scope.cancel()
+        finally:
+            if state.worker is scope:
+                state.worker = None
+            with anyio.CancelScope(shield=True):
+                await self._cancel_if_abandoned(state, node, sent, log)
+
+    async def _until_closed(self, state: TaskState, scope: anyio.CancelScope) -> None:
+        while state.open:
+            await state.changed.wait()
+        scope.cancel()
+
+    async def _spec(self, state: TaskState, log: Log) -> msgspec.Raw | None:
+        """The RunAction's spec, or None when the Task failed here instead (no Operation, request too large)."""
+        task = state.task
+        name, uid = task.spec.operation, task.metadata.uid
+        operation = self._operations.get(name) or await self._read_operation(name, log)
+        if operation is None:
+            log.warning("task_operation_not_found", operation=name)
+            message = f"Operation {name} is not found"
+            change = failed(
+                uid=uid,
+                reason=diagnosis_job.OPERATION_NOT_FOUND,
+                message=message,
+                condition_type=diagnosis_job.OPERATION_NOT_FOUND,
+                now=self._clock.now(),
+            )
+            await self._write_retrying(state, change, log)
+            return None
+        raw = diagnosis_job.task_run(task, operation.spec.processor)
+        if len(raw) > diagnosis_job.MAX_REQUEST_BYTES:
+            message = (
+                f"the request data is {len(raw)} bytes as JSON, more than the"
+                f" {diagnosis_job.MAX_REQUEST_BYTES} a node takes in one task"
+            )
+            log.warning("task_request_too_large", size=len(raw))
+            change = failed(uid=uid, reason=diagnosis_job.REQUEST_TOO_LARGE, message=message, now=self._clock.now())
+            await self._write_retrying(state, change, log)
+            return None
+        return msgspec.Raw(raw)
+
+    async def _read_operation(self, name: str, log: Log) -> Operation | None:
+        """The Operation from the API server: the Task may have come through its watch before the Operation did."""
+        backoff = Backoff(initial=0.2, cap=5.0)
+        while True:
+            try:
+                return await self._api.get(OPERATIONS, name)
+            except NotFound:
+                return None
+            except ApiError as exc:
+                log.warning("operation_read_retry", operation=name, error=str(exc))
+            await anyio.sleep(backoff.delay())
+
+    async def _accept_when_acked(self, state: TaskState, acked: anyio.Event, log: Log) -> None:
+        await acked.wait()
+        node = state.task.spec.node_name
+        outcome = await self._write_retrying(
+            state, accepted(uid=state.task.metadata.uid, node=node, now=self._clock.now()), log
+        )
+        if outcome is Recorded.APPLIED:
+            log.info("task_accepted")
+
+    async def _cancel_if_abandoned(self, state: TaskState, node: str, sent: bool, log: Log) -> None:
+        """Tell the node to stop a Task it holds that was deleted or declared Unknown (best effort, bounded)."""
+        deleted = state.gone or state.task.metadata.deletion_timestamp is not None
+        if not sent or not (deleted or state.task.status.phase is TaskPhase.UNKNOWN):
+            return
+        session = self._sessions.get(node)
+        if session is None:
+            return
+        with anyio.move_on_after(CANCEL_GRACE_S):
+            if await session.send(Cancel(route=route_of(state.task), job_uid=state.task.metadata.uid)):
+                log.info("task_cancelled", deleted=deleted, phase=state.task.status.phase)
+
+    # ---------------------------------------------------------------------------------------- reports
+
+    async def answer(self, report: Report, log: Log) -> ReportAck | Error:
+        """Record ``report`` (from its own node's session); the answer the edge gets once it is written."""
+        ref = str(report.seq)
+        log = log.bind(task=report.route.job, uid=report.job_uid, seq=report.seq)
+        if report.route.job_type != diagnosis_job.RESOURCE_TYPE or report.action != RUN:
+            what = f"{report.route.job_type} action {report.action}"
+            return Error(code=REPORT_REJECTED, message=f"no diagnosis task reports {what}", ref=ref)
+        state = await self._find(report, log)
+        if state is None:
+            log.warning("report_for_missing_task")
+            return Error(code=JOB_GONE, message=f"task {report.route.job} no longer exists", ref=ref)
+        task = state.task
+        if (task.metadata.name, task.spec.node_name) != (report.route.job, report.route.node):
+            text = f"task {report.job_uid} is {task.metadata.name} on node {task.spec.node_name}, not the route's"
+            return Error(code=REPORT_REJECTED, message=text, ref=ref)
+        node = report.route.node
+        change = finished(report.result, uid=report.job_uid, node=node, now=self._clock.now())
+        backoff = Backoff(initial=0.2, cap=5.0)
+        while True:
+            try:
+                outcome = await self._write(state, change)
+            except ApiError as exc:
+                if too_large(exc):
+                    # Recorded as a failure saying so: refused, the report would wait on the edge for ever.
+                    log.warning("task_results_too_large", error=str(exc))
+                    message = f"the API server refused the results of node {node} as too large: {exc.message}"
+                    change = failed(
+                        uid=report.job_uid,
+                        reason=diagnosis_job.RESULTS_TOO_LARGE,
+                        message=message,
+                        now=self._clock.now(),
+                    )
+                else:
+                    log.warning("report_write_retry", error=str(exc))
+                    await anyio.sleep(backoff.delay())
+                continue
+            if outcome is None:
+                return Error(code=JOB_GONE, message=f"task {report.route.job} no longer exists", ref=ref)
+            if outcome is Recorded.APPLIED:
+                log.info("task_result_recorded", succ=report.succ)
+            elif outcome is Recorded.FINAL:
+                log.info("late_task_result_ignored", phase=state.task.status.phase, succ=report.succ)
+            return ReportAck(job_uid=report.job_uid, seq=report.seq)
+
+    async def _find(self, report: Report, log: Log) -> TaskState | None:
+        """The reported Task, by uid; one this hub's watch has not shown yet is looked for by name."""
+        await self.synced.wait()
+        uid = report.job_uid
+        state = self._by_uid.get(uid)
+        if state is not None or uid in self._gone or not uid:
+            return state
+        # Another hub may have sent it, its watch ahead of this one's: the API server has the last word.
+        backoff = Backoff(initial=0.2, cap=5.0)
+        while True:
+            try:
+                found, _, _ = await self._api.list(TASKS, field_selector=f"metadata.name={report.route.job}")
+                break
+            except ApiError as exc:
+                log.warning("task_lookup_retry", error=str(exc))
+            await anyio.sleep(backoff.delay())
+        for task in found:
+            if task.metadata.uid == uid and uid not in self._gone:
+                self._upsert(task)
+        return self._by_uid.get(uid)
