@@ -6,6 +6,7 @@ reported at start instead of silently ignored.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Annotated, ClassVar, Final
@@ -224,6 +225,25 @@ class DiagnosisConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel",
     """What a diagnosis Task (``diagnosis.kubediag.org``) may make this device do (``roles.edge.processors``)."""
 
     scripts: ScriptsConfig = ScriptsConfig()
+    http_hosts: tuple[str, ...] = ()
+    """Hosts (names or IP addresses, spelt as in ``httpServer.address``) besides the device itself that an
+    ``httpServer`` processor may POST to. The device's loopback (absent address, ``127.0.0.0/8``,
+    ``::1``, ``localhost``) always may, as in KubeDiag, whose processors run on the node; any other
+    host is refused unless listed, so that whoever may create an Operation cannot make every device
+    send requests into its networks."""
+
+    def __post_init__(self) -> None:
+        for host in self.http_hosts:
+            if not host or (any(c in host for c in "/ :@") and not _is_ipv6(host)):
+                raise ValueError(f"diagnosis.httpHosts: {host!r} is not a host name or IP address (no scheme or port)")
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
 
 
 class EdgeConfig(_Config, frozen=True, kw_only=True):
