@@ -7,6 +7,8 @@ pay for the HTTP client, the script runner or the collectors (the idle agent's m
 
 - :mod:`.http`: ``httpServer`` (KubeDiag's contract; other hosts than the device only if
   ``diagnosis.httpHosts`` lists them).
+- :mod:`.scripts`: ``scriptRunner`` (off unless ``diagnosis.scripts.enabled``, then only listed
+  SHA-256s unless ``allowAny``; argv, never a shell string; the process group dies with the run).
 
 Every successful outcome's results are bounded (:func:`.outcome.bounded`): each value clipped to
 64 Ki characters, all of them together at most 256 Ki characters, or the Task fails saying so.
@@ -74,4 +76,10 @@ async def _dispatch(
         from roles.edge.processors import http  # noqa: PLC0415 (deferred on purpose)
 
         return await http.run_http(processor.http_server, request, env.config, deadline=deadline, log=env.logger)
+    if kind == "scriptRunner" and processor.script_runner is not None:
+        from roles.edge.processors import scripts  # noqa: PLC0415 (deferred on purpose)
+
+        return await scripts.run_script(
+            processor.script_runner, request, env.config.scripts, data_dir=env.data_dir, log=env.logger
+        )
     return failed(f"{kind} processors are not available on this device yet")
