@@ -8,6 +8,7 @@ runtime or not), so nothing is registered at import time.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
 
@@ -112,7 +113,8 @@ def diagnosis_run(env: ProcessorEnv, run: RunProcessor = processors.run) -> Acti
         spec: TaskRun = ctx.spec
         request = {**spec.request}
         request.setdefault("task.uid", ctx.task.job_uid)
-        outcome = await run(spec.processor, request, env)
+        log = env.logger.bind(task=f"{spec.namespace}/{spec.name}", uid=ctx.task.job_uid, operation=spec.operation)
+        outcome = await run(spec.processor, request, dataclasses.replace(env, log=log))
         if not outcome.succeeded:
             return Outcome(False, outcome.reason or f"the processor of Operation {spec.operation} failed")
         try:

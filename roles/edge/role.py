@@ -82,7 +82,14 @@ async def _run(settings: AgentSettings, cfg: EdgeConfig, path: Path, clock: Cloc
             return await agent.status()
 
         diagnosis = ProcessorEnv(
-            node=settings.node, config=cfg.diagnosis, cri_endpoint=cfg.cri_endpoint, agent_status=agent_status
+            node=settings.node,
+            config=cfg.diagnosis,
+            cri_endpoint=cfg.cri_endpoint,
+            agent_status=agent_status,
+            data_dir=settings.data_dir,
+            log=log,
+            log_level=cfg.log_level,
+            log_format=cfg.log_format,
         )
         agent = EdgeAgent(
             settings=settings,
