@@ -143,6 +143,11 @@ ALLOWED = {
         "create events -n default",
         "get secrets -n kube-system",
         "watch secrets -n kube-system",
+        "watch tasks.diagnosis.kubediag.org --all-namespaces",
+        "list tasks.diagnosis.kubediag.org --all-namespaces",
+        "update tasks.diagnosis.kubediag.org --subresource=status -n default",
+        "watch operations.diagnosis.kubediag.org",
+        "get operations.diagnosis.kubediag.org",
     ],
 }
 REFUSED = {
@@ -156,6 +161,11 @@ REFUSED = {
         "delete nodeupgradejobs.operations.kubeedge.io",  # hubs write status, never the job
         "create validatingwebhookconfigurations.admissionregistration.k8s.io",
         "create pods -n default",
+        "update tasks.diagnosis.kubediag.org -n default",  # a Task's status only, never its spec
+        "delete tasks.diagnosis.kubediag.org -n default",
+        "create tasks.diagnosis.kubediag.org -n default",
+        "get diagnoses.diagnosis.kubediag.org -n default",
+        "update operations.diagnosis.kubediag.org --subresource=status",
     ],
 }
 
