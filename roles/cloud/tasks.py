@@ -312,7 +312,7 @@ class Tasks:
                                 self._write_retrying, state, dispatched(uid=meta.uid, now=self._clock.now()), log
                             )
                         async with anyio.create_task_group() as this_session:
-                            this_session.start_soon(self._accept_when_acked, state, acked, log)
+                            this_session.start_soon(self._accept_when_acked, state, acked, tg, log)
                             await session.closed.wait()
                             this_session.cancel_scope.cancel()
         finally:
@@ -367,8 +367,15 @@ class Tasks:
                 log.warning("operation_read_retry", operation=name, error=str(exc))
             await anyio.sleep(backoff.delay())
 
-    async def _accept_when_acked(self, state: TaskState, acked: anyio.Event, log: Log) -> None:
+    async def _accept_when_acked(
+        self, state: TaskState, acked: anyio.Event, worker: anyio.abc.TaskGroup, log: Log
+    ) -> None:
+        """Once this session's RunAction is acknowledged, write Accepted in the worker's scope: the Task stays
+        stored on the node when the session ends, and the write must not end with it."""
         await acked.wait()
+        worker.start_soon(self._write_accepted, state, log)
+
+    async def _write_accepted(self, state: TaskState, log: Log) -> None:
         node = state.task.spec.node_name
         outcome = await self._write_retrying(
             state, accepted(uid=state.task.metadata.uid, node=node, now=self._clock.now()), log

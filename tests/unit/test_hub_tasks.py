@@ -125,6 +125,23 @@ async def test_the_nodes_ack_makes_the_task_running_with_accepted(autojump_clock
         assert conditions(stored(api)) == [("Accepted", "True", "TaskStored")]
 
 
+async def test_an_ack_is_written_even_when_the_session_ends_before_the_write(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The edge stored the Task, acked it and went away while the write waited in its coalescing window:
+    Accepted is still written (it is still true)."""
+    api = world(task())
+    async with running_hub(api, coalesce_window=0.5) as (_, door):
+        edge = await connected(door)
+        run = await edge.next_of(RunAction)
+        await edge.send(Ack(id=run.id))
+        await edge.close()
+        await anyio.sleep(1)
+        await quiet()
+        assert stored(api).status.phase is TaskPhase.RUNNING
+        assert conditions(stored(api)) == [("Accepted", "True", "TaskStored")]
+
+
 async def test_a_result_is_acknowledged_only_after_its_write_and_makes_the_task_succeeded_with_its_results(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
