@@ -20,8 +20,16 @@ from nodetask import nesting
 from nodetask.route import Route, RouteError
 
 __all__ = [
+    "CACHE_CAPABILITY",
+    "CACHE_SECRETS_CAPABILITY",
     "Ack",
     "ActionResult",
+    "Autonomy",
+    "AutonomyCondition",
+    "CacheDeleted",
+    "CacheFetch",
+    "CacheKey",
+    "CacheObjects",
     "Cancel",
     "Confirm",
     "Downstream",
@@ -96,6 +104,54 @@ class Welcome(Message, frozen=True, tag="welcome"):
 
     hub: str
     heartbeat_interval: float
+    capabilities: tuple[str, ...] = ()
+    """What this hub understands beyond the first protocol (e.g. :data:`CACHE_CAPABILITY`): an edge sends
+    a newer upstream message only to a hub that lists it, since an older hub would refuse the frame."""
+
+
+# Edge autonomy (seed 003). Both sides list CACHE_CAPABILITY (Hello, Welcome) before any of these
+# messages flow, so agents and hubs from before them never receive a frame they cannot decode.
+
+CACHE_CAPABILITY: Final = "cache.v1"
+"""The cache and autonomy messages below."""
+CACHE_SECRETS_CAPABILITY: Final = "cache.secrets"
+"""The edge keeps its node's Secrets (its config allows it); without it the hub never sends one."""
+
+
+class CacheKey(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """One cached object: its Kubernetes kind (``Node``, ``Pod``, ``ConfigMap``, ``Secret``) and name."""
+
+    kind: str
+    namespace: str = ""
+    name: str
+
+
+class CacheObjects(Message, frozen=True, tag="cache_objects"):
+    """Objects of the edge's cache of its node's cloud state, as the API server serves them.
+
+    Without ``replace`` each object is an upsert (an older ``resourceVersion`` than the cached one is
+    ignored). With ``replace`` they are the whole collection of ``kind`` as listed at
+    ``resource_version``: the edge swaps its collection for them in one step, and keeps its
+    collection untouched when the hub could not list it (the hub then sends nothing).
+    """
+
+    kind: str
+    objects: tuple[msgspec.Raw, ...] = ()
+    replace: bool = False
+    resource_version: str = ""
+
+
+class CacheDeleted(Message, frozen=True, tag="cache_deleted"):
+    """An object left the node's cache: deleted in the cloud, or no longer the node's to see."""
+
+    key: CacheKey
+    resource_version: str = ""
+
+
+class Autonomy(Message, frozen=True, tag="autonomy"):
+    """Whether the node asked for autonomy (its annotations), sent after Welcome and on every change."""
+
+    requested: bool
 
 
 class RunAction(Message, frozen=True, tag="run_action"):
@@ -177,8 +233,25 @@ class Report(Message, frozen=True, tag="report"):
         )
 
 
-Downstream = Welcome | RunAction | ReportAck | Confirm | Cancel | Heartbeat | Error
-Upstream = Hello | Ack | Report | Heartbeat | Error
+class CacheFetch(Message, frozen=True, tag="cache_fetch"):
+    """Send these objects again: the edge's repair loop, for keys it failed to store. The hub answers
+    each with :class:`CacheObjects` or, when the object is gone or not the node's, :class:`CacheDeleted`."""
+
+    keys: tuple[CacheKey, ...]
+
+
+class AutonomyCondition(Message, frozen=True, tag="autonomy_condition"):
+    """The edge's ``Autonomy`` condition changed (``nodetask.autonomy.check``); the hub writes it on the Node."""
+
+    status: str
+    reason: str
+    message: str = ""
+
+
+Downstream = (
+    Welcome | RunAction | ReportAck | Confirm | Cancel | Heartbeat | Error | CacheObjects | CacheDeleted | Autonomy
+)
+Upstream = Hello | Ack | Report | Heartbeat | Error | CacheFetch | AutonomyCondition
 
 
 def _enc_hook(obj: Any) -> Any:
