@@ -29,7 +29,7 @@ import trio
 import roles
 from nodetask.phases import ConditionStatus
 from roles.logs import configure_logging
-from roles.registry_auth import RegistryAuth, decode_credentials, encode_credentials
+from roles.registry_auth import RegistryAuth
 from schemas.v1alpha2 import ImageStatus
 
 __all__ = ["PullRequest", "pull_in_child", "request_for"]
@@ -50,8 +50,8 @@ class PullRequest(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     endpoint: str
     images: tuple[str, ...]
     retry_times: int
-    credentials: dict[str, str] = {}
-    """Image to its registry's credentials (:func:`encode_credentials`)."""
+    credentials: dict[str, RegistryAuth] = {}
+    """Image to its registry's credentials."""
     refused: dict[str, str] = {}
     """Image to why its credentials could not be resolved: it fails without an attempt."""
     log_level: str = "info"
@@ -74,7 +74,7 @@ def request_for(
     log_context: Mapping[str, object],
 ) -> PullRequest:
     """The request for ``images``, asking ``auth_for`` (image -> RegistryAuth | None) once per image here."""
-    credentials: dict[str, str] = {}
+    credentials: dict[str, RegistryAuth] = {}
     refused: dict[str, str] = {}
     for image in images:
         try:
@@ -83,7 +83,7 @@ def request_for(
             refused[image] = str(exc)
             continue
         if auth is not None:
-            credentials[image] = encode_credentials(auth)
+            credentials[image] = auth
     return PullRequest(
         endpoint=endpoint,
         images=images,
@@ -169,8 +169,7 @@ async def _pull(request: PullRequest, log: Log) -> tuple[ImageStatus, ...]:
     def auth_for(image: str) -> RegistryAuth | None:
         if image in request.refused:
             raise ValueError(request.refused[image])
-        text = request.credentials.get(image)
-        return decode_credentials(text) if text is not None else None
+        return request.credentials.get(image)
 
     async with open_image_service(request.endpoint) as service:
         return await pull_images(service, request.images, retry_times=request.retry_times, auth_for=auth_for, log=log)
