@@ -300,3 +300,10 @@ def test_request_errors_are_value_errors_naming_the_key() -> None:
     """Collectors raise RequestError; builtins turn it into a failure."""
     with pytest.raises(RequestError, match=r"network\.probe\.targets"):
         parse_targets(",,")
+
+
+def test_every_builtin_the_api_accepts_has_a_collector() -> None:
+    """The webhook admits the names in BUILTIN_PROCESSORS; each must run on the device."""
+    from roles.edge.processors.builtins import _COLLECTORS
+
+    assert tuple(_COLLECTORS) == BUILTIN_PROCESSORS
