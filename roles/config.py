@@ -6,6 +6,7 @@ reported at start instead of silently ignored.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Annotated, ClassVar, Final
@@ -25,6 +26,7 @@ __all__ = [
     "load_config",
 ]
 
+_SHA256: Final = re.compile(r"[0-9a-fA-F]{64}")
 _NAMESPACE: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 """A Kubernetes namespace name (a DNS-1123 label)."""
 
@@ -216,14 +218,50 @@ class ScriptsConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", f
     enabled: bool = False
     """Off by default: whoever may create an Operation must not get a shell on every device."""
     allowed_sha256: tuple[str, ...] = ()
-    """With ``enabled``, only scripts whose SHA-256 (hex) is listed run, unless ``allowAny``."""
+    """With ``enabled``, only scripts whose SHA-256 (hex, of the script's UTF-8 text) is listed run,
+    unless ``allowAny``."""
     allow_any: bool = False
+    max_output_bytes: Annotated[int, msgspec.Meta(ge=1024, le=64 << 10)] = 64 << 10
+    """How much of a script's stdout is kept as its result (the rest is read and dropped, and the
+    result says so); at most 64 KiB, the most one result value of a Task holds."""
+
+    def __post_init__(self) -> None:
+        for digest in self.allowed_sha256:
+            if not _SHA256.fullmatch(digest):
+                raise ValueError(f"diagnosis.scripts.allowedSha256: {clip(digest)!r} is not a SHA-256 in hex")
 
 
 class DiagnosisConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True):
     """What a diagnosis Task (``diagnosis.kubediag.org``) may make this device do (``roles.edge.processors``)."""
 
     scripts: ScriptsConfig = ScriptsConfig()
+    http_hosts: tuple[str, ...] = ()
+    """Hosts (names or IP addresses, spelt as in ``httpServer.address``) besides the device itself that an
+    ``httpServer`` processor may POST to. The device's loopback (absent address, ``127.0.0.0/8``,
+    ``::1``, ``localhost``) always may, as in KubeDiag, whose processors run on the node; any other
+    host is refused unless listed, so that whoever may create an Operation cannot make every device
+    send requests into its networks."""
+
+    tail_dirs: tuple[str, ...] = ()
+    """Directories under which the ``file.tail`` collector may read files (absolute paths; a file's
+    symbolic links are resolved before the check). None by default: a Task may not read the device's
+    files unless its owner lists where."""
+
+    def __post_init__(self) -> None:
+        for directory in self.tail_dirs:
+            if not directory.startswith("/"):
+                raise ValueError(f"diagnosis.tailDirs: {clip(directory)!r} is not an absolute path")
+        for host in self.http_hosts:
+            if not host or (any(c in host for c in "/ :@") and not _is_ipv6(host)):
+                raise ValueError(f"diagnosis.httpHosts: {host!r} is not a host name or IP address (no scheme or port)")
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
 
 
 class EdgeConfig(_Config, frozen=True, kw_only=True):
