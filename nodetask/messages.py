@@ -2,7 +2,9 @@
 
 Every frame is one JSON object tagged by ``op``; there is one union per direction. Schema evolution
 rules (msgspec's): a field added after v1 gets a default, no field changes type, and unknown fields
-are ignored so that an old hub and a new edge (or the reverse) still talk during an upgrade.
+are ignored so that an old hub and a new edge (or the reverse) still talk during an upgrade. A field
+that replaces an older one goes only to peers whose Hello names a capability for it, and the older
+field to the others (:data:`TYPED_CREDENTIALS`).
 
 The upstream report carries KubeEdge's body keys ``{action, succ, finishTime, reason, extend}``
 plus what reliable delivery needs: the job UID (so a re-created job is never confused with its
@@ -20,8 +22,17 @@ from nodetask import nesting
 from nodetask.route import Route, RouteError
 
 __all__ = [
+    "CACHE_CAPABILITY",
+    "CACHE_SECRETS_CAPABILITY",
+    "TYPED_CREDENTIALS",
     "Ack",
     "ActionResult",
+    "Autonomy",
+    "AutonomyCondition",
+    "CacheDeleted",
+    "CacheFetch",
+    "CacheKey",
+    "CacheObjects",
     "Cancel",
     "Confirm",
     "Downstream",
@@ -29,6 +40,7 @@ __all__ = [
     "Heartbeat",
     "Hello",
     "MessageError",
+    "RegistryAuth",
     "Report",
     "ReportAck",
     "RunAction",
@@ -91,11 +103,89 @@ class Error(Message, frozen=True, tag="error"):
 # --------------------------------------------------------------------------------------- cloud -> edge
 
 
+class RegistryAuth(msgspec.Struct, frozen=True, omit_defaults=True, rename="camel"):
+    """Credentials for one registry, as the CRI ``AuthConfig`` carries them.
+
+    The one type from the hub's parse of a ``.dockerconfigjson`` Secret to the CRI call in the
+    edge's puller child. Secrets are kept out of ``repr`` so that an accidental log line or a
+    traceback's locals show only who, not how.
+    """
+
+    registry: str
+    """The key of the Secret's ``auths`` entry these came from, as written there."""
+    username: str = ""
+    password: str = ""
+    identity_token: str = ""
+    registry_token: str = ""
+
+    def __repr__(self) -> str:
+        return f"RegistryAuth(registry={self.registry!r}, username={self.username!r})"
+
+    def __rich_repr__(self) -> list[tuple[str, Any]]:
+        return [("registry", self.registry), ("username", self.username)]
+
+
+TYPED_CREDENTIALS: Final = "registryCredentials"
+"""The Hello capability of an agent that reads :attr:`RunAction.registry_credentials`.
+
+A hub sends that field only to agents advertising it and the string form (``credentials``) to the
+others: agents built before it read only the strings and ignore the field they do not know.
+"""
+
+
 class Welcome(Message, frozen=True, tag="welcome"):
     """The hub accepted a Hello."""
 
     hub: str
     heartbeat_interval: float
+    capabilities: tuple[str, ...] = ()
+    """What this hub understands beyond the first protocol (e.g. :data:`CACHE_CAPABILITY`): an edge sends
+    a newer upstream message only to a hub that lists it, since an older hub would refuse the frame."""
+
+
+# Edge autonomy (seed 003). Both sides list CACHE_CAPABILITY (Hello, Welcome) before any of these
+# messages flow, so agents and hubs from before them never receive a frame they cannot decode.
+
+CACHE_CAPABILITY: Final = "cache.v1"
+"""The cache and autonomy messages below."""
+CACHE_SECRETS_CAPABILITY: Final = "cache.secrets"
+"""The edge keeps its node's Secrets (its config allows it); without it the hub never sends one."""
+
+
+class CacheKey(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """One cached object: its Kubernetes kind (``Node``, ``Pod``, ``ConfigMap``, ``Secret``) and name."""
+
+    kind: str
+    namespace: str = ""
+    name: str
+
+
+class CacheObjects(Message, frozen=True, tag="cache_objects"):
+    """Objects of the edge's cache of its node's cloud state, as the API server serves them.
+
+    Without ``replace`` each object is an upsert (an older ``resourceVersion`` than the cached one is
+    ignored). With ``replace`` they are the whole collection of ``kind`` as listed at
+    ``resource_version``: the edge swaps its collection for them in one step, and keeps its
+    collection untouched when the hub could not list it (the hub then sends nothing).
+    """
+
+    kind: str
+    objects: tuple[msgspec.Raw, ...] = ()
+    replace: bool = False
+    resource_version: str = ""
+
+
+class CacheDeleted(Message, frozen=True, tag="cache_deleted"):
+    """An object left the node's cache: deleted in the cloud, or no longer the node's to see."""
+
+    key: CacheKey
+    resource_version: str = ""
+
+
+class Autonomy(Message, frozen=True, tag="autonomy"):
+    """Whether the node asked for autonomy (its annotations), sent after Welcome and on every change."""
+
+    requested: bool
 
 
 class RunAction(Message, frozen=True, tag="run_action"):
@@ -108,10 +198,13 @@ class RunAction(Message, frozen=True, tag="run_action"):
     spec: msgspec.Raw
     """The job's spec as JSON, decoded by the job type on the edge."""
     credentials: dict[str, str] = {}
-    """Image reference to its registry's credentials (``roles.registry_auth.encode_credentials``), resolved
-    by the cloud from the job's ``imageSecrets`` and sent only to that job's nodes."""
+    """The string form of :attr:`registry_credentials` (``roles.registry_auth.encode_credentials``), which
+    is all that agents without the :data:`TYPED_CREDENTIALS` capability read."""
     credentials_error: str = ""
     """Why the job's ``imageSecrets`` could not be resolved; the edge fails its pulls with it."""
+    registry_credentials: dict[str, RegistryAuth] = {}
+    """Image reference to its registry's credentials, resolved by the cloud from the job's
+    ``imageSecrets`` and sent only to that job's nodes (those with the :data:`TYPED_CREDENTIALS` capability)."""
 
 
 class ReportAck(Message, frozen=True, tag="report_ack"):
@@ -177,8 +270,25 @@ class Report(Message, frozen=True, tag="report"):
         )
 
 
-Downstream = Welcome | RunAction | ReportAck | Confirm | Cancel | Heartbeat | Error
-Upstream = Hello | Ack | Report | Heartbeat | Error
+class CacheFetch(Message, frozen=True, tag="cache_fetch"):
+    """Send these objects again: the edge's repair loop, for keys it failed to store. The hub answers
+    each with :class:`CacheObjects` or, when the object is gone or not the node's, :class:`CacheDeleted`."""
+
+    keys: tuple[CacheKey, ...]
+
+
+class AutonomyCondition(Message, frozen=True, tag="autonomy_condition"):
+    """The edge's ``Autonomy`` condition changed (``nodetask.autonomy.check``); the hub writes it on the Node."""
+
+    status: str
+    reason: str
+    message: str = ""
+
+
+Downstream = (
+    Welcome | RunAction | ReportAck | Confirm | Cancel | Heartbeat | Error | CacheObjects | CacheDeleted | Autonomy
+)
+Upstream = Hello | Ack | Report | Heartbeat | Error | CacheFetch | AutonomyCondition
 
 
 def _enc_hook(obj: Any) -> Any:

@@ -27,9 +27,10 @@ import binascii
 import fnmatch
 import json
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from nodetask import nesting
+from nodetask.messages import RegistryAuth, RunAction
 
 __all__ = [
     "DOCKER_HUB",
@@ -38,6 +39,9 @@ __all__ = [
     "ImageRef",
     "RegistryAuth",
     "api_host",
+    "credentials_of",
+    "decode_credentials",
+    "encode_credentials",
     "parse_docker_config_json",
     "parse_image",
 ]
@@ -139,21 +143,6 @@ def _split_registry(name: str, image: str) -> tuple[str, str]:
         if "/" not in repository:
             repository = f"library/{repository}"
     return registry, repository
-
-
-@dataclass(frozen=True, slots=True)
-class RegistryAuth:
-    """Credentials for one registry, as the CRI ``AuthConfig`` carries them.
-
-    Secrets are kept out of ``repr`` so that an accidental log line shows only who, not how.
-    """
-
-    registry: str
-    """The key of the ``auths`` entry these came from, as written in the Secret."""
-    username: str = ""
-    password: str = field(default="", repr=False)
-    identity_token: str = field(default="", repr=False)
-    registry_token: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,13 +313,17 @@ def _json_type(value: object) -> str:
             return "an object"
 
 
-# ------------------------------------------------------------------ credentials on the wire (RunAction)
+# ------------------------------------------------- the string form of RunAction.credentials (old peers)
+# Agents and hubs built before RunAction.registry_credentials (the Hello capability
+# nodetask.messages.TYPED_CREDENTIALS) carry each image's credentials as this JSON string: a hub
+# encodes them for an agent that does not advertise the capability, and an agent decodes them from
+# a hub that sends only these. Nothing else uses this form; it goes once no such peer is left.
 
 _WIRE_FIELDS = ("registry", "username", "password", "identity_token", "registry_token")
 
 
 def encode_credentials(auth: RegistryAuth) -> str:
-    """One image's credentials as the hub sends them in ``RunAction.credentials`` (JSON)."""
+    """One image's credentials in the string form of ``RunAction.credentials`` (JSON, snake_case keys)."""
     return json.dumps({name: getattr(auth, name) for name in _WIRE_FIELDS if getattr(auth, name)})
 
 
@@ -349,3 +342,21 @@ def decode_credentials(text: str) -> RegistryAuth:
     if unknown or "registry" not in fields:
         raise ValueError(f"credentials have unknown fields {sorted(unknown)} or no registry")
     return RegistryAuth(**fields)
+
+
+def credentials_of(run: RunAction) -> tuple[dict[str, RegistryAuth], str]:
+    """The credentials ``run`` carries by image, in whichever form its hub sent them, and the hub's
+    reason when it had none (``credentials_error``).
+
+    A string that does not decode (no hub encodes one) becomes the reason, naming its image: the
+    job's pulls fail with it rather than going anonymous.
+    """
+    auths = dict(run.registry_credentials)
+    for image, text in run.credentials.items():
+        if image in auths:
+            continue
+        try:
+            auths[image] = decode_credentials(text)
+        except ValueError as exc:
+            return {}, f"the hub's credentials for {image}: {exc}"
+    return auths, run.credentials_error

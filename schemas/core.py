@@ -56,13 +56,25 @@ class Node(ApiStruct, frozen=True):
         return any(c.type == "Ready" and c.status == "True" for c in self.status.conditions)
 
 
+class Toleration(ApiStruct, frozen=True):
+    """``core/v1.Toleration``, all of its fields: a Pod's tolerations are only ever written back whole."""
+
+    key: str = ""
+    operator: str = ""
+    value: str = ""
+    effect: str = ""
+    toleration_seconds: int | None = None
+    """Only with effect ``NoExecute``; absent: tolerated forever."""
+
+
 class PodSpec(ApiStruct, frozen=True):
     node_name: str = ""
     """The node the pod is bound to; empty until it is scheduled."""
+    tolerations: tuple[Toleration, ...] = ()
 
 
 class Pod(ApiStruct, frozen=True):
-    """A pod, read to find the node a diagnosis targeting it runs on."""
+    """A pod: read to find the nodes a diagnosis runs on, and to bind its tolerations to its node's autonomy."""
 
     api_version: str = "v1"
     kind: str = "Pod"

@@ -14,7 +14,7 @@ from typing import Any, Final
 from roles.cloud.api import ObjectReader
 from roles.kube import ApiError, NotFound
 from roles.kube.resources import SECRETS
-from roles.registry_auth import DockerConfig, encode_credentials, parse_docker_config_json
+from roles.registry_auth import DockerConfig, RegistryAuth, parse_docker_config_json
 
 __all__ = ["DOCKER_CONFIG_KEY", "ImageSecrets"]
 
@@ -28,7 +28,7 @@ class ImageSecrets:
         self._api = api
         self._namespaces = namespaces
 
-    async def credentials(self, job: Any) -> tuple[dict[str, str], str]:
+    async def credentials(self, job: Any) -> tuple[dict[str, RegistryAuth], str]:
         """Each image's registry credentials from the job's ``imageSecrets``, or why there are none."""
         template = getattr(job.spec, "image_pre_pull_template", None)
         if template is None or not template.image_secrets:
@@ -38,7 +38,7 @@ class ImageSecrets:
             auths = {image: config.auth_for(image) for image in template.images}
         except ValueError as exc:
             return {}, f"imageSecrets {template.image_secrets}: {exc}"
-        return {image: encode_credentials(auth) for image, auth in auths.items() if auth is not None}, ""
+        return {image: auth for image, auth in auths.items() if auth is not None}, ""
 
     async def docker_config(self, reference: str) -> DockerConfig:
         """The parsed ``.dockerconfigjson`` of Secret ``namespace/name``; ValueError says what is wrong."""

@@ -32,13 +32,14 @@ from roles.events import job_event, record_event
 from roles.kube import ApiError, Deleted, Relisted, Upserted, WatchEvent
 from roles.kube.errors import too_large
 from roles.kube.resources import job_resource
+from roles.registry_auth import RegistryAuth
 from schemas.access import counted
 
 __all__ = ["EVENT_COMPONENT", "RUNNER_HISTORY", "JobState", "Jobs"]
 
 Log = structlog.typing.FilteringBoundLogger
 Key = tuple[str, str]
-Credentials = Callable[[Any], Awaitable[tuple[dict[str, str], str]]]
+Credentials = Callable[[Any], Awaitable[tuple[dict[str, RegistryAuth], str]]]
 """A job's registry credentials per image, or why there are none (see :mod:`roles.cloud.image_secrets`)."""
 
 EVENT_COMPONENT: Final = "nodetaskd-cloud"

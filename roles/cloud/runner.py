@@ -18,7 +18,7 @@ The pool token is held across all three in one ``async with`` (see :mod:`nodetas
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import anyio
@@ -29,7 +29,7 @@ import structlog
 from flows.jobtype import JobType
 from nodetask.backoff import Backoff
 from nodetask.clock import Clock, parse_time
-from nodetask.messages import Cancel, Confirm, RunAction
+from nodetask.messages import TYPED_CREDENTIALS, Cancel, Confirm, RunAction
 from nodetask.phases import ConditionStatus, NodeTaskPhase
 from nodetask.pool import JobPool, NodeTaskEnd, open_job_pool
 from nodetask.route import Route
@@ -37,6 +37,7 @@ from roles.cloud.changes import ClaimOutcome, awaits_confirmation, claim
 from roles.cloud.sessions import Session, SessionTable
 from roles.cloud.status_writer import StatusWriter
 from roles.kube import ApiError, NotFound
+from roles.registry_auth import RegistryAuth, encode_credentials
 from schemas import v1alpha2
 from schemas.access import targeting
 
@@ -57,7 +58,7 @@ class JobRunner:
         writer: StatusWriter,
         clock: Clock,
         log: Log,
-        credentials: dict[str, str] | None = None,
+        credentials: Mapping[str, RegistryAuth] | None = None,
         credentials_error: str = "",
         on_dispatch: Callable[[float], None] = lambda _: None,
     ) -> None:
@@ -69,7 +70,9 @@ class JobRunner:
         self._writer = writer
         self._clock = clock
         self._log = log.bind(job=self.name, uid=self.uid)
-        self._credentials = credentials or {}
+        self._credentials = dict(credentials or {})
+        # For agents without the TYPED_CREDENTIALS capability, which read only the string form.
+        self._credential_strings = {image: encode_credentials(auth) for image, auth in self._credentials.items()}
         self._credentials_error = credentials_error
         self._on_dispatch = on_dispatch
         self._spec = msgspec.Raw(msgspec.json.encode(job.spec))
@@ -212,6 +215,7 @@ class JobRunner:
             while True:
                 session = await self._sessions.wait_for(node)
                 sends += 1
+                typed = TYPED_CREDENTIALS in session.capabilities
                 route = Route(v1alpha2.API_VERSION, self._type.resource_type, self.name, node)
                 msg = RunAction(
                     id=f"{self.uid}/{node}/{sends}",
@@ -219,8 +223,9 @@ class JobRunner:
                     job_uid=self.uid,
                     action=self._next_action(self._entry(node)),
                     spec=self._spec,
-                    credentials=self._credentials,
+                    credentials={} if typed else self._credential_strings,
                     credentials_error=self._credentials_error,
+                    registry_credentials=self._credentials if typed else {},
                 )
                 session.expect_ack(msg.id)
                 if await session.send(msg):

@@ -2,7 +2,9 @@
 
 Selection, initial node entries, job phase, timeouts and Events are decided here by the one
 instance holding the leader Lease; the hubs only execute. Under the same Lease it runs the
-diagnoses (``roles.controller.diagnoses``): OperationSets' paths, Diagnoses' stages and Tasks.
+diagnoses (``roles.controller.diagnoses``): OperationSets' paths, Diagnoses' stages and Tasks; and
+approves edge autonomy (``roles.controller.autonomy``): the approval label on the Nodes that ask
+for it, and their Pods' tolerations bound to the autonomy duration.
 Every instance serves the admission webhooks and its health and metrics endpoints, leader or not,
 so admission never depends on the election. ``--feature-gates=disableNodeTaskV1alpha2`` turns the
 v1alpha2 node-job controllers off, as in KubeEdge.
@@ -22,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from nodetask.clock import Clock
 from roles.config import ControllerConfig, RoleConfig
 from roles.controller.admission import admission_policy, admission_routes, register_webhooks, webhook_configurations
+from roles.controller.autonomy import AutonomyController
 from roles.controller.diagnoses import DiagnosisController
 from roles.controller.leader import Elector, default_identity
 from roles.controller.metrics import ControllerMetrics
@@ -73,9 +76,11 @@ async def run(cfg: RoleConfig, *, log: Log, config_path: Path | None = None) -> 
                 kube=kube, clock=Clock.start(), log=log, kinds=kinds, on_reconciled=metrics.observe_reconcile
             )
             diagnoses = DiagnosisController(kube=kube, clock=Clock.start(), log=log)
+            autonomy = AutonomyController(kube=kube, clock=Clock.start(), log=log)
             with metrics.tracking(reconciler):
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(diagnoses.run)
+                    tg.start_soon(autonomy.run)
                     await reconciler.run()
                     tg.cancel_scope.cancel()
 

@@ -20,7 +20,7 @@ from roles.edge import config_update, processors, upgrade
 from roles.edge.checks import run_checks
 from roles.edge.context import Action, Actions, Outcome, TaskContext, take_exclusive
 from roles.edge.processors import ProcessorEnv, ProcessorOutcome
-from roles.registry_auth import RegistryAuth, decode_credentials
+from roles.registry_auth import RegistryAuth
 from schemas.diagnosis import Processor
 from schemas.v1alpha2 import ImageStatus
 from schemas.validation import is_version
@@ -30,7 +30,7 @@ __all__ = ["PullImages", "RunProcessor", "build_actions", "diagnosis_run"]
 AuthFor = Callable[[str], RegistryAuth | None]
 PullImages = Callable[[tuple[str, ...], int, AuthFor], Awaitable[tuple[ImageStatus, ...]]]
 """Pull ``images`` with ``retryTimes``, each with its registry's credentials: per-image statuses."""
-Credentials = Callable[[str], tuple[Mapping[str, str], str]]
+Credentials = Callable[[str], tuple[Mapping[str, RegistryAuth], str]]
 """A job's credentials by image as the hub sent them, and the hub's reason when it had none to send."""
 RunProcessor = Callable[[Processor, Mapping[str, str], ProcessorEnv], Awaitable[ProcessorOutcome]]
 """Runs a diagnosis processor on request data (:func:`roles.edge.processors.run`)."""
@@ -65,11 +65,7 @@ def _prepull_pull(pull: PullImages, credentials: Credentials) -> Action:
                 ImageStatus(image=i, status=ConditionStatus.FALSE, reason=problem) for i in template.images
             )
             return Outcome(False, problem, imageprepulljob.encode_extend(statuses))
-
-        def auth_for(image: str) -> RegistryAuth | None:
-            return decode_credentials(creds[image]) if image in creds else None
-
-        statuses = await pull(template.images, template.retry_times, auth_for)
+        statuses = await pull(template.images, template.retry_times, creds.get)
         failed = [s for s in statuses if s.status is not ConditionStatus.TRUE]
         reason = "; ".join(f"{s.image}: {s.reason}" for s in failed)
         return Outcome(not failed, reason, imageprepulljob.encode_extend(statuses))

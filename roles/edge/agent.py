@@ -27,7 +27,17 @@ import structlog
 from flows.jobtype import EdgeJobType
 from nodetask.clock import Clock
 from nodetask.link import OpenLink
-from nodetask.messages import Ack, Cancel, Confirm, Downstream, Error, ReportAck, RunAction
+from nodetask.messages import (
+    TYPED_CREDENTIALS,
+    Ack,
+    Cancel,
+    Confirm,
+    Downstream,
+    Error,
+    RegistryAuth,
+    ReportAck,
+    RunAction,
+)
 from roles.edge.context import Actions
 from roles.edge.control import serve_control
 from roles.edge.outbox import Outbox
@@ -36,6 +46,7 @@ from roles.edge.settings import AgentSettings
 from roles.edge.store import EdgeStore, StoreError
 from roles.edge.walk import TaskRunner
 from roles.edge.ws_link import open_ws_link
+from roles.registry_auth import credentials_of
 
 __all__ = ["EdgeAgent"]
 
@@ -63,12 +74,12 @@ class EdgeAgent:
         self.settings = settings
         self._store = store
         self._log = log.bind(node=settings.node)
-        self._credentials: dict[str, tuple[Mapping[str, str], str]] = {}
+        self._credentials: dict[str, tuple[Mapping[str, RegistryAuth], str]] = {}
         self._outbox = Outbox(store)
         self._hub = HubConnection(
             settings=settings,
             open_link=open_link,
-            capabilities=tuple(sorted({f"{jt}/{action}" for jt, action in actions})),
+            capabilities=tuple(sorted({f"{jt}/{action}" for jt, action in actions} | {TYPED_CREDENTIALS})),
             outbox=self._outbox,
             dispatch=self._dispatch,
             log=self._log,
@@ -99,7 +110,7 @@ class EdgeAgent:
         """Whether a hub session is (or becomes, within ``within`` seconds) established."""
         return await self._hub.wait_connected(within)
 
-    def credentials(self, job_uid: str) -> tuple[Mapping[str, str], str]:
+    def credentials(self, job_uid: str) -> tuple[Mapping[str, RegistryAuth], str]:
         """Registry credentials the hub sent with this job's RunAction, and its reason when it sent none.
 
         Kept in memory only: never written to disk. After an agent restart the hub re-sends them
@@ -158,8 +169,8 @@ class EdgeAgent:
                 pass
 
     async def _on_run_action(self, run: RunAction, session: Session) -> None:
-        if run.credentials or run.credentials_error:
-            self._credentials[run.job_uid] = (dict(run.credentials), run.credentials_error)
+        if run.registry_credentials or run.credentials or run.credentials_error:
+            self._credentials[run.job_uid] = credentials_of(run)
         try:
             task, new = await self._store.add_task(
                 job_uid=run.job_uid,

@@ -21,6 +21,7 @@ from roles.edge.runtime.puller import pull_in_child, request_for
 from roles.edge.settings import AgentSettings, settings_of
 from roles.edge.store import StoreError, StoreFault, open_store, quarantine_store
 from roles.jobtypes import edge_job_types
+from roles.registry_auth import RegistryAuth
 from schemas.v1alpha2 import ImageStatus
 
 Log = structlog.typing.FilteringBoundLogger
@@ -75,7 +76,7 @@ async def _run(settings: AgentSettings, cfg: EdgeConfig, path: Path, clock: Cloc
             log.warning("no_container_runtime", hint="criEndpoint is empty: image pulls will fail")
         agent: EdgeAgent
 
-        def credentials(job_uid: str) -> tuple[Mapping[str, str], str]:
+        def credentials(job_uid: str) -> tuple[Mapping[str, RegistryAuth], str]:
             return agent.credentials(job_uid)
 
         async def agent_status() -> Mapping[str, str]:

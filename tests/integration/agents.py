@@ -19,6 +19,7 @@ from roles.edge.checks import Thresholds
 from roles.edge.settings import AgentSettings
 from roles.edge.store import open_store
 from roles.jobtypes import job_types
+from roles.registry_auth import RegistryAuth
 from schemas.v1alpha2 import ImageStatus
 
 
@@ -54,7 +55,7 @@ async def running_agent(
     async with open_store(data_dir / "store.sqlite", max_bytes=store_max_bytes) as store:
         agent: EdgeAgent
 
-        def credentials(job_uid: str) -> tuple[Mapping[str, str], str]:
+        def credentials(job_uid: str) -> tuple[Mapping[str, RegistryAuth], str]:
             return agent.credentials(job_uid)  # what the hub sent, as the edge role wires it
 
         agent = EdgeAgent(

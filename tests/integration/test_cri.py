@@ -68,6 +68,22 @@ def log(capture: structlog.testing.CapturingLogger) -> structlog.typing.Filterin
         ("ImageFilter", {"image": 1}),
         ("ListImagesResponse", {"images": 1}),
         ("RemoveImageRequest", {"image": 1}),
+        ("ListContainersRequest", {}),
+        ("ListContainersResponse", {"containers": 1}),
+        ("ContainerMetadata", {"name": 1, "attempt": 2}),
+        (
+            "Container",
+            {
+                "id": 1,
+                "pod_sandbox_id": 2,
+                "metadata": 3,
+                "image": 4,
+                "image_ref": 5,
+                "state": 6,
+                "created_at": 7,
+                "labels": 8,
+            },
+        ),
     ],
 )
 def test_cri_messages_carry_the_published_field_numbers(message: str, fields: dict[str, int]) -> None:
@@ -78,7 +94,7 @@ def test_cri_messages_carry_the_published_field_numbers(message: str, fields: di
 
 
 def test_cri_service_has_the_published_method_paths() -> None:
-    """The four RPCs are runtime.v1.ImageService's, with their upstream request and response types."""
+    """The four image RPCs are runtime.v1.ImageService's, ListContainers the RuntimeService's, with upstream types."""
     service = api_pb2.DESCRIPTOR.services_by_name["ImageService"]
     assert service.full_name == "runtime.v1.ImageService"
     assert {m.name: (m.input_type.name, m.output_type.name) for m in service.methods} == {
@@ -86,6 +102,18 @@ def test_cri_service_has_the_published_method_paths() -> None:
         "ImageStatus": ("ImageStatusRequest", "ImageStatusResponse"),
         "PullImage": ("PullImageRequest", "PullImageResponse"),
         "RemoveImage": ("RemoveImageRequest", "RemoveImageResponse"),
+    }
+    runtime = api_pb2.DESCRIPTOR.services_by_name["RuntimeService"]
+    assert runtime.full_name == "runtime.v1.RuntimeService"
+    assert {m.name: (m.input_type.name, m.output_type.name) for m in runtime.methods} == {
+        "ListContainers": ("ListContainersRequest", "ListContainersResponse"),
+    }
+    states = api_pb2.DESCRIPTOR.enum_types_by_name["ContainerState"]
+    assert {v.name: v.number for v in states.values} == {
+        "CONTAINER_CREATED": 0,
+        "CONTAINER_RUNNING": 1,
+        "CONTAINER_EXITED": 2,
+        "CONTAINER_UNKNOWN": 3,
     }
 
 

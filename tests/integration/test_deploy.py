@@ -131,6 +131,9 @@ ALLOWED = {
         "create tasks.diagnosis.kubediag.org -n default",
         "patch diagnoses.diagnosis.kubediag.org --subresource=status -n default",
         "list pods -n default",
+        "watch pods",
+        "patch pods -n default",
+        "patch nodes",
         "create events -n default",
         f"update leases.coordination.k8s.io -n {NAMESPACE}",
         "patch validatingwebhookconfigurations.admissionregistration.k8s.io",
@@ -153,8 +156,13 @@ ALLOWED = {
 REFUSED = {
     CONTROLLER_SA: [
         "get secrets -n kube-system",  # the controller never reads a Secret
-        "patch nodes",  # nodes are the hubs' to mark
+        "update nodes",  # nodes are only patched, for the autonomy label
+        "patch nodes --subresource=status",  # the Autonomy condition is the hubs' to write
         "create pods -n default",
+        "update pods -n default",  # pods are only patched, for the toleration binding
+        "delete pods -n default",
+        "create pods --subresource=eviction -n default",
+        "patch pods --subresource=status -n default",
     ],
     CLOUD_SA: [
         "get secrets -n default",  # Secrets only in kube-system, never cluster-wide

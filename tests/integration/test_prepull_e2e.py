@@ -12,6 +12,7 @@ from pathlib import Path
 import anyio
 import anyio.abc
 import pytest
+from structlog.testing import capture_logs
 
 from nodetask.phases import JobPhase, NodeTaskPhase
 from roles.kube import Kube
@@ -31,9 +32,11 @@ PREPULLS = job_resource(IMAGE_PRE_PULL_JOB)
 
 
 @asynccontextmanager
-async def agents(commands: list[list[str]]) -> AsyncIterator[list[anyio.abc.Process]]:
-    """Real agent processes, stopped with SIGTERM (and checked to exit 0) at the end."""
-    processes = [await anyio.open_process(c, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for c in commands]
+async def agents(commands: list[list[str]], log: Path) -> AsyncIterator[list[anyio.abc.Process]]:
+    """Real agent processes writing their output (and their puller children's) to ``log``, stopped with
+    SIGTERM (and checked to exit 0) at the end."""
+    with log.open("ab") as out:
+        processes = [await anyio.open_process(c, stdout=out, stderr=subprocess.STDOUT) for c in commands]
     try:
         yield processes
     finally:
@@ -58,7 +61,11 @@ async def test_images_are_pulled_through_cri_with_the_secrets_credentials_per_re
     auth_registry: Registry,
     tmp_path: Path,
 ) -> None:
-    """Agents pull open and authenticated images; without the Secret the private image fails; a bad one fails."""
+    """Agents pull open and authenticated images; without the Secret the private image fails; a bad one fails.
+
+    The credentials travel typed from the hub to each agent's puller child, and no log line of the
+    hub, the agents or their children shows the password.
+    """
     public = registry.push(unique("public"))
     private = auth_registry.push(unique("private"))
     missing = f"{registry.host}/{unique('missing')}:1"
@@ -82,25 +89,32 @@ async def test_images_are_pulled_through_cri_with_the_secrets_credentials_per_re
         spec = {"nodeNames": only or nodes, "images": images, "concurrency": 2, "retryTimes": 1}
         return {"imagePrePullTemplate": {**spec, "imageSecrets": secret} if secret else spec}
 
-    async with running_controller(crds), running_hub(crds, "hub-cri") as hub:
-        commands = [
-            agent_command(
-                write_agent_config(
-                    tmp_path / n, node=n, token=tokens[n], hub_urls=[hub.url], criEndpoint=containerd.endpoint
+    agent_log = tmp_path / "agents.log"
+    with capture_logs() as hub_log:
+        async with running_controller(crds), running_hub(crds, "hub-cri") as hub:
+            commands = [
+                agent_command(
+                    write_agent_config(
+                        tmp_path / n,
+                        node=n,
+                        token=tokens[n],
+                        hub_urls=[hub.url],
+                        criEndpoint=containerd.endpoint,
+                        logLevel="debug",
+                    )
                 )
-            )
-            for n in nodes
-        ]
-        async with agents(commands):
-            await create_job(
-                crds, "ImagePrePullJob", with_secret, template([public, private], f"kube-system/{secret_name}")
-            )
-            await create_job(crds, "ImagePrePullJob", without_secret, template([private], only=nodes[:1]))
-            await create_job(crds, "ImagePrePullJob", bad, template([public, missing], only=nodes[:1]))
-            done = {
-                name: await job_when(cloud_kube, PREPULLS, name, settled, limit_s=90)
-                for name in (with_secret, without_secret, bad)
-            }
+                for n in nodes
+            ]
+            async with agents(commands, agent_log):
+                await create_job(
+                    crds, "ImagePrePullJob", with_secret, template([public, private], f"kube-system/{secret_name}")
+                )
+                await create_job(crds, "ImagePrePullJob", without_secret, template([private], only=nodes[:1]))
+                await create_job(crds, "ImagePrePullJob", bad, template([public, missing], only=nodes[:1]))
+                done = {
+                    name: await job_when(cloud_kube, PREPULLS, name, settled, limit_s=90)
+                    for name in (with_secret, without_secret, bad)
+                }
 
     job = done[with_secret]
     assert job.status.phase is JobPhase.COMPLETED
@@ -116,3 +130,7 @@ async def test_images_are_pulled_through_cri_with_the_secrets_credentials_per_re
     assert partial.phase is NodeTaskPhase.FAILURE
     assert [(i.image, i.status) for i in partial.image_status] == [(public, "True"), (missing, "False")]
     assert missing in partial.reason
+
+    written = agent_log.read_text() + repr(hub_log)
+    assert "image_pulled" in written  # the puller children's lines are there too
+    assert auth_registry.password not in written

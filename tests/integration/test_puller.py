@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import anyio
+import msgspec
 import psutil
 import pytest
 import structlog
@@ -56,9 +57,11 @@ def test_credentials_are_asked_once_per_image_and_refusals_are_kept_with_their_r
         log_format="json",
         log_context={"node": "n1"},
     )
-    assert set(request.credentials) == {"reg.example:5000/a:1"}
+    assert request.credentials == {"reg.example:5000/a:1": secret}
     assert request.refused == {"bad//c": "bad reference"}
     assert request.log_context == {"node": "n1"}
+    # What the child decodes from its stdin, typed as the agent sent it.
+    assert msgspec.json.decode(msgspec.json.encode(request), type=PullRequest) == request
 
 
 async def test_an_unreachable_runtime_fails_each_image_with_the_runtime_error(

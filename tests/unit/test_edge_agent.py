@@ -13,6 +13,7 @@ deadline at most a second away: a slow disk costs virtual seconds, never the tes
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import sqlite3
 import ssl
@@ -35,7 +36,20 @@ from flows import diagnosis_job, imageprepulljob
 from nodetask import messages
 from nodetask.clock import Clock
 from nodetask.link import Link, LinkClosed, MemoryLink, memory_links
-from nodetask.messages import Ack, Cancel, Error, Heartbeat, Hello, Report, ReportAck, RunAction, Upstream, Welcome
+from nodetask.messages import (
+    TYPED_CREDENTIALS,
+    Ack,
+    Cancel,
+    Error,
+    Heartbeat,
+    Hello,
+    RegistryAuth,
+    Report,
+    ReportAck,
+    RunAction,
+    Upstream,
+    Welcome,
+)
 from nodetask.route import Route
 from roles.config import DiagnosisConfig
 from roles.edge.actions import diagnosis_run
@@ -56,6 +70,10 @@ INTERVAL: Final = 1.0
 """The fake hub's heartbeat interval, and the ticker's."""
 GUARD: Final = 1000.0
 """Virtual seconds a test may take (each tick of an idle second costs 5 ms of real time)."""
+IMAGE: Final = "registry.example/app:1"
+AUTH: Final = RegistryAuth("registry.example", "puller", "s3cret")
+OLD_FORM: Final = '{"registry": "registry.example", "username": "puller", "password": "s3cret"}'
+""":data:`AUTH` as hubs built before the typed field (``RunAction.registry_credentials``) send it."""
 SPEC: Final = msgspec.Raw(
     msgspec.json.encode(ImagePrePullJobSpec(image_pre_pull_template=ImagePrePullTemplate(images=("busybox",))))
 )
@@ -143,6 +161,8 @@ class FakeHub:
     refuse: int = 0
     attempts: list[float] = field(default_factory=list)
     """Loop times the agent tried to connect."""
+    hellos: list[Hello] = field(default_factory=list)
+    """The agent's Hello of each session, in order."""
     _accepted: tuple[MemoryObjectSendStream[MemoryLink], MemoryObjectReceiveStream[MemoryLink]] = field(
         default_factory=lambda: anyio.create_memory_object_stream[MemoryLink](math.inf)
     )
@@ -170,6 +190,7 @@ class FakeHub:
         hello = messages.decode_upstream(await link.receive())
         assert isinstance(hello, Hello)
         assert hello.node == NODE
+        self.hellos.append(hello)
         await link.send(messages.encode(Welcome(hub="fake", heartbeat_interval=self.interval)))
         frames, received = anyio.create_memory_object_stream[Upstream](math.inf)
         session = HubSession(link, received, welcomed_at=anyio.current_time())
@@ -511,3 +532,42 @@ async def test_the_agent_status_names_its_version_store_outbox_depth_and_hub(tmp
             "hub": "fake",
             "connected": "true",
         }
+
+
+# ------------------------------------------------------------------- registry credentials from the hub
+
+
+async def test_an_agent_says_in_its_hello_that_it_reads_typed_credentials(tmp_path: Path, clock: MockClock) -> None:
+    """The Hello carries the capability the hub decides by."""
+    async with running_edge(tmp_path) as edge:
+        await edge.hub.accept()
+        assert TYPED_CREDENTIALS in edge.hub.hellos[0].capabilities
+
+
+async def test_an_agent_gives_its_pulls_the_typed_credentials_of_a_new_hub(tmp_path: Path, clock: MockClock) -> None:
+    """Credentials sent typed are what the job's pull asks the agent for, unchanged."""
+    async with running_edge(tmp_path) as edge:
+        session = await edge.hub.accept()
+        await session.send(msgspec.structs.replace(run_action("a"), registry_credentials={IMAGE: AUTH}))
+        assert await session.receive() == Ack(id="run-a")
+        assert edge.agent.credentials("uid-a") == ({IMAGE: AUTH}, "")
+
+
+async def test_an_agent_reads_the_string_credentials_of_an_old_hub(tmp_path: Path, clock: MockClock) -> None:
+    """A RunAction frame as hubs before the typed field write it gives the pulls the same typed credentials."""
+    route = run_action("old").route
+    frame = {
+        "op": "run_action",
+        "id": "run-old",
+        "route": str(route),
+        "jobUid": "uid-old",
+        "action": "Check",
+        "spec": msgspec.json.decode(SPEC),
+        "credentials": {IMAGE: OLD_FORM},
+        "credentialsError": "",
+    }
+    async with running_edge(tmp_path) as edge:
+        session = await edge.hub.accept()
+        await session.link.send(json.dumps(frame).encode())
+        assert await session.receive() == Ack(id="run-old")
+        assert edge.agent.credentials("uid-old") == ({IMAGE: AUTH}, "")

@@ -45,6 +45,7 @@ downstream = st.one_of(
         action=text,
         spec=st.just(msgspec.Raw(b'{"imagePrePullTemplate":{"images":["busybox"]}}')),
         credentials=st.dictionaries(text, text, max_size=2),
+        registry_credentials=st.dictionaries(text, st.builds(m.RegistryAuth, text, text, text, text, text), max_size=2),
     ),
     st.builds(m.ReportAck, job_uid=text, seq=st.integers(0, 2**62)),
     st.builds(m.Confirm, route=st.just(ROUTE), job_uid=text),

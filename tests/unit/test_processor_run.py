@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -68,6 +71,22 @@ def test_clipping_keeps_short_values_and_bounds_long_ones(results: dict[str, str
 
 
 def test_a_failure_passes_through_unchanged() -> None:
-    """Bounding concerns results only."""
+    """A failure without results is returned as it is."""
     outcome = ProcessorOutcome(succeeded=False, reason="x")
     assert bounded(outcome) is outcome
+
+
+def test_importing_the_processors_loads_none_of_them() -> None:
+    """The agent imports the package at start; each kind, psutil, h11 and grpc wait for the first Task using them."""
+    heavy = [
+        "psutil",
+        "h11",
+        "grpc",
+        "roles.edge.processors.http",
+        "roles.edge.processors.scripts",
+        "roles.edge.processors.builtins",
+        "roles.edge.runtime.puller",
+    ]
+    code = f"import sys, roles.edge.processors; print([m for m in {heavy!r} if m in sys.modules])"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"

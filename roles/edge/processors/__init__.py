@@ -9,6 +9,9 @@ pay for the HTTP client, the script runner or the collectors (the idle agent's m
   ``diagnosis.httpHosts`` lists them).
 - :mod:`.scripts`: ``scriptRunner`` (off unless ``diagnosis.scripts.enabled``, then only listed
   SHA-256s unless ``allowAny``; argv, never a shell string; the process group dies with the run).
+- :mod:`.builtins`: ``builtin`` collectors (``node.resources``, ``node.processes``,
+  ``containers.list``, ``images.list``, ``network.probe``, ``file.tail``, ``agent.status``); their
+  request keys and results are tabled there.
 
 Every successful outcome's results are bounded (:func:`.outcome.bounded`): each value clipped to
 64 Ki characters, all of them together at most 256 Ki characters, or the Task fails saying so.
@@ -82,4 +85,7 @@ async def _dispatch(
         return await scripts.run_script(
             processor.script_runner, request, env.config.scripts, data_dir=env.data_dir, log=env.logger
         )
-    return failed(f"{kind} processors are not available on this device yet")
+    assert processor.builtin is not None  # kind_of said so
+    from roles.edge.processors import builtins  # noqa: PLC0415 (deferred on purpose)
+
+    return await builtins.run_builtin(processor.builtin.name, request, env)

@@ -42,14 +42,19 @@ def clip_value(value: str, limit: int = MAX_VALUE_CHARS) -> str:
 
 
 def bounded(outcome: ProcessorOutcome) -> ProcessorOutcome:
-    """``outcome`` with each result value clipped; a failure instead if the results are still too large."""
-    if not outcome.succeeded:
+    """``outcome`` with each result value clipped; a failure instead if the results are still too large.
+
+    A failure may carry results too (what a probe found, say); they are clipped the same way, and
+    dropped if still too large, so the failure's reason always gets through.
+    """
+    if not outcome.results:
         return outcome
     results = {key: clip_value(value) for key, value in outcome.results.items()}
     size = sum(len(k) + len(v) for k, v in results.items())
-    if size > MAX_RESULTS_CHARS:
-        return failed(
-            f"the results ({len(results)} keys) have {size} characters, more than the {MAX_RESULTS_CHARS}"
-            " a Task may carry"
-        )
-    return ProcessorOutcome(succeeded=True, results=results)
+    if size <= MAX_RESULTS_CHARS:
+        return ProcessorOutcome(succeeded=outcome.succeeded, results=results, reason=outcome.reason)
+    if not outcome.succeeded:
+        return ProcessorOutcome(succeeded=False, reason=outcome.reason)
+    return failed(
+        f"the results ({len(results)} keys) have {size} characters, more than the {MAX_RESULTS_CHARS} a Task may carry"
+    )

@@ -1,4 +1,5 @@
-"""Pull images through the CRI ``runtime.v1.ImageService`` of the node's container runtime.
+"""Pull and list images through the CRI ``runtime.v1.ImageService`` of the node's container runtime, and
+list its containers through the ``RuntimeService``.
 
 Why synchronous gRPC in threads: grpcio's asyncio API needs an asyncio loop, and the edge role runs
 on trio (the only trio/asyncio bridge, trio-asyncio, is confined to ``roles/kube``). So each call
@@ -36,11 +37,14 @@ __all__ = [
     "DEFAULT_PULL_TIMEOUT",
     "PULL_FAILED_REASON",
     "PULL_RETRY_DELAY",
+    "ContainerInfo",
     "CriError",
     "ImageInfo",
     "ImagePuller",
     "ImageService",
+    "RuntimeService",
     "open_image_service",
+    "open_runtime_service",
     "pull_images",
 ]
 
@@ -60,6 +64,7 @@ _MAX_MESSAGE = 16 * 1024 * 1024
 """The kubelet's CRI message size limit; gRPC's 4 MiB default is too small for a big ``ListImages``."""
 
 _SERVICE = "/runtime.v1.ImageService/"
+_RUNTIME_SERVICE = "/runtime.v1.RuntimeService/"
 
 _Req = TypeVar("_Req")
 _Resp = TypeVar("_Resp")
@@ -85,6 +90,22 @@ class ImageInfo:
     repo_tags: tuple[str, ...]
     repo_digests: tuple[str, ...]
     size: int
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerInfo:
+    """A container the runtime has (CRI ``Container``)."""
+
+    id: str
+    name: str
+    attempt: int
+    pod_sandbox_id: str
+    image: str
+    image_ref: str
+    state: str
+    """``CONTAINER_CREATED``, ``CONTAINER_RUNNING``, ``CONTAINER_EXITED`` or ``CONTAINER_UNKNOWN``."""
+    created_at_ns: int
+    labels: dict[str, str]
 
 
 class ImagePuller(Protocol):
@@ -158,6 +179,41 @@ class ImageService:
         await _call(self._remove, request, method="RemoveImage", image=image, deadline=self._call_timeout)
 
 
+@final
+class RuntimeService:
+    """The CRI runtime service of one runtime endpoint (listing only). Make it with :func:`open_runtime_service`."""
+
+    def __init__(self, channel: grpc.Channel, *, endpoint: str, call_timeout: float) -> None:
+        self.endpoint = endpoint
+        self._call_timeout = call_timeout
+        self._list: grpc.UnaryUnaryMultiCallable[api.ListContainersRequest, api.ListContainersResponse] = (
+            channel.unary_unary(
+                _RUNTIME_SERVICE + "ListContainers",
+                request_serializer=api.ListContainersRequest.SerializeToString,
+                response_deserializer=api.ListContainersResponse.FromString,
+            )
+        )
+
+    async def list_containers(self) -> tuple[ContainerInfo, ...]:
+        """Every container the runtime has, whatever its state. Errors: :class:`CriError`."""
+        response = await _call(
+            self._list, api.ListContainersRequest(), method="ListContainers", image="*", deadline=self._call_timeout
+        )
+        return tuple(_container_info(c) for c in response.containers)
+
+
+@asynccontextmanager
+async def _channel(endpoint: str) -> AsyncIterator[grpc.Channel]:
+    channel = grpc.insecure_channel(
+        _grpc_target(endpoint),
+        options=[("grpc.max_receive_message_length", _MAX_MESSAGE), ("grpc.max_send_message_length", _MAX_MESSAGE)],
+    )
+    try:
+        yield channel
+    finally:
+        channel.close()
+
+
 @asynccontextmanager
 async def open_image_service(
     endpoint: str,
@@ -173,14 +229,17 @@ async def open_image_service(
 
     Errors: :class:`ValueError` if ``endpoint`` is not a unix socket.
     """
-    channel = grpc.insecure_channel(
-        _grpc_target(endpoint),
-        options=[("grpc.max_receive_message_length", _MAX_MESSAGE), ("grpc.max_send_message_length", _MAX_MESSAGE)],
-    )
-    try:
+    async with _channel(endpoint) as channel:
         yield ImageService(channel, endpoint=endpoint, call_timeout=call_timeout, pull_timeout=pull_timeout)
-    finally:
-        channel.close()
+
+
+@asynccontextmanager
+async def open_runtime_service(
+    endpoint: str, *, call_timeout: float = DEFAULT_CALL_TIMEOUT
+) -> AsyncIterator[RuntimeService]:
+    """The runtime service at ``endpoint``; as :func:`open_image_service`."""
+    async with _channel(endpoint) as channel:
+        yield RuntimeService(channel, endpoint=endpoint, call_timeout=call_timeout)
 
 
 async def pull_images(
@@ -304,6 +363,27 @@ def _image_info(image: api.Image) -> ImageInfo:
         repo_digests=tuple(image.repo_digests),
         size=image.size,
     )
+
+
+def _container_info(container: api.Container) -> ContainerInfo:
+    return ContainerInfo(
+        id=container.id,
+        name=container.metadata.name,
+        attempt=container.metadata.attempt,
+        pod_sandbox_id=container.pod_sandbox_id,
+        image=container.image.image,
+        image_ref=container.image_ref,
+        state=_state_name(container.state),
+        created_at_ns=container.created_at,
+        labels=dict(container.labels),
+    )
+
+
+def _state_name(state: int) -> str:
+    try:
+        return api.ContainerState.Name(state)
+    except ValueError:  # a state newer than this copy of the API
+        return f"CONTAINER_STATE_{state}"
 
 
 def _grpc_target(endpoint: str) -> str:

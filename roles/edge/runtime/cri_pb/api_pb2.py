@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#roles/edge/runtime/cri_pb/api.proto\x12\nruntime.v1\"\x8b\x01\n\tImageSpec\x12\r\n\x05image\x18\x01 \x01(\t\x12;\n\x0b\x61nnotations\x18\x02 \x03(\x0b\x32&.runtime.v1.ImageSpec.AnnotationsEntry\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"3\n\x0bImageFilter\x12$\n\x05image\x18\x01 \x01(\x0b\x32\x15.runtime.v1.ImageSpec\"<\n\x11ListImagesRequest\x12\'\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x17.runtime.v1.ImageFilter\"J\n\x05Image\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\trepo_tags\x18\x02 \x03(\t\x12\x14\n\x0crepo_digests\x18\x03 \x03(\t\x12\x0c\n\x04size\x18\x04 \x01(\x04\"7\n\x12ListImagesResponse\x12!\n\x06images\x18\x01 \x03(\x0b\x32\x11.runtime.v1.Image\"K\n\x12ImageStatusRequest\x12$\n\x05image\x18\x01 \x01(\x0b\x32\x15.runtime.v1.ImageSpec\x12\x0f\n\x07verbose\x18\x02 \x01(\x08\"\x9d\x01\n\x13ImageStatusResponse\x12 \n\x05image\x18\x01 \x01(\x0b\x32\x11.runtime.v1.Image\x12\x37\n\x04info\x18\x02 \x03(\x0b\x32).runtime.v1.ImageStatusResponse.InfoEntry\x1a+\n\tInfoEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x86\x01\n\nAuthConfig\x12\x10\n\x08username\x18\x01 \x01(\t\x12\x10\n\x08password\x18\x02 \x01(\t\x12\x0c\n\x04\x61uth\x18\x03 \x01(\t\x12\x16\n\x0eserver_address\x18\x04 \x01(\t\x12\x16\n\x0eidentity_token\x18\x05 \x01(\t\x12\x16\n\x0eregistry_token\x18\x06 \x01(\t\"^\n\x10PullImageRequest\x12$\n\x05image\x18\x01 \x01(\x0b\x32\x15.runtime.v1.ImageSpec\x12$\n\x04\x61uth\x18\x02 \x01(\x0b\x32\x16.runtime.v1.AuthConfig\"&\n\x11PullImageResponse\x12\x11\n\timage_ref\x18\x01 \x01(\t\":\n\x12RemoveImageRequest\x12$\n\x05image\x18\x01 \x01(\x0b\x32\x15.runtime.v1.ImageSpec\"\x15\n\x13RemoveImageResponse2\xcd\x02\n\x0cImageService\x12M\n\nListImages\x12\x1d.runtime.v1.ListImagesRequest\x1a\x1e.runtime.v1.ListImagesResponse\"\x00\x12P\n\x0bImageStatus\x12\x1e.runtime.v1.ImageStatusRequest\x1a\x1f.runtime.v1.ImageStatusResponse\"\x00\x12J\n\tPullImage\x12\x1c.runtime.v1.PullImageRequest\x1a\x1d.runtime.v1.PullImageResponse\"\x00\x12P\n\x0bRemoveImage\x12\x1e.runtime.v1.RemoveImageRequest\x1a\x1f.runtime.v1.RemoveImageResponse\"\x00\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#roles/edge/runtime/cri_pb/api.proto\x12\nruntime.v1\"\x8b\x01\n\tImageSpec\x12\r\n\x05image\x18\x01 \x01(\t\x12;\n\x0b\x61nnotations\x18\x02 \x03(\x0b\x32&.runtime.v1.ImageSpec.AnnotationsEntry\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"3\n\x0bImageFilter\x12$\n\x05image\x18\x01 \x01(\x0b\x32\x15.runtime.v1.ImageSpec\"<\n\x11ListImagesRequest\x12\'\n\x06\x66ilter\x18\x01 \x01(\x0b\x32\x17.runtime.v1.ImageFilter\"J\n\x05Image\x12\n\n\x02id\x18\x01 \x01(\t\x12\x11\n\trepo_tags\x18\x02 \x03(\t\x12\x14\n\x0crepo_digests\x18\x03 \x03(\t\x12\x0c\n\x04size\x18\x04 \x01(\x04\"7\n\x12ListImagesResponse\x12!\n\x06images\x18\x01 \x03(\x0b\x32\x11.runtime.v1.Image\"K\n\x12ImageStatusRequest\x12$\n\x05image\x18\x01 \x01(\x0b\x32\x15.runtime.v1.ImageSpec\x12\x0f\n\x07verbose\x18\x02 \x01(\x08\"\x9d\x01\n\x13ImageStatusResponse\x12 \n\x05image\x18\x01 \x01(\x0b\x32\x11.runtime.v1.Image\x12\x37\n\x04info\x18\x02 \x03(\x0b\x32).runtime.v1.ImageStatusResponse.InfoEntry\x1a+\n\tInfoEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x86\x01\n\nAuthConfig\x12\x10\n\x08username\x18\x01 \x01(\t\x12\x10\n\x08password\x18\x02 \x01(\t\x12\x0c\n\x04\x61uth\x18\x03 \x01(\t\x12\x16\n\x0eserver_address\x18\x04 \x01(\t\x12\x16\n\x0eidentity_token\x18\x05 \x01(\t\x12\x16\n\x0eregistry_token\x18\x06 \x01(\t\"^\n\x10PullImageRequest\x12$\n\x05image\x18\x01 \x01(\x0b\x32\x15.runtime.v1.ImageSpec\x12$\n\x04\x61uth\x18\x02 \x01(\x0b\x32\x16.runtime.v1.AuthConfig\"&\n\x11PullImageResponse\x12\x11\n\timage_ref\x18\x01 \x01(\t\":\n\x12RemoveImageRequest\x12$\n\x05image\x18\x01 \x01(\x0b\x32\x15.runtime.v1.ImageSpec\"\x15\n\x13RemoveImageResponse\"2\n\x11\x43ontainerMetadata\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07\x61ttempt\x18\x02 \x01(\r\"\x17\n\x15ListContainersRequest\"\xba\x02\n\tContainer\x12\n\n\x02id\x18\x01 \x01(\t\x12\x16\n\x0epod_sandbox_id\x18\x02 \x01(\t\x12/\n\x08metadata\x18\x03 \x01(\x0b\x32\x1d.runtime.v1.ContainerMetadata\x12$\n\x05image\x18\x04 \x01(\x0b\x32\x15.runtime.v1.ImageSpec\x12\x11\n\timage_ref\x18\x05 \x01(\t\x12)\n\x05state\x18\x06 \x01(\x0e\x32\x1a.runtime.v1.ContainerState\x12\x12\n\ncreated_at\x18\x07 \x01(\x03\x12\x31\n\x06labels\x18\x08 \x03(\x0b\x32!.runtime.v1.Container.LabelsEntry\x1a-\n\x0bLabelsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"C\n\x16ListContainersResponse\x12)\n\ncontainers\x18\x01 \x03(\x0b\x32\x15.runtime.v1.Container*k\n\x0e\x43ontainerState\x12\x15\n\x11\x43ONTAINER_CREATED\x10\x00\x12\x15\n\x11\x43ONTAINER_RUNNING\x10\x01\x12\x14\n\x10\x43ONTAINER_EXITED\x10\x02\x12\x15\n\x11\x43ONTAINER_UNKNOWN\x10\x03\x32\xcd\x02\n\x0cImageService\x12M\n\nListImages\x12\x1d.runtime.v1.ListImagesRequest\x1a\x1e.runtime.v1.ListImagesResponse\"\x00\x12P\n\x0bImageStatus\x12\x1e.runtime.v1.ImageStatusRequest\x1a\x1f.runtime.v1.ImageStatusResponse\"\x00\x12J\n\tPullImage\x12\x1c.runtime.v1.PullImageRequest\x1a\x1d.runtime.v1.PullImageResponse\"\x00\x12P\n\x0bRemoveImage\x12\x1e.runtime.v1.RemoveImageRequest\x1a\x1f.runtime.v1.RemoveImageResponse\"\x00\x32k\n\x0eRuntimeService\x12Y\n\x0eListContainers\x12!.runtime.v1.ListContainersRequest\x1a\".runtime.v1.ListContainersResponse\"\x00\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,6 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_IMAGESPEC_ANNOTATIONSENTRY']._serialized_options = b'8\001'
   _globals['_IMAGESTATUSRESPONSE_INFOENTRY']._loaded_options = None
   _globals['_IMAGESTATUSRESPONSE_INFOENTRY']._serialized_options = b'8\001'
+  _globals['_CONTAINER_LABELSENTRY']._loaded_options = None
+  _globals['_CONTAINER_LABELSENTRY']._serialized_options = b'8\001'
+  _globals['_CONTAINERSTATE']._serialized_start=1497
+  _globals['_CONTAINERSTATE']._serialized_end=1604
   _globals['_IMAGESPEC']._serialized_start=52
   _globals['_IMAGESPEC']._serialized_end=191
   _globals['_IMAGESPEC_ANNOTATIONSENTRY']._serialized_start=141
@@ -63,6 +67,18 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REMOVEIMAGEREQUEST']._serialized_end=1009
   _globals['_REMOVEIMAGERESPONSE']._serialized_start=1011
   _globals['_REMOVEIMAGERESPONSE']._serialized_end=1032
-  _globals['_IMAGESERVICE']._serialized_start=1035
-  _globals['_IMAGESERVICE']._serialized_end=1368
+  _globals['_CONTAINERMETADATA']._serialized_start=1034
+  _globals['_CONTAINERMETADATA']._serialized_end=1084
+  _globals['_LISTCONTAINERSREQUEST']._serialized_start=1086
+  _globals['_LISTCONTAINERSREQUEST']._serialized_end=1109
+  _globals['_CONTAINER']._serialized_start=1112
+  _globals['_CONTAINER']._serialized_end=1426
+  _globals['_CONTAINER_LABELSENTRY']._serialized_start=1381
+  _globals['_CONTAINER_LABELSENTRY']._serialized_end=1426
+  _globals['_LISTCONTAINERSRESPONSE']._serialized_start=1428
+  _globals['_LISTCONTAINERSRESPONSE']._serialized_end=1495
+  _globals['_IMAGESERVICE']._serialized_start=1607
+  _globals['_IMAGESERVICE']._serialized_end=1940
+  _globals['_RUNTIMESERVICE']._serialized_start=1942
+  _globals['_RUNTIMESERVICE']._serialized_end=2049
 # @@protoc_insertion_point(module_scope)

@@ -1,0 +1,264 @@
+"""The controller's side of edge autonomy: the approval label on Nodes, and the pod binding.
+
+Nodes and the Pods bound to a node (``spec.nodeName`` set) are watched into caches; every event is
+decided at once by the pure rules (:mod:`flows.autonomy_approval`, :mod:`flows.toleration_binding`),
+and only an object with something to write gets a worker (one per object, serial), which decides
+again on the newest copy before writing. Nothing is written before both watches have listed, so no
+Pod is ever restored because its Node had not been seen yet, and a restarted controller that finds
+everything right writes nothing.
+
+Writes are patches of what is owned: the one label (a merge patch of ``metadata.labels``), and a
+Pod's tolerations with the two saved-originals annotations (conditional on the Pod's
+resourceVersion; a 409 waits for the newer copy's event). What cannot be done is said once per Pod
+version, as a Warning Event on the Pod and a log line, and not tried again until the Pod changes:
+a Pod the rules refuse, or a change the API server refuses (422).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import anyio.abc
+import structlog
+from anyio.streams.memory import MemoryObjectReceiveStream
+
+from flows.autonomy_approval import label_change
+from flows.toleration_binding import (
+    NOT_BOUND,
+    NOT_RESTORED,
+    Binding,
+    BoundPod,
+    Refusal,
+    binding_for,
+    bound_pod,
+    rebind,
+)
+from nodetask.clock import Clock
+from nodetask.names import clip
+from roles.controller.keyed import KeyedWorkers
+from roles.events import object_event, record_event
+from roles.kube import ApiError, Conflict, Deleted, Invalid, Kube, Relisted, Upserted, WatchEvent
+from roles.kube.resources import NODES, PODS, Resource
+from schemas.core import Node
+from schemas.meta import ObjectMeta
+
+__all__ = ["AutonomyController"]
+
+Log = structlog.typing.FilteringBoundLogger
+PodKey = tuple[str, str]
+"""(namespace, name) of a Pod."""
+COMPONENT = "nodetaskd-controller"
+BOUND_PODS = "spec.nodeName!="
+"""The pod watch's field selector: Pods not bound to a node yet are none of the binding's business."""
+
+
+def _version(meta: ObjectMeta | BoundPod) -> int:
+    try:
+        return int(meta.resource_version)
+    except ValueError:
+        return -1
+
+
+class AutonomyController:
+    """Labels the Nodes that ask for autonomy and binds their Pods' tolerations. Run :meth:`run` in a task group."""
+
+    def __init__(self, *, kube: Kube, clock: Clock, log: Log) -> None:
+        self._kube = kube
+        self._clock = clock
+        self._log = log.bind(controller="autonomy")
+        self._nodes: dict[str, Node] = {}
+        self._pods: dict[PodKey, BoundPod] = {}
+        self._pods_on: dict[str, set[PodKey]] = {}
+        """Pods by the node they are bound to."""
+        self._refused: dict[PodKey, tuple[str, Binding | None]] = {}
+        """Per Pod, the version and the binding last refused: said once, not tried again until either changes."""
+        self._synced = {kind: anyio.Event() for kind in ("nodes", "pods")}
+        self._ready = anyio.Event()
+        self._labels: KeyedWorkers[str]
+        self._bindings: KeyedWorkers[PodKey]
+        self.due = 0
+        """Objects found with something to write (a worker started or poked), since start."""
+        self.label_writes = 0
+        self.pod_writes = 0
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Watch and act until cancelled; ready once both watches' first lists have been taken in."""
+        async with anyio.create_task_group() as tg:
+            self._labels = KeyedWorkers(tg, self._label_pass, ready=self._ready, log=self._log, what="autonomy label")
+            self._bindings = KeyedWorkers(tg, self._pod_pass, ready=self._ready, log=self._log, what="pod binding")
+            watches: tuple[tuple[Resource[Any], Callable[[WatchEvent], None], str, str], ...] = (
+                (NODES, self._on_node, "nodes", ""),
+                (PODS, self._on_pod, "pods", BOUND_PODS),
+            )
+            for resource, handle, kind, selector in watches:
+                send, receive = anyio.create_memory_object_stream[WatchEvent](max_buffer_size=math.inf)
+                tg.start_soon(self._consume, receive, handle, kind)
+                await tg.start(functools.partial(self._kube.watch, resource, send, field_selector=selector))
+            for synced in self._synced.values():
+                await synced.wait()
+            self._ready.set()
+            task_status.started()
+
+    async def _consume(
+        self, events: MemoryObjectReceiveStream[WatchEvent], handle: Callable[[WatchEvent], None], kind: str
+    ) -> None:
+        async with events:
+            async for event in events:
+                handle(event)
+                if isinstance(event, Relisted):
+                    self._synced[kind].set()
+                elif isinstance(event, Invalid):
+                    self._log.warning("undecodable_object", kind=kind, name=event.name, error=clip(event.error))
+
+    # ------------------------------------------------------------------------------------------ caches
+
+    def _on_node(self, event: WatchEvent) -> None:
+        match event:
+            case Relisted(objects=objects):
+                self._nodes = {n.metadata.name: n for n in objects}
+                for node in self._nodes.values():
+                    self._check_label(node)
+                for key in self._pods:
+                    self._check_pod(key)
+            case Upserted(obj=node):
+                name = node.metadata.name
+                before = self._nodes.get(name)
+                if before is not None and _version(before.metadata) > _version(node.metadata):
+                    return  # older than the copy a write of ours returned
+                self._nodes[name] = node
+                self._check_label(node)
+                if binding_for(before) != binding_for(node):
+                    for key in self._pods_on.get(name, ()):
+                        self._check_pod(key)
+            case Deleted(obj=node):
+                self._nodes.pop(node.metadata.name, None)
+                for key in self._pods_on.get(node.metadata.name, ()):
+                    self._check_pod(key)
+
+    def _on_pod(self, event: WatchEvent) -> None:
+        match event:
+            case Relisted(objects=objects):
+                self._pods, self._pods_on = {}, {}
+                for pod in objects:
+                    self._store_pod(bound_pod(pod))
+                self._refused = {k: v for k, v in self._refused.items() if k in self._pods}
+                for key in self._pods:
+                    self._check_pod(key)
+            case Upserted(obj=pod):
+                stored = self._store_pod(bound_pod(pod))
+                if stored is not None:
+                    self._check_pod(stored)
+            case Deleted(obj=pod):
+                gone = (pod.metadata.namespace, pod.metadata.name)
+                view = self._pods.pop(gone, None)
+                if view is not None:
+                    on_node = self._pods_on.get(view.node, set())
+                    on_node.discard(gone)
+                    if not on_node:
+                        self._pods_on.pop(view.node, None)
+                self._refused.pop(gone, None)
+
+    def _store_pod(self, pod: BoundPod) -> PodKey | None:
+        """Cache ``pod`` unless the cache holds a newer copy; its key, or None when not stored."""
+        key = (pod.namespace, pod.name)
+        cached = self._pods.get(key)
+        if cached is not None and _version(cached) > _version(pod):
+            return None
+        self._pods[key] = pod
+        self._pods_on.setdefault(pod.node, set()).add(key)
+        return key
+
+    def _check_label(self, node: Node) -> None:
+        if label_change(node) is not None:
+            self.due += 1
+            self._labels.poke(node.metadata.name)
+
+    def _check_pod(self, key: PodKey) -> None:
+        pod = self._pods[key]
+        binding = binding_for(self._nodes.get(pod.node))
+        if self._refused.get(key) == (pod.resource_version, binding) or rebind(pod, binding) is None:
+            return
+        self.due += 1
+        self._bindings.poke(key)
+
+    # ------------------------------------------------------------------------------------------ passes
+
+    async def _label_pass(self, name: str) -> float | None:
+        node = self._nodes.get(name)
+        change = label_change(node) if node is not None else None
+        if node is None or change is None:
+            return None
+        written = await self._kube.merge_patch(NODES, name, change.patch())
+        self.label_writes += 1
+        if _version(written.metadata) > _version(self._nodes.get(name, node).metadata):
+            self._nodes[name] = written
+        self._log.info("autonomy_label", node=name, label=change.value, reason=change.reason)
+        event = object_event(
+            api_version="v1",
+            kind="Node",
+            meta=node.metadata,
+            reason=change.reason,
+            message=change.message,
+            type_="Warning" if change.warning else "Normal",
+            component=COMPONENT,
+            now=self._clock.stamp(),
+        )
+        await record_event(self._kube, event, self._log)
+        return None
+
+    async def _pod_pass(self, key: PodKey) -> float | None:
+        pod = self._pods.get(key)
+        if pod is None:
+            return None
+        binding = binding_for(self._nodes.get(pod.node))
+        decision = rebind(pod, binding)
+        if decision is None or self._refused.get(key) == (pod.resource_version, binding):
+            return None
+        if isinstance(decision, Refusal):
+            await self._refuse(key, pod, binding, decision)
+            return None
+        try:
+            written = await self._kube.merge_patch(PODS, pod.name, decision.patch(pod), namespace=pod.namespace)
+        except Conflict:
+            return None  # changed meanwhile: the newer copy's event decides again
+        except ApiError as exc:
+            if exc.status != 422:
+                raise
+            # The API server's rules on Pod updates (e.g. a version with other validation): said, not retried.
+            reason = NOT_BOUND if decision.bound else NOT_RESTORED
+            refusal = Refusal(reason, f"the API server refused the change: {clip(exc.message)}")
+            await self._refuse(key, pod, binding, refusal)
+            return None
+        self.pod_writes += 1
+        self._store_pod(bound_pod(written))
+        log = self._log.bind(pod=f"{pod.namespace}/{pod.name}", node=pod.node)
+        if binding is None:
+            log.info("tolerations_restored")
+        else:
+            log.info("tolerations_bound", seconds=binding.seconds if binding.seconds is not None else "forever")
+        return None
+
+    async def _refuse(self, key: PodKey, pod: BoundPod, binding: Binding | None, refusal: Refusal) -> None:
+        self._refused[key] = (pod.resource_version, binding)
+        self._log.warning(
+            "pod_binding_refused",
+            pod=f"{pod.namespace}/{pod.name}",
+            node=pod.node,
+            reason=refusal.reason,
+            message=refusal.message,
+        )
+        event = object_event(
+            api_version="v1",
+            kind="Pod",
+            meta=ObjectMeta(name=pod.name, namespace=pod.namespace, uid=pod.uid),
+            reason=refusal.reason,
+            message=refusal.message,
+            type_="Warning",
+            component=COMPONENT,
+            now=self._clock.stamp(),
+        )
+        await record_event(self._kube, event, self._log)
