@@ -16,6 +16,7 @@ from nodetask import nesting
 from nodetask.names import clip, object_name_problem
 
 __all__ = [
+    "AutonomyConfig",
     "CloudConfig",
     "ConfigError",
     "ControllerConfig",
@@ -207,7 +208,16 @@ class LocalApiConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", 
     """The port on 127.0.0.1 (the only address it listens on); 10261 is where OpenYurt's YurtHub
     serves the same role, so clients set up for one find the other."""
     serve_secrets: bool = False
-    """Whether it serves the node's cached Secrets too; off, it refuses them with 403."""
+    """Whether the device keeps its node's Secrets at all (in its store, readable by root only) and the
+    local API serves them; off, the hub sends none, any cached before are purged at start, and the
+    API refuses them with 403."""
+
+
+class AutonomyConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True):
+    """Edge autonomy (``roles.edge.autonomy_manager``): the cache's repair of keys it failed to store."""
+
+    repair_period: Seconds = 30.0
+    """How often keys the cache failed to store are asked for again while a hub is connected."""
 
 
 class ScriptsConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True):
@@ -267,6 +277,8 @@ class EdgeConfig(_Config, frozen=True, kw_only=True):
     local_api: LocalApiConfig = LocalApiConfig()
     """``localApi: {enabled: true, port: 10261}`` serves the device's cached cloud objects on loopback.
     Not updatable by a ConfigUpdateJob: whoever may create jobs must not open it on every device."""
+    autonomy: AutonomyConfig = AutonomyConfig()
+    """Edge autonomy's settings. Not updatable by a ConfigUpdateJob (nothing in it needs to be)."""
 
     diagnosis: DiagnosisConfig = DiagnosisConfig()
     """What diagnosis processors may do here; closed by default. Not updatable by a ConfigUpdateJob."""
