@@ -285,10 +285,6 @@ class EdgeConfig(_Config, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.local_api.enabled:
-            # The server is built and tested (roles.edge.local_api); what it would serve, the agent's
-            # cache of its node's cloud objects fed by the hub, is not yet: refused rather than empty.
-            raise ValueError("localApi.enabled: the local API is not available yet (the cache it serves is not built)")
         if self.node_name and (problem := object_name_problem(self.node_name)):
             raise ValueError(f"nodeName {clip(self.node_name)!r} is not a Kubernetes node name: {problem}")
         for url in self.hub_urls:
