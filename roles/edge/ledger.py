@@ -62,6 +62,7 @@ _HEADER: Final = struct.Struct("<8sQII")
 """Magic, write number, payload length, then a CRC-32 of those three and the payload (zlib-compressed
 JSON): a header torn half-way never passes for another write's."""
 _CHECKED: Final = struct.Struct("<8sQI")
+_ZEROS: Final = bytes(16 * 1024)
 
 
 class LedgerTooLarge(ValueError):
@@ -92,7 +93,8 @@ def key_text(key: CacheKey) -> str:
 
 
 def encode_slot(seq: int, state: LedgerState) -> bytes:
-    """One slot's bytes (exactly :data:`SLOT_BYTES`) holding ``state`` as write number ``seq``. Pure.
+    """The start of a slot (at most :data:`SLOT_BYTES`) holding ``state`` as write number ``seq``; what
+    follows it in the slot is never read. Pure.
 
     Errors: :class:`LedgerTooLarge` when it does not fit.
     """
@@ -100,8 +102,7 @@ def encode_slot(seq: int, state: LedgerState) -> bytes:
     if _HEADER.size + len(payload) > SLOT_BYTES:
         raise LedgerTooLarge(f"{len(state.errors)} errored keys take {len(payload)} bytes, more than a slot holds")
     checked = _CHECKED.pack(_MAGIC, seq, len(payload))
-    header = _HEADER.pack(_MAGIC, seq, len(payload), zlib.crc32(checked + payload))
-    return (header + payload).ljust(SLOT_BYTES, b"\0")
+    return _HEADER.pack(_MAGIC, seq, len(payload), zlib.crc32(checked + payload)) + payload
 
 
 def _decode_slot(slot: bytes) -> tuple[int, LedgerState] | None:
@@ -119,16 +120,28 @@ def _decode_slot(slot: bytes) -> tuple[int, LedgerState] | None:
 
 def decode_file(data: bytes) -> tuple[int, LedgerState] | None:
     """The newest intact slot of a ledger file's bytes: its write number and state; None if neither is. Pure."""
-    slots = (_decode_slot(data[i : i + SLOT_BYTES]) for i in (0, SLOT_BYTES))
-    found = [slot for slot in slots if slot is not None]
-    return max(found, key=lambda slot: slot[0]) if found else None
+    return _newest(data[i : i + SLOT_BYTES] for i in (0, SLOT_BYTES))
 
 
-def _read(path: Path) -> bytes:
+def _newest(slots: Iterable[bytes]) -> tuple[int, LedgerState] | None:
+    found = [decoded for decoded in map(_decode_slot, slots) if decoded is not None]
+    return max(found, key=lambda decoded: decoded[0]) if found else None
+
+
+def _read(path: Path) -> tuple[int, LedgerState] | None:
+    """:func:`decode_file` of the file at ``path``, reading only what its slots hold (None: no file)."""
     try:
-        return path.read_bytes()
+        file = path.open("rb")
     except FileNotFoundError:
-        return b""
+        return None
+    with file:
+        slots = []
+        for start in (0, SLOT_BYTES):
+            file.seek(start)
+            header = file.read(_HEADER.size)
+            length = _HEADER.unpack(header)[2] if len(header) == _HEADER.size else 0
+            slots.append(header + file.read(min(length, SLOT_BYTES - _HEADER.size)))
+    return _newest(slots)
 
 
 def _write(path: Path, seq: int, slot: bytes) -> None:
@@ -138,7 +151,8 @@ def _write(path: Path, seq: int, slot: bytes) -> None:
         size = os.fstat(fd).st_size
         if size < FILE_BYTES:
             # Zeros written, not a hole: the space must be the file's before the disk fills up.
-            os.pwrite(fd, bytes(FILE_BYTES - size), size)
+            for offset in range(size, FILE_BYTES, len(_ZEROS)):
+                os.pwrite(fd, _ZEROS[: FILE_BYTES - offset], offset)
             os.fsync(fd)
             dir_fd = os.open(path.parent, os.O_RDONLY)
             try:
@@ -176,7 +190,7 @@ class Ledger:
         """
         path = data_dir / LEDGER_FILE
         try:
-            found = decode_file(await anyio.to_thread.run_sync(_read, path))
+            found = await anyio.to_thread.run_sync(_read, path)
         except OSError as exc:
             log.error("ledger_unreadable", path=str(path), error=str(exc))
             found = None
