@@ -39,6 +39,7 @@ import tomllib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import anyio
 import msgspec
@@ -46,6 +47,7 @@ import psutil
 import trio_websocket
 
 from bench.cluster import REPO
+from bench.local_api import list_latency, realistic_pod
 from bench.procs import free_port
 from bench.waits import deadline
 from flows import imageprepulljob
@@ -158,9 +160,13 @@ class _Hub:
     """Just enough of a hub for one agent: welcome, echo heartbeats, dispatch one pull, ack reports."""
 
     image: str
+    cache: tuple[messages.CacheObjects, ...] | None = None
+    """With these, the hub lists ``cache.v1``, requests autonomy and sends them after its Welcome."""
     welcomed: anyio.Event = field(default_factory=anyio.Event)
     start_pull: anyio.Event = field(default_factory=anyio.Event)
     pulled: anyio.Event = field(default_factory=anyio.Event)
+    autonomous: anyio.Event = field(default_factory=anyio.Event)
+    """Set when the agent reports its Autonomy condition True (everything sent is cached)."""
     pull_report: messages.Report | None = None
 
     async def handle(self, request: trio_websocket.WebSocketRequest) -> None:
@@ -175,8 +181,15 @@ class _Hub:
 
     async def _answer(self, ws: trio_websocket.WebSocketConnection, msg: messages.Upstream) -> None:
         if isinstance(msg, messages.Hello):
-            await ws.send_message(messages.encode(messages.Welcome(hub="bench", heartbeat_interval=15.0)))
+            capabilities = () if self.cache is None else (messages.CACHE_CAPABILITY,)
+            welcome = messages.Welcome(hub="bench", heartbeat_interval=15.0, capabilities=capabilities)
+            await ws.send_message(messages.encode(welcome))
+            if self.cache is not None:
+                for frame in (*self.cache, messages.Autonomy(requested=True)):
+                    await ws.send_message(messages.encode(frame))
             self.welcomed.set()
+        elif isinstance(msg, messages.AutonomyCondition) and msg.status == "True":
+            self.autonomous.set()
         elif isinstance(msg, messages.Heartbeat):
             await ws.send_message(messages.encode(msg))
         elif isinstance(msg, messages.Report):
@@ -210,9 +223,11 @@ async def _serving(hub: _Hub, tls: ssl.SSLContext) -> AsyncIterator[int]:
         tg.cancel_scope.cancel()
 
 
-def _agent_config(home: Path, *, port: int, cri_endpoint: str, ca_file: Path) -> Path:
+def _agent_config(
+    home: Path, *, port: int, cri_endpoint: str, ca_file: Path, local_api_port: int | None = None
+) -> Path:
     (home / "token").write_text("bench-token\n")
-    config = {
+    config: dict[str, Any] = {
         "nodeName": NODE,
         "hubUrls": [f"wss://127.0.0.1:{port}/nodes/{NODE}"],
         "caFile": str(ca_file),
@@ -223,6 +238,8 @@ def _agent_config(home: Path, *, port: int, cri_endpoint: str, ca_file: Path) ->
         "maxMemUsage": 100,
         "maxDiskUsage": 100,
     }
+    if local_api_port is not None:
+        config["localApi"] = {"enabled": True, "port": local_api_port}
     path = home / "edge.yaml"
     path.write_bytes(msgspec.yaml.encode(config))
     return path
@@ -315,6 +332,56 @@ async def launcher_run(*, settle_s: float = 5.0) -> LauncherRun:
                 await terminate(process)
                 await process.aclose()
     return LauncherRun(launcher=launcher, agent=idle_agent)
+
+
+@dataclass(frozen=True, slots=True)
+class CacheRun:
+    local_api: bool
+    idle: Memory
+    """Memory ``settle_s`` after the cache was filled (the condition True), with no list asked for."""
+    list_pods: dict[str, float] | None = None
+    """With the local API: latencies (ms) of ``GET`` the node's Pods from the agent's durable cache."""
+
+
+def cache_frames() -> tuple[messages.CacheObjects, ...]:
+    """A hub's relist of a node with 10 realistic Pods (about 4 KiB of JSON each) and one ConfigMap."""
+
+    def relist(kind: str, *items: dict[str, Any]) -> messages.CacheObjects:
+        raw = tuple(msgspec.Raw(msgspec.json.encode(item)) for item in items)
+        return messages.CacheObjects(kind=kind, objects=raw, replace=True, resource_version="200")
+
+    config_map = {"metadata": {"name": "web-config", "namespace": "default", "resourceVersion": "150"}}
+    return (
+        relist("Node", {"metadata": {"name": NODE, "resourceVersion": "1"}}),
+        relist("Pod", *(realistic_pod(i) for i in range(10))),
+        relist("ConfigMap", {**config_map, "data": {"mode": "edge"}}),
+    )
+
+
+async def cache_run(*, local_api: bool, settle_s: float = 5.0, requests: int = 1000) -> CacheRun:
+    """A fresh agent (no container runtime) whose hub fills its cache: its idle memory with the local API
+    on or off, and with it on, how fast it lists the node's Pods from that cache over HTTP."""
+    python = device_python()
+    hub = _Hub(image="", cache=cache_frames())
+    api_port = free_port() if local_api else None
+    with tempfile.TemporaryDirectory(prefix="ntd-cache-") as tmp:
+        cert = generate_serving_certificate(Path(tmp) / "tls", dns_names=["localhost"])
+        ca_file = Path(tmp) / "ca.pem"
+        ca_file.write_bytes(cert.ca_bundle)
+        async with _serving(hub, server_ssl_context(cert)) as port:
+            config = _agent_config(Path(tmp), port=port, cri_endpoint="", ca_file=ca_file, local_api_port=api_port)
+            argv = [str(python), "-m", "roles.cli", "--role=edge", f"--config={config}", "--log-level=warning"]
+            process = await anyio.open_process(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                with deadline("the agent's Autonomy condition", 60):
+                    await hub.autonomous.wait()
+                await anyio.sleep(settle_s)
+                idle = await _settled_memory(process.pid)
+                latency = None if api_port is None else await list_latency(api_port, requests)
+            finally:
+                await terminate(process)
+                await process.aclose()
+    return CacheRun(local_api=local_api, idle=idle, list_pods=latency)
 
 
 def import_costs() -> list[ImportStep]:

@@ -2,8 +2,9 @@
 
     python -m bench.local_api [--requests 2000]
 
-1. Latency: a local API over an in-memory cache holding the node's Node and 10 Pods (each shaped as
-   the API server sends a Pod: managed fields, container statuses, conditions; about 4 KiB of JSON),
+1. Latency: a local API over an in-memory cache, then over the agent's durable cache (its SQLite store),
+   each holding the node's Node and 10 Pods (each shaped as the API server sends a Pod: managed
+   fields, container statuses, conditions; about 4 KiB of JSON),
    asked ``GET /api/v1/namespaces/default/pods`` and ``GET /api/v1/pods?fieldSelector=spec.nodeName=<node>``
    over one keep-alive loopback connection, one request at a time; the figure is the client's time
    from sending a request to having parsed the whole response (h11), so it includes the client.
@@ -14,11 +15,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import h11
@@ -26,8 +31,11 @@ import msgspec
 import structlog
 import trio
 
-from roles.edge.cache_view import MemoryCache, Object
+from nodetask.messages import CacheObjects
+from roles.edge.cache_view import CacheView, MemoryCache, Object
+from roles.edge.durable_cache import DurableCache
 from roles.edge.local_api import LOOPBACK, Serving, serve_local_api
+from roles.edge.store import open_store
 
 NODE = "bench-edge"
 PODS = 10
@@ -165,9 +173,12 @@ def realistic_pod(i: int) -> Object:
 def filled_cache() -> MemoryCache:
     cache = MemoryCache()
     cache.put("Node", {"metadata": {"name": NODE, "resourceVersion": "1"}})
-    for i in range(PODS):
-        cache.put("Pod", realistic_pod(i))
+    for pod in PODS_LIST:
+        cache.put("Pod", pod)
     return cache
+
+
+PODS_LIST: list[Object] = [realistic_pod(i) for i in range(PODS)]
 
 
 class _Client:
@@ -205,14 +216,11 @@ async def _latencies(client: _Client, target: str, count: int) -> list[float]:
     return times
 
 
-async def measure_latency(requests: int) -> dict[str, Any]:
-    """Median and tail of a local list of the node's Pods, in milliseconds."""
+async def list_latency(port: int, requests: int) -> dict[str, Any]:
+    """Median and tail (ms) of lists of the node's Pods from the local API on ``port``, one at a time."""
     results: dict[str, Any] = {}
-    async with trio.open_nursery() as nursery:
-        serving: Serving = await nursery.start(
-            functools.partial(serve_local_api, filled_cache(), port=0, log=structlog.get_logger())
-        )
-        client = _Client(await trio.open_tcp_stream(LOOPBACK, serving.port))
+    async with await trio.open_tcp_stream(LOOPBACK, port) as stream:
+        client = _Client(stream)
         targets = {
             "list pods (namespace)": "/api/v1/namespaces/default/pods",
             "list pods (spec.nodeName)": f"/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}",
@@ -228,7 +236,31 @@ async def measure_latency(requests: int) -> dict[str, Any]:
                 "p90_ms": round(times[int(len(times) * 0.9)] * 1000, 3),
                 "p99_ms": round(times[int(len(times) * 0.99)] * 1000, 3),
             }
-        nursery.cancel_scope.cancel()
+    return results
+
+
+@contextlib.asynccontextmanager
+async def durable_cache() -> AsyncIterator[DurableCache]:
+    """The agent's own cache (its store and ledger in a temporary directory) holding what :func:`filled_cache` does."""
+    with tempfile.TemporaryDirectory(prefix="ntd-api-") as tmp:
+        async with open_store(Path(tmp) / "store.sqlite") as store:
+            cache = await DurableCache.open(store, Path(tmp), keep_secrets=False, log=structlog.get_logger())
+            for kind, items in (("Node", [{"metadata": {"name": NODE, "resourceVersion": "1"}}]), ("Pod", PODS_LIST)):
+                raw = tuple(msgspec.Raw(msgspec.json.encode(item)) for item in items)
+                await cache.apply(CacheObjects(kind=kind, objects=raw, replace=True, resource_version="200"))
+            yield cache
+
+
+async def measure_latency(requests: int, *, durable: bool = False) -> dict[str, Any]:
+    """:func:`list_latency` of a local API in this process over the in-memory cache, or the durable one."""
+    async with contextlib.AsyncExitStack() as stack:
+        cache: CacheView = await stack.enter_async_context(durable_cache()) if durable else filled_cache()
+        async with trio.open_nursery() as nursery:
+            serving: Serving = await nursery.start(
+                functools.partial(serve_local_api, cache, port=0, log=structlog.get_logger())
+            )
+            results = await list_latency(serving.port, requests)
+            nursery.cancel_scope.cancel()
     return results
 
 
@@ -268,13 +300,16 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2000)
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))
-    latency = trio.run(measure_latency, args.requests)
-    lines = [f"list of {latency['items']} Pods, {latency['response_bytes']} bytes, {args.requests} requests each:"]
-    for name in ("list pods (namespace)", "list pods (spec.nodeName)"):
-        figures = latency[name]
-        lines.append(
-            f"  {name}: median {figures['median_ms']} ms, p90 {figures['p90_ms']} ms, p99 {figures['p99_ms']} ms"
-        )
+    lines = []
+    for label, durable in (("in-memory cache", False), ("durable cache (the agent's SQLite store)", True)):
+        latency = trio.run(functools.partial(measure_latency, args.requests, durable=durable))
+        size = f"{latency['items']} Pods, {latency['response_bytes']} bytes"
+        lines.append(f"{label}: list of {size}, {args.requests} requests each:")
+        for name in ("list pods (namespace)", "list pods (spec.nodeName)"):
+            figures = latency[name]
+            lines.append(
+                f"  {name}: median {figures['median_ms']} ms, p90 {figures['p90_ms']} ms, p99 {figures['p99_ms']} ms"
+            )
     lines.append("RSS of fresh interpreters (median of 3; the last includes the measuring client):")
     lines += [f"  {name}: {mib} MiB" for name, mib in measure_memory().items()]
     sys.stdout.write("\n".join(lines) + "\n")

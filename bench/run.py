@@ -216,6 +216,12 @@ async def _edge_footprint(args: argparse.Namespace) -> dict[str, Any]:
         "runs": [asdict(r) for r in runs],
         "imports": [asdict(s) for s in edge_footprint.import_costs()],
         "launcher": asdict(await edge_footprint.launcher_run(settle_s=settle_s)),
+        # Alternated, so that a change in the machine's load falls on both alike.
+        "cache": [
+            asdict(await edge_footprint.cache_run(local_api=on, settle_s=settle_s))
+            for _ in range(args.edge_runs)
+            for on in (False, True)
+        ],
         "settle_s": settle_s,
         "layer_mib": args.edge_layer_mib,
         "load": _load(),

@@ -17,6 +17,7 @@ from nodetask import nesting
 from nodetask.names import clip, object_name_problem
 
 __all__ = [
+    "AutonomyConfig",
     "CloudConfig",
     "ConfigError",
     "ControllerConfig",
@@ -209,7 +210,16 @@ class LocalApiConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", 
     """The port on 127.0.0.1 (the only address it listens on); 10261 is where OpenYurt's YurtHub
     serves the same role, so clients set up for one find the other."""
     serve_secrets: bool = False
-    """Whether it serves the node's cached Secrets too; off, it refuses them with 403."""
+    """Whether the device keeps its node's Secrets at all (in its store, readable by root only) and the
+    local API serves them; off, the hub sends none, any cached before are purged at start, and the
+    API refuses them with 403."""
+
+
+class AutonomyConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True):
+    """Edge autonomy (``roles.edge.autonomy_manager``): the cache's repair of keys it failed to store."""
+
+    repair_period: Seconds = 30.0
+    """How often keys the cache failed to store are asked for again while a hub is connected."""
 
 
 class ScriptsConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True):
@@ -305,16 +315,14 @@ class EdgeConfig(_Config, frozen=True, kw_only=True):
     local_api: LocalApiConfig = LocalApiConfig()
     """``localApi: {enabled: true, port: 10261}`` serves the device's cached cloud objects on loopback.
     Not updatable by a ConfigUpdateJob: whoever may create jobs must not open it on every device."""
+    autonomy: AutonomyConfig = AutonomyConfig()
+    """Edge autonomy's settings. Not updatable by a ConfigUpdateJob (nothing in it needs to be)."""
 
     diagnosis: DiagnosisConfig = DiagnosisConfig()
     """What diagnosis processors may do here; closed by default. Not updatable by a ConfigUpdateJob."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.local_api.enabled:
-            # The server is built and tested (roles.edge.local_api); what it would serve, the agent's
-            # cache of its node's cloud objects fed by the hub, is not yet: refused rather than empty.
-            raise ValueError("localApi.enabled: the local API is not available yet (the cache it serves is not built)")
         if self.node_name and (problem := object_name_problem(self.node_name)):
             raise ValueError(f"nodeName {clip(self.node_name)!r} is not a Kubernetes node name: {problem}")
         for url in self.hub_urls:

@@ -9,15 +9,20 @@
 * The connection loop tries the hub URLs in turn with capped, jittered backoff; three silent
   heartbeat intervals count as a dead session.
 
+* Every agent keeps a cache of its node's cloud objects for autonomy (its Hello lists
+  ``cache.v1``, and ``cache.secrets`` when it may keep Secrets); the cache's messages are taken only
+  from a hub whose Welcome lists ``cache.v1`` (:mod:`roles.edge.autonomy_manager`).
+
 This module answers the hub's messages; the parts live beside it: the connection and its one
 writer per session (:mod:`roles.edge.session`), the outbox (:mod:`roles.edge.outbox`), the task
-walk (:mod:`roles.edge.walk`) and the local control socket (:mod:`roles.edge.control`).
+walk (:mod:`roles.edge.walk`), the local control socket (:mod:`roles.edge.control`) and the
+autonomy manager with its cache (:mod:`roles.edge.autonomy_manager`).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Final, final
 
 import anyio
@@ -28,8 +33,13 @@ from flows.jobtype import EdgeJobType
 from nodetask.clock import Clock
 from nodetask.link import OpenLink
 from nodetask.messages import (
+    CACHE_CAPABILITY,
+    CACHE_SECRETS_CAPABILITY,
     TYPED_CREDENTIALS,
     Ack,
+    Autonomy,
+    CacheDeleted,
+    CacheObjects,
     Cancel,
     Confirm,
     Downstream,
@@ -37,9 +47,12 @@ from nodetask.messages import (
     RegistryAuth,
     ReportAck,
     RunAction,
+    Welcome,
 )
+from roles.edge.autonomy_manager import AutonomyManager
 from roles.edge.context import Actions
 from roles.edge.control import serve_control
+from roles.edge.durable_cache import DurableCache
 from roles.edge.outbox import Outbox
 from roles.edge.session import HubConnection, Session
 from roles.edge.settings import AgentSettings
@@ -70,19 +83,35 @@ class EdgeAgent:
         clock: Clock,
         log: Log,
         open_link: OpenLink = open_ws_link,
+        cache: DurableCache | None = None,
+        relisted: Callable[[], object] | None = None,
     ) -> None:
+        """``cache`` is the node's cache of cloud objects (opened over ``store`` at start when None);
+        ``relisted`` is called once the hub has relisted it after a reconnect (the local API's
+        ``end_watches``)."""
         self.settings = settings
         self._store = store
         self._log = log.bind(node=settings.node)
         self._credentials: dict[str, tuple[Mapping[str, RegistryAuth], str]] = {}
         self._outbox = Outbox(store)
+        self._cache = cache
+        self._relisted = relisted
+        self._autonomy: AutonomyManager | None = None
+        keep_secrets = cache.keep_secrets if cache is not None else settings.cache_secrets
         self._hub = HubConnection(
             settings=settings,
             open_link=open_link,
-            capabilities=tuple(sorted({f"{jt}/{action}" for jt, action in actions} | {TYPED_CREDENTIALS})),
+            capabilities=tuple(
+                sorted(
+                    {f"{jt}/{action}" for jt, action in actions}
+                    | {CACHE_CAPABILITY, TYPED_CREDENTIALS}
+                    | ({CACHE_SECRETS_CAPABILITY} if keep_secrets else set())
+                )
+            ),
             outbox=self._outbox,
             dispatch=self._dispatch,
             log=self._log,
+            started=self._session_started,
         )
         self._tasks = TaskRunner(
             settings=settings,
@@ -135,9 +164,27 @@ class EdgeAgent:
             "connected": "true" if self._hub.connected.is_set() else "false",
         }
 
+    @property
+    def autonomy(self) -> AutonomyManager:
+        """The autonomy manager: the cache, its ledger (error keys, whether persisted) and the last check.
+
+        Errors: RuntimeError before :meth:`run` has started."""
+        if self._autonomy is None:
+            raise RuntimeError("the agent has not started")
+        return self._autonomy
+
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Resume stored tasks, then keep a hub connection until cancelled."""
+        cache = self._cache
+        if cache is None:
+            cache = await DurableCache.open(
+                self._store, self.settings.data_dir, keep_secrets=self.settings.cache_secrets, log=self._log
+            )
+        self._autonomy = AutonomyManager(
+            cache, log=self._log, relisted=self._relisted, repair_period=self.settings.repair_period
+        )
         async with anyio.create_task_group() as work:
+            work.start_soon(self._autonomy.run_checks)
             await work.start(self._tasks.run)
             control = functools.partial(
                 serve_control, self.settings.data_dir, store=self._store, confirm=self.confirm, log=self._log
@@ -165,8 +212,18 @@ class EdgeAgent:
                 await self.confirm(uid)
             case Cancel(job_uid=uid):
                 self._tasks.cancel(uid)
+            case CacheObjects() | CacheDeleted() | Autonomy() if CACHE_CAPABILITY in session.capabilities:
+                await self.autonomy.handle(msg)
             case _:
                 pass
+
+    async def _session_started(
+        self, session: Session, welcome: Welcome, *, task_status: anyio.abc.TaskStatus[None]
+    ) -> None:
+        if CACHE_CAPABILITY not in welcome.capabilities:
+            task_status.started()
+            return
+        await self.autonomy.serve_session(session.send, task_status=task_status)
 
     async def _on_run_action(self, run: RunAction, session: Session) -> None:
         if run.registry_credentials or run.credentials or run.credentials_error:

@@ -3,7 +3,7 @@
 :class:`CacheView` is the seam between the local API (:mod:`roles.edge.local_api`) and however the
 cache is kept: whatever holds the node's copy of its Node, Pods, ConfigMaps and Secrets implements
 these three methods, and the API needs nothing else from it. :class:`MemoryCache` is the plain
-implementation, for tests and until the durable store serves the API.
+implementation, for tests and benchmarks; the agent serves :class:`roles.edge.durable_cache.DurableCache`.
 
 Objects are decoded JSON (dicts) as the cloud's API server sent them; kinds are Kubernetes kind
 names (``"Pod"``). Resource versions are the cloud's: decimal integers (etcd revisions), compared as
@@ -28,6 +28,8 @@ __all__ = [
     "Listing",
     "MemoryCache",
     "Object",
+    "Subscribers",
+    "object_key",
     "resource_version",
 ]
 
@@ -89,11 +91,15 @@ def resource_version(obj: Mapping[str, Any]) -> int:
     meta = obj.get("metadata")
     text = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
     if not isinstance(text, str) or not text.isascii() or not text.isdecimal():
-        raise ValueError(f"object {_key(obj)} has no numeric metadata.resourceVersion: {text!r}")
+        raise ValueError(f"object {object_key(obj)} has no numeric metadata.resourceVersion: {text!r}")
     return int(text)
 
 
-def _key(obj: Mapping[str, Any]) -> tuple[str, str]:
+def object_key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    """``(namespace, name)`` of ``obj`` (namespace ``""`` for a cluster-scoped one).
+
+    Errors: ValueError when it has no ``metadata.name``.
+    """
     meta = obj.get("metadata")
     if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
         raise ValueError("object has no metadata.name")
@@ -107,6 +113,39 @@ and Secrets all changing at once."""
 
 
 @final
+class Subscribers:
+    """The subscriptions of a cache, by kind: how every :class:`CacheView` implements ``subscribe``."""
+
+    def __init__(self, *, buffer: int = SUBSCRIBER_BUFFER) -> None:
+        self._by_kind: dict[str, set[MemoryObjectSendStream[Change]]] = {}
+        self._buffer = buffer
+
+    @contextmanager
+    def subscribe(self, kind: str) -> Iterator[MemoryObjectReceiveStream[Change]]:
+        """As :meth:`CacheView.subscribe`."""
+        send, receive = anyio.create_memory_object_stream[Change](self._buffer)
+        subscribers = self._by_kind.setdefault(kind, set())
+        subscribers.add(send)
+        try:
+            with send, receive:
+                yield receive
+        finally:
+            subscribers.discard(send)
+
+    def publish(self, kind: str, change: Change) -> None:
+        """Tell every subscriber of ``kind`` about ``change``, without ever waiting."""
+        for send in list(self._by_kind.get(kind, ())):
+            try:
+                send.send_nowait(change)
+            except anyio.WouldBlock:
+                # Behind by a whole buffer: end its stream rather than hold up the cache or drop a change.
+                self._by_kind[kind].discard(send)
+                send.close()
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                self._by_kind[kind].discard(send)
+
+
+@final
 class MemoryCache:
     """A :class:`CacheView` over dicts in memory, fed with :meth:`put`, :meth:`delete` and :meth:`replace`.
 
@@ -116,12 +155,11 @@ class MemoryCache:
     def __init__(self, *, subscriber_buffer: int = SUBSCRIBER_BUFFER) -> None:
         self._objects: dict[str, dict[tuple[str, str], Object]] = {}
         self._versions: dict[str, int] = {}
-        self._subscribers: dict[str, set[MemoryObjectSendStream[Change]]] = {}
-        self._buffer = subscriber_buffer
+        self._subscribers = Subscribers(buffer=subscriber_buffer)
 
     def put(self, kind: str, obj: Object) -> None:
         """Add or update ``obj`` unless the cache holds a newer version of it."""
-        version, key = resource_version(obj), _key(obj)
+        version, key = resource_version(obj), object_key(obj)
         objects = self._objects.setdefault(kind, {})
         previous = objects.get(key)
         if previous is not None and resource_version(previous) > version:
@@ -129,36 +167,36 @@ class MemoryCache:
         objects[key] = obj
         self._advance(kind, version)
         change = Change(ChangeType.ADDED, obj) if previous is None else Change(ChangeType.MODIFIED, obj, previous)
-        self._publish(kind, change)
+        self._subscribers.publish(kind, change)
 
     def delete(self, kind: str, obj: Object) -> None:
         """Remove the object ``obj`` names; its resource version is the deletion's, as in a watch event."""
-        version, key = resource_version(obj), _key(obj)
+        version, key = resource_version(obj), object_key(obj)
         objects = self._objects.get(kind, {})
         previous = objects.get(key)
         if previous is None or resource_version(previous) > version:
             return
         del objects[key]
         self._advance(kind, version)
-        self._publish(kind, Change(ChangeType.DELETED, obj))
+        self._subscribers.publish(kind, Change(ChangeType.DELETED, obj))
 
     def replace(self, kind: str, items: Iterable[Object], version: str) -> None:
         """Make ``items`` the whole collection of ``kind``, current at ``version`` (a fresh list from the
         cloud), telling subscribers what changed; objects gone are deleted at ``version``."""
-        fresh = {_key(obj): obj for obj in items}
+        fresh = {object_key(obj): obj for obj in items}
         old = self._objects.get(kind, {})
         self._objects[kind] = fresh
         self._versions[kind] = int(version)
         for key, last in old.items():
             if key not in fresh:
                 gone = {**last, "metadata": {**last["metadata"], "resourceVersion": version}}
-                self._publish(kind, Change(ChangeType.DELETED, gone))
+                self._subscribers.publish(kind, Change(ChangeType.DELETED, gone))
         for key, obj in fresh.items():
             before = old.get(key)
             if before is None:
-                self._publish(kind, Change(ChangeType.ADDED, obj))
+                self._subscribers.publish(kind, Change(ChangeType.ADDED, obj))
             elif before != obj:
-                self._publish(kind, Change(ChangeType.MODIFIED, obj, before))
+                self._subscribers.publish(kind, Change(ChangeType.MODIFIED, obj, before))
 
     async def get(self, kind: str, namespace: str, name: str) -> Object | None:
         return self._objects.get(kind, {}).get((namespace, name))
@@ -168,27 +206,8 @@ class MemoryCache:
         keys = sorted(k for k in objects if not namespace or k[0] == namespace)
         return Listing(items=[objects[k] for k in keys], resource_version=str(self._versions.get(kind, 0)))
 
-    @contextmanager
-    def subscribe(self, kind: str) -> Iterator[MemoryObjectReceiveStream[Change]]:
-        send, receive = anyio.create_memory_object_stream[Change](self._buffer)
-        subscribers = self._subscribers.setdefault(kind, set())
-        subscribers.add(send)
-        try:
-            with send, receive:
-                yield receive
-        finally:
-            subscribers.discard(send)
+    def subscribe(self, kind: str) -> AbstractContextManager[MemoryObjectReceiveStream[Change]]:
+        return self._subscribers.subscribe(kind)
 
     def _advance(self, kind: str, version: int) -> None:
         self._versions[kind] = max(self._versions.get(kind, 0), version)
-
-    def _publish(self, kind: str, change: Change) -> None:
-        for send in list(self._subscribers.get(kind, ())):
-            try:
-                send.send_nowait(change)
-            except anyio.WouldBlock:
-                # Behind by a whole buffer: end its stream rather than hold up the cache or drop a change.
-                self._subscribers[kind].discard(send)
-                send.close()
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                self._subscribers[kind].discard(send)

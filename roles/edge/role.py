@@ -7,15 +7,19 @@ launcher above all, which runs for as long as the device does) does not load the
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
+import anyio
+import anyio.abc
 import structlog
 
 from nodetask.clock import Clock
 from roles.config import EdgeConfig, RoleConfig
 from roles.edge.actions import AuthFor, PullImages, build_actions
 from roles.edge.agent import EdgeAgent
+from roles.edge.durable_cache import DurableCache
 from roles.edge.processors import ProcessorEnv
 from roles.edge.runtime.puller import pull_in_child, request_for
 from roles.edge.settings import AgentSettings, settings_of
@@ -66,9 +70,32 @@ def _puller(cfg: EdgeConfig, log: Log) -> PullImages:
     return pull
 
 
+async def _serve_local_api(
+    cfg: EdgeConfig,
+    cache: DurableCache,
+    log: Log,
+    *,
+    task_status: anyio.abc.TaskStatus[Callable[[], object]],
+) -> None:
+    """Serve the local API over ``cache`` until cancelled; reports, once listening, how to end its watches.
+
+    Errors: OSError when its port cannot be bound (the agent stops: ``localApi.port`` is wrong).
+    """
+    # Loaded only when on: an agent with the local API off carries none of it.
+    from roles.edge.local_api import serve_local_api  # noqa: PLC0415 (deferred on purpose)
+
+    async with anyio.create_task_group() as tg:
+        serve = functools.partial(
+            serve_local_api, cache, port=cfg.local_api.port, serve_secrets=cfg.local_api.serve_secrets, log=log
+        )
+        serving = await tg.start(serve)
+        task_status.started(serving.api.end_watches)
+
+
 async def _run(settings: AgentSettings, cfg: EdgeConfig, path: Path, clock: Clock, log: Log) -> None:
     async with contextlib.AsyncExitStack() as stack:
         store = await stack.enter_async_context(open_store(path, now=clock.now, log=log))
+        cache = await DurableCache.open(store, settings.data_dir, keep_secrets=settings.cache_secrets, log=log)
         pull: PullImages | None = None
         if cfg.cri_endpoint:
             pull = _puller(cfg, log)
@@ -92,12 +119,19 @@ async def _run(settings: AgentSettings, cfg: EdgeConfig, path: Path, clock: Cloc
             log_level=cfg.log_level,
             log_format=cfg.log_format,
         )
-        agent = EdgeAgent(
-            settings=settings,
-            store=store,
-            actions=build_actions(pull=pull, credentials=credentials, diagnosis=diagnosis),
-            job_types=edge_job_types(),
-            clock=clock,
-            log=log,
-        )
-        await agent.run()
+        async with anyio.create_task_group() as tg:
+            relisted: Callable[[], object] | None = None
+            if cfg.local_api.enabled:
+                relisted = await tg.start(_serve_local_api, cfg, cache, log)
+            agent = EdgeAgent(
+                settings=settings,
+                store=store,
+                actions=build_actions(pull=pull, credentials=credentials, diagnosis=diagnosis),
+                job_types=edge_job_types(),
+                clock=clock,
+                log=log,
+                cache=cache,
+                relisted=relisted,
+            )
+            await agent.run()
+            tg.cancel_scope.cancel()

@@ -8,7 +8,8 @@ A session says ``hello``, waits for the ``welcome``, then runs until its link fa
 * the outbox is fed to it first, in ``seq`` order (:meth:`roles.edge.outbox.Outbox.feed`);
 * a heartbeat goes out every interval the hub asked for, and a hub silent for
   ``missed_heartbeats`` intervals counts as gone: the session ends and the loop reconnects;
-* every frame from the hub is decoded and handed to the agent's :class:`Dispatch`.
+* every frame from the hub is decoded and handed to the agent's :class:`Dispatch`;
+* the agent's :class:`SessionStarted`, if any, runs beside the session for as long as it lasts.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from typing import Final, NoReturn, Protocol, final
 
 import anyio
+import anyio.abc
 import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
@@ -30,7 +32,7 @@ from nodetask.messages import Downstream, Heartbeat, Hello, MessageError, Upstre
 from roles.edge.outbox import Outbox
 from roles.edge.settings import AgentSettings
 
-__all__ = ["Dispatch", "HubConnection", "Session"]
+__all__ = ["Dispatch", "HubConnection", "Session", "SessionStarted"]
 
 Log = structlog.typing.FilteringBoundLogger
 
@@ -51,8 +53,10 @@ class _Outgoing:
 class Session:
     """A live session's outbound side: :meth:`send` queues a message for its one writer task."""
 
-    def __init__(self, queue: MemoryObjectSendStream[_Outgoing]) -> None:
+    def __init__(self, queue: MemoryObjectSendStream[_Outgoing], *, capabilities: tuple[str, ...] = ()) -> None:
         self._queue = queue
+        self.capabilities = frozenset(capabilities)
+        """What the hub listed in its Welcome."""
 
     async def send(self, msg: Upstream) -> None:
         """Queue ``msg`` for the hub. Errors: :class:`LinkClosed` once the session has ended."""
@@ -77,6 +81,15 @@ class Dispatch(Protocol):
     async def __call__(self, msg: Downstream, session: Session) -> None: ...
 
 
+class SessionStarted(Protocol):
+    """What runs beside a session from its Welcome until it ends (it is cancelled then); ready through
+    ``task_status`` before any frame of the hub's after the Welcome is dispatched."""
+
+    async def __call__(
+        self, session: Session, welcome: Welcome, *, task_status: anyio.abc.TaskStatus[None]
+    ) -> None: ...
+
+
 @final
 class HubConnection:
     """Keeps one hub session at a time until cancelled (:meth:`run`)."""
@@ -90,8 +103,10 @@ class HubConnection:
         outbox: Outbox,
         dispatch: Dispatch,
         log: Log,
+        started: SessionStarted | None = None,
     ) -> None:
         self._settings = settings
+        self._started = started
         self._open_link = open_link
         self._capabilities = capabilities
         self._outbox = outbox
@@ -146,7 +161,7 @@ class HubConnection:
                 raise MessageError(f"expected a welcome from {url}, got {type(welcome).__name__}")
             welcomed()
             queue, outbound = anyio.create_memory_object_stream[_Outgoing](OUTBOUND_QUEUE)
-            session = Session(queue)
+            session = Session(queue, capabilities=welcome.capabilities)
             self.connects += 1
             self.connected.set()
             self.session = session
@@ -157,6 +172,8 @@ class HubConnection:
                     tg.start_soon(self._write, link, outbound)
                     tg.start_soon(self._heartbeat, session, welcome.heartbeat_interval)
                     tg.start_soon(self._outbox.feed, session.send)
+                    if self._started is not None:
+                        await tg.start(self._started, session, welcome)
                     await self._receive(link, session, welcome.heartbeat_interval * settings.missed_heartbeats)
             finally:
                 self.connected = anyio.Event()

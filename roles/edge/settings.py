@@ -32,6 +32,10 @@ class AgentSettings:
     config_file: Path | None = None
     """The YAML file this agent was started with; config updates rewrite it."""
     health_deadline: float = 60.0
+    cache_secrets: bool = False
+    """Whether the node's Secrets are cached (``localApi.serveSecrets``): the Hello then lists ``cache.secrets``."""
+    repair_period: float = 30.0
+    """How often errored cache keys are asked for again (``autonomy.repairPeriod``)."""
 
 
 def edge_ssl_context(ca_file: str) -> ssl.SSLContext | None:
@@ -89,4 +93,6 @@ def settings_of(cfg: EdgeConfig, *, config_file: Path | None = None) -> AgentSet
         ssl_context=client_tls(cfg),
         config_file=config_file,
         health_deadline=cfg.config_update_health_deadline,
+        cache_secrets=cfg.local_api.serve_secrets,
+        repair_period=cfg.autonomy.repair_period,
     )

@@ -3,7 +3,9 @@
 It holds what must survive a restart of the agent, a reboot or a self-upgrade: the node tasks the
 hub sent, each action's result, the outbox of reports not yet acknowledged by a hub, the one
 upgrade-or-config-update that may run at a time (keadm's ``idempotency_record``, made durable and
-tied to its task so it cannot outlive it), and a few agent facts.
+tied to its task so it cannot outlive it), a few agent facts, and the cache of the node's cloud
+objects (:mod:`roles.edge.cache_rows`; Secrets among them when the config allows, which is one
+reason the file is its owner's only).
 
 SQLite calls block, so every one runs in a worker thread. The store owns ONE connection, used by
 one worker thread at a time: a ``CapacityLimiter(1)`` serializes the calls in arrival order
@@ -33,6 +35,8 @@ import anyio.to_thread
 import msgspec
 import structlog
 
+from roles.edge import cache_rows
+from roles.edge.cache_rows import Deletion, Replacement, Row, Written
 from roles.edge.store_schema import SCHEMA_VERSION, StoreError, StoreFault, connect, store_error, transaction
 
 __all__ = [
@@ -482,6 +486,36 @@ class EdgeStore:
     async def exclusive_hold(self) -> ExclusiveHold | None:
         """Who holds the slot, if anyone."""
         return await self._call(_hold)
+
+    # -------------------------------------------------------------------------------------- cache
+
+    async def cache_upsert(self, kind: str, rows: tuple[Row, ...]) -> tuple[Written | None, ...]:
+        """Add or update cached objects of ``kind`` in one transaction (:func:`cache_rows.upsert`)."""
+        return await self._call(lambda conn: cache_rows.upsert(conn, kind, rows))
+
+    async def cache_delete(self, kind: str, namespace: str, name: str, version: int | None) -> Deletion:
+        """Remove a cached object deleted at ``version`` (:func:`cache_rows.delete`)."""
+        return await self._call(lambda conn: cache_rows.delete(conn, kind, namespace, name, version))
+
+    async def cache_replace(self, kind: str, rows: tuple[Row, ...], version: int | None) -> Replacement:
+        """Swap the collection of ``kind`` for a fresh list in one transaction (:func:`cache_rows.replace`)."""
+        return await self._call(lambda conn: cache_rows.replace(conn, kind, rows, version))
+
+    async def cache_purge(self, kind: str) -> int:
+        """Forget every cached object of ``kind``; how many there were."""
+        return await self._call(lambda conn: cache_rows.purge(conn, kind))
+
+    async def cache_get(self, kind: str, namespace: str, name: str) -> bytes | None:
+        """A cached object's JSON, or None."""
+        return await self._call(lambda conn: cache_rows.get(conn, kind, namespace, name))
+
+    async def cache_list(self, kind: str, namespace: str) -> tuple[tuple[bytes, ...], int]:
+        """The cached objects of ``kind`` in ``namespace`` (``""``: all), and the kind's resource version."""
+        return await self._call(lambda conn: cache_rows.listing(conn, kind, namespace))
+
+    async def cache_keys(self, kind: str) -> tuple[tuple[str, str], ...]:
+        """``(namespace, name)`` of every cached object of ``kind``."""
+        return await self._call(lambda conn: cache_rows.keys(conn, kind))
 
     # -------------------------------------------------------------------------------------- facts
 

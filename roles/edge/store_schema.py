@@ -126,6 +126,19 @@ _MIGRATIONS: Final = (
             "CREATE TABLE agent_facts (key TEXT PRIMARY KEY, value BLOB NOT NULL, updated_at TEXT NOT NULL)",
         ),
     ),
+    # The cache of the node's cloud objects (roles.edge.cache_rows). Additive: an agent from before
+    # it ignores the tables, so a rollback still opens the store.
+    _Migration(
+        version=2,
+        oldest_reader=1,
+        statements=(
+            """CREATE TABLE cache_objects (
+                kind TEXT NOT NULL, namespace TEXT NOT NULL, name TEXT NOT NULL,
+                resource_version INTEGER NOT NULL, body BLOB NOT NULL, PRIMARY KEY (kind, namespace, name))""",
+            # Each kind's resource version: the newest a change to it or a listing of it carried.
+            "CREATE TABLE cache_kinds (kind TEXT PRIMARY KEY, resource_version INTEGER NOT NULL)",
+        ),
+    ),
 )
 
 SCHEMA_VERSION: Final = _MIGRATIONS[-1].version
@@ -186,13 +199,14 @@ def _migrate(conn: sqlite3.Connection, path: Path) -> int:
 
 def connect(path: Path, max_bytes: int | None) -> tuple[sqlite3.Connection, int]:
     """Open (creating if need be), configure, check and migrate; returns the connection and the version found."""
-    new = not path.exists()
     path.parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
     try:
-        if new:
-            # The store may hold job specs (config values): keep it to the agent. -wal and -shm inherit this mode.
-            path.chmod(0o600)
+        # The store holds job specs (config values) and may hold the node's Secrets: the agent's only,
+        # however the file came to be. SQLite creates -wal and -shm with the main file's mode.
+        for file in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+            if file == path or file.exists():
+                file.chmod(0o600)
         # Reading the header here is what finds a file that is not a database.
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if mode != "wal":

@@ -128,10 +128,13 @@ def test_the_local_api_is_off_unless_configured() -> None:
     assert cfg.local_api == LocalApiConfig(enabled=False, port=18000, serve_secrets=True)
 
 
-def test_enabling_the_local_api_is_refused_until_its_cache_exists() -> None:
-    """Until the agent keeps the cache the local API serves, enabling it is a clear error, not an empty API."""
-    with pytest.raises(msgspec.ValidationError, match=r"localApi\.enabled: the local API is not available yet"):
-        msgspec.convert({"localApi": {"enabled": True}}, EdgeConfig)
+def test_the_local_api_can_be_enabled_now_that_its_cache_exists() -> None:
+    """``localApi.enabled`` is accepted (the durable cache serves it), and the repair period has its default."""
+    cfg = msgspec.convert({"localApi": {"enabled": True}}, EdgeConfig)
+    assert cfg.local_api.enabled
+    assert cfg.autonomy.repair_period == 30.0
+    with pytest.raises(msgspec.ValidationError, match=r"\$\.autonomy\.repairPeriod"):
+        msgspec.convert({"autonomy": {"repairPeriod": 0}}, EdgeConfig)
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ import json
 import math
 import sqlite3
 import ssl
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,6 +159,8 @@ class FakeHub:
     echo: bool = True
     interval: float = INTERVAL
     refuse: int = 0
+    capabilities: tuple[str, ...] = ()
+    """What the Welcome lists."""
     attempts: list[float] = field(default_factory=list)
     """Loop times the agent tried to connect."""
     hellos: list[Hello] = field(default_factory=list)
@@ -191,7 +193,8 @@ class FakeHub:
         assert isinstance(hello, Hello)
         assert hello.node == NODE
         self.hellos.append(hello)
-        await link.send(messages.encode(Welcome(hub="fake", heartbeat_interval=self.interval)))
+        welcome = Welcome(hub="fake", heartbeat_interval=self.interval, capabilities=self.capabilities)
+        await link.send(messages.encode(welcome))
         frames, received = anyio.create_memory_object_stream[Upstream](math.inf)
         session = HubSession(link, received, welcomed_at=anyio.current_time())
         self.tg.start_soon(self._serve, session, frames)
@@ -266,8 +269,19 @@ class Edge:
 
 
 @asynccontextmanager
-async def running_edge(tmp_path: Path, *, echo: bool = True, block_pull: bool = False) -> AsyncIterator[Edge]:
-    """An agent with its store in ``tmp_path``, connected to a fake hub, under a guard of :data:`GUARD` seconds."""
+async def running_edge(
+    tmp_path: Path,
+    *,
+    echo: bool = True,
+    block_pull: bool = False,
+    capabilities: tuple[str, ...] = (),
+    cache_secrets: bool = False,
+    store_max_bytes: int | None = None,
+    relisted: Callable[[], object] | None = None,
+    refuse: int = 0,
+) -> AsyncIterator[Edge]:
+    """An agent with its store in ``tmp_path``, connected to a fake hub (whose Welcome lists ``capabilities``),
+    under a guard of :data:`GUARD` seconds."""
     settings = AgentSettings(
         node=NODE,
         version="v0.1.0",
@@ -275,13 +289,14 @@ async def running_edge(tmp_path: Path, *, echo: bool = True, block_pull: bool = 
         token="t0ken",
         data_dir=tmp_path,
         thresholds=Thresholds(),
+        cache_secrets=cache_secrets,
     )
     actions = FakeActions(block_pull=block_pull)
     async with anyio.create_task_group() as tg:
         tg.start_soon(_tick)
         with anyio.fail_after(GUARD):
-            async with open_store(tmp_path / "store.sqlite") as store:
-                hub = FakeHub(tg, echo=echo)
+            async with open_store(tmp_path / "store.sqlite", max_bytes=store_max_bytes) as store:
+                hub = FakeHub(tg, echo=echo, capabilities=capabilities, refuse=refuse)
                 agent = EdgeAgent(
                     settings=settings,
                     store=store,
@@ -290,6 +305,7 @@ async def running_edge(tmp_path: Path, *, echo: bool = True, block_pull: bool = 
                     clock=Clock.start(),
                     log=structlog.get_logger(),
                     open_link=hub.open_link,
+                    relisted=relisted,
                 )
                 async with anyio.create_task_group() as agent_tg:
                     await agent_tg.start(agent.run)
