@@ -109,13 +109,16 @@ class ImportStep:
 
 
 def device_python() -> Path:
-    """The interpreter of a virtualenv with only the base dependencies, built once per dependency list.
+    """The interpreter of a virtualenv with only the base dependencies, built once per dependency list
+    and checkout.
 
     The package itself is installed editable (without dependencies), so the measurement follows
-    the repository's code; only the installed libraries are a device's.
+    the repository's code; only the installed libraries are a device's. The checkout is part of the
+    key because the editable install points at it: a venv made from a clone since removed could no
+    longer import the agent.
     """
     deps: list[str] = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
-    key = hashlib.sha256("\n".join(sorted(deps)).encode()).hexdigest()[:12]
+    key = hashlib.sha256("\n".join([str(REPO.resolve()), *sorted(deps)]).encode()).hexdigest()[:12]
     venv = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "nodetaskd" / f"edge-venv-{key}"
     python = venv / "bin" / "python"
     if not (venv / ".complete").exists():
