@@ -290,7 +290,7 @@ async def test_spec_is_immutable_but_metadata_and_status_may_change(cluster: Clu
     stored["spec"]["version"] = "v1.22.0"
     result = await cluster.replace(stored)
     assert result.returncode != 0
-    assert "spec: spec fields are not allowed to update once it's created" in result.stderr
+    assert "spec.version: spec fields are not allowed to update once it's created" in result.stderr
 
     stored = await cluster.get("nodeupgradejobs", name)
     stored["metadata"]["labels"]["extra"] = "yes"
