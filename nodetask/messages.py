@@ -7,6 +7,16 @@ are ignored so that an old hub and a new edge (or the reverse) still talk during
 The upstream report carries KubeEdge's body keys ``{action, succ, finishTime, reason, extend}``
 plus what reliable delivery needs: the job UID (so a re-created job is never confused with its
 predecessor) and ``seq``, the edge outbox position the hub acknowledges.
+
+Attempts (added for retries): a node task is the job UID *and* its attempt, 1 unless the job was
+retried. ``RunAction.attempt`` says which one to run, and the edge keys its task by both, so a
+retry is new work there, never mistaken for a re-delivery; ``Report.attempt`` says which attempt a
+result belongs to, so the hub applies it only to that attempt. An agent that knows attempts says so
+with :data:`ATTEMPTS_CAPABILITY` in its Hello. Older peers leave the fields out, and 0 stands for
+that: a Report without an attempt applies to the node's current attempt (as before retries
+existed), a RunAction without one runs attempt 1, a Cancel or Confirm without one means any
+attempt. An older agent would take a retry's RunAction for a re-delivery of the first attempt, so
+the hub never sends it one: its node fails with the reason instead.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ from nodetask import nesting
 from nodetask.route import Route, RouteError
 
 __all__ = [
+    "ATTEMPTS_CAPABILITY",
     "Ack",
     "ActionResult",
     "Cancel",
@@ -42,6 +53,10 @@ __all__ = [
 
 ROUTE_CACHE_SIZE: Final = 16384
 """Parsed routes kept (one per node task in flight is what a hub needs)."""
+
+
+ATTEMPTS_CAPABILITY: Final = "attempts"
+"""In a Hello's capabilities: the agent keys its node tasks by job UID and attempt, and reports the attempt."""
 
 
 class MessageError(ValueError):
@@ -112,6 +127,8 @@ class RunAction(Message, frozen=True, tag="run_action"):
     by the cloud from the job's ``imageSecrets`` and sent only to that job's nodes."""
     credentials_error: str = ""
     """Why the job's ``imageSecrets`` could not be resolved; the edge fails its pulls with it."""
+    attempt: int = 0
+    """Which attempt at the node task this is (1 unless retried); 0 from a hub that knows no attempts: the first."""
 
 
 class ReportAck(Message, frozen=True, tag="report_ack"):
@@ -126,6 +143,8 @@ class Confirm(Message, frozen=True, tag="confirm"):
 
     route: Route
     job_uid: str
+    attempt: int = 0
+    """The attempt released; 0: whichever waits."""
 
 
 class Cancel(Message, frozen=True, tag="cancel"):
@@ -133,6 +152,8 @@ class Cancel(Message, frozen=True, tag="cancel"):
 
     route: Route
     job_uid: str
+    attempt: int = 0
+    """The attempt to stop; 0: whichever runs."""
 
 
 # --------------------------------------------------------------------------------------- edge -> cloud
@@ -168,6 +189,8 @@ class Report(Message, frozen=True, tag="report"):
     finish_time: str = ""
     reason: str = ""
     extend: str = ""
+    attempt: int = 0
+    """The attempt the result belongs to; 0 from an agent that knows no attempts: the node's current one."""
 
     @property
     def result(self) -> ActionResult:
