@@ -197,9 +197,9 @@ class FakeEdge:
         self.hub_end = hub_end
         """The hub's end, to see how the hub closed it (``closed_with``)."""
 
-    async def hello(self, version: str = "v1") -> Welcome:
+    async def hello(self, version: str = "v1", capabilities: tuple[str, ...] = ()) -> Welcome:
         """Say Hello; the hub's Welcome."""
-        await self.send(Hello(node=self.node, version=version))
+        await self.send(Hello(node=self.node, version=version, capabilities=capabilities))
         welcome = await self.receive()
         assert isinstance(welcome, Welcome), welcome
         return welcome
