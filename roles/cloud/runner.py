@@ -181,14 +181,19 @@ class JobRunner:
             f" capability {ATTEMPTS_CAPABILITY!r} and would take attempt {attempt} for the first one again;"
             " upgrade the agent, or run the node in a new job"
         )
-        try:
-            refused: bool = await self._writer.submit(refuse(node, uid=self.uid, attempt=attempt, reason=reason))
-        except ApiError as exc:
-            log.warning("refusal_not_written", error=str(exc))
-            return True  # not dispatched either way; the node's session coming back offers it again
-        if refused:
-            log.warning("retry_refused_old_agent", attempt=attempt, version=session.version)
-        return True
+        backoff = Backoff(initial=0.5, cap=10.0)
+        while True:
+            try:
+                refused: bool = await self._writer.submit(refuse(node, uid=self.uid, attempt=attempt, reason=reason))
+            except NotFound:
+                return True
+            except ApiError as exc:
+                log.warning("refusal_failed", error=str(exc))
+                await anyio.sleep(backoff.delay())
+                continue
+            if refused:
+                log.warning("retry_refused_old_agent", attempt=attempt, version=session.version)
+            return True
 
     async def _claim(self, node: str, log: Log) -> bool:
         backoff = Backoff(initial=0.5, cap=10.0)
