@@ -9,7 +9,10 @@ to its msgspec type, which catches the remaining type errors with the same path 
 Beyond KubeEdge (whose webhook checks only v1alpha1 NodeUpgradeJobs): every kind in every served
 version is checked, ``failureTolerate``, ``concurrency`` and ``timeoutSeconds`` are bounded, images
 and ``updateFields`` must be non-empty, and an UPDATE that keeps the spec is admitted without
-re-checking it, so an object stored before the webhook existed can still lose its finalizer.
+re-checking it, so an object stored before the webhook existed can still lose its finalizer. Retries
+(:mod:`schemas.retry`): a Failure job may tune how it runs before a retry, each other spec change is
+refused naming its field, and a new retry annotation value is refused unless the job has finished
+with nodes to retry.
 
 What the deployment allows beyond the schemas comes in as an :class:`AdmissionPolicy`, closed by
 default: which ``updateFields`` keys a ConfigUpdateJob may set (the edge configuration's allowlist,
