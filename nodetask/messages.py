@@ -9,6 +9,16 @@ field to the others (:data:`TYPED_CREDENTIALS`).
 The upstream report carries KubeEdge's body keys ``{action, succ, finishTime, reason, extend}``
 plus what reliable delivery needs: the job UID (so a re-created job is never confused with its
 predecessor) and ``seq``, the edge outbox position the hub acknowledges.
+
+Attempts (added for retries): a node task is the job UID *and* its attempt, 1 unless the job was
+retried. ``RunAction.attempt`` says which one to run, and the edge keys its task by both, so a
+retry is new work there, never mistaken for a re-delivery; ``Report.attempt`` says which attempt a
+result belongs to, so the hub applies it only to that attempt. An agent that knows attempts says so
+with :data:`ATTEMPTS_CAPABILITY` in its Hello. Older peers leave the fields out, and 0 stands for
+that: a Report without an attempt applies to the node's current attempt (as before retries
+existed), a RunAction without one runs attempt 1, a Cancel or Confirm without one means any
+attempt. An older agent would take a retry's RunAction for a re-delivery of the first attempt, so
+the hub never sends it one: its node fails with the reason instead.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from nodetask import nesting
 from nodetask.route import Route, RouteError
 
 __all__ = [
+    "ATTEMPTS_CAPABILITY",
     "CACHE_CAPABILITY",
     "CACHE_SECRETS_CAPABILITY",
     "TYPED_CREDENTIALS",
@@ -54,6 +65,10 @@ __all__ = [
 
 ROUTE_CACHE_SIZE: Final = 16384
 """Parsed routes kept (one per node task in flight is what a hub needs)."""
+
+
+ATTEMPTS_CAPABILITY: Final = "attempts"
+"""In a Hello's capabilities: the agent keys its node tasks by job UID and attempt, and reports the attempt."""
 
 
 class MessageError(ValueError):
@@ -205,6 +220,8 @@ class RunAction(Message, frozen=True, tag="run_action"):
     registry_credentials: dict[str, RegistryAuth] = {}
     """Image reference to its registry's credentials, resolved by the cloud from the job's
     ``imageSecrets`` and sent only to that job's nodes (those with the :data:`TYPED_CREDENTIALS` capability)."""
+    attempt: int = 0
+    """Which attempt at the node task this is (1 unless retried); 0 from a hub that knows no attempts: the first."""
 
 
 class ReportAck(Message, frozen=True, tag="report_ack"):
@@ -219,6 +236,8 @@ class Confirm(Message, frozen=True, tag="confirm"):
 
     route: Route
     job_uid: str
+    attempt: int = 0
+    """The attempt released; 0: whichever waits."""
 
 
 class Cancel(Message, frozen=True, tag="cancel"):
@@ -226,6 +245,8 @@ class Cancel(Message, frozen=True, tag="cancel"):
 
     route: Route
     job_uid: str
+    attempt: int = 0
+    """The attempt to stop; 0: whichever runs."""
 
 
 # --------------------------------------------------------------------------------------- edge -> cloud
@@ -261,6 +282,8 @@ class Report(Message, frozen=True, tag="report"):
     finish_time: str = ""
     reason: str = ""
     extend: str = ""
+    attempt: int = 0
+    """The attempt the result belongs to; 0 from an agent that knows no attempts: the node's current one."""
 
     @property
     def result(self) -> ActionResult:

@@ -15,9 +15,11 @@ EDGE_ROLE_LABEL = "node-role.kubernetes.io/edge"
 HUB_ANNOTATION = "nodetask.kubeedge.io/hub"
 """Which cloud hub instance holds the node's session (absent: none). Written by the hubs."""
 AGENT_VERSION_ANNOTATION = "nodetask.kubeedge.io/agent-version"
+"""The version of the nodetaskd edge agent on the node, reported in its hello. Written by the hubs."""
 CONFIRM_ANNOTATION = "nodetask.kubeedge.io/confirm"
 """On a NodeUpgradeJob: ``*`` or comma-separated node names whose upgrade may pass WaitingConfirmation."""
-"""The version of the nodetaskd edge agent on the node, reported in its hello. Written by the hubs."""
+RETRY_ANNOTATION = "nodetask.kubeedge.io/retry"
+"""On any node job: a new value (any string) retries the nodes of a finished job that failed or timed out."""
 
 
 class NodeCondition(ApiStruct, frozen=True):

@@ -8,6 +8,8 @@ parses it at every use and silently treats garbage as 0.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import msgspec
 
 from schemas import v1alpha1
@@ -24,6 +26,9 @@ from schemas.meta import (
     parse_tolerance,
 )
 
+Attempt = Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1, extra_json_schema={"format": "int32"})]
+"""An attempt number: 1 for a node's (or a job's) first run, one more per retry."""
+
 GROUP = "operations.kubeedge.io"
 VERSION = "v1alpha2"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -39,6 +44,34 @@ class ActionStatus(ApiStruct, frozen=True):
     status: ConditionStatus = ConditionStatus.UNKNOWN
     reason: str = ""
     time: str = ""
+
+
+class PreviousAttempt(ApiStruct, frozen=True):
+    """How a node's attempt before the latest retry ended (nodetaskd's addition)."""
+
+    attempt: Attempt = 1
+    phase: NodeTaskPhase = NodeTaskPhase.NONE
+    """Failure or Unknown: only those are retried."""
+    action: str = ""
+    """The last action the attempt recorded (empty: it recorded none, e.g. it timed out before Check)."""
+    reason: str = ""
+    time: str = ""
+    """When the attempt ended: its last recorded action's time, else when it was dispatched, else the retry's."""
+
+
+# Written by the controller in the same status update that sends nodes back to Pending, so that each
+# annotation value triggers one retry at most, whichever controller instance sees it and however often.
+class RetryStatus(ApiStruct, frozen=True):
+    """The job's retries (nodetaskd's addition): what the controller last did with the retry annotation."""
+
+    handled: str = ""
+    """The value of ``nodetask.kubeedge.io/retry`` last handled (one already present at creation triggers nothing)."""
+    attempt: Attempt = 1
+    """The job's run: 1, then one more per retry. A retried node's ``attempt`` is the run it was retried in."""
+    time: str = ""
+    """When the latest retry began: a retried node that no hub can dispatch times out from here."""
+    nodes: int = 0
+    """How many nodes the latest retry sent back to Pending."""
 
 
 class NodeCounts(ApiStruct, frozen=True, omit_defaults=False):
@@ -61,6 +94,10 @@ class NodeUpgradeJobNodeTaskStatus(ApiStruct, frozen=True):
     reason: str = ""
     dispatch_time: str = ""
     """When a hub dispatched the node task (nodetaskd's addition): node timeouts count from here."""
+    attempt: Attempt = 1
+    """Which attempt at this node the entry is (nodetaskd's addition; absent: the first)."""
+    previous_attempt: PreviousAttempt | None = None
+    """How the attempt before this one ended, once the node was retried (nodetaskd's addition)."""
     state: str = ""
     """Deprecated v1alpha1-compatible field."""
     event: str = ""
@@ -72,6 +109,7 @@ class NodeUpgradeJobStatus(ApiStruct, frozen=True):
     node_status: tuple[NodeUpgradeJobNodeTaskStatus, ...] = ()
     reason: str = ""
     node_counts: NodeCounts | None = None
+    retry: RetryStatus | None = None
     # Deprecated v1alpha1-compatible fields, still served by KubeEdge.
     state: str = ""
     current_version: str = ""
@@ -95,6 +133,10 @@ class ImagePrePullNodeTaskStatus(ApiStruct, frozen=True):
     reason: str = ""
     dispatch_time: str = ""
     """When a hub dispatched the node task (nodetaskd's addition): node timeouts count from here."""
+    attempt: Attempt = 1
+    """Which attempt at this node the entry is (nodetaskd's addition; absent: the first)."""
+    previous_attempt: PreviousAttempt | None = None
+    """How the attempt before this one ended, once the node was retried (nodetaskd's addition)."""
 
 
 class ImagePrePullJobStatus(ApiStruct, frozen=True):
@@ -102,6 +144,7 @@ class ImagePrePullJobStatus(ApiStruct, frozen=True):
     node_status: tuple[ImagePrePullNodeTaskStatus, ...] = ()
     reason: str = ""
     node_counts: NodeCounts | None = None
+    retry: RetryStatus | None = None
     # Deprecated v1alpha1-compatible fields.
     state: str = ""
     time: str = ""
@@ -117,6 +160,10 @@ class ConfigUpdateJobNodeTaskStatus(ApiStruct, frozen=True):
     reason: str = ""
     dispatch_time: str = ""
     """When a hub dispatched the node task (nodetaskd's addition): node timeouts count from here."""
+    attempt: Attempt = 1
+    """Which attempt at this node the entry is (nodetaskd's addition; absent: the first)."""
+    previous_attempt: PreviousAttempt | None = None
+    """How the attempt before this one ended, once the node was retried (nodetaskd's addition)."""
 
 
 class ConfigUpdateJobStatus(ApiStruct, frozen=True):
@@ -124,6 +171,7 @@ class ConfigUpdateJobStatus(ApiStruct, frozen=True):
     node_status: tuple[ConfigUpdateJobNodeTaskStatus, ...] = ()
     reason: str = ""
     node_counts: NodeCounts | None = None
+    retry: RetryStatus | None = None
 
 
 # ---------------------------------------------------------------------------------------------- specs

@@ -9,7 +9,10 @@ to its msgspec type, which catches the remaining type errors with the same path 
 Beyond KubeEdge (whose webhook checks only v1alpha1 NodeUpgradeJobs): every kind in every served
 version is checked, ``failureTolerate``, ``concurrency`` and ``timeoutSeconds`` are bounded, images
 and ``updateFields`` must be non-empty, and an UPDATE that keeps the spec is admitted without
-re-checking it, so an object stored before the webhook existed can still lose its finalizer.
+re-checking it, so an object stored before the webhook existed can still lose its finalizer. Retries
+(:mod:`schemas.retry`): a Failure job may tune how it runs before a retry, each other spec change is
+refused naming its field, and a new retry annotation value is refused unless the job has finished
+with nodes to retry.
 
 What the deployment allows beyond the schemas comes in as an :class:`AdmissionPolicy`, closed by
 default: which ``updateFields`` keys a ConfigUpdateJob may set (the edge configuration's allowlist,
@@ -19,6 +22,7 @@ which namespaces an ImagePrePullJob's ``imageSecrets`` may name.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,7 +30,10 @@ from typing import Any, Final
 
 import msgspec
 
+from nodetask.phases import JobPhase, NodeTaskPhase
+from schemas import retry, v1alpha2
 from schemas.access import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_SECONDS
+from schemas.core import RETRY_ANNOTATION
 from schemas.kinds import CONFIG_UPDATE_JOB, IMAGE_PRE_PULL_JOB, NODE_UPGRADE_JOB, Kind
 from schemas.manifest import ManifestError, kind_of
 from schemas.meta import parse_tolerance
@@ -356,16 +363,97 @@ def without_nulls(value: Any) -> Any:
 
 
 def validate_update(new: object, old: object, *, policy: AdmissionPolicy = CLOSED_POLICY) -> tuple[FieldError, ...]:
-    """An update may change metadata and status, never the spec (KubeEdge's rule and text).
+    """An update may change metadata and status; the spec only as a retry allows (:mod:`schemas.retry`).
 
-    An unchanged spec is not re-validated, so objects admitted under older rules (or stored before
-    the webhook was registered) can still be updated, e.g. to remove their finalizer on deletion.
+    A spec field that changes is refused with KubeEdge's text, naming it and why: only while the
+    job is Failure may it change, and then only the fields a retry may tune; a changed spec is then
+    validated whole, as on creation. A new value of the retry annotation is refused, with the
+    reason, unless the job has finished with nodes to retry. An unchanged spec is not re-validated,
+    so objects admitted under older rules (or stored before the webhook was registered) can still be
+    updated, e.g. to remove their finalizer on deletion.
     """
     if not isinstance(new, dict) or not isinstance(old, dict):
         return validate_create(new, policy=policy)
+    kind = new.get("kind") if isinstance(new.get("kind"), str) else ""
+    phase, node_phases = _stored_phases(old)
+    errors = list(_spec_change_errors(str(kind), new, old, phase))
+    errors.extend(_retry_errors(new, old, phase, node_phases))
+    if errors:
+        return tuple(errors)
     if without_nulls(new.get("spec")) != without_nulls(old.get("spec")):
-        return (FieldError(path="spec", message=IMMUTABLE_SPEC_MESSAGE),)
+        return validate_create(new, policy=policy)
     return ()
+
+
+def _stored_phases(obj: Mapping[str, Any]) -> tuple[JobPhase | None, tuple[NodeTaskPhase, ...]]:
+    """The stored job's phase and node phases, as far as its status says (None: no phase to read)."""
+    status = obj.get("status")
+    if not isinstance(status, dict) or str(obj.get("apiVersion", "")).endswith("/v1alpha1"):
+        # v1alpha1's status has no phase: the API server serves it without one.
+        return None, ()
+    try:
+        phase = JobPhase(status.get("phase") or "")
+    except ValueError:
+        return None, ()
+    entries = status.get("nodeStatus")
+    node_phases: list[NodeTaskPhase] = []
+    for entry in entries if isinstance(entries, list) else ():
+        with contextlib.suppress(ValueError, AttributeError):
+            node_phases.append(NodeTaskPhase(entry.get("phase") or ""))
+    return phase, tuple(node_phases)
+
+
+def _spec_change_errors(
+    kind: str, new: Mapping[str, Any], old: Mapping[str, Any], phase: JobPhase | None
+) -> list[FieldError]:
+    changed = retry.changed_spec_fields(kind, without_nulls(new.get("spec")), without_nulls(old.get("spec")))
+    if not changed:
+        return []
+    tunable = retry.tunable_fields(kind)
+    allowed = {retry.spec_path(kind, field) for field in tunable}
+    listed = ", ".join(tunable)
+    errors = []
+    for path in changed:
+        if phase is not JobPhase.FAILURE:
+            shown = "not initialised yet" if phase in (None, JobPhase.NONE) else phase.value
+            why = f"the job is {shown}; only a Failure job may change {listed}, before a retry"
+        elif path not in allowed:
+            why = f"only {listed} may change before a retry; a different node task is a new job"
+        else:
+            continue
+        errors.append(FieldError(path=path, message=f"{IMMUTABLE_SPEC_MESSAGE} ({why})"))
+    return errors
+
+
+def _retry_errors(
+    new: Mapping[str, Any], old: Mapping[str, Any], phase: JobPhase | None, node_phases: tuple[NodeTaskPhase, ...]
+) -> list[FieldError]:
+    value = _annotation(new, RETRY_ANNOTATION)
+    if value is None or value == _annotation(old, RETRY_ANNOTATION) or value == _handled(old):
+        return []  # asks for nothing new
+    path = f"metadata.annotations[{RETRY_ANNOTATION}]"
+    if phase is None:
+        why = f"set it through {v1alpha2.API_VERSION}: the {old.get('apiVersion')} status has no phase to check"
+        return [FieldError(path=path, message=f"cannot retry: {why}")]
+    refusal = retry.retry_refusal(phase, node_phases)
+    return [FieldError(path=path, message=f"cannot retry: {refusal}")] if refusal else []
+
+
+def _handled(obj: Mapping[str, Any]) -> str | None:
+    """``status.retry.handled`` of a stored job (None: no retry value was ever handled)."""
+    status = obj.get("status")
+    record = status.get("retry") if isinstance(status, dict) else None
+    if not isinstance(record, dict):
+        return None
+    handled = record.get("handled", "")  # omitted when empty, as every default
+    return handled if isinstance(handled, str) else None
+
+
+def _annotation(obj: Mapping[str, Any], key: str) -> str | None:
+    metadata = obj.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
+    value = annotations.get(key) if isinstance(annotations, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def default_patch(obj: object) -> tuple[PatchOperation, ...]:

@@ -38,6 +38,7 @@ __all__ = [
     "claim",
     "dispatchable",
     "record",
+    "refuse",
 ]
 
 Job = Any
@@ -65,6 +66,9 @@ class RecordOutcome:
 
     applied: bool
     error: str = ""
+    other_attempt: int = 0
+    """The node's current attempt, when the report was for another one (a late report of an attempt
+    before a retry): acknowledged, and nothing changes."""
 
     @property
     def acknowledge(self) -> bool:
@@ -152,11 +156,42 @@ def claim(node: str, *, uid: str, now: str) -> Change:
     return change
 
 
-def record(
-    job_type: JobType, node: str, result: ActionResult, *, uid: str, now: str, compact_above: int | None = None
-) -> Change:
-    """Record ``result`` for ``node`` of job ``uid``; a duplicate is recognised and changes nothing.
+def refuse(node: str, *, uid: str, attempt: int, reason: str) -> Change:
+    """Fail ``node``'s Pending ``attempt`` of job ``uid`` with ``reason`` instead of dispatching it.
 
+    For a node that cannot run it (its agent cannot tell a retry from a re-delivered first attempt);
+    the outcome says whether it was refused (False: the node was no longer that Pending attempt).
+    """
+
+    def change(job: Job) -> tuple[Job | None, bool]:
+        if job.metadata.uid != uid or not dispatchable(job):
+            return None, False
+        index = _index(job, node)
+        if index < 0:
+            return None, False
+        entry = job.status.node_status[index]
+        if entry.phase is not NodeTaskPhase.PENDING or entry.attempt != attempt:
+            return None, False
+        failed = msgspec.structs.replace(entry, phase=NodeTaskPhase.FAILURE, reason=reason)
+        return _with_entry(job, index, failed), True
+
+    return change
+
+
+def record(
+    job_type: JobType,
+    node: str,
+    result: ActionResult,
+    *,
+    uid: str,
+    now: str,
+    compact_above: int | None = None,
+    attempt: int = 0,
+) -> Change:
+    """Record ``result`` of ``node``'s ``attempt`` of job ``uid``; a duplicate is recognised and changes nothing.
+
+    A result of another attempt than the node's current one (a late report of the attempt before a
+    retry) changes nothing either; ``attempt`` 0 (an agent that knows no attempts) is the current one.
     In a job of more than ``compact_above`` nodes, a node that succeeds keeps a compact entry
     (:func:`flows.jobtype.compact`); a report that only restores what compaction left out (a
     redelivered earlier action) is a duplicate too.
@@ -168,6 +203,9 @@ def record(
         index = _index(job, node)
         if index < 0:
             return None, RecordOutcome(applied=False, error=f"node {node} is not a target of this job")
+        current = job.status.node_status[index].attempt
+        if attempt and attempt != current:
+            return None, RecordOutcome(applied=False, other_attempt=current)
         try:
             entry = apply_result(job_type, job.status.node_status[index], result, now=now)
         except (UnknownActionError, ExtendError) as exc:

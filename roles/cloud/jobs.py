@@ -1,9 +1,9 @@
 """The hub's jobs: a cache of every job from the watch, a status writer each, and runners for running ones.
 
 Every job gets a :class:`~roles.cloud.status_writer.StatusWriter`; a job in Init or InProgress gets
-a :class:`~roles.cloud.runner.JobRunner`, keyed by UID: a re-created job's runner starts only after
-the old one has unwound. The cache holds the newest copy of each job, from the watch or from the
-answer to one of this hub's own writes, whichever is fresher.
+a :class:`~roles.cloud.runner.JobRunner`, keyed by UID and run: a re-created (or retried) job's
+runner starts only after the old one has unwound. The cache holds the newest copy of each job, from
+the watch or from the answer to one of this hub's own writes, whichever is fresher.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from nodetask.clock import Clock
 from roles.cloud.api import JobApi
 from roles.cloud.changes import dispatchable
 from roles.cloud.metrics import HubMetrics
-from roles.cloud.runner import JobRunner
+from roles.cloud.runner import JobRunner, run_number
 from roles.cloud.sessions import SessionTable
 from roles.cloud.settings import HubSettings
 from roles.cloud.status_writer import StatusWriter
@@ -159,7 +159,8 @@ class Jobs:
             return
         state.job = job
         runner = state.runner
-        if runner is not None and runner.uid != job.metadata.uid:
+        if runner is not None and (runner.uid != job.metadata.uid or runner.run_number != run_number(job)):
+            # A re-created job, or a retried one whose finished run this hub never saw end: start afresh.
             await self._stop_runner(state)
             runner = None
         wanted = dispatchable(job) and job.metadata.deletion_timestamp is None

@@ -61,7 +61,9 @@ class Reports:
         jt = self._types.get(report.route.job_type)
         if jt is None:
             return Error(code=REPORT_REJECTED, message=f"unknown job type {report.route.job_type}", ref=ref)
-        outcome = await self.record(jt, report.route.job, report.route.node, report.result, uid=report.job_uid, log=log)
+        outcome = await self.record(
+            jt, report.route.job, report.route.node, report.result, uid=report.job_uid, attempt=report.attempt, log=log
+        )
         if outcome is None:
             return Error(code=JOB_GONE, message=f"job {report.route.job} no longer exists", ref=ref)
         if outcome.acknowledge:
@@ -72,9 +74,10 @@ class Reports:
         return Error(code=REPORT_REJECTED, message=outcome.error, ref=ref)
 
     async def record(
-        self, jt: JobType, job: str, node: str, result: messages.ActionResult, *, uid: str, log: Log
+        self, jt: JobType, job: str, node: str, result: messages.ActionResult, *, uid: str, log: Log, attempt: int = 0
     ) -> RecordOutcome | None:
-        """Write ``result`` into job ``job``'s status; None if the job is gone.
+        """Write ``result`` of the node's ``attempt`` (0: its current one) into job ``job``'s status; None if
+        the job is gone.
 
         API errors other than NotFound are retried with backoff for as long as the caller waits:
         a report is either written or still held by the edge, never lost in between.
@@ -97,6 +100,7 @@ class Reports:
                         uid=uid,
                         now=self._clock.stamp(),
                         compact_above=self._settings.compact_status_above,
+                        attempt=attempt,
                     )
                 )
             except NotFound:
@@ -108,4 +112,6 @@ class Reports:
                 continue
             if outcome.applied:
                 log.info("report_applied")
+            elif outcome.other_attempt:
+                log.info("report_of_another_attempt", attempt=attempt, current=outcome.other_attempt)
             return outcome

@@ -8,11 +8,16 @@ reports). A node task:
 1. claims the node through the status writer, which is what bounds concurrency across hubs
    (a claim only succeeds while fewer than ``concurrency`` nodes are InProgress);
 2. sends ``RunAction`` to the node's session, and again on every reconnect until the node settles
-   (the edge is idempotent per job UID, so this is how unacknowledged sends are retried);
+   (the edge is idempotent per job UID and attempt, so this is how unacknowledged sends are retried);
 3. ends when the node's entry leaves InProgress (a final report, or the controller's Unknown),
    or when ``timeoutSeconds`` since its dispatch have passed.
 
 The pool token is held across all three in one ``async with`` (see :mod:`nodetask.pool`).
+
+A retried job runs again under a new runner (:attr:`JobRunner.run_number`), like a first run. A
+retried node (attempt above 1) whose agent does not announce ``messages.ATTEMPTS_CAPABILITY`` is
+failed instead of dispatched: such an agent keys its task by job UID alone and would take the retry
+for a re-delivery of the first attempt, resend that attempt's result and never run again.
 """
 
 from __future__ import annotations
@@ -29,11 +34,11 @@ import structlog
 from flows.jobtype import JobType
 from nodetask.backoff import Backoff
 from nodetask.clock import Clock, parse_time
-from nodetask.messages import TYPED_CREDENTIALS, Cancel, Confirm, RunAction
+from nodetask.messages import ATTEMPTS_CAPABILITY, TYPED_CREDENTIALS, Cancel, Confirm, RunAction
 from nodetask.phases import ConditionStatus, NodeTaskPhase
 from nodetask.pool import JobPool, NodeTaskEnd, open_job_pool
 from nodetask.route import Route
-from roles.cloud.changes import ClaimOutcome, awaits_confirmation, claim
+from roles.cloud.changes import ClaimOutcome, awaits_confirmation, claim, refuse
 from roles.cloud.sessions import Session, SessionTable
 from roles.cloud.status_writer import StatusWriter
 from roles.kube import ApiError, NotFound
@@ -64,6 +69,8 @@ class JobRunner:
     ) -> None:
         self.uid: str = job.metadata.uid
         self.name: str = job.metadata.name
+        self.run_number: int = run_number(job)
+        """The job's run this runner dispatches (1, then one more per retry)."""
         self.job = job
         self._type = job_type
         self._sessions = sessions
@@ -134,8 +141,10 @@ class JobRunner:
                 session = self._sessions.get(node)
                 if session is not None:
                     route = Route(v1alpha2.API_VERSION, self._type.resource_type, self.name, node)
-                    await session.send(Cancel(route=route, job_uid=self.uid))
-                    self._log.info("node_task_cancelled", node=node)
+                    entry = self._entry(node)
+                    attempt = entry.attempt if entry is not None else 0
+                    await session.send(Cancel(route=route, job_uid=self.uid, attempt=attempt))
+                    self._log.info("node_task_cancelled", node=node, attempt=attempt)
 
     # ---------------------------------------------------------------------------------- node tasks
 
@@ -152,8 +161,11 @@ class JobRunner:
     async def _node_task(self, node: str) -> None:
         log = self._log.bind(node=node)
         entry = self._entry(node)
-        if entry is not None and entry.phase is NodeTaskPhase.PENDING and not await self._claim(node, log):
-            return
+        if entry is not None and entry.phase is NodeTaskPhase.PENDING:
+            if entry.attempt > 1 and await self._refused(node, entry.attempt, log):
+                return
+            if not await self._claim(node, log):
+                return
         entry = self._entry(node)
         if entry is None or entry.phase is not NodeTaskPhase.IN_PROGRESS:
             return
@@ -161,6 +173,30 @@ class JobRunner:
             await self._serve(node, log)
         if scope.cancelled_caught:
             log.warning("node_task_timed_out", timeout=targeting(self.job).effective_timeout)
+
+    async def _refused(self, node: str, attempt: int, log: Log) -> bool:
+        """Fail a retried node whose agent cannot tell a retry from a re-delivery; whether it was refused."""
+        session = self._sessions.get(node)
+        if session is None or ATTEMPTS_CAPABILITY in session.capabilities:
+            return False
+        reason = (
+            f"the agent on this node (version {session.version}) cannot run a retry: it does not announce the"
+            f" capability {ATTEMPTS_CAPABILITY!r} and would take attempt {attempt} for the first one again;"
+            " upgrade the agent, or run the node in a new job"
+        )
+        backoff = Backoff(initial=0.5, cap=10.0)
+        while True:
+            try:
+                refused: bool = await self._writer.submit(refuse(node, uid=self.uid, attempt=attempt, reason=reason))
+            except NotFound:
+                return True
+            except ApiError as exc:
+                log.warning("refusal_failed", error=str(exc))
+                await anyio.sleep(backoff.delay())
+                continue
+            if refused:
+                log.warning("retry_refused_old_agent", attempt=attempt, version=session.version)
+            return True
 
     async def _claim(self, node: str, log: Log) -> bool:
         backoff = Backoff(initial=0.5, cap=10.0)
@@ -217,15 +253,18 @@ class JobRunner:
                 sends += 1
                 typed = TYPED_CREDENTIALS in session.capabilities
                 route = Route(v1alpha2.API_VERSION, self._type.resource_type, self.name, node)
+                entry = self._entry(node)
+                attempt = entry.attempt if entry is not None else 1
                 msg = RunAction(
-                    id=f"{self.uid}/{node}/{sends}",
+                    id=f"{self.uid}/{node}/{sends}" if attempt == 1 else f"{self.uid}/{node}/{attempt}.{sends}",
                     route=route,
                     job_uid=self.uid,
-                    action=self._next_action(self._entry(node)),
+                    action=self._next_action(entry),
                     spec=self._spec,
                     credentials={} if typed else self._credential_strings,
                     credentials_error=self._credentials_error,
                     registry_credentials=self._credentials if typed else {},
+                    attempt=attempt,
                 )
                 session.expect_ack(msg.id)
                 if await session.send(msg):
@@ -242,5 +281,13 @@ class JobRunner:
         """Send Confirm once the node waits for confirmation and the job's annotation releases it."""
         while not awaits_confirmation(self.job, node):
             await self._changed.wait()
-        if await session.send(Confirm(route=route, job_uid=self.uid)):
-            log.info("confirm_sent")
+        entry = self._entry(node)
+        attempt = entry.attempt if entry is not None else 0
+        if await session.send(Confirm(route=route, job_uid=self.uid, attempt=attempt)):
+            log.info("confirm_sent", attempt=attempt)
+
+
+def run_number(job: Any) -> int:
+    """The job's run: 1, then one more per retry (``status.retry.attempt``)."""
+    retry = job.status.retry
+    return retry.attempt if retry is not None else 1

@@ -21,7 +21,7 @@ from nodetask.phase import count_phases, job_phase
 from nodetask.phases import JobPhase, NodeTaskPhase
 from schemas import v1alpha2
 from schemas.access import node_counts, targeting
-from schemas.core import AGENT_VERSION_ANNOTATION, HUB_ANNOTATION, Node
+from schemas.core import AGENT_VERSION_ANNOTATION, HUB_ANNOTATION, RETRY_ANNOTATION, Node
 from schemas.kinds import NODE_UPGRADE_JOB, Kind
 
 BOTH_SELECTORS: Final = "nodeNames and nodeSelector cannot be specified at the same time"
@@ -74,10 +74,12 @@ def select_nodes(job: v1alpha2.NodeJob, nodes: Mapping[str, Node]) -> list[Selec
     else:
         names = list(dict.fromkeys(t.node_names))
     target = job.spec.version if isinstance(job, v1alpha2.NodeUpgradeJob) else ""
-    return [_verdict(name, nodes.get(name), target) for name in names]
+    return [verdict(name, nodes.get(name), target) for name in names]
 
 
-def _verdict(name: str, node: Node | None, target_version: str) -> Selected:
+def verdict(name: str, node: Node | None, target_version: str) -> Selected:
+    """A selected node's initial entry: Failure if it is gone, not an edge or not ready; Successful if
+    it already runs ``target_version`` (an upgrade's); else Pending."""
     if node is None:
         return Selected(name, NodeTaskPhase.FAILURE, not_found(name))
     if not node.is_edge:
@@ -94,11 +96,24 @@ def initial_status(kind: Kind, job: v1alpha2.NodeJob, nodes: Mapping[str, Node])
     try:
         selected = select_nodes(job, nodes)
     except SelectionError as exc:
-        return msgspec.structs.replace(job.status, phase=JobPhase.FAILURE, reason=str(exc), node_status=())
+        return msgspec.structs.replace(
+            job.status, phase=JobPhase.FAILURE, reason=str(exc), node_status=(), retry=_handled_at_creation(job)
+        )
     entries = tuple(kind.node_status_type(node_name=s.name, phase=s.phase, reason=s.reason) for s in selected)
     return msgspec.structs.replace(
-        job.status, phase=JobPhase.INIT, reason="", node_status=entries, node_counts=node_counts(entries)
+        job.status,
+        phase=JobPhase.INIT,
+        reason="",
+        node_status=entries,
+        node_counts=node_counts(entries),
+        retry=_handled_at_creation(job),
     )
+
+
+def _handled_at_creation(job: v1alpha2.NodeJob) -> v1alpha2.RetryStatus | None:
+    # A retry value the job was created with (a manifest copied from a retried job) asks for nothing.
+    value = job.metadata.annotations.get(RETRY_ANNOTATION)
+    return job.status.retry if value is None else v1alpha2.RetryStatus(handled=value)
 
 
 def is_final(kind: Kind, phase: JobPhase) -> bool:
@@ -115,14 +130,16 @@ def deadline(
 
     A dispatched node has ``timeoutSeconds`` from its dispatch (KubeEdge: from its last report or
     the job's creation, which times out nodes merely queued behind a small concurrency). A Pending
-    node times out only while no hub holds its session, counting from the job's creation.
+    node times out only while no hub holds its session, counting from the job's creation (from its
+    retry, for a retried node).
     """
     timeout = timedelta(seconds=targeting(job).effective_timeout)
+    run_start = _run_start(job, entry)
     if entry.phase is NodeTaskPhase.IN_PROGRESS:
         start = entry.dispatch_time or (entry.action_flow[-1].time if entry.action_flow else "")
-        start = start or job.metadata.creation_timestamp
+        start = start or run_start
     elif entry.phase in (NodeTaskPhase.PENDING, NodeTaskPhase.NONE) and not connected(entry.node_name):
-        start = job.metadata.creation_timestamp
+        start = run_start
     else:
         return None
     try:
@@ -130,6 +147,14 @@ def deadline(
     except ValueError:
         # A foreign writer's unparsable time must not stop the sweep (KubeEdge's ticker dies here).
         return parse_time(job.metadata.creation_timestamp) + timeout if job.metadata.creation_timestamp else None
+
+
+def _run_start(job: v1alpha2.NodeJob, entry: v1alpha2.NodeTaskStatus) -> str:
+    """When ``entry``'s attempt began: its retry's time for a retried node, else the job's creation."""
+    retry = job.status.retry
+    if entry.attempt > 1 and retry is not None and retry.time:
+        return retry.time
+    return job.metadata.creation_timestamp
 
 
 def next_status(

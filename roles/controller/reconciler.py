@@ -23,13 +23,14 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from nodetask.backoff import Backoff
 from nodetask.clock import Clock, format_time
 from nodetask.phases import JobPhase
-from roles.controller import decide
+from roles.controller import decide, retry
 from roles.events import job_event, record_event
 from roles.kube import ApiError, Deleted, Invalid, Kube, NotFound, Relisted, Upserted, WatchEvent
 from roles.kube.resources import NODES, Resource, job_resource
 from schemas.access import counted
 from schemas.core import Node
 from schemas.kinds import Kind
+from schemas.retry import requested_retry
 
 Log = structlog.typing.FilteringBoundLogger
 Key = tuple[str, str]
@@ -204,10 +205,14 @@ class Reconciler:
                 log.info("job_initialised", phase=updated.status.phase, nodes=len(updated.status.node_status))
                 await self._record(kind, updated, decide.notices(job.status, updated.status), log)
             return None
-        if decide.is_final(kind, job.status.phase):
-            # A late report may revive a node after the job ended (its phase stays, as KubeEdge's):
-            # the counts follow. Checked on the cached copy first: final jobs wake often.
-            if counted(job) is not job:
+        retry_asked = requested_retry(meta.annotations, job.status.retry) is not None
+        if retry_asked or decide.is_final(kind, job.status.phase):
+            if retry_asked:
+                # Its write's watch event brings the job back, to be advanced from its new status.
+                await self._retry(kind, job, log)
+            elif counted(job) is not job:
+                # A late report may revive a node after the job ended (its phase stays, as KubeEdge's):
+                # the counts follow. Checked on the cached copy first: final jobs wake often.
                 await self._kube.update_status(resource, meta.name, self._recount())
             return None
         before = job.status
@@ -220,6 +225,29 @@ class Reconciler:
                 log.info("job_phase", phase=updated.status.phase, reason=updated.status.reason)
         due = decide.next_deadline(updated, connected=self._connected)
         return None if due is None else self._clock.loop_time(due)
+
+    async def _retry(self, kind: Kind, job: Any, log: Log) -> None:
+        """Handle the retry annotation's new value: the decision and its record land in one status update."""
+        decided: list[tuple[Any, retry.Retried | None]] = []
+
+        def mutate(fresh: Any) -> Any:
+            outcome = retry.retried(kind, fresh, self._nodes, now=self._clock.now())
+            decided[:] = [(fresh.status, outcome)]
+            return None if outcome is None else msgspec.structs.replace(fresh, status=outcome.status)
+
+        updated = await self._kube.update_status(job_resource(kind), job.metadata.name, mutate, current=job)
+        before, outcome = decided[-1] if decided else (None, None)
+        if updated is None or outcome is None or before is None:
+            return  # handled meanwhile (by another controller, or the job went away)
+        log.info(
+            "job_retried" if not outcome.refusal else "retry_refused",
+            value=outcome.value,
+            attempt=outcome.attempt,
+            pending=len(outcome.pending),
+            settled=len(outcome.settled),
+            refusal=outcome.refusal,
+        )
+        await self._record(kind, updated, [outcome.notice(), *decide.notices(before, updated.status)], log)
 
     def _initialise(self, kind: Kind) -> Any:
         def mutate(job: Any) -> Any:

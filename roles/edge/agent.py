@@ -1,7 +1,10 @@
 """The edge agent: one connection to a hub at a time, node tasks walked locally, every result durable.
 
-* A RunAction is stored before it is acknowledged; a task re-delivered with the same job UID is
-  never run again - its latest recorded result is re-sent instead, so a restarted hub catches up.
+* A RunAction is stored before it is acknowledged; a task re-delivered with the same job UID and
+  attempt is never run again - its latest recorded result is re-sent instead, so a restarted hub
+  catches up. A later attempt (the job was retried) is new work: it replaces the earlier one, whose
+  walk is stopped first if it still runs; its reports name their attempt, so the hub never mistakes
+  them for late reports of the earlier one (nor the reverse).
 * Each action's result and its report are written in one store transaction; reports leave the
   outbox in ``seq`` order and only when the hub acknowledges them (or refuses them for good), so
   an agent restart or an outage loses nothing: the outbox is flushed first on every connection.
@@ -33,6 +36,7 @@ from flows.jobtype import EdgeJobType
 from nodetask.clock import Clock
 from nodetask.link import OpenLink
 from nodetask.messages import (
+    ATTEMPTS_CAPABILITY,
     CACHE_CAPABILITY,
     CACHE_SECRETS_CAPABILITY,
     TYPED_CREDENTIALS,
@@ -104,7 +108,7 @@ class EdgeAgent:
             capabilities=tuple(
                 sorted(
                     {f"{jt}/{action}" for jt, action in actions}
-                    | {CACHE_CAPABILITY, TYPED_CREDENTIALS}
+                    | {ATTEMPTS_CAPABILITY, CACHE_CAPABILITY, TYPED_CREDENTIALS}
                     | ({CACHE_SECRETS_CAPABILITY} if keep_secrets else set())
                 )
             ),
@@ -193,9 +197,10 @@ class EdgeAgent:
             task_status.started()
             await self._hub.run()
 
-    async def confirm(self, job_uid: str) -> bool:
-        """Release a task waiting for confirmation; it resumes with the action after its confirmation point."""
-        return await self._tasks.confirm(job_uid)
+    async def confirm(self, job_uid: str, attempt: int = 0) -> bool:
+        """Release a task waiting for confirmation (at ``attempt``; 0: whichever); it resumes with the action
+        after its confirmation point."""
+        return await self._tasks.confirm(job_uid, attempt)
 
     async def _dispatch(self, msg: Downstream, session: Session) -> None:
         match msg:
@@ -208,10 +213,10 @@ class EdgeAgent:
                 await self._outbox.drop(int(ref), f"{code}: {text}")
             case Error(code=code, message=text):
                 self._log.warning("hub_error", code=code, error=text)
-            case Confirm(job_uid=uid):
-                await self.confirm(uid)
-            case Cancel(job_uid=uid):
-                self._tasks.cancel(uid)
+            case Confirm(job_uid=uid, attempt=attempt):
+                await self.confirm(uid, attempt)
+            case Cancel(job_uid=uid, attempt=attempt):
+                self._tasks.cancel(uid, attempt)
             case CacheObjects() | CacheDeleted() | Autonomy() if CACHE_CAPABILITY in session.capabilities:
                 await self.autonomy.handle(msg)
             case _:
@@ -226,8 +231,10 @@ class EdgeAgent:
         await self.autonomy.serve_session(session.send, task_status=task_status)
 
     async def _on_run_action(self, run: RunAction, session: Session) -> None:
+        attempt = max(run.attempt, 1)  # 0: a hub that knows no attempts, which only sends first ones
         if run.registry_credentials or run.credentials or run.credentials_error:
             self._credentials[run.job_uid] = credentials_of(run)
+        await self._tasks.end_before(run.job_uid, attempt)
         try:
             task, new = await self._store.add_task(
                 job_uid=run.job_uid,
@@ -236,16 +243,17 @@ class EdgeAgent:
                 spec=bytes(run.spec),
                 run_action_id=run.id,
                 action=run.action,
+                attempt=attempt,
             )
         except StoreError as exc:
             # Not acknowledged (the hub re-sends it after the next reconnect), but the reason is reported.
             self._log.error("task_not_stored", job=str(run.route), error=str(exc))
             reason = f"the edge cannot store the task: {exc}"
-            await self._tasks.report_failure(run.route, run.job_uid, run.action, reason)
+            await self._tasks.report_failure(run.route, run.job_uid, run.action, reason, attempt)
             return
         await session.send(Ack(id=run.id))
         if new:
-            self._log.info("task_received", job=str(run.route), action=run.action)
-            self._tasks.start(task.job_uid)
+            self._log.info("task_received", job=str(run.route), action=run.action, attempt=attempt)
+            self._tasks.start(task.job_uid, task.attempt)
         elif not self._tasks.running(task.job_uid):
             await self._outbox.resend_latest(task)

@@ -32,6 +32,7 @@ class Pending(msgspec.Struct, frozen=True, kw_only=True):
     """The note beside a configuration that an update replaced and no agent has yet run healthily."""
 
     job_uid: str
+    """The updating task's key: its job UID, with its attempt for a retry (``NodeTask.key``)."""
     backup: str
     failed: str = ""
     """Why the agent could not start with the new file, once the backup was put back."""

@@ -50,11 +50,11 @@ class _Progress(msgspec.Struct, frozen=True):
 
 
 def _fact(ctx: TaskContext) -> str:
-    return f"config_update/{ctx.task.job_uid}"
+    return f"config_update/{ctx.task.key}"
 
 
 def _backup_path(ctx: TaskContext) -> Path:
-    return ctx.data_dir / "backup" / f"config-{ctx.task.job_uid}.yaml"
+    return ctx.data_dir / "backup" / f"config-{ctx.task.key}.yaml"
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -120,7 +120,7 @@ async def update(ctx: TaskContext) -> Outcome:
             return Outcome(False, problem)
         backup = str(_backup_path(ctx))
         await ctx.store.set_fact(_fact(ctx), _Progress(stage="written", backup=backup))
-        note = msgspec.json.encode(Pending(job_uid=ctx.task.job_uid, backup=backup))
+        note = msgspec.json.encode(Pending(job_uid=ctx.task.key, backup=backup))
         try:
             await anyio.to_thread.run_sync(write_atomically, pending_path(ctx.config_file), note)
             await anyio.to_thread.run_sync(write_atomically, ctx.config_file, msgspec.yaml.encode(new))

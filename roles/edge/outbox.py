@@ -68,6 +68,7 @@ class Outbox:
                 finish_time=last.finish_time,
                 reason=last.reason,
                 extend=last.extend,
+                attempt=task.attempt,
             )
             self.grew()
 
@@ -91,6 +92,7 @@ class Outbox:
                     finish_time=report.finish_time,
                     reason=report.reason,
                     extend=report.extend,
+                    attempt=report.attempt,
                 )
                 await send(frame)
                 sent = report.seq

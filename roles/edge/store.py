@@ -81,7 +81,11 @@ class _Record(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class NodeTask(_Record, frozen=True):
-    """A node task as received from a hub (a RunAction), and how far it has come."""
+    """A node task as received from a hub (a RunAction), and how far it has come.
+
+    A task is its job UID and its attempt (1 unless the job was retried); the store keeps the latest
+    attempt of each job, which replaced the ones before it.
+    """
 
     job_uid: str
     route: str
@@ -92,6 +96,14 @@ class NodeTask(_Record, frozen=True):
     received_at: datetime
     state: TaskState
     current_action: str
+    attempt: int = 1
+
+    @property
+    def key(self) -> str:
+        """What names this attempt's own records on the device (facts, backups, the launcher's marker):
+        the job UID for attempt 1, as before retries existed, so an upgrade in flight across an agent
+        upgrade finds its records; ``<uid>.attempt-<n>`` for a retry, which must not find attempt 1's."""
+        return self.job_uid if self.attempt <= 1 else f"{self.job_uid}.attempt-{self.attempt}"
 
 
 class ActionProgress(_Record, frozen=True):
@@ -117,6 +129,8 @@ class OutboxReport(_Record, frozen=True):
     finish_time: str = ""
     reason: str = ""
     extend: str = ""
+    attempt: int = 0
+    """The attempt the result belongs to; 0 for a report queued by an agent that knew no attempts."""
 
 
 class DroppedReport(_Record, frozen=True):
@@ -156,12 +170,13 @@ def _time(text: str) -> datetime:
     return datetime.fromisoformat(text)
 
 
-_TASK_COLUMNS: Final = "job_uid, route, job_type, spec, run_action_id, received_at, state, current_action"
-_REPORT_COLUMNS: Final = "seq, route, job_uid, action, succ, finish_time, reason, extend"
+_TASK_COLUMNS: Final = "job_uid, route, job_type, spec, run_action_id, received_at, state, current_action, attempt"
+_REPORT_COLUMNS: Final = "seq, route, job_uid, action, succ, finish_time, reason, extend, attempt"
+_REPORT_FIELDS: Final = len(_REPORT_COLUMNS.split(","))
 
 
 def _task(row: tuple[Any, ...]) -> NodeTask:
-    uid, route, job_type, spec, run_action_id, received_at, state, action = row
+    uid, route, job_type, spec, run_action_id, received_at, state, action, attempt = row
     return NodeTask(
         job_uid=uid,
         route=route,
@@ -171,11 +186,12 @@ def _task(row: tuple[Any, ...]) -> NodeTask:
         received_at=_time(received_at),
         state=TaskState(state),
         current_action=action,
+        attempt=attempt,
     )
 
 
 def _report(row: tuple[Any, ...]) -> OutboxReport:
-    seq, route, uid, action, succ, finish_time, reason, extend = row
+    seq, route, uid, action, succ, finish_time, reason, extend, attempt = row
     return OutboxReport(
         seq=seq,
         route=route,
@@ -185,6 +201,7 @@ def _report(row: tuple[Any, ...]) -> OutboxReport:
         finish_time=finish_time,
         reason=reason,
         extend=extend,
+        attempt=attempt,
     )
 
 
@@ -202,8 +219,18 @@ def _require_task(conn: sqlite3.Connection, job_uid: str) -> NodeTask:
 
 def _insert_report(conn: sqlite3.Connection, report: OutboxReport) -> OutboxReport:
     cursor = conn.execute(
-        "INSERT INTO outbox (route, job_uid, action, succ, finish_time, reason, extend) VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (report.route, report.job_uid, report.action, report.succ, report.finish_time, report.reason, report.extend),
+        "INSERT INTO outbox (route, job_uid, action, succ, finish_time, reason, extend, attempt)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            report.route,
+            report.job_uid,
+            report.action,
+            report.succ,
+            report.finish_time,
+            report.reason,
+            report.extend,
+            report.attempt,
+        ),
     )
     assert cursor.lastrowid is not None
     return msgspec.structs.replace(report, seq=cursor.lastrowid)
@@ -252,16 +279,29 @@ class EdgeStore:
     # ------------------------------------------------------------------------------- node tasks
 
     async def add_task(
-        self, *, job_uid: str, route: str, job_type: str, spec: bytes, run_action_id: str, action: str
+        self,
+        *,
+        job_uid: str,
+        route: str,
+        job_type: str,
+        spec: bytes,
+        run_action_id: str,
+        action: str,
+        attempt: int = 1,
     ) -> tuple[NodeTask, bool]:
         """Store a received node task, starting at ``action``; returns the stored task and whether this call
-        stored it. A task already known by its job UID is left as it is (a re-delivered RunAction)."""
+        stored it.
+
+        A task already known by its job UID and ``attempt`` is left as it is (a re-delivered
+        RunAction), as is one at a later attempt (this RunAction is stale). A later attempt (a retry)
+        replaces the stored one: its results and any exclusive hold go with it, in the same
+        transaction. The caller stops walking the replaced attempt first."""
         received_at = self._now()
 
         def op(conn: sqlite3.Connection) -> tuple[NodeTask, bool]:
             with transaction(conn):
                 existing = _get_task(conn, job_uid)
-                if existing is not None:
+                if existing is not None and existing.attempt >= attempt:
                     return existing, False
                 task = NodeTask(
                     job_uid=job_uid,
@@ -272,10 +312,25 @@ class EdgeStore:
                     received_at=received_at,
                     state=TaskState.RUNNING,
                     current_action=action,
+                    attempt=attempt,
                 )
+                if existing is not None:
+                    conn.execute("DELETE FROM action_progress WHERE job_uid = ?", (job_uid,))
+                    conn.execute("DELETE FROM exclusive_hold WHERE job_uid = ?", (job_uid,))
+                    conn.execute("DELETE FROM node_tasks WHERE job_uid = ?", (job_uid,))
                 conn.execute(
-                    f"INSERT INTO node_tasks ({_TASK_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (job_uid, route, job_type, spec, run_action_id, _stamp(received_at), str(task.state), action),
+                    f"INSERT INTO node_tasks ({_TASK_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        job_uid,
+                        route,
+                        job_type,
+                        spec,
+                        run_action_id,
+                        _stamp(received_at),
+                        str(task.state),
+                        action,
+                        attempt,
+                    ),
                 )
                 return task, True
 
@@ -320,14 +375,26 @@ class EdgeStore:
     # --------------------------------------------------------------------------------- progress
 
     async def record_result(
-        self, progress: ActionProgress, *, state: TaskState, current_action: str | None = None
+        self,
+        progress: ActionProgress,
+        *,
+        state: TaskState,
+        current_action: str | None = None,
+        attempt: int | None = None,
     ) -> OutboxReport:
         """Record an action's result, queue its report and move the task to ``state`` (and ``current_action``,
-        default the action reported), all in one transaction. Errors: :class:`TaskNotFoundError`."""
+        default the action reported), all in one transaction; the report names the task's attempt.
+
+        Errors: :class:`TaskNotFoundError`, also when the stored task is not at ``attempt`` (when given):
+        a retry replaced it, and this result belongs to nothing stored any more."""
 
         def op(conn: sqlite3.Connection) -> OutboxReport:
             with transaction(conn):
                 task = _require_task(conn, progress.job_uid)
+                if attempt is not None and task.attempt != attempt:
+                    raise TaskNotFoundError(
+                        f"the node task of job UID {progress.job_uid!r} is at attempt {task.attempt}, not {attempt}"
+                    )
                 conn.execute(
                     "INSERT INTO action_progress (job_uid, action, succ, finish_time, reason, extend)"
                     " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (job_uid, action) DO UPDATE SET succ = excluded.succ,"
@@ -352,6 +419,7 @@ class EdgeStore:
                         finish_time=progress.finish_time,
                         reason=progress.reason,
                         extend=progress.extend,
+                        attempt=task.attempt,
                     ),
                 )
                 conn.execute(
@@ -390,6 +458,7 @@ class EdgeStore:
         finish_time: str = "",
         reason: str = "",
         extend: str = "",
+        attempt: int = 0,
     ) -> OutboxReport:
         """Queue a report not tied to a stored result (use :meth:`record_result` for those); returns it with its seq."""
         draft = OutboxReport(
@@ -401,6 +470,7 @@ class EdgeStore:
             finish_time=finish_time,
             reason=reason,
             extend=extend,
+            attempt=attempt,
         )
         return await self._call(lambda conn: _insert_report(conn, draft))
 
@@ -451,7 +521,12 @@ class EdgeStore:
         def op(conn: sqlite3.Connection) -> tuple[DroppedReport, ...]:
             rows = conn.execute(f"SELECT {_REPORT_COLUMNS}, drop_reason, dropped_at FROM dropped_reports ORDER BY seq")
             return tuple(
-                DroppedReport(report=_report(row[:8]), reason=row[8], dropped_at=_time(row[9])) for row in rows
+                DroppedReport(
+                    report=_report(row[:_REPORT_FIELDS]),
+                    reason=row[_REPORT_FIELDS],
+                    dropped_at=_time(row[_REPORT_FIELDS + 1]),
+                )
+                for row in rows
             )
 
         return await self._call(op)

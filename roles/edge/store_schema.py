@@ -139,6 +139,19 @@ _MIGRATIONS: Final = (
             "CREATE TABLE cache_kinds (kind TEXT PRIMARY KEY, resource_version INTEGER NOT NULL)",
         ),
     ),
+    # Retries: a task is its job UID and attempt. One row per job UID still (an attempt replaces the
+    # one before it), so the keys stay and an agent of version 1, rolled back onto this file, reads
+    # and writes it as before: its tasks are attempt 1, and its reports, stored with attempt 0 ("not
+    # said"), apply to the node's current attempt, as they always did.
+    _Migration(
+        version=3,
+        oldest_reader=1,
+        statements=(
+            "ALTER TABLE node_tasks ADD COLUMN attempt INTEGER NOT NULL DEFAULT 1",
+            "ALTER TABLE outbox ADD COLUMN attempt INTEGER NOT NULL DEFAULT 0",
+            "ALTER TABLE dropped_reports ADD COLUMN attempt INTEGER NOT NULL DEFAULT 0",
+        ),
+    ),
 )
 
 SCHEMA_VERSION: Final = _MIGRATIONS[-1].version

@@ -77,7 +77,7 @@ class _Options:
 
 
 def _fact(ctx: TaskContext) -> str:
-    return f"node_upgrade/{ctx.task.job_uid}"
+    return f"node_upgrade/{ctx.task.key}"
 
 
 def _options(ctx: TaskContext) -> _Options:
@@ -172,7 +172,7 @@ async def upgrade(ctx: TaskContext) -> Outcome:
             return Outcome(True, extend=f"{to},{to}")  # nothing to install; no restart needed
         return await _install_and_switch(ctx)
     found = await anyio.to_thread.run_sync(read_marker, ctx.data_dir)
-    marker = found if found is not None and found.job_uid == ctx.task.job_uid else None
+    marker = found if found is not None and found.job_uid == ctx.task.key else None
     if progress.stage == "healthy":
         return Outcome(True, extend=f"{progress.from_version},{to}")
     if progress.stage != "switched":
@@ -190,7 +190,7 @@ async def upgrade(ctx: TaskContext) -> Outcome:
 
 def _marker(ctx: TaskContext, progress: _Progress, deadline: float) -> UpgradeMarker:
     return UpgradeMarker(
-        job_uid=ctx.task.job_uid,
+        job_uid=ctx.task.key,
         from_version=progress.from_version,
         to_version=progress.to_version,
         previous=progress.previous,
@@ -267,7 +267,7 @@ async def roll_back(ctx: TaskContext) -> Outcome:
     if ctx.version == progress.to_version and progress.stage in ("switched", "healthy"):
         # Running the new version: point back at the previous one and restart onto it; its RollBack reports.
         marker = UpgradeMarker(
-            job_uid=ctx.task.job_uid,
+            job_uid=ctx.task.key,
             from_version=progress.from_version,
             to_version=progress.to_version,
             previous=progress.previous,

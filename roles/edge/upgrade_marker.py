@@ -50,6 +50,8 @@ class UpgradeMarker(msgspec.Struct, frozen=True, kw_only=True):
     """The self-upgrade in progress on this device (fields only ever added, with defaults)."""
 
     job_uid: str
+    """The upgrading task's key: its job UID, with its attempt for a retry (``NodeTask.key``), so that a
+    retried upgrade is a new switch with its own deadline."""
     from_version: str
     to_version: str
     previous: str

@@ -1,7 +1,9 @@
 """Node tasks walked on the device: each action run in its flow's order, each result recorded with its report.
 
 * A task's walk runs in its own cancel scope, owned by the runner's task group; a Cancel from the
-  hub cancels it, and the cancellation is recorded (and reported) as the task's failure.
+  hub cancels it, and the cancellation is recorded (and reported) as the task's failure. So does a
+  retry of the job (a later attempt) arriving while an earlier attempt still walks: the earlier one
+  ends first, then the retry replaces it in the store.
 * Each action's result and its report are written in one store transaction (:meth:`_record`),
   shielded, so a cancellation never leaves a result unreported.
 * Tasks interrupted by an agent restart resume at their first unrecorded action; which action
@@ -12,6 +14,7 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Final, final
 
 import anyio
@@ -36,6 +39,18 @@ DRAIN_BEFORE_RESTART_S: Final = 3.0
 MAX_RAISED_REASON: Final = 500
 """Characters of an unexpected exception kept in the failure it becomes (its text may echo any input)."""
 _FINISHED: Final = NextStep(None)
+CANCELLED: Final = "cancelled: the job was deleted or interrupted in the cloud"
+
+
+@dataclass(slots=True)
+class _Walk:
+    """One task being walked: its attempt, the scope that stops it, and when it ended."""
+
+    attempt: int
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    ended: anyio.Event = field(default_factory=anyio.Event)
+    why: str = CANCELLED
+    """What its failure says when it is cancelled."""
 
 
 @final
@@ -65,15 +80,15 @@ class TaskRunner:
         self._send_now = send_now
         self._log = log
         self._work: anyio.abc.TaskGroup | None = None
-        self._running: dict[str, anyio.CancelScope] = {}
+        self._running: dict[str, _Walk] = {}
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Resume the stored running tasks, then keep walking the started ones until cancelled."""
         async with anyio.create_task_group() as work:
             self._work = work
             for task in await self._store.tasks(TaskState.RUNNING):
-                self._log.info("task_resumed", job=task.route, action=task.current_action)
-                self.start(task.job_uid)
+                self._log.info("task_resumed", job=task.route, action=task.current_action, attempt=task.attempt)
+                self.start(task.job_uid, task.attempt)
             task_status.started()
             await anyio.sleep_forever()
 
@@ -81,32 +96,43 @@ class TaskRunner:
         """Whether this task is being walked now."""
         return job_uid in self._running
 
-    def start(self, job_uid: str) -> None:
-        """Walk the stored task ``job_uid`` from where it stands, unless it is being walked already."""
+    def start(self, job_uid: str, attempt: int) -> None:
+        """Walk the stored task ``job_uid`` (at ``attempt``) from where it stands, unless it is being walked already."""
         assert self._work is not None, "start() before run() is ready"
         if job_uid not in self._running:
-            scope = self._running[job_uid] = anyio.CancelScope()
-            self._work.start_soon(self._walk, job_uid, scope, name=f"task {job_uid}")
+            walk = self._running[job_uid] = _Walk(attempt)
+            self._work.start_soon(self._walk, job_uid, walk, name=f"task {job_uid}")
 
-    def cancel(self, job_uid: str) -> None:
-        """Stop walking ``job_uid``; the cancellation is recorded as its failure."""
-        scope = self._running.get(job_uid)
-        if scope is not None:
-            self._log.info("task_cancelled", uid=job_uid)
-            scope.cancel()
+    def cancel(self, job_uid: str, attempt: int = 0) -> None:
+        """Stop walking ``job_uid`` at ``attempt`` (0: any); the cancellation is recorded as its failure."""
+        walk = self._running.get(job_uid)
+        if walk is not None and attempt in (0, walk.attempt):
+            self._log.info("task_cancelled", uid=job_uid, attempt=walk.attempt)
+            walk.scope.cancel()
 
-    async def confirm(self, job_uid: str) -> bool:
-        """Release a task waiting for confirmation; it resumes with the action after its confirmation point."""
+    async def end_before(self, job_uid: str, attempt: int) -> None:
+        """Stop walking any attempt of ``job_uid`` before ``attempt`` (a retry came), and wait until it has ended."""
+        walk = self._running.get(job_uid)
+        if walk is None or walk.attempt >= attempt:
+            return
+        self._log.info("task_superseded", uid=job_uid, attempt=walk.attempt, by=attempt)
+        walk.why = f"cancelled: attempt {attempt} of the job replaced attempt {walk.attempt}"
+        walk.scope.cancel()
+        await walk.ended.wait()
+
+    async def confirm(self, job_uid: str, attempt: int = 0) -> bool:
+        """Release a task waiting for confirmation (at ``attempt``; 0: whichever); it resumes with the action
+        after its confirmation point."""
         task = await self._store.get_task(job_uid)
-        if task is None or task.state is not TaskState.WAITING_CONFIRMATION:
+        if task is None or task.state is not TaskState.WAITING_CONFIRMATION or attempt not in (0, task.attempt):
             return False
         # A paused task's current action is already the one after the confirmation point.
         await self._store.set_task_state(job_uid, state=TaskState.RUNNING, current_action=task.current_action)
-        self._log.info("task_confirmed", job=task.route)
-        self.start(job_uid)
+        self._log.info("task_confirmed", job=task.route, attempt=task.attempt)
+        self.start(job_uid, task.attempt)
         return True
 
-    async def report_failure(self, route: Route, job_uid: str, action: str, reason: str) -> None:
+    async def report_failure(self, route: Route, job_uid: str, action: str, reason: str, attempt: int = 0) -> None:
         """Send a failure report outside the outbox (``seq`` 0, nothing to acknowledge): best effort.
 
         For when the store itself is what fails; the task stays where its last recorded result left
@@ -120,10 +146,12 @@ class TaskRunner:
             succ=False,
             finish_time=self._clock.stamp(),
             reason=reason,
+            attempt=attempt,
         )
         await self._send_now(report)
 
-    async def _walk(self, job_uid: str, scope: anyio.CancelScope) -> None:
+    async def _walk(self, job_uid: str, walk: _Walk) -> None:
+        scope = walk.scope
         try:
             with scope:
                 try:
@@ -135,14 +163,14 @@ class TaskRunner:
                     raise
             if scope.cancelled_caught:
                 task = await self._store.get_task(job_uid)
-                if task is not None and task.state is not TaskState.FINISHED:
-                    cancelled = Outcome(False, "cancelled: the job was deleted or interrupted in the cloud")
-                    await self._record(task, task.current_action, cancelled)
+                if task is not None and task.attempt == walk.attempt and task.state is not TaskState.FINISHED:
+                    await self._record(task, task.current_action, Outcome(False, walk.why))
         except StoreError as exc:
             # The store could not record a result; the task resumes from its last record next start.
             self._log.error("task_stalled", uid=job_uid, error=str(exc))
         finally:
             del self._running[job_uid]
+            walk.ended.set()
 
     def _context(self, task: NodeTask, spec: object) -> TaskContext:
         settings = self._settings
@@ -163,7 +191,7 @@ class TaskRunner:
         task = await self._store.get_task(job_uid)
         if task is None:
             return
-        log = self._log.bind(job=task.route)
+        log = self._log.bind(job=task.route, attempt=task.attempt)
         jt = self._types.get(task.job_type)
         if jt is None:
             await self._record(task, task.current_action, Outcome(False, f"unknown job type {task.job_type}"))
@@ -214,7 +242,9 @@ class TaskRunner:
         # Shielded: a Cancel arriving mid-write must not leave a result unreported.
         with anyio.CancelScope(shield=True):
             try:
-                await self._store.record_result(progress, state=state, current_action=after or action)
+                await self._store.record_result(
+                    progress, state=state, current_action=after or action, attempt=task.attempt
+                )
                 jt = self._types.get(task.job_type)
                 if state is TaskState.FINISHED and jt is not None and jt.exclusive:
                     await self._store.end_exclusive(task.job_uid)
@@ -227,7 +257,7 @@ class TaskRunner:
         """The store cannot take a result (disk full, read-only): tell the hub, as a failure."""
         self._log.error("result_not_recorded", job=task.route, action=action, error=str(error))
         reason = f"the edge cannot record the result of {action}: {error}"
-        await self.report_failure(Route.parse(task.route), task.job_uid, action, reason)
+        await self.report_failure(Route.parse(task.route), task.job_uid, action, reason, task.attempt)
 
 
 def _propagates(exc: Exception) -> bool:

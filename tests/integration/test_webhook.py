@@ -290,7 +290,7 @@ async def test_spec_is_immutable_but_metadata_and_status_may_change(cluster: Clu
     stored["spec"]["version"] = "v1.22.0"
     result = await cluster.replace(stored)
     assert result.returncode != 0
-    assert "spec: spec fields are not allowed to update once it's created" in result.stderr
+    assert "spec.version: spec fields are not allowed to update once it's created" in result.stderr
 
     stored = await cluster.get("nodeupgradejobs", name)
     stored["metadata"]["labels"]["extra"] = "yes"
@@ -312,6 +312,55 @@ async def test_spec_is_immutable_but_metadata_and_status_may_change(cluster: Clu
     assert stored["status"]["phase"] == "InProgress"
     assert stored["metadata"]["labels"]["extra"] == "yes"
     assert stored["spec"]["version"] == "v1.21.0"
+
+
+RETRY = "nodetask.kubeedge.io/retry"
+
+
+async def _stored_with_status(cluster: Cluster, phase: str, *node_phases: str) -> str:
+    """A pre-pull stored with this status (written as the controller would, through the status subresource)."""
+    job = cluster.job("ImagePrePullJob", prepull_spec(nodeNames=[f"edge-{i}" for i in range(len(node_phases))]))
+    name: str = job["metadata"]["name"]
+    assert (await cluster.create(job)).returncode == 0
+    entries = [{"nodeName": f"edge-{i}", "phase": p} for i, p in enumerate(node_phases)]
+    status = msgspec.json.encode({"status": {"phase": phase, "nodeStatus": entries}}).decode()
+    result = await cluster.kubectl(
+        "patch", "imageprepulljob", name, "--subresource=status", "--type=merge", "-p", status
+    )
+    assert result.returncode == 0, result.stderr
+    return name
+
+
+async def test_a_retry_of_a_job_still_in_progress_is_refused_with_the_reason(cluster: Cluster) -> None:
+    """kubectl annotate of a new retry value on an InProgress job is denied, saying why; on a Failure job it passes."""
+    running = await _stored_with_status(cluster, "InProgress", "Failure", "InProgress")
+    result = await cluster.kubectl("annotate", "imageprepulljob", running, f"{RETRY}=1")
+    assert result.returncode != 0
+    assert f'admission webhook "{VALIDATING_WEBHOOK_NAME}" denied the request' in result.stderr
+    assert f"metadata.annotations[{RETRY}]: cannot retry: the job is InProgress" in result.stderr
+
+    failed = await _stored_with_status(cluster, "Failure", "Failure", "Successful")
+    result = await cluster.kubectl("annotate", "imageprepulljob", failed, f"{RETRY}=1")
+    assert result.returncode == 0, result.stderr
+
+
+async def test_a_failure_job_may_tune_its_retry_but_an_immutable_field_is_refused_naming_it(cluster: Cluster) -> None:
+    """On a Failure job, concurrency may change before a retry; its images may not, and the refusal names them."""
+    name = await _stored_with_status(cluster, "Failure", "Failure")
+    tune = msgspec.json.encode({"spec": {"imagePrePullTemplate": {"concurrency": 4, "retryTimes": 2}}}).decode()
+    result = await cluster.kubectl("patch", "imageprepulljob", name, "--type=merge", "-p", tune)
+    assert result.returncode == 0, result.stderr
+    template = (await cluster.get("imageprepulljobs", name))["spec"]["imagePrePullTemplate"]
+    assert (template["concurrency"], template["retryTimes"]) == (4, 2)
+
+    change = msgspec.json.encode({"spec": {"imagePrePullTemplate": {"images": ["busybox:1.36"]}}}).decode()
+    result = await cluster.kubectl("patch", "imageprepulljob", name, "--type=merge", "-p", change)
+    assert result.returncode != 0
+    assert (
+        "spec.imagePrePullTemplate.images: spec fields are not allowed to update once it's created"
+        " (only timeoutSeconds, concurrency, failureTolerate, checkItems, retryTimes, imageSecrets may change"
+        " before a retry; a different node task is a new job)"
+    ) in result.stderr
 
 
 async def test_decisions_are_counted_and_exposed_on_metrics(cluster: Cluster) -> None:

@@ -37,6 +37,7 @@ from nodetask import messages
 from nodetask.clock import Clock
 from nodetask.link import Link, LinkClosed, MemoryLink, memory_links
 from nodetask.messages import (
+    ATTEMPTS_CAPABILITY,
     TYPED_CREDENTIALS,
     Ack,
     Cancel,
@@ -86,13 +87,14 @@ def clock() -> MockClock:
     return MockClock(autojump_threshold=0.005)
 
 
-def run_action(job: str, *, action: str = imageprepulljob.CHECK) -> RunAction:
+def run_action(job: str, *, action: str = imageprepulljob.CHECK, attempt: int = 0) -> RunAction:
     return RunAction(
-        id=f"run-{job}",
+        id=f"run-{job}" + (f"-{attempt}" if attempt else ""),
         route=Route(API_VERSION, PREPULL, job, NODE),
         job_uid=f"uid-{job}",
         action=action,
         spec=SPEC,
+        attempt=attempt,
     )
 
 
@@ -587,3 +589,67 @@ async def test_an_agent_reads_the_string_credentials_of_an_old_hub(tmp_path: Pat
         await session.link.send(json.dumps(frame).encode())
         assert await session.receive() == Ack(id="run-old")
         assert edge.agent.credentials("uid-old") == ({IMAGE: AUTH}, "")
+
+
+def attempts(reports: list[Report]) -> list[tuple[str, bool, int]]:
+    return [(r.action, r.succ, r.attempt) for r in reports]
+
+
+async def test_the_agent_announces_that_it_keys_tasks_by_attempt(tmp_path: Path, clock: MockClock) -> None:
+    """Its Hello carries the 'attempts' capability, which hubs require before sending it a retry."""
+    async with running_edge(tmp_path) as edge:
+        await edge.hub.accept()
+        assert ATTEMPTS_CAPABILITY in edge.hub.hellos[0].capabilities
+
+
+async def test_a_retry_runs_the_task_again_and_its_reports_name_the_attempt(tmp_path: Path, clock: MockClock) -> None:
+    """Attempt 2 of a finished task runs every action again; re-sent, attempt 2 or a late attempt 1 runs nothing."""
+    async with running_edge(tmp_path) as edge:
+        session = await edge.hub.accept()
+        await session.send(run_action("a"))
+        assert await session.receive() == Ack(id="run-a")
+        assert attempts(await session.reports(2)) == [("Check", True, 1), ("Pull", True, 1)]
+
+        await session.send(run_action("a", attempt=2))
+        assert await session.receive() == Ack(id="run-a-2")
+        assert attempts(await session.reports(2)) == [("Check", True, 2), ("Pull", True, 2)]
+        assert edge.actions.runs == [("uid-a", "Check"), ("uid-a", "Pull")] * 2
+
+        for late in (run_action("a", attempt=2), run_action("a", attempt=1)):
+            await session.send(late)
+            assert await session.receive() == Ack(id=late.id)
+            assert attempts(await session.reports(1)) == [("Pull", True, 2)]  # the newest result, resent
+        assert len(edge.actions.runs) == 4
+        task = await edge.store.get_task("uid-a")
+        assert task is not None
+        assert (task.attempt, task.state) == (2, TaskState.FINISHED)
+
+
+async def test_a_retry_arriving_while_the_first_attempt_still_runs_ends_it_first(
+    tmp_path: Path, clock: MockClock
+) -> None:
+    """A Pull of attempt 1 still running is cancelled and reported failed as attempt 1; then attempt 2 runs."""
+    async with running_edge(tmp_path, block_pull=True) as edge:
+        session = await edge.hub.accept()
+        await session.send(run_action("a"))
+        assert await session.receive() == Ack(id="run-a")
+        assert attempts(await session.reports(1)) == [("Check", True, 1)]
+        await edge.actions.pull_started.wait()
+        edge.actions.pull_started = anyio.Event()
+
+        await session.send(run_action("a", attempt=2))
+        frames = [await session.receive() for _ in range(3)]  # the Ack goes out beside the outbox's reports
+        assert Ack(id="run-a-2") in frames
+        superseded, check = [f for f in frames if isinstance(f, Report)]
+        assert attempts([superseded, check]) == [("Pull", False, 1), ("Check", True, 2)]
+        assert superseded.reason == "cancelled: attempt 2 of the job replaced attempt 1"
+        await edge.actions.pull_started.wait()
+
+        # A Cancel meant for attempt 1 (from a hub that stopped its run late) leaves attempt 2 running.
+        await session.send(Cancel(route=superseded.route, job_uid="uid-a", attempt=1))
+        await session.send(run_action("b"))
+        assert await session.receive() == Ack(id="run-b")
+        assert edge.agent._tasks.running("uid-a")
+        await session.send(Cancel(route=superseded.route, job_uid="uid-a", attempt=2))
+        reports = [r for r in await session.reports(2) if r.job_uid == "uid-a"]  # and b's Check
+        assert attempts(reports) == [("Pull", False, 2)]

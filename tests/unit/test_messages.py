@@ -31,6 +31,7 @@ upstream = st.one_of(
         finish_time=text,
         reason=text,
         extend=text,
+        attempt=st.integers(0, 2**31 - 1),
     ),
     st.builds(m.Heartbeat, sent_at=st.floats(0, 1e9)),
     st.builds(m.Error, code=text, message=text, ref=text),
@@ -46,10 +47,11 @@ downstream = st.one_of(
         spec=st.just(msgspec.Raw(b'{"imagePrePullTemplate":{"images":["busybox"]}}')),
         credentials=st.dictionaries(text, text, max_size=2),
         registry_credentials=st.dictionaries(text, st.builds(m.RegistryAuth, text, text, text, text, text), max_size=2),
+        attempt=st.integers(0, 2**31 - 1),
     ),
     st.builds(m.ReportAck, job_uid=text, seq=st.integers(0, 2**62)),
-    st.builds(m.Confirm, route=st.just(ROUTE), job_uid=text),
-    st.builds(m.Cancel, route=st.just(ROUTE), job_uid=text),
+    st.builds(m.Confirm, route=st.just(ROUTE), job_uid=text, attempt=st.integers(0, 9)),
+    st.builds(m.Cancel, route=st.just(ROUTE), job_uid=text, attempt=st.integers(0, 9)),
 )
 
 
@@ -102,6 +104,43 @@ def test_unknown_fields_from_newer_peers_are_ignored() -> None:
     """A frame with fields this version does not know still decodes."""
     frame = b'{"op":"hello","node":"edge-1","version":"v2","capabilities":["prepull"],"zone":"eu","flags":{"x":1}}'
     assert m.decode_upstream(frame) == m.Hello(node="edge-1", version="v2", capabilities=("prepull",))
+
+
+def test_frames_of_peers_that_know_no_attempts_decode_with_attempt_zero() -> None:
+    """A report, RunAction, Cancel or Confirm without an attempt (an older peer) decodes with 0: "not said"."""
+    route = str(ROUTE)
+    report = m.decode_upstream(
+        f'{{"op":"report","route":"{route}","jobUid":"u","seq":1,"action":"Pull","succ":true}}'.encode()
+    )
+    assert isinstance(report, m.Report)
+    assert report.attempt == 0
+    run = m.decode_downstream(
+        f'{{"op":"run_action","id":"1","route":"{route}","jobUid":"u","action":"Check","spec":{{}}}}'.encode()
+    )
+    assert isinstance(run, m.RunAction)
+    assert run.attempt == 0
+    for op in ("cancel", "confirm"):
+        msg = m.decode_downstream(f'{{"op":"{op}","route":"{route}","jobUid":"u"}}'.encode())
+        assert isinstance(msg, m.Cancel | m.Confirm)
+        assert msg.attempt == 0
+
+
+class _RunActionBeforeAttempts(
+    msgspec.Struct, frozen=True, kw_only=True, rename="camel", tag_field="op", tag="run_action"
+):
+    """RunAction as agents built before retries decode it."""
+
+    id: str
+    route: str
+    job_uid: str
+    action: str
+
+
+def test_an_older_agent_decodes_a_run_action_that_names_its_attempt() -> None:
+    """The attempt is an addition with a default: a decoder that does not know it still reads the frame."""
+    run = m.RunAction(id="1", route=ROUTE, job_uid="u", action="Check", spec=msgspec.Raw(b"{}"), attempt=2)
+    decoded = msgspec.json.decode(m.encode(run), type=_RunActionBeforeAttempts)
+    assert (decoded.job_uid, decoded.action) == ("u", "Check")
 
 
 @pytest.mark.parametrize(

@@ -345,12 +345,114 @@ def test_accepted_jobs_decode_into_the_api_types(obj: dict[str, Any]) -> None:
 
 
 def test_spec_change_on_update_is_rejected_with_kubeedges_text() -> None:
-    """Changing any spec field on UPDATE is refused with KubeEdge's message at spec."""
+    """Changing a spec field of a job that is not Failure is refused with KubeEdge's message, naming the field."""
     old = upgrade()
     new = upgrade(version="v1.22.0")
     errors = validate_update(new, old)
-    assert errors == (FieldError(path="spec", message=IMMUTABLE_SPEC_MESSAGE),)
-    assert str(errors[0]) == "spec: spec fields are not allowed to update once it's created"
+    assert paths(errors) == ["spec.version"]
+    assert str(errors[0]).startswith("spec.version: spec fields are not allowed to update once it's created (")
+    assert "the job is not initialised yet" in errors[0].message
+
+
+def with_status(job: dict[str, Any], phase: str, *node_phases: str, **annotations: str) -> dict[str, Any]:
+    entries = [{"nodeName": f"edge-{i}", "phase": p} for i, p in enumerate(node_phases)]
+    job = copy.deepcopy(job) | {"status": {"phase": phase, "nodeStatus": entries}}
+    if annotations:
+        job["metadata"]["annotations"] = annotations
+    return job
+
+
+RETRY = "nodetask.kubeedge.io/retry"
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "field"),
+    [
+        (prepull(concurrency=1), prepull(concurrency=3), None),
+        (prepull(), prepull(imageSecrets="kube-system/regcred", retryTimes=2, checkItems=["disk"]), None),
+        (upgrade(failureTolerate="0.1"), upgrade(failureTolerate="0.5", timeoutSeconds=60), None),
+        (config_update(), config_update(concurrency=2), None),
+        (prepull(), prepull(images=["busybox:1.36"]), "spec.imagePrePullTemplate.images"),
+        (prepull(), prepull(nodeNames=["edge-2"]), "spec.imagePrePullTemplate.nodeNames"),
+        (upgrade(), upgrade(version="v1.22.0"), "spec.version"),
+        (upgrade(), upgrade(image="other/package"), "spec.image"),
+        (upgrade(), upgrade(requireConfirmation=True), "spec.requireConfirmation"),
+        (config_update(), config_update(updateFields={"logLevel": "info"}), "spec.updateFields"),
+    ],
+)
+def test_a_failure_job_may_tune_its_execution_but_never_change_its_task(
+    before: dict[str, Any], after: dict[str, Any], field: str | None
+) -> None:
+    """On a Failure job the fields a retry may tune change; what a node task is stays, refused naming the field."""
+    old = with_status(before, "Failure", "Failure")
+    new = with_status(after, "Failure", "Failure")
+    errors = validate_update(new, old, policy=POLICY)
+    if field is None:
+        assert errors == ()
+    else:
+        assert paths(errors) == [field]
+        assert errors[0].message.startswith(IMMUTABLE_SPEC_MESSAGE)
+        assert "a different node task is a new job" in errors[0].message
+
+
+@pytest.mark.parametrize("phase", ["Init", "InProgress", "Completed"])
+def test_only_a_failure_job_may_tune_its_spec(phase: str) -> None:
+    """A tunable field is still immutable while the job runs or once it completed, and the reason says so."""
+    old = with_status(prepull(), phase, "Failure")
+    [error] = validate_update(with_status(prepull(concurrency=5), phase, "Failure"), old, policy=POLICY)
+    assert error.path == "spec.imagePrePullTemplate.concurrency"
+    assert f"the job is {phase}; only a Failure job may change" in error.message
+
+
+def test_a_tuned_spec_is_validated_whole() -> None:
+    """A tunable field changed to an invalid value is refused as on creation."""
+    old = with_status(prepull(), "Failure", "Failure")
+    errors = validate_update(with_status(prepull(concurrency=0), "Failure", "Failure"), old, policy=POLICY)
+    assert paths(errors) == ["spec.imagePrePullTemplate.concurrency"]
+
+
+@pytest.mark.parametrize(
+    ("phase", "nodes", "refusal"),
+    [
+        ("InProgress", ("Failure", "InProgress"), "the job is InProgress: only a finished job"),
+        ("Init", ("Pending",), "the job is Init"),
+        ("Completed", ("Successful",), "no node of the job failed or timed out: there is nothing to retry"),
+        ("Failure", ("Failure", "Unknown"), None),
+        ("Completed", ("Successful", "Unknown"), None),
+    ],
+)
+def test_a_new_retry_value_is_admitted_only_on_a_finished_job_with_nodes_to_retry(
+    phase: str, nodes: tuple[str, ...], refusal: str | None
+) -> None:
+    """The retry annotation's new value is refused, with the reason, unless the job finished with failed nodes."""
+    old = with_status(prepull(), phase, *nodes)
+    new = with_status(prepull(), phase, *nodes, **{RETRY: "1"})
+    errors = validate_update(new, old, policy=POLICY)
+    if refusal is None:
+        assert errors == ()
+    else:
+        assert paths(errors) == [f"metadata.annotations[{RETRY}]"]
+        assert refusal in errors[0].message
+
+
+def test_an_unchanged_or_already_handled_retry_value_asks_for_nothing() -> None:
+    """Keeping the annotation, or setting it back to the handled value, is admitted whatever the phase."""
+    old = with_status(prepull(), "InProgress", "InProgress", **{RETRY: "2"})
+    old["status"]["retry"] = {"handled": "1", "attempt": 2}
+    labelled = copy.deepcopy(old)
+    labelled["metadata"]["labels"] = {"a": "b"}
+    assert validate_update(labelled, old) == ()
+    back = with_status(prepull(), "InProgress", "InProgress", **{RETRY: "1"})
+    assert validate_update(back, old) == ()
+    empty_handled = with_status(prepull(), "InProgress", "InProgress", **{RETRY: ""})
+    assert validate_update(empty_handled, old | {"status": {"phase": "InProgress", "retry": {}}}) == ()
+
+
+def test_a_retry_through_v1alpha1_is_refused_naming_the_version_to_use() -> None:
+    """v1alpha1's status has no phase, so a retry asked through it is refused with where to ask instead."""
+    old = with_status(prepull(V1), "Failure", "Failure")
+    [error] = validate_update(with_status(prepull(V1), "Failure", "Failure", **{RETRY: "x"}), old)
+    assert f"set it through {V2}" in error.message
 
 
 def test_metadata_and_status_may_change_on_update() -> None:

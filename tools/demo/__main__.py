@@ -13,7 +13,10 @@ What runs, all on loopback and all owned by this process:
   and N ``--role=edge`` agents split across the hubs, each with its own config, token and store.
 
 Then the sample jobs in ``containers/samples`` are applied and followed live until every job ends
-(or the time limit), a summary says what happened and why, and everything is stopped again - on
+(or the time limit). The tolerant pre-pull fails on the node whose disk check cannot pass; the demo
+then frees that node's disk threshold with a ConfigUpdateJob and retries the pre-pull (the
+``nodetask.kubeedge.io/retry`` annotation), which runs again on that node only. A summary says
+what happened and why, each retried node's two attempts included, and everything is stopped again - on
 Ctrl-C too. Whatever is not built yet in nodetaskd shows up as the reason the nodes report, never
 hidden. The state directory (default ``~/.cache/nodetaskd/demo``) keeps configs and logs until the
 next run wipes it.
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import fcntl
 import json
 import os
@@ -44,6 +48,7 @@ from rich.console import Console
 from rich.live import Live
 
 from roles.tls import generate_serving_certificate
+from schemas.core import RETRY_ANNOTATION
 from tools.demo.confirm import AFTER, Confirmer
 from tools.demo.fleet import (
     RING_LABEL,
@@ -62,6 +67,7 @@ from tools.demo.procs import Supervisor, kill_recorded, write_record
 from tools.demo.runtime import Runtime, start_runtime
 from tools.demo.view import (
     WAITING_CONFIRMATION,
+    attempts,
     events_table,
     live_view,
     paused_for_confirmation,
@@ -87,6 +93,11 @@ SAMPLES: Final = (
     "nodeupgradejob.yaml",
     "imageprepulljob-tolerant.yaml",
 )
+TOLERANT: Final = "prepull-tolerant"
+"""The sample the demo retries once its failing node's disk threshold is freed."""
+RETRY_VALUE: Final = "disk-threshold-freed"
+FREED_DISK_USAGE: Final = "100"
+"""maxDiskUsage the ConfigUpdateJob gives the full-disk node: no disk is more than 100% used."""
 REGISTRY_PLACEHOLDER: Final = "REGISTRY/"
 NO_REGISTRY: Final = "registry.invalid/"
 """Where images point when no registry runs (``.invalid`` never resolves; nothing pulls them anyway)."""
@@ -121,6 +132,8 @@ class Demo:
     api: Api | None = None
     edges: list[Edge] = field(default_factory=list)
     job_names: list[str] = field(default_factory=list)
+    updated_settings: dict[str, list[str]] = field(default_factory=dict)
+    """Per ConfigUpdateJob, the edge settings it sets (read back from the edges' files in the summary)."""
     jobs: list[JobView] = field(default_factory=list)
     unfinished: list[str] = field(default_factory=list)
     confirmer: Confirmer | None = None
@@ -305,20 +318,26 @@ class Demo:
         assert self.cp is not None
         manifests = [render_sample(SAMPLES_DIR / name, registry=registry) for name in SAMPLES]
         self.job_names = [m["metadata"]["name"] for m in manifests]
+        for m in manifests:
+            if m["kind"] == "ConfigUpdateJob":
+                self.updated_settings[m["metadata"]["name"]] = sorted(m["spec"]["updateFields"])
         listing = {"apiVersion": "v1", "kind": "List", "items": manifests}
         out = self.cp.kubectl("apply", "-f", "-", input=json.dumps(listing)).stdout.split("\n")
         self.say(f"kubectl apply -f containers/samples/ ({', '.join(SAMPLES)}):")
         for line in filter(None, out):
             self.say(f"  {line}")
 
-    def follow(self) -> None:
-        """Show the jobs live until every one has ended or the time limit passes."""
+    def follow(self, until: Callable[[list[JobView]], bool] | None = None) -> None:
+        """Show the jobs live until ``until`` holds (default: every sample has ended) or the time limit passes."""
         assert self.api is not None
         api = self.api
         deadline = time.monotonic() + self.args.timeout
-        phases: dict[str, str] = {}
+        phases: dict[str, str] = {job.name: job.phase for job in self.jobs}
         assert self.cp is not None
-        confirmer = self.confirmer = Confirmer(cp=self.cp, procs=self.procs, layout=self.layout, say=self.say)
+        if self.confirmer is None:
+            self.confirmer = Confirmer(cp=self.cp, procs=self.procs, layout=self.layout, say=self.say)
+        confirmer = self.confirmer
+        done = until or (lambda jobs: len(jobs) >= len(SAMPLES) and all(j.ended for j in jobs))
         help_text = f"The demo releases each after {AFTER:.0f}s: one from the cloud, one on the device."
         # Transient: the summary, printed next, replaces the last frame.
         with Live(console=self.console, auto_refresh=False, transient=True) as live:
@@ -342,7 +361,7 @@ class Demo:
                 elapsed = time.monotonic() - self.started
                 header = f"{self.runtime_line()}   elapsed {elapsed:.0f}s, limit {self.args.timeout:.0f}s for the jobs"
                 live.update(live_view(jobs, events, header=header, confirmation_help=help_text), refresh=True)
-                if len(jobs) == len(SAMPLES) and all(j.ended for j in jobs):
+                if done(jobs):
                     break
                 if time.monotonic() >= deadline:
                     self.unfinished = [j.name for j in jobs if not j.ended]
@@ -350,6 +369,35 @@ class Demo:
                     break
                 time.sleep(POLL_SECONDS)
         confirmer.finish()
+
+    def retry_tolerant(self) -> None:
+        """Free the full-disk node's threshold with a ConfigUpdateJob, then retry the tolerant pre-pull."""
+        assert self.cp is not None
+        if self.unfinished:
+            self.say(f"not retrying {TOLERANT}: the jobs did not all finish", "yellow")
+            return
+        full = next(e.name for e in self.edges if e.full_disk)
+        tolerant = next((j for j in self.jobs if j.name == TOLERANT), None)
+        failed = [n.name for n in tolerant.nodes if n.phase in ("Failure", "Unknown")] if tolerant else []
+        if not failed:
+            self.say(f"not retrying {TOLERANT}: none of its nodes failed", "yellow")
+            return
+        update = free_disk_job(full)
+        name = update["metadata"]["name"]
+        self.job_names.append(name)
+        self.updated_settings[name] = sorted(update["spec"]["updateFields"])
+        self.cp.kubectl("apply", "-f", "-", input=json.dumps(update))
+        self.say(
+            f"{TOLERANT} failed on {', '.join(failed)}: freeing {full}'s disk threshold with ConfigUpdateJob "
+            f"{name} (maxDiskUsage {FREED_DISK_USAGE}), then retrying the pre-pull"
+        )
+        self.follow(until=lambda jobs: any(j.name == name and j.ended for j in jobs))
+        if self.unfinished:
+            return
+        args = ("annotate", "--overwrite", "imageprepulljob", TOLERANT, f"{RETRY_ANNOTATION}={RETRY_VALUE}")
+        self.cp.kubectl(*args)
+        self.say(f"kubectl {' '.join(args)}")
+        self.follow(until=lambda jobs: any(j.name == TOLERANT and j.run > 1 and j.ended for j in jobs))
 
     def runtime_line(self) -> str:
         if self.runtime is None:
@@ -373,6 +421,7 @@ class Demo:
             "kubectl get nodejobs",
             f"kubectl get nodes -L {RING_LABEL} -L nodetask.kubeedge.io/hub",
             "kubectl get imageprepulljob prepull-all-edges -o yaml",
+            f"kubectl get imageprepulljob {TOLERANT} -o yaml   # status.retry, nodeStatus[].previousAttempt",
             "kubectl describe nodeupgradejob upgrade-canaries",
             "kubectl get events -n default --sort-by=.lastTimestamp",
         ):
@@ -411,6 +460,8 @@ class Demo:
         paused = paused_for_confirmation(job)
         if paused:
             out.append(f"{job.name}: {', '.join(paused)} still waited for confirmation when the demo stopped.")
+        if job.run > 1:
+            out.append(f"{job.name}: retried, run {job.run} ended {job.phase}. " + " ".join(attempts(job)))
         how = self.confirmer.how(job.name) if self.confirmer else ""
         if how:
             out.append(f"{job.name}: paused at WaitingConfirmation; the demo released {how}.")
@@ -419,11 +470,12 @@ class Demo:
             out.append(f"{job.name}: {', '.join(timed_out)} timed out while waiting for confirmation.")
         if job.kind == "ConfigUpdateJob":
             updated = [n.name for n in job.nodes if n.phase == "Successful"]
-            readings: dict[str, list[str]] = {}
-            for name in updated:
-                readings.setdefault(str(self._edge_setting(name, "maxCpuUsage")), []).append(name)
-            for value, names in readings.items():
-                out.append(f"{job.name}: maxCpuUsage reads {value} in the edge.yaml of {_nodes(names)}.")
+            for setting in self.updated_settings.get(job.name, ()):
+                readings: dict[str, list[str]] = {}
+                for name in updated:
+                    readings.setdefault(str(self._edge_setting(name, setting)), []).append(name)
+                for value, names in readings.items():
+                    out.append(f"{job.name}: {setting} reads {value} in the edge.yaml of {_nodes(names)}.")
         return out
 
     def _edge_setting(self, node: str, key: str) -> object:
@@ -465,6 +517,16 @@ class Demo:
         left = [f"pid {pid}: {cmd[:160]}" for pid, cmd in processes_in_sessions(leaders).items()]
         self.layout.record.unlink(missing_ok=True)
         return left
+
+
+def free_disk_job(node: str) -> dict[str, Any]:
+    """The ConfigUpdateJob that lifts ``node``'s disk-usage ceiling, so that its disk check passes."""
+    return {
+        "apiVersion": "operations.kubeedge.io/v1alpha2",
+        "kind": "ConfigUpdateJob",
+        "metadata": {"name": f"free-disk-{node}"},
+        "spec": {"nodeNames": [node], "updateFields": {"maxDiskUsage": FREED_DISK_USAGE}, "timeoutSeconds": 120},
+    }
 
 
 def _nodes(names: list[str]) -> str:
@@ -566,6 +628,7 @@ def run(demo: Demo) -> None:
     demo.apply_jobs(registry)
     demo.say(f"follow along: export KUBECONFIG={demo.layout.cluster / 'admin.kubeconfig'}; kubectl get nodejobs -w")
     demo.follow()
+    demo.retry_tolerant()
     demo.summarize()
     demo.linger()
 
@@ -635,8 +698,17 @@ def _write_summary(path: Path, demo: Demo, status: int) -> None:
                 "phase": j.phase,
                 "reason": j.reason,
                 "counts": dict(j.counts),
+                "run": j.run,
                 "nodes": [
-                    {"name": n.name, "phase": n.phase, "reason": n.reason, "lastAction": n.last_action} for n in j.nodes
+                    {
+                        "name": n.name,
+                        "phase": n.phase,
+                        "reason": n.reason,
+                        "lastAction": n.last_action,
+                        "attempt": n.attempt,
+                        "previousAttempt": None if n.previous is None else dataclasses.asdict(n.previous),
+                    }
+                    for n in j.nodes
                 ],
             }
             for j in demo.jobs

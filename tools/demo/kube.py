@@ -83,6 +83,16 @@ def hubs_of_nodes(api: Api) -> dict[str, str]:
 
 
 @dataclass(frozen=True)
+class PreviousAttempt:
+    """How a retried node's attempt before the latest one ended (``previousAttempt``)."""
+
+    attempt: int
+    phase: str
+    action: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class NodeEntry:
     """One node of a job, as the job status says."""
 
@@ -91,6 +101,8 @@ class NodeEntry:
     reason: str
     last_action: str
     last_action_ok: bool
+    attempt: int = 1
+    previous: PreviousAttempt | None = None
 
 
 @dataclass(frozen=True)
@@ -104,6 +116,8 @@ class JobView:
     counts: Mapping[str, int]
     """``nodeCounts``: total, pending, inProgress, successful, failure, unknown."""
     nodes: Sequence[NodeEntry]
+    run: int = 1
+    """The job's run: 1, then one more per retry (``status.retry.attempt``)."""
 
     @property
     def ended(self) -> bool:
@@ -127,6 +141,7 @@ def list_jobs(api: Api) -> list[JobView]:
             entries = []
             for entry in status.get("nodeStatus") or ():
                 flow = entry.get("actionFlow") or [{}]
+                previous = entry.get("previousAttempt")
                 entries.append(
                     NodeEntry(
                         name=entry.get("nodeName", ""),
@@ -134,6 +149,15 @@ def list_jobs(api: Api) -> list[JobView]:
                         reason=entry.get("reason", ""),
                         last_action=flow[-1].get("action", ""),
                         last_action_ok=flow[-1].get("status") == "True",
+                        attempt=entry.get("attempt", 1),
+                        previous=None
+                        if previous is None
+                        else PreviousAttempt(
+                            attempt=previous.get("attempt", 1),
+                            phase=previous.get("phase", ""),
+                            action=previous.get("action", ""),
+                            reason=previous.get("reason", ""),
+                        ),
                     )
                 )
             views.append(
@@ -144,6 +168,7 @@ def list_jobs(api: Api) -> list[JobView]:
                     reason=status.get("reason", ""),
                     counts=status.get("nodeCounts") or {},
                     nodes=tuple(entries),
+                    run=(status.get("retry") or {}).get("attempt", 1),
                 )
             )
     return views

@@ -52,6 +52,20 @@ def reasons(job: JobView) -> list[str]:
     return [f"{count}x {reason}" if count > 1 else reason for reason, count in counted.most_common()]
 
 
+def attempts(job: JobView) -> list[str]:
+    """For each retried node, its attempts: how the one before the latest ended, and the latest."""
+    lines = []
+    for node in job.nodes:
+        before = node.previous
+        if before is None:
+            continue
+        ended = f"{before.phase} at {before.action}" if before.action else before.phase
+        why = f": {_cut(before.reason, 120)}" if before.reason else ""
+        now = node.phase + (f" at {node.last_action}" if node.phase != "Successful" and node.last_action else "")
+        lines.append(f"{node.name}: attempt {before.attempt} {ended}{why}; attempt {node.attempt} {now}")
+    return lines
+
+
 def _cut(text: str, limit: int = REASON_LIMIT) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
@@ -131,6 +145,8 @@ def summary_table(jobs: Sequence[JobView], unfinished: Sequence[str]) -> Table:
         why = reasons(job)
         if job.reason and job.reason not in why:
             why.insert(0, job.reason)
+        if job.run > 1:
+            why.extend([f"retried (run {job.run}):", *attempts(job)])
         if job.name in unfinished:
             why.insert(0, "did not finish within the demo's time limit")
         c = job.counts

@@ -1,9 +1,10 @@
 """A lightweight in-process edge agent for integration tests and benchmarks.
 
 It speaks the real wire protocol to a real hub - token handshake, Hello, heartbeats, RunAction
-acknowledgements, an outbox of reports re-sent until acknowledged, resumption per job UID - but
-fakes the device: each action takes ``delay`` seconds and fails when its name is in ``fail``.
-The real agent is ``nodetaskd --role=edge``.
+acknowledgements, an outbox of reports re-sent until acknowledged, resumption per job UID and
+attempt - but fakes the device: each action takes ``delay`` seconds and fails when its name is in
+``fail``. With ``attempts=False`` it plays an agent from before retries: no ``attempts`` capability,
+tasks keyed by job UID alone, reports without an attempt. The real agent is ``nodetaskd --role=edge``.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class Interval:
     job_uid: str
     start: float
     end: float = math.inf
+    attempt: int = 1
 
 
 @dataclass(slots=True)
@@ -55,12 +57,15 @@ class LightEdge:
     version: str = "v1.0.0"
     ssl_context: ssl.SSLContext | None = None
     reconnect_delay: float = 0.2
+    attempts: bool = True
+    """Whether it keys tasks by job UID and attempt, as agents do since retries (else by job UID alone)."""
 
     outbox: dict[int, Report] = field(default_factory=dict)
     acked: list[Report] = field(default_factory=list)
     dropped: list[tuple[Report, str]] = field(default_factory=list)
     errors: list[Error] = field(default_factory=list)
     intervals: dict[str, Interval] = field(default_factory=dict)
+    """By job UID for first attempts, ``<uid>#<attempt>`` for retries."""
     run_actions: list[RunAction] = field(default_factory=list)
     cancels: list[Cancel] = field(default_factory=list)
     close_codes: list[int] = field(default_factory=list)
@@ -102,7 +107,9 @@ class LightEdge:
         headers = [(b"authorization", f"Bearer {self.token}".encode())]
         url = f"{self.url.rstrip('/')}/nodes/{self.node}"
         async with trio_websocket.open_websocket_url(url, ssl_context=self.ssl_context, extra_headers=headers) as ws:
-            await ws.send_message(messages.encode(Hello(node=self.node, version=self.version)))
+            capabilities = (messages.ATTEMPTS_CAPABILITY,) if self.attempts else ()
+            hello = Hello(node=self.node, version=self.version, capabilities=capabilities)
+            await ws.send_message(messages.encode(hello))
             welcome = messages.decode_downstream(await ws.get_message())
             if not isinstance(welcome, Welcome):
                 raise trio_websocket.HandshakeError(f"expected welcome, got {welcome!r}")
@@ -158,30 +165,42 @@ class LightEdge:
                 case _:
                     pass
 
+    def _attempt(self, run: RunAction) -> int:
+        return max(run.attempt, 1) if self.attempts else 0
+
+    def _key(self, uid: str, attempt: int) -> str:
+        return uid if attempt <= 1 else f"{uid}#{attempt}"
+
     async def _start(self, run: RunAction, work: anyio.abc.TaskGroup) -> None:
-        if run.job_uid in self.intervals:
+        attempt = self._attempt(run)
+        known = [i for i in self.intervals.values() if i.job_uid == run.job_uid]
+        if known and (not self.attempts or max(i.attempt for i in known) >= attempt):
             # Re-delivered: never re-run; re-send the latest result so a restarted hub resynchronises.
             last = self._finished.get(run.job_uid)
             if last is not None:
-                await self.send(self._report(last.route, run.job_uid, last.action, last.succ, last.extend))
+                await self.send(
+                    self._report(last.route, run.job_uid, last.action, last.succ, last.extend, attempt=last.attempt)
+                )
             return
-        self.intervals[run.job_uid] = Interval(job_uid=run.job_uid, start=anyio.current_time())
-        work.start_soon(self._walk, run)
+        key = self._key(run.job_uid, attempt)
+        self.intervals[key] = Interval(job_uid=run.job_uid, start=anyio.current_time(), attempt=max(attempt, 1))
+        work.start_soon(self._walk, run, key, attempt)
 
-    async def _walk(self, run: RunAction) -> None:
+    async def _walk(self, run: RunAction, key: str, attempt: int) -> None:
         jt = self.job_types[run.route.job_type]
         action: str | None = run.action
         while action is not None:
             await anyio.sleep(self.delay)
             ok = action not in self.fail
-            report = self._report(run.route, run.job_uid, action, ok, self._extend(jt, run, action, ok))
+            extend = self._extend(jt, run, action, ok)
+            report = self._report(run.route, run.job_uid, action, ok, extend, attempt=attempt)
             self._finished[run.job_uid] = report
             action = jt.flow.next(action, ok)
             if action is None:
-                self.intervals[run.job_uid].end = anyio.current_time()
+                self.intervals[key].end = anyio.current_time()
             await self.send(report)
 
-    def _report(self, route: Route, uid: str, action: str, ok: bool, extend: str) -> Report:
+    def _report(self, route: Route, uid: str, action: str, ok: bool, extend: str, *, attempt: int = 0) -> Report:
         self._seq += 1
         report = Report(
             route=route,
@@ -191,6 +210,7 @@ class LightEdge:
             succ=ok,
             reason="" if ok else f"{action} failed on {self.node}",
             extend=extend,
+            attempt=attempt,
         )
         self.outbox[report.seq] = report
         return report
