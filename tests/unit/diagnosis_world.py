@@ -82,12 +82,18 @@ class Run:
     opset: OperationSet
     ops: dict[str, Operation]
     now: datetime = T0
+    results: Callable[[int, str], dict[str, str]] | None = None
+    """The results of a Task that succeeds (default ``{"v": "<g>@<n>"}``)."""
+    context_limit: int | None = None
     tasks: dict[str, Task] = dataclasses.field(default_factory=dict)
     created: list[Task] = dataclasses.field(default_factory=list)
     steps: list[Step] = dataclasses.field(default_factory=list)
 
     def world(self) -> World:
-        return World(pipeline=pipeline_of(self.opset), operations=self.ops, tasks=dict(self.tasks), now=self.now)
+        world = World(pipeline=pipeline_of(self.opset), operations=self.ops, tasks=dict(self.tasks), now=self.now)
+        if self.context_limit is not None:
+            world = dataclasses.replace(world, context_limit=self.context_limit)
+        return world
 
     def begin(self) -> Step:
         nodes = self.diagnosis.spec.target_selector.targets().node_names  # type: ignore[union-attr]
@@ -105,7 +111,8 @@ class Run:
         )
         match self.outcome(graph_node, task.spec.node_name):
             case Outcome.OK:
-                results = {"v": f"{graph_node}@{task.spec.node_name}"}
+                node = task.spec.node_name
+                results = self.results(graph_node, node) if self.results else {"v": f"{graph_node}@{node}"}
                 status = msgspec.structs.replace(task.status, phase=TaskPhase.SUCCEEDED, results=results)
             case Outcome.FAIL:
                 status = msgspec.structs.replace(task.status, phase=TaskPhase.FAILED)
