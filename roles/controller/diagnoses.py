@@ -445,11 +445,15 @@ class DiagnosisController:
 
     async def _release_tasks(self, key: Key, *, keep: str | None) -> None:
         """Take the finalizer off, and delete, every Task of ``key`` not owned by the live Diagnosis ``keep``."""
+        todo: list[tuple[Key, Task]] = []
         for task_key in sorted(self._owned.get(key, ())):
             task = self._tasks[task_key]
             ref = owner_of(task)
-            if task_key in self._released or ref is None or ref.uid == keep:
-                continue
+            if task_key not in self._released and ref is not None and ref.uid != keep:
+                todo.append((task_key, task))
+        errors: list[ApiError] = []
+
+        async def release(task_key: Key, task: Task) -> None:
             meta = task.metadata
             try:
                 if TASK_FINALIZER in meta.finalizers:
@@ -460,8 +464,18 @@ class DiagnosisController:
                     await self._kube.delete(TASKS, meta.name, namespace=meta.namespace)
             except NotFound:
                 pass
+            except ApiError as exc:
+                errors.append(exc)
+                return
             self._released.add(task_key)
             self._log.info("task_released", diagnosis=f"{key[0]}/{key[1]}", task=meta.name)
+
+        # All at once: the client caps the requests in flight, and a 1,000-node run has thousands of Tasks.
+        async with anyio.create_task_group() as tg:
+            for task_key, task in todo:
+                tg.start_soon(release, task_key, task)
+        if errors:
+            raise errors[0]
 
     async def _tell(self, diagnosis: Diagnosis, notices: Iterable[Notice], now: datetime, log: Log) -> None:
         """Record the notices as Events on the Diagnosis; a failed Event write is logged, never fatal."""
