@@ -74,6 +74,7 @@ __all__ = [
     "Step",
     "World",
     "advance",
+    "progress_only",
     "start",
 ]
 
@@ -210,6 +211,23 @@ def advance(diagnosis: Diagnosis, world: World) -> Step:
     if not nodes:
         return _finish(diagnosis, status, DiagnosisPhase.FAILED, NO_TARGETS, "status.nodeNames is empty", now=world.now)
     return _Run(diagnosis, world, pipeline).walk()
+
+
+def progress_only(status: DiagnosisStatus, step: Step) -> bool:
+    """Whether ``step`` (decided on ``status``) only counts more ended Tasks of the same stage, with their
+    results: no other change of the status, no Event, the stage still waiting for some Tasks.
+
+    Such a status need not be written at once: deciding again later, from the same Tasks, gives it (or a
+    later one) back, so the controller may hold it back and write the progress of many Tasks at once.
+    """
+    new = step.status
+    if step.notices or step.delete or status.checkpoint is None or new.checkpoint is None:
+        return False
+    was, now = status.checkpoint, new.checkpoint
+    if (was.path_index, was.node_index) != (now.path_index, now.node_index) or now.active == 0:
+        return False
+    rest = msgspec.structs.replace(status, checkpoint=None, context=None)
+    return rest == msgspec.structs.replace(new, checkpoint=None, context=None)
 
 
 class _Run:
