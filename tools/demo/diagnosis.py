@@ -194,6 +194,25 @@ def _failure_reason(task: Mapping[str, Any]) -> str:
     return str(failed[-1].get("message", "")) if failed else ""
 
 
+def _propagated(tasks: Sequence[Mapping[str, Any]], *, failed: set[tuple[str, str]]) -> Propagated | None:
+    """A value the directory stage's results passed into a later stage's request on the same node, preferring a
+    Task that failed (``failed`` holds their node and Operation): its probe went where the directory said."""
+    key = f"{DIRECTORY_OPERATION}.{TARGETS_RESULT}"
+    results = {
+        t["spec"]["nodeName"]: (t.get("status") or {}).get("results") or {}
+        for t in tasks
+        if t["spec"]["operation"] == DIRECTORY_OPERATION
+    }
+    found: list[Propagated] = []
+    for task in tasks:
+        node, operation = task["spec"]["nodeName"], task["spec"]["operation"]
+        value = (task["spec"].get("parameters") or {}).get(key)
+        if operation != DIRECTORY_OPERATION and value and results.get(node, {}).get(TARGETS_RESULT) == value:
+            found.append(Propagated(node, DIRECTORY_OPERATION, TARGETS_RESULT, operation, key, value))
+    found.sort(key=lambda p: ((p.node, p.target) not in failed, p.node, p.target))
+    return found[0] if found else None
+
+
 def view(diagnosis: Mapping[str, Any], tasks: Sequence[Mapping[str, Any]], asked: Mapping[str, int]) -> DiagnosisView:
     """What the summary says about ``diagnosis``, from its status and its Tasks."""
     status = diagnosis.get("status") or {}
@@ -206,23 +225,7 @@ def view(diagnosis: Mapping[str, Any], tasks: Sequence[Mapping[str, Any]], asked
         ),
         key=lambda f: (f.operation, f.node),
     )
-    by_key = {(t["spec"]["nodeName"], t["spec"]["operation"]): t for t in tasks}
-    propagated = None
-    for task in sorted(tasks, key=lambda t: (t["spec"]["nodeName"], t["metadata"]["name"])):
-        node, parameters = task["spec"]["nodeName"], task["spec"].get("parameters") or {}
-        source = by_key.get((node, DIRECTORY_OPERATION))
-        key = f"{DIRECTORY_OPERATION}.{TARGETS_RESULT}"
-        if task["spec"]["operation"] == DIRECTORY_OPERATION or key not in parameters or source is None:
-            continue
-        results = (source.get("status") or {}).get("results") or {}
-        if results.get(TARGETS_RESULT) == parameters[key]:
-            failed = any(f.node == node for f in failures)
-            if propagated is None or failed:
-                propagated = Propagated(
-                    node, DIRECTORY_OPERATION, TARGETS_RESULT, task["spec"]["operation"], key, parameters[key]
-                )
-            if failed:
-                break
+    propagated = _propagated(tasks, failed={(f.node, f.operation) for f in failures})
     succeeded = _path(status.get("succeededPath") or ())
     sample: dict[str, str] = {}
     sample_node = ""
