@@ -109,16 +109,16 @@ class ImportStep:
 
 
 def device_python() -> Path:
-    """The interpreter of a virtualenv with only the base dependencies, built once per dependency list
-    and checkout.
+    """The interpreter of a virtualenv with only the base dependencies, built once per dependency list.
 
     The package itself is installed editable (without dependencies), so the measurement follows
-    the repository's code; only the installed libraries are a device's. The checkout is part of the
-    key because the editable install points at it: a venv made from a clone since removed could no
-    longer import the agent.
+    the repository's code; only the installed libraries are a device's. The virtualenv is shared by
+    every checkout on the machine, so its editable install may point at another one (or at one
+    since removed): each process is therefore started with this repository first on its path
+    (:func:`_repo_env`).
     """
     deps: list[str] = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
-    key = hashlib.sha256("\n".join([str(REPO.resolve()), *sorted(deps)]).encode()).hexdigest()[:12]
+    key = hashlib.sha256("\n".join(sorted(deps)).encode()).hexdigest()[:12]
     venv = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "nodetaskd" / f"edge-venv-{key}"
     python = venv / "bin" / "python"
     if not (venv / ".complete").exists():
@@ -129,6 +129,13 @@ def device_python() -> Path:
         subprocess.run([*pip, "--no-deps", "--editable", str(REPO)], check=True)
         (venv / ".complete").touch()
     return python
+
+
+def _repo_env() -> dict[str, str]:
+    """The environment with this repository first on ``PYTHONPATH``: an agent started with ``-P`` (as the
+    launcher starts it) does not look in its working directory."""
+    paths = [str(REPO), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
 def _rss_with_children(process: psutil.Process) -> tuple[int, int]:
@@ -323,7 +330,9 @@ async def launcher_run(*, settle_s: float = 5.0) -> LauncherRun:
         async with _serving(hub, server_ssl_context(cert)) as port:
             config = _agent_config(Path(tmp), port=port, cri_endpoint="", ca_file=ca_file)
             argv = [str(python), "-m", "roles.edge.launcher", f"--config={config}"]
-            process = await anyio.open_process(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            process = await anyio.open_process(
+                argv, cwd=REPO, env=_repo_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
             try:
                 with anyio.fail_after(60):
                     await hub.welcomed.wait()

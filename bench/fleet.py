@@ -26,7 +26,7 @@ import anyio.abc
 from bench.cluster import edge_token, node_name
 from nodetask.messages import Heartbeat, Report
 from nodetask.route import Route
-from roles.jobtypes import job_types
+from roles.jobtypes import edge_job_types
 from roles.logs import configure_logging
 from schemas import v1alpha2
 from tools.doubles.lightedge import LightEdge
@@ -108,7 +108,7 @@ def _stats(edges: list[LightEdge]) -> None:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    types = job_types()
+    types = edge_job_types()
     edges = [
         LightEdge(
             node=node_name(i),

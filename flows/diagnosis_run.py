@@ -23,7 +23,8 @@ write), and ``active`` is the rest. Since the checkpoint and the counts are writ
 conditionally on the object's version, a controller that restarts or takes over mid-run resumes
 exactly there: Task names are deterministic, so it finds the stage's Tasks instead of creating
 them again, and never counts one twice. Each succeeded Task's results go to
-``context.operations.<operation>.<task>`` and on to the next stages' Tasks on the same node.
+``context.operations.<operation>.<task>`` while they fit (:mod:`flows.diagnosis_context`), and from
+the Task itself on to the next stages' Tasks on the same node.
 
 The run fails with ``OperationSetChanged`` when the OperationSet's graph no longer has the hash
 stamped on the Diagnosis when it started, ``OperationSetNotFound`` or ``OperationSetNotReady``
@@ -33,7 +34,7 @@ when there is none or it cannot run, and with ``NoTargets`` when its targets sel
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import MappingProxyType
@@ -42,6 +43,7 @@ from typing import Final
 import msgspec
 
 from flows.diagnosis_conditions import find_condition, set_condition
+from flows.diagnosis_context import MAX_CONTEXT_BYTES, ContextBudget
 from flows.diagnosis_paths import Stage
 from flows.diagnosis_pipeline import HASH_LABEL, BrokenGraph, Pipeline
 from flows.diagnosis_targets import Resolution
@@ -72,6 +74,7 @@ __all__ = [
     "Step",
     "World",
     "advance",
+    "progress_only",
     "start",
 ]
 
@@ -106,6 +109,8 @@ class World:
     tasks: Mapping[str, Task]
     """The Diagnosis's Tasks by name (those it owns)."""
     now: datetime
+    context_limit: int = MAX_CONTEXT_BYTES
+    """Bytes of results ``status.context`` keeps (:mod:`flows.diagnosis_context`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +213,23 @@ def advance(diagnosis: Diagnosis, world: World) -> Step:
     return _Run(diagnosis, world, pipeline).walk()
 
 
+def progress_only(status: DiagnosisStatus, step: Step) -> bool:
+    """Whether ``step`` (decided on ``status``) only counts more ended Tasks of the same stage, with their
+    results: no other change of the status, no Event, the stage still waiting for some Tasks.
+
+    Such a status need not be written at once: deciding again later, from the same Tasks, gives it (or a
+    later one) back, so the controller may hold it back and write the progress of many Tasks at once.
+    """
+    new = step.status
+    if step.notices or step.delete or status.checkpoint is None or new.checkpoint is None:
+        return False
+    was, now = status.checkpoint, new.checkpoint
+    if (was.path_index, was.node_index) != (now.path_index, now.node_index) or now.active == 0:
+        return False
+    rest = msgspec.structs.replace(status, checkpoint=None, context=None)
+    return rest == msgspec.structs.replace(new, checkpoint=None, context=None)
+
+
 class _Run:
     """One decision over a running Diagnosis: synchronize the stage, move on while stages are decided."""
 
@@ -219,7 +241,8 @@ class _Run:
         status = diagnosis.status
         self.nodes = status.node_names
         self.checkpoint = status.checkpoint or Checkpoint(desired=len(self.nodes), active=len(self.nodes))
-        self.context = status.context or DiagnosisContext(parameters=dict(diagnosis.spec.parameters))
+        context = status.context or DiagnosisContext(parameters=dict(diagnosis.spec.parameters))
+        self.budget = ContextBudget(context, status.conditions, limit=world.context_limit)
         self.failed_paths: tuple[Path, ...] = status.failed_paths
         self.succeeded_path: Path = status.succeeded_path
         self.notices: list[Notice] = []
@@ -268,7 +291,6 @@ class _Run:
         synchronized = list(cp.synchronized_tasks)
         seen = set(synchronized)
         succeeded, failed = cp.succeeded, cp.failed
-        operations = self.context.operations
         for node in self.nodes:
             name = task_name(self.diagnosis, node, stage)
             task = self.world.tasks.get(name)
@@ -278,8 +300,7 @@ class _Run:
             seen.add(name)
             if task.status.phase is TaskPhase.SUCCEEDED:
                 succeeded += 1
-                results = {**operations.get(stage.operation, {}), name: dict(task.status.results)}
-                operations = {**operations, stage.operation: results}
+                self.budget.add(stage.operation, name, task.status.results, self.world.now)
             else:
                 failed += 1
         desired = len(self.nodes)
@@ -292,7 +313,6 @@ class _Run:
             failed=failed,
             synchronized_tasks=tuple(synchronized),
         )
-        self.context = msgspec.structs.replace(self.context, operations=operations)
 
     def _passes(self) -> bool:
         cp = self.checkpoint
@@ -315,8 +335,9 @@ class _Run:
     def _status(self) -> DiagnosisStatus:
         return msgspec.structs.replace(
             self.diagnosis.status,
+            conditions=self.budget.conditions,
             checkpoint=self.checkpoint,
-            context=self.context,
+            context=self.budget.context,
             failed_paths=self.failed_paths,
             succeeded_path=self.succeeded_path,
         )
@@ -328,6 +349,7 @@ class _Run:
         timeout = operation.spec.processor.timeout_seconds
         now = self.world.now
         pods = _pods(self.diagnosis)
+        results = _Results(self.world.tasks)
         counted = set(self.checkpoint.synchronized_tasks)
         create: list[Task] = []
         expire: list[str] = []
@@ -346,6 +368,7 @@ class _Run:
                             node_index=cp.node_index,
                             node=node,
                             pod=pods.get(node),
+                            results=results,
                         )
                     )
                     dues.append(now + timedelta(seconds=timeout))
@@ -368,6 +391,25 @@ class _Run:
     def _finish(self, phase: DiagnosisPhase, reason: str, message: str) -> Step:
         step = _finish(self.diagnosis, self._status(), phase, reason, message, now=self.world.now)
         return dataclasses.replace(step, notices=(*self.notices, *step.notices))
+
+
+class _Results(Mapping[str, Mapping[str, str]]):
+    """The results of the succeeded Tasks among ``tasks``, by Task name: what later stages are given."""
+
+    def __init__(self, tasks: Mapping[str, Task]) -> None:
+        self._tasks = tasks
+
+    def __getitem__(self, name: str) -> Mapping[str, str]:
+        task = self._tasks[name]
+        if task.status.phase is not TaskPhase.SUCCEEDED:
+            raise KeyError(name)
+        return task.status.results
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, task in self._tasks.items() if task.status.phase is TaskPhase.SUCCEEDED)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def _stage_name(stage: Stage, cp: Checkpoint) -> str:

@@ -20,7 +20,9 @@ replacing an earlier one:
 2. the results of the stages already passed on the Task's path, on the same node, each key
    ``k`` of a result of operation ``op`` as ``<op>.<k>`` (a node whose Task failed in a stage
    that passed under ``stagePolicy: Any`` contributes nothing for it; an operation that occurs
-   twice on a path gives the later stage's values);
+   twice on a path gives the later stage's values), read from the earlier Tasks themselves, or
+   from the Diagnosis's ``status.context`` for a Task no longer there (the context may not hold
+   every Task's results: :mod:`flows.diagnosis_context`);
 3. the telemetry keys ``task.name``, ``task.namespace``, ``node``, and for a target reached through
    a pod ``pod.namespace``, ``pod.name`` and ``container``. ``task.uid`` is not known before the
    Task exists: the hub adds it when it dispatches the Task.
@@ -32,6 +34,7 @@ single-node version merged them into one flat map, where two operations' keys co
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Final
 
@@ -103,18 +106,23 @@ def request_data(
     node_index: int,
     node: str,
     pod: PodReference | None,
+    results: Mapping[str, Mapping[str, str]] | None = None,
 ) -> dict[str, str]:
     """The ``spec.parameters`` of the Task of stage ``node_index`` of path ``path_index`` on ``node``.
 
-    Results come from the Diagnosis's ``status.context.operations`` (see the module docstring).
+    ``results`` are the succeeded Tasks' results by Task name; a Task not in it is looked up in the
+    Diagnosis's ``status.context.operations`` (see the module docstring).
     """
     data = dict(diagnosis.spec.parameters)
     context = diagnosis.status.context
     operations = context.operations if context is not None else {}
     for depth in range(node_index):
         earlier = plan.stage(plan.action_at(path_index, depth))
-        results = operations.get(earlier.operation, {}).get(task_name(diagnosis, node, earlier), {})
-        data.update((f"{earlier.operation}.{key}", value) for key, value in results.items())
+        name = task_name(diagnosis, node, earlier)
+        found = results.get(name) if results is not None else None
+        if found is None:
+            found = operations.get(earlier.operation, {}).get(name, {})
+        data.update((f"{earlier.operation}.{key}", value) for key, value in found.items())
     stage = plan.stage(plan.action_at(path_index, node_index))
     data["task.name"] = task_name(diagnosis, node, stage)
     data["task.namespace"] = diagnosis.metadata.namespace
@@ -134,8 +142,10 @@ def new_task(
     node_index: int,
     node: str,
     pod: PodReference | None,
+    results: Mapping[str, Mapping[str, str]] | None = None,
 ) -> Task:
-    """The Task to create for a stage on ``node``: owned by ``diagnosis``, kept by its finalizer."""
+    """The Task to create for a stage on ``node``: owned by ``diagnosis``, kept by its finalizer; its request
+    data is :func:`request_data`'s."""
     meta = diagnosis.metadata
     stage = plan.stage(plan.action_at(path_index, node_index))
     owner = OwnerReference(api_version=API_VERSION, kind="Diagnosis", name=meta.name, uid=meta.uid, controller=True)
@@ -151,7 +161,9 @@ def new_task(
             operation=stage.operation,
             node_name=node,
             pod_reference=pod,
-            parameters=request_data(diagnosis, plan, path_index=path_index, node_index=node_index, node=node, pod=pod),
+            parameters=request_data(
+                diagnosis, plan, path_index=path_index, node_index=node_index, node=node, pod=pod, results=results
+            ),
         ),
     )
 

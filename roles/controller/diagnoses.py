@@ -32,7 +32,7 @@ import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from flows.diagnosis_pipeline import BrokenGraph, Pipeline, pipeline_of
-from flows.diagnosis_run import PODS_ANNOTATION, Notice, Step, World, advance, start
+from flows.diagnosis_run import PODS_ANNOTATION, Notice, Step, World, advance, progress_only, start
 from flows.diagnosis_targets import Resolution, resolve
 from flows.diagnosis_tasks import TASK_FINALIZER, owner_of, timed_out
 from nodetask.clock import Clock, format_time
@@ -50,6 +50,8 @@ Log = structlog.typing.FilteringBoundLogger
 Key = tuple[str, str]
 """(namespace, name) of a Diagnosis or Task."""
 COMPONENT = "nodetaskd-controller"
+PROGRESS_INTERVAL_S = 2.0
+"""Least seconds between two writes of a Diagnosis's status that only count more ended Tasks of a stage."""
 _UNSTARTED = (DiagnosisPhase.NONE, DiagnosisPhase.PENDING)
 
 
@@ -63,8 +65,9 @@ def _version(obj: Any) -> int:
 class DiagnosisController:
     """Runs every Diagnosis and keeps every OperationSet's status. Run it with :meth:`run` in a task group."""
 
-    def __init__(self, *, kube: Kube, clock: Clock, log: Log) -> None:
+    def __init__(self, *, kube: Kube, clock: Clock, log: Log, progress_interval: float = PROGRESS_INTERVAL_S) -> None:
         self._kube = kube
+        self._progress_interval = progress_interval
         self._clock = clock
         self._log = log.bind(controller="diagnosis")
         self._operations: dict[str, Operation] = {}
@@ -79,6 +82,10 @@ class DiagnosisController:
         self._created: dict[Key, set[str]] = {}
         """Per Diagnosis, Tasks created (or found to exist) that the watch has not shown yet: not asked for twice."""
         self._released: set[Key] = set()
+        self._status_written: dict[Key, float] = {}
+        """Per Diagnosis, the loop time of this controller's last write of its status."""
+        self.progress_held = 0
+        """Passes that held back a status only counting more ended Tasks (a metric)."""
         self._reported: set[str] = set()
         self._synced = {kind: anyio.Event() for kind in ("operations", "operationsets", "tasks", "diagnoses")}
         self._ready = anyio.Event()
@@ -248,6 +255,7 @@ class DiagnosisController:
         await self._release_tasks(key, keep=diagnosis.metadata.uid if diagnosis is not None and live else None)
         if diagnosis is None or not live:
             self._created.pop(key, None)
+            self._status_written.pop(key, None)
             return None  # each released Task's Deleted event pokes this key again
         log = self._log.bind(diagnosis=f"{key[0]}/{key[1]}")
         now = self._clock.now()
@@ -321,6 +329,7 @@ class DiagnosisController:
         )
         if written is None or not decided:
             return None
+        self._status_written[(meta.namespace, meta.name)] = anyio.current_time()
         log.info("diagnosis_started", phase=written.status.phase, nodes=len(written.status.node_names))
         await self._tell(written, decided[0].notices, now, log)
         return written
@@ -350,11 +359,13 @@ class DiagnosisController:
 
     async def _advance(self, diagnosis: Diagnosis, now: datetime, log: Log) -> float | None:
         meta = diagnosis.metadata
+        key = (meta.namespace, meta.name)
         step = advance(diagnosis, self._world(diagnosis, now))
         if step.expire:
             await self._expire(diagnosis, step.expire, now, log)
             step = advance(diagnosis, self._world(diagnosis, now))
-        if step.status != diagnosis.status:
+        held = self._held(key, diagnosis, step)
+        if step.status != diagnosis.status and held is None:
             decided: list[Step] = []
 
             def mutate(fresh: Diagnosis) -> Diagnosis | None:
@@ -371,6 +382,7 @@ class DiagnosisController:
             if written is None:
                 return None
             if decided:
+                self._status_written[key] = anyio.current_time()
                 cp = written.status.checkpoint
                 log.info(
                     "diagnosis_status",
@@ -390,7 +402,23 @@ class DiagnosisController:
             return None
         await self._create(diagnosis, step.create)
         # No deadline: nothing happens until something changes, whose event starts a worker again.
-        return None if step.due is None else self._clock.loop_time(step.due)
+        due = None if step.due is None else self._clock.loop_time(step.due)
+        return held if due is None or (held is not None and held < due) else due
+
+    def _held(self, key: Key, diagnosis: Diagnosis, step: Step) -> float | None:
+        """Until when the status ``step`` decided is held back (None: write it now).
+
+        A status that only counts more ended Tasks of the running stage waits until ``progress_interval``
+        after the last write, so a stage of a thousand Tasks ending one by one costs a few writes, not a
+        thousand; anything else (a stage decided, the run ended, a condition set) is written at once.
+        """
+        if step.status == diagnosis.status or not progress_only(diagnosis.status, step):
+            return None
+        last = self._status_written.get(key)
+        if last is None or anyio.current_time() >= last + self._progress_interval:
+            return None
+        self.progress_held += 1
+        return last + self._progress_interval
 
     async def _expire(self, diagnosis: Diagnosis, names: Iterable[str], now: datetime, log: Log) -> None:
         """Declare Unknown each named Task still without a result past its deadline (checked on a fresh copy)."""
@@ -445,11 +473,15 @@ class DiagnosisController:
 
     async def _release_tasks(self, key: Key, *, keep: str | None) -> None:
         """Take the finalizer off, and delete, every Task of ``key`` not owned by the live Diagnosis ``keep``."""
+        todo: list[tuple[Key, Task]] = []
         for task_key in sorted(self._owned.get(key, ())):
             task = self._tasks[task_key]
             ref = owner_of(task)
-            if task_key in self._released or ref is None or ref.uid == keep:
-                continue
+            if task_key not in self._released and ref is not None and ref.uid != keep:
+                todo.append((task_key, task))
+        errors: list[ApiError] = []
+
+        async def release(task_key: Key, task: Task) -> None:
             meta = task.metadata
             try:
                 if TASK_FINALIZER in meta.finalizers:
@@ -460,8 +492,18 @@ class DiagnosisController:
                     await self._kube.delete(TASKS, meta.name, namespace=meta.namespace)
             except NotFound:
                 pass
+            except ApiError as exc:
+                errors.append(exc)
+                return
             self._released.add(task_key)
             self._log.info("task_released", diagnosis=f"{key[0]}/{key[1]}", task=meta.name)
+
+        # All at once: the client caps the requests in flight, and a 1,000-node run has thousands of Tasks.
+        async with anyio.create_task_group() as tg:
+            for task_key, task in todo:
+                tg.start_soon(release, task_key, task)
+        if errors:
+            raise errors[0]
 
     async def _tell(self, diagnosis: Diagnosis, notices: Iterable[Notice], now: datetime, log: Log) -> None:
         """Record the notices as Events on the Diagnosis; a failed Event write is logged, never fatal."""

@@ -97,11 +97,13 @@ async def fleet(
     edges: int,
     hubs: int = 2,
     hub_urls: Callable[[list[str], int], list[str]] | None = None,
+    edge_options: Callable[[int], dict[str, object]] | None = None,
 ) -> AsyncIterator[Fleet]:
     """Start one controller, ``hubs`` hubs and ``edges`` agents; stop them all (and check) at the end.
 
     Edge ``i`` lists hub ``i % hubs`` first and the others after it, so it fails over when its
-    hub goes; ``hub_urls(urls, i)`` may choose differently (e.g. through a proxy).
+    hub goes; ``hub_urls(urls, i)`` may choose differently (e.g. through a proxy). Its config has
+    ``edge_options(i)`` too (camelCase keys), when given.
     """
     nodes = [unique("fault") for _ in range(edges)]
     tokens = await register_edges(cp, nodes)
@@ -140,9 +142,8 @@ async def fleet(
     agents: dict[str, RoleProcess] = {}
     for i, node in enumerate(nodes):
         ordered = hub_urls(urls, i) if hub_urls else urls[i % hubs :] + urls[: i % hubs]
-        edge_config = write_agent_config(
-            home / node, node=node, token=tokens[node], hub_urls=ordered, configUpdateHealthDeadline=20
-        )
+        options: dict[str, object] = {"configUpdateHealthDeadline": 20, **(edge_options(i) if edge_options else {})}
+        edge_config = write_agent_config(home / node, node=node, token=tokens[node], hub_urls=ordered, **options)
         agents[node] = RoleProcess(node, edge_config, "edge", home / node / "agent.log")
     running = Fleet(controller=controller, hubs=hub_processes, hub_urls=urls, edges=agents)
     try:

@@ -1,5 +1,5 @@
-"""``just demo`` end to end: a small fleet to its summary (a retry included), Ctrl-C stopping everything, a clean
-second run."""
+"""``just demo`` end to end: a small fleet to its summary (jobs, a retry, then a diagnosis), Ctrl-C stopping
+everything, a clean second run."""
 
 from __future__ import annotations
 
@@ -65,7 +65,8 @@ def state() -> Iterator[Path]:
 
 
 def test_demo_stops_on_ctrl_c_then_a_second_run_reaches_its_summary(state: Path, tmp_path: Path) -> None:
-    """Ctrl-C once everything runs stops every process; a second run in the same directory finishes the jobs."""
+    """Ctrl-C once everything runs stops every process; a second run in the same directory finishes the jobs and
+    the diagnosis."""
     first_log = tmp_path / "first.log"
     first = _demo(state, first_log)
     try:
@@ -131,6 +132,8 @@ def test_demo_stops_on_ctrl_c_then_a_second_run_reaches_its_summary(state: Path,
         # The controller's and hubs' image, built without a container engine, is in the demo's registry.
         assert re.search(r"/nodetaskd/nodetaskd@sha256:[0-9a-f]{64}", output), output[-4000:]
 
+    _assert_diagnosis(summary["diagnosis"], output)
+
     assert config["phase"] == "Completed"
     assert _nodes(config, "Successful") == ["edge-03", "edge-04"]
     for node in ("edge-03", "edge-04"):
@@ -154,3 +157,31 @@ def test_demo_stops_on_ctrl_c_then_a_second_run_reaches_its_summary(state: Path,
         ("edge-01", "Successful", "Upgrade"),
         ("edge-02", "Successful", "Upgrade"),
     ]
+
+
+def _assert_diagnosis(diagnosis: dict[str, Any], output: str) -> None:
+    """edge-health: the app of edge-03 and edge-04 refuses connections, so path 0 (network -> probe-app) fails on
+    them; path 1 (network -> resources) succeeds, network running once per node; each probe-app Task got its own
+    node's target from network's results."""
+    assert diagnosis["phase"] == "Succeeded", diagnosis
+    assert diagnosis["failedPaths"] == [["network", "probe-app"]]
+    assert diagnosis["succeededPath"] == ["network", "resources"]
+    failures = diagnosis["failures"]
+    assert [(f["node"], f["operation"]) for f in failures] == [("edge-03", "probe-app"), ("edge-04", "probe-app")]
+    assert all("connect failed: connection refused" in f["reason"] for f in failures), failures
+    assert diagnosis["asked"] == {"edge-01": 1, "edge-02": 1, "edge-03": 1, "edge-04": 1}
+    assert diagnosis["tasks"] == 12  # network, probe-app and resources on each of 4 nodes
+    propagated = diagnosis["propagated"]
+    assert propagated["node"] == "edge-03"
+    assert (propagated["from"], propagated["resultKey"]) == ("network", "probe.targets")
+    assert (propagated["to"], propagated["requestKey"]) == ("probe-app", "network.probe.targets")
+    assert re.fullmatch(r"127\.0\.0\.1:\d+", propagated["value"]), propagated
+    assert f"{propagated['value']}: connect failed" in failures[0]["reason"]
+    for line in (
+        "diagnosis edge-health: Succeeded",
+        "failed path 0: network -> probe-app",
+        "succeeded path: network -> resources",
+        f"propagated value: on edge-03, network's result probe.targets={propagated['value']} went into probe-app's"
+        " request as network.probe.targets",
+    ):
+        assert line in " ".join(output.split()), line

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import operator
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -42,6 +43,7 @@ from schemas.meta import LabelSelector, ObjectMeta
 from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import admin
 from tests.integration.objects import answer_task, diagnosis_when, finished, kubectl, polled, tasks_of, unique
+from tests.integration.processes import recording
 
 pytestmark = pytest.mark.integration
 NS = "default"
@@ -137,9 +139,10 @@ async def admin_kube(crds: ControlPlane) -> AsyncIterator[Kube]:
 
 
 @asynccontextmanager
-async def running(kube: Kube) -> AsyncIterator[DiagnosisController]:
-    """A diagnosis controller, ready (every watch listed) on entry and stopped on exit."""
-    controller = DiagnosisController(kube=kube, clock=Clock.start(), log=structlog.get_logger())
+async def running(kube: Kube, **options: Any) -> AsyncIterator[DiagnosisController]:
+    """A diagnosis controller (``options`` for its constructor), ready (every watch listed) on entry and stopped
+    on exit."""
+    controller = DiagnosisController(kube=kube, clock=Clock.start(), log=structlog.get_logger(), **options)
     async with anyio.create_task_group() as tg:
         await tg.start(controller.run)
         yield controller
@@ -526,3 +529,45 @@ async def test_policy_any_passes_a_stage_one_node_passed(objects: Objects, admin
     async with hub(admin_kube, diagnosis, lambda t: (t.spec.node_name == edges[0], {})):
         done = await diagnosis_when(admin_kube, diagnosis.metadata.name, finished)
     assert done.status.phase is DiagnosisPhase.SUCCEEDED
+
+
+async def test_tasks_ending_one_by_one_are_counted_in_the_write_that_decides_their_stage(
+    crds: ControlPlane, controller_kube: Kube, admin_kube: Kube
+) -> None:
+    """With a long progress interval, a stage of three nodes whose Tasks end one at a time is written once
+    when it is decided: each pass that found one more ended Task held its status back, and no version of the
+    Diagnosis ever counted some of them but not all."""
+    async with running(controller_kube, progress_interval=3600) as controller:
+        made = Objects(crds, admin_kube)
+        try:
+            (one,) = await made.operations("one")
+            operation_set = await made.operation_set([[1], []], [one])
+            name = f"{made.prefix}-diag-0"
+            async with recording(admin_kube, DIAGNOSES, name) as history:
+                diagnosis = await made.diagnosis(
+                    operation_set.metadata.name, TargetSelector(node_names=("a", "b", "c"))
+                )
+                tasks = await polled(
+                    functools.partial(tasks_of, admin_kube, diagnosis), functools.partial(_at_least, 3)
+                )
+
+                async def held() -> int:
+                    await anyio.lowlevel.checkpoint()
+                    return controller.progress_held
+
+                for answered, task in enumerate(tasks[:2], start=1):
+                    await answer_task(admin_kube, task, ok=True)
+                    # The controller has seen this Task end, and held back the status counting it.
+                    await polled(held, functools.partial(operator.le, answered))
+                await answer_task(admin_kube, tasks[2], ok=True)
+                done = await diagnosis_when(admin_kube, name, finished)
+            assert done.status.phase is DiagnosisPhase.SUCCEEDED
+            counted = {
+                (v.status.checkpoint.succeeded, v.status.checkpoint.active)
+                for v in history.versions
+                if v.status.checkpoint is not None
+            }
+            assert counted <= {(0, 3), (3, 0)}, counted
+            assert controller.progress_held >= 2
+        finally:
+            await made.cleanup()

@@ -1,15 +1,17 @@
 """Diagnoses end to end: the controller, a hub and two edge agents as real processes on the real API server.
 
-Every Operation is an ``httpServer`` processor posting to an HTTP server in the test (on loopback,
+Most Operations are ``httpServer`` processors posting to an HTTP server in the test (on loopback,
 which a device may always reach), which records each request and answers as the test says: that is
 what proves a value went from one stage's results into the next stage's request, and that a stage
-a later path shares ran once on each node.
+a later path shares ran once on each node. A ``scriptRunner`` Operation shows the device's own
+config deciding whether a script runs.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import http.server
 import json
 import threading
@@ -38,6 +40,8 @@ from schemas.diagnosis import (
     OperationSetSpec,
     OperationSpec,
     Processor,
+    ScriptRunner,
+    StagePolicy,
     TargetSelector,
     Task,
     TaskPhase,
@@ -189,12 +193,18 @@ async def _connected(kube: Kube, nodes: Sequence[str]) -> bool:
 
 
 @asynccontextmanager
-async def scene(cp: ControlPlane, home: Path, processors: Processors) -> AsyncIterator[Scene]:
-    """Start everything, wait until both agents hold a session; at the end delete what was made (the
-    Diagnoses first, while the controller can still release their Tasks), then check that every process
-    not killed on purpose exited cleanly."""
+async def scene(
+    cp: ControlPlane,
+    home: Path,
+    processors: Processors,
+    *,
+    edge_options: Callable[[int], dict[str, object]] | None = None,
+) -> AsyncIterator[Scene]:
+    """Start everything (agent ``i``'s config with ``edge_options(i)``), wait until both agents hold a session;
+    at the end delete what was made (the Diagnoses first, while the controller can still release their
+    Tasks), then check that every process not killed on purpose exited cleanly."""
     with processors.serving():
-        async with admin(cp) as kube, fleet(cp, home, edges=2, hubs=1) as running:
+        async with admin(cp) as kube, fleet(cp, home, edges=2, hubs=1, edge_options=edge_options) as running:
             nodes = sorted(running.edges)
             await polled(functools.partial(_connected, kube, nodes), bool, limit_s=60)
             made = Scene(cp, kube, running, processors, nodes)
@@ -323,3 +333,49 @@ async def test_a_stage_whose_node_is_killed_mid_task_ends_unknown_and_its_late_r
 async def _snapshot(processors: Processors) -> list[Seen]:
     await anyio.lowlevel.checkpoint()
     return list(processors.seen)
+
+
+SCRIPT = '#!/bin/sh\nprintf \'%s is 42%% full on %s\\n\' "$1" "$2"\n'
+"""Prints its two arguments (``argKeys``: a Diagnosis parameter and the node), as a disk check would."""
+
+
+def _scripts_allowed(index: int) -> dict[str, object]:
+    """Agent 1 enables scripts and lists SCRIPT's digest; agent 0 keeps the default (scripts off)."""
+    if index != 1:
+        return {}
+    digest = hashlib.sha256(SCRIPT.encode()).hexdigest()
+    return {"diagnosis": {"scripts": {"enabled": True, "allowedSha256": [digest]}}}
+
+
+async def test_a_script_runs_only_where_the_device_allows_it_and_its_output_reaches_the_diagnosis(
+    crds: ControlPlane, tmp_path: Path
+) -> None:
+    """A scriptRunner Operation on two agents: the one with the default config refuses it (the Task Failed, its
+    reason naming diagnosis.scripts.enabled); the one whose config enables scripts and lists the script's
+    SHA-256 runs it with its argKeys as arguments, and its stdout is the Task's result and in the context."""
+    processors = Processors(lambda path, body: (404, "no HTTP processor in this test"))
+    async with scene(crds, tmp_path, processors, edge_options=_scripts_allowed) as s:
+        refusing, allowing = list(s.fleet.edges)
+        name = f"{s.prefix}-disk"
+        runner = ScriptRunner(script=SCRIPT, arg_keys=("mount", "node"), operation_result_key="disk")
+        operation = Operation(
+            metadata=ObjectMeta(name=name), spec=OperationSpec(processor=Processor(script_runner=runner))
+        )
+        await s.kube.create(OPERATIONS, operation)
+        s.cluster_scoped.append((OPERATIONS, name))
+        diagnosis = await s.diagnosis([[1], []], [name], parameters={"mount": "/var"}, stage_policy=StagePolicy.ANY)
+        done = await diagnosis_when(s.kube, diagnosis.metadata.name, finished, limit_s=90)
+
+        assert done.status.phase is DiagnosisPhase.SUCCEEDED
+        tasks = await tasks_of(s.kube, diagnosis)
+        refused = _by(tasks, name, refusing)
+        assert refused.status.phase is TaskPhase.FAILED
+        assert _conditions(refused) == [("Accepted", "TaskStored"), ("Failed", "ProcessorFailed")]
+        assert "diagnosis.scripts.enabled" in refused.status.conditions[-1].message
+        assert refused.status.results == {}
+        ran = _by(tasks, name, allowing)
+        output = {"operation.disk.output": f"/var is 42% full on {allowing}\n"}
+        assert ran.status.phase is TaskPhase.SUCCEEDED
+        assert ran.status.results == output
+        assert done.status.context is not None
+        assert done.status.context.operations == {name: {ran.metadata.name: output}}

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import msgspec
 
 from flows.diagnosis_pipeline import pipeline_of
-from flows.diagnosis_run import FINAL_PHASES, Step, World, advance, start
+from flows.diagnosis_run import FINAL_PHASES, Step, World, advance, progress_only, start
 from flows.diagnosis_targets import Resolution
 from flows.diagnosis_tasks import timed_out
 from nodetask.clock import format_time
@@ -82,12 +82,22 @@ class Run:
     opset: OperationSet
     ops: dict[str, Operation]
     now: datetime = T0
+    results: Callable[[int, str], dict[str, str]] | None = None
+    """The results of a Task that succeeds (default ``{"v": "<g>@<n>"}``)."""
+    context_limit: int | None = None
+    hold_progress: bool = False
+    """Never write a status that only counts more ended Tasks of a stage (the controller's longest hold)."""
+    writes: int = 0
+    """Status writes made (the start's included)."""
     tasks: dict[str, Task] = dataclasses.field(default_factory=dict)
     created: list[Task] = dataclasses.field(default_factory=list)
     steps: list[Step] = dataclasses.field(default_factory=list)
 
     def world(self) -> World:
-        return World(pipeline=pipeline_of(self.opset), operations=self.ops, tasks=dict(self.tasks), now=self.now)
+        world = World(pipeline=pipeline_of(self.opset), operations=self.ops, tasks=dict(self.tasks), now=self.now)
+        if self.context_limit is not None:
+            world = dataclasses.replace(world, context_limit=self.context_limit)
+        return world
 
     def begin(self) -> Step:
         nodes = self.diagnosis.spec.target_selector.targets().node_names  # type: ignore[union-attr]
@@ -95,6 +105,7 @@ class Run:
         meta = msgspec.structs.replace(self.diagnosis.metadata, labels={**step.labels})
         self.diagnosis = msgspec.structs.replace(self.diagnosis, metadata=meta, status=step.status)
         self.steps.append(step)
+        self.writes += 1
         return step
 
     def hub(self, task: Task) -> Task:
@@ -105,7 +116,8 @@ class Run:
         )
         match self.outcome(graph_node, task.spec.node_name):
             case Outcome.OK:
-                results = {"v": f"{graph_node}@{task.spec.node_name}"}
+                node = task.spec.node_name
+                results = self.results(graph_node, node) if self.results else {"v": f"{graph_node}@{node}"}
                 status = msgspec.structs.replace(task.status, phase=TaskPhase.SUCCEEDED, results=results)
             case Outcome.FAIL:
                 status = msgspec.structs.replace(task.status, phase=TaskPhase.FAILED)
@@ -126,7 +138,10 @@ class Run:
         self.steps.append(step)
         if not write:
             return step
-        self.diagnosis = msgspec.structs.replace(self.diagnosis, status=step.status)
+        held = self.hold_progress and progress_only(self.diagnosis.status, step)
+        if step.status != self.diagnosis.status and not held:
+            self.diagnosis = msgspec.structs.replace(self.diagnosis, status=step.status)
+            self.writes += 1
         if create:
             for task in step.create:
                 assert task.metadata.name not in self.tasks, f"{task.metadata.name} created twice"

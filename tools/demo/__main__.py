@@ -15,11 +15,12 @@ What runs, all on loopback and all owned by this process:
 Then the sample jobs in ``containers/samples`` are applied and followed live until every job ends
 (or the time limit). The tolerant pre-pull fails on the node whose disk check cannot pass; the demo
 then frees that node's disk threshold with a ConfigUpdateJob and retries the pre-pull (the
-``nodetask.kubeedge.io/retry`` annotation), which runs again on that node only. A summary says
-what happened and why, each retried node's two attempts included, and everything is stopped again - on
-Ctrl-C too. Whatever is not built yet in nodetaskd shows up as the reason the nodes report, never
-hidden. The state directory (default ``~/.cache/nodetaskd/demo``) keeps configs and logs until the
-next run wipes it.
+``nodetask.kubeedge.io/retry`` annotation), which runs again on that node only. Then the sample
+diagnosis runs over every edge (``tools/demo/diagnosis.py``: its first path fails on some nodes,
+whose app refuses connections, and its second succeeds). A summary says what happened and why, each
+retried node's two attempts included, and everything is stopped again - on Ctrl-C too. Whatever is
+not built yet in nodetaskd shows up as the reason the nodes report, never hidden. The state
+directory (default ``~/.cache/nodetaskd/demo``) keeps configs and logs until the next run wipes it.
 """
 
 from __future__ import annotations
@@ -49,8 +50,10 @@ from rich.live import Live
 
 from roles.tls import generate_serving_certificate
 from schemas.core import RETRY_ANNOTATION
+from tools.demo import diagnosis as diag
 from tools.demo.confirm import AFTER, Confirmer
 from tools.demo.fleet import (
+    CANARIES,
     RING_LABEL,
     Edge,
     Hub,
@@ -105,6 +108,8 @@ MARKER_FILE: Final = ".nodetaskd-demo"
 """Marks a directory as the demo's, so that only such a directory is ever wiped."""
 EVENTS_SHOWN: Final = 6
 POLL_SECONDS: Final = 1.0
+DOWN_APPS: Final = 2
+"""Main-ring nodes (the first ones) whose app the diagnosis finds down."""
 LINGER_LIMIT: Final = 900.0
 """Longest the demo waits, after its summary, for Enter before stopping by itself."""
 
@@ -137,6 +142,8 @@ class Demo:
     jobs: list[JobView] = field(default_factory=list)
     unfinished: list[str] = field(default_factory=list)
     confirmer: Confirmer | None = None
+    directory: diag.Directory | None = None
+    diagnosis: diag.DiagnosisView | None = None
     started: float = field(default_factory=time.monotonic)
 
     # ------------------------------------------------------------------------------ set-up
@@ -399,6 +406,53 @@ class Demo:
         self.say(f"kubectl {' '.join(args)}")
         self.follow(until=lambda jobs: any(j.name == TOLERANT and j.run > 1 and j.ended for j in jobs))
 
+    # ------------------------------------------------------------------------------ the diagnosis
+
+    def diagnose(self) -> None:
+        """Apply the diagnosis samples (pipeline first, then the run) and follow the run to its end."""
+        assert self.api is not None
+        assert self.cp is not None
+        api = self.api
+        names = [e.name for e in self.edges]
+        down = names[CANARIES : CANARIES + DOWN_APPS]
+        self.directory = directory = diag.Directory(names, down)
+        self.say(
+            f"diagnosis: the fleet's directory at http://127.0.0.1:{directory.port}/network gives each edge its app's"
+            f" address; the app of {', '.join(down)} refuses connections"
+        )
+        listing = diag.render_operations(SAMPLES_DIR, directory_port=directory.port)
+        out = self.cp.kubectl("apply", "-f", "-", input=json.dumps(listing)).stdout
+        self.say(f"kubectl apply -f containers/samples/{diag.OPERATIONS_SAMPLE}: {' '.join(out.split())}")
+        manifest = diag.render_diagnosis(SAMPLES_DIR)
+        name = manifest["metadata"]["name"]
+        operation_set = manifest["spec"]["operationSet"]
+        # A Diagnosis of an OperationSet the controller has not seen yet fails at once (OperationSetNotFound).
+        self.wait(
+            f"OperationSet {operation_set} to be ready", lambda: diag.operation_set_ready(api, operation_set), limit=60
+        )
+        out = self.cp.kubectl("apply", "-f", "-", input=json.dumps(manifest)).stdout
+        self.say(f"kubectl apply -f containers/samples/{diag.DIAGNOSIS_SAMPLE}: {' '.join(out.split())}")
+        shown = ""
+        deadline = time.monotonic() + self.args.diagnosis_timeout
+        found: dict[str, Any] = {}
+        with self.console.status(f"diagnosis {name}") as status:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(ApiFailure):
+                    found = diag.read_diagnosis(api, name)
+                now = diag.progress(found) if found else "(not read yet)"
+                if now != shown:
+                    shown = now
+                    self.say(f"diagnosis {name}: {now}")
+                    status.update(f"diagnosis {name}: {now}")
+                if (found.get("status") or {}).get("phase") in diag.FINAL_PHASES:
+                    break
+                time.sleep(POLL_SECONDS / 2)
+            else:
+                self.say(f"diagnosis {name} did not end within {self.args.diagnosis_timeout:.0f}s", "bold yellow")
+        if found:
+            tasks = diag.read_tasks(api, found["metadata"]["uid"])
+            self.diagnosis = diag.view(found, tasks, directory.asked)
+
     def runtime_line(self) -> str:
         if self.runtime is None:
             return "runtime: NONE (running without a container runtime)"
@@ -412,6 +466,11 @@ class Demo:
         self.console.print(summary_table(self.jobs, self.unfinished))
         for line in self.findings():
             self.console.print(f"- {line}", highlight=False)
+        if self.diagnosis is not None:
+            self.console.print()
+            down = self.directory.down if self.directory else ()
+            for line in diag.summary_lines(self.diagnosis, down=down):
+                self.console.print(line, highlight=False)
         kubeconfig = self.layout.cluster / "admin.kubeconfig"
         self.console.print(
             "\nTo look further (while the demo runs: in a terminal it waits for Enter here):", style="bold"
@@ -424,6 +483,7 @@ class Demo:
             f"kubectl get imageprepulljob {TOLERANT} -o yaml   # status.retry, nodeStatus[].previousAttempt",
             "kubectl describe nodeupgradejob upgrade-canaries",
             "kubectl get events -n default --sort-by=.lastTimestamp",
+            "kubectl get diagnosis edge-health -o yaml; kubectl get tasks",
         ):
             self.console.print(f"  {command}", highlight=False)
         self.console.print(f"Logs: {self.layout.logs}/<controller|hub-a|hub-b|edge-NN>.log", highlight=False)
@@ -501,6 +561,8 @@ class Demo:
     def stop(self) -> list[str]:
         """Stop everything this run started, in reverse order; returns processes left behind (none)."""
         self.procs.stop()
+        if self.directory is not None:
+            self.directory.stop()
         if self.runtime is not None:
             for error in self.runtime.stop():
                 self.say(error, "red")
@@ -603,6 +665,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, default=12, help="edge nodes (and edge processes) to run; at least 4")
     p.add_argument("--state-dir", type=Path, help="where configs, logs and cluster state go (wiped at start)")
     p.add_argument("--timeout", type=float, default=300, help="seconds the jobs may take before the summary")
+    p.add_argument(
+        "--diagnosis-timeout", type=float, default=120, help="seconds the diagnosis may take before the summary"
+    )
     p.add_argument("--no-runtime", action="store_true", help="do not start containerd and the registry")
     p.add_argument("--no-linger", action="store_true", help="stop right after the summary")
     p.add_argument("--summary-json", type=Path, help="also write the end state of the jobs to this file")
@@ -629,6 +694,7 @@ def run(demo: Demo) -> None:
     demo.say(f"follow along: export KUBECONFIG={demo.layout.cluster / 'admin.kubeconfig'}; kubectl get nodejobs -w")
     demo.follow()
     demo.retry_tolerant()
+    demo.diagnose()
     demo.summarize()
     demo.linger()
 
@@ -691,6 +757,7 @@ def _write_summary(path: Path, demo: Demo, status: int) -> None:
         "runtime": demo.runtime_line(),
         "runtimeProblem": demo.runtime_problem,
         "unfinished": demo.unfinished,
+        "diagnosis": diag.as_json(demo.diagnosis),
         "jobs": [
             {
                 "kind": j.kind,

@@ -5,6 +5,12 @@ acknowledgements, an outbox of reports re-sent until acknowledged, resumption pe
 attempt - but fakes the device: each action takes ``delay`` seconds and fails when its name is in
 ``fail``. With ``attempts=False`` it plays an agent from before retries: no ``attempts`` capability,
 tasks keyed by job UID alone, reports without an attempt. The real agent is ``nodetaskd --role=edge``.
+
+Diagnosis Tasks (``diagnosis.kubediag.org/v1/task/...``, with :func:`roles.jobtypes.edge_job_types`)
+are acknowledged and walked the same way, and a successful ``Run`` reports what
+:func:`double_processor` makes of the request: a small fixed map, whatever the Operation's
+processor. It is a double for load (the API writes and messages a diagnosis costs), not for what a
+processor finds; the real processors are ``roles.edge.processors``.
 """
 
 from __future__ import annotations
@@ -19,8 +25,8 @@ import anyio
 import anyio.abc
 import trio_websocket
 
-from flows import imageprepulljob, nodeupgradejob
-from flows.jobtype import JobType
+from flows import diagnosis_job, imageprepulljob, nodeupgradejob
+from flows.jobtype import EdgeJobType
 from nodetask import messages
 from nodetask.messages import Ack, Cancel, Error, Heartbeat, Hello, Report, ReportAck, RunAction, Welcome
 from nodetask.phases import ConditionStatus
@@ -28,6 +34,20 @@ from nodetask.route import Route
 from schemas.v1alpha2 import ImagePrePullJobSpec, ImageStatus, NodeUpgradeJobSpec
 
 DROPPED_CODES = frozenset({"report_rejected", "job_gone"})
+RESULT_PREFIX = "lightedge."
+"""Every key :func:`double_processor` reports starts with it."""
+
+
+def double_processor(node: str, run: diagnosis_job.TaskRun) -> dict[str, str]:
+    """The results a light edge reports for a Task: its node, the Operation, and how many request keys came
+    (so a benchmark can see the earlier stages' results arrive), whatever the processor says."""
+    propagated = sum(1 for key in run.request if f".{RESULT_PREFIX}" in key)
+    return {
+        f"{RESULT_PREFIX}node": node,
+        f"{RESULT_PREFIX}operation": run.operation,
+        f"{RESULT_PREFIX}requestKeys": str(len(run.request)),
+        f"{RESULT_PREFIX}propagatedKeys": str(propagated),
+    }
 
 
 @dataclass(slots=True)
@@ -51,7 +71,7 @@ class LightEdge:
     node: str
     url: str
     token: str
-    job_types: Mapping[str, JobType]
+    job_types: Mapping[str, EdgeJobType]
     delay: float = 0.05
     fail: frozenset[str] = frozenset()
     version: str = "v1.0.0"
@@ -223,7 +243,12 @@ class LightEdge:
         with contextlib.suppress(trio_websocket.ConnectionClosed):
             await ws.send_message(messages.encode(msg))
 
-    def _extend(self, jt: JobType, run: RunAction, action: str, ok: bool) -> str:
+    def _extend(self, jt: EdgeJobType, run: RunAction, action: str, ok: bool) -> str:
+        if jt.flow is diagnosis_job.FLOW and action == diagnosis_job.RUN and ok:
+            task, error = jt.read_spec(bytes(run.spec))
+            if not isinstance(task, diagnosis_job.TaskRun):
+                raise ValueError(f"a light edge got a Task it cannot read: {error}")
+            return diagnosis_job.encode_results(double_processor(self.node, task))
         if jt.flow is imageprepulljob.FLOW and action == imageprepulljob.PULL:
             spec = imageprepulljob.JOB_TYPE.decode_spec(run.spec)
             assert isinstance(spec, ImagePrePullJobSpec)
