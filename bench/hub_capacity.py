@@ -41,6 +41,7 @@ from prometheus_client import CollectorRegistry
 
 from bench import procs
 from bench.cluster import REPO, admin
+from bench.hub_profile import Sampler
 from bench.waits import Stalled, deadline_for, until_count
 from nodetask.clock import Clock
 from roles.cloud.hub import Hub, HubSettings
@@ -165,8 +166,13 @@ async def _target_job(kube: Kube, name: str) -> str:
     return uid
 
 
-async def run_size(cp: ControlPlane, *, sessions: int, seed: str, state_dir: Path, index: int) -> CapacityRun:
-    """Start a hub process and a fleet of ``sessions`` edges, measure, stop both."""
+async def run_size(
+    cp: ControlPlane, *, sessions: int, seed: str, state_dir: Path, index: int, sample: Sampler | None = None
+) -> CapacityRun:
+    """Start a hub process and a fleet of ``sessions`` edges, measure, stop both.
+
+    ``sample``, when given, samples the hub process during each burst (see :mod:`bench.hub_profile`).
+    """
     port, http_port = procs.free_port(), procs.free_port()
     hub_id = f"bench-cap-{sessions}-{index}"
     cfg = state_dir / f"{hub_id}.yaml"
@@ -185,10 +191,12 @@ async def run_size(cp: ControlPlane, *, sessions: int, seed: str, state_dir: Pat
             await _connect(run, fleet, hub.pid, http_port)
             pids = {"hub": hub.pid, "fleet": fleet.pid}
             await _steady(run, pids, http_port)
-            await _heartbeat_burst(run, fleet, pids, http_port)
+            async with _sampled(sample, "heartbeat", hub.pid):
+                await _heartbeat_burst(run, fleet, pids, http_port)
             uid = await _target_job(kube, job)
             await anyio.sleep(1)  # the hub's job watch picks the job up
-            await _report_burst(run, fleet, pids, job, uid)
+            async with _sampled(sample, "report", hub.pid):
+                await _report_burst(run, fleet, pids, job, uid)
             hellos = (await _read_metrics(http_port)).get("nodetaskd_hub_messages_in_total:hello", 0.0)
             run.reopened = hellos - sessions
         finally:
@@ -205,6 +213,10 @@ async def run_size(cp: ControlPlane, *, sessions: int, seed: str, state_dir: Pat
                 with contextlib.suppress(NotFound):
                     await kube.delete(PREPULLS, job)
     return run
+
+
+def _sampled(sample: Sampler | None, phase: str, pid: int) -> contextlib.AbstractAsyncContextManager[None]:
+    return contextlib.nullcontext() if sample is None else sample(phase, pid)
 
 
 async def _connect(run: CapacityRun, fleet: procs.Fleet, hub_pid: int, http_port: int) -> None:

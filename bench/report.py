@@ -178,7 +178,7 @@ def _hub_section(res: dict[str, Any], images: Path) -> list[str]:
     out = [
         "## 2. Hub capacity",
         "",
-        f"*Measured {res['measured']}.* The real cloud role (`nodetaskd --role=cloud` via `bench/hubproc.py`,",
+        f"*Measured {_when(res)}.* The real cloud role (`nodetaskd --role=cloud` via `bench/hubproc.py`,",
         "which only raises RLIMIT_NOFILE first) in its own process, plain ws:// on loopback, default 15 s",
         "heartbeat, log level error; the edges in a second process (`bench/fleet.py`, at most 200 handshakes",
         "at a time). Each session costs the hub a token check (against the token Secrets it watches: no API",
@@ -192,7 +192,9 @@ def _hub_section(res: dict[str, Any], images: Path) -> list[str]:
         "checked, passed through the job's coalescing status writer (one GET per 0.2 s window, no PUT because",
         "the change is refused: the reports name a job that does not target these nodes) and answered.",
         "Sessions re-opened counts Hellos beyond one per edge over the whole run: sessions dropped by a hub",
-        "too busy to echo heartbeats in time.",
+        "too busy to echo heartbeats in time. *µs per* columns are the hub process's CPU-seconds (user +",
+        "system) over a burst divided by the messages it handled: unlike its rate, barely blurred by the",
+        "fleet's CPU or other load on the same cores.",
         "",
     ]
     sizes = sorted({r["sessions"] for r in runs})
@@ -218,6 +220,8 @@ def _hub_section(res: dict[str, Any], images: Path) -> list[str]:
                 f"{m('steady_cpu_pct'):,.1f}% ({_n(m('steady_heartbeats_per_s'))}/s)",
                 f"{_n(m('heartbeat_burst_per_s'))} ({m('heartbeat_burst_cpu_pct'):,.0f}%)",
                 f"{_n(m('report_burst_per_s'))} ({m('report_burst_cpu_pct'):,.0f}%)",
+                f"**{_med(_cpu_us(r, 'heartbeat') for r in rs):,.0f}**",
+                f"**{_med(_cpu_us(r, 'report') for r in rs):,.0f}**",
                 f"{m('fleet_cpu_pct'):,.0f}%",
                 f"{_med(r['fleet_rss'] / r['sessions'] for r in rs) / KIB:,.1f}",
                 f"{_med(r.get('load', float('nan')) for r in rs):.1f}",
@@ -237,6 +241,8 @@ def _hub_section(res: dict[str, Any], images: Path) -> list[str]:
             "steady hub CPU (heartbeats in)",
             "heartbeat echoes/s (hub CPU)",
             "reports answered/s (hub CPU)",
+            "hub CPU µs per heartbeat echo",
+            "hub CPU µs per report",
             "fleet CPU in burst",
             "fleet KiB per edge",
             "load at end",
@@ -249,6 +255,14 @@ def _hub_section(res: dict[str, Any], images: Path) -> list[str]:
         out += [f"RLIMIT_NOFILE in the hub process: soft {nofile[0]}, hard {nofile[1]} (raised to the hard limit).", ""]
     if plots.hub(runs, images / "hub_capacity.png"):
         out += ["![benchmark 2](bench/hub_capacity.png)", ""]
+    profiled = res.get("profiled")
+    if profiled:
+        links = " and ".join(f"[`bench/{name}`](bench/{name})" for name in profiled["files"])
+        out += [
+            f"Where the hub's CPU goes in the bursts: py-spy samples of one more {profiled['sessions']:,}-session run"
+            f" ({profiled['measured']}; `--profile-hub`), summarised at the top of {links}.",
+            "",
+        ]
     heap = res.get("heap")
     if heap:
         out += [
@@ -327,6 +341,12 @@ def _codec_section(res: dict[str, Any], images: Path) -> list[str]:
         ]
     out.append("")
     return out
+
+
+def _cpu_us(run: dict[str, Any], burst: str) -> float:
+    """The hub's CPU per message of a burst, in µs: its CPU share over the burst's message rate."""
+    rate = float(run[f"{burst}_burst_per_s"])
+    return float(run[f"{burst}_burst_cpu_pct"]) / 100 / rate * 1e6 if rate else float("nan")
 
 
 def _when(res: dict[str, Any]) -> str:
