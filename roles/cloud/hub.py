@@ -149,6 +149,7 @@ class Hub:
             await tg.start(self.jobs.run)
             await tg.start(self.tokens.watch)
             tg.start_soon(self.node_marks.watch)
+            tg.start_soon(self._handler.watch)
             door_scope = anyio.CancelScope(shield=True)
             door_ready = anyio.Event()
             tg.start_soon(self._open, door, door_scope, door_ready)
@@ -208,4 +209,5 @@ class Hub:
         self.jobs.offer(node)
 
     async def _apply_report(self, session: Session, report: Report, log: Log) -> None:
-        await session.send(await self.reports.answer(report, log))
+        # A report's task is the session's own: cancelled only when the session ends.
+        await session.send(await self.reports.answer(report, log), own=True)

@@ -28,6 +28,7 @@ from flows.jobtype import JobType
 from nodetask.clock import Clock
 from nodetask.link import OpenLink
 from nodetask.messages import (
+    PING_CAPABILITY,
     TYPED_CREDENTIALS,
     Ack,
     Cancel,
@@ -79,7 +80,9 @@ class EdgeAgent:
         self._hub = HubConnection(
             settings=settings,
             open_link=open_link,
-            capabilities=tuple(sorted({f"{jt}/{action}" for jt, action in actions} | {TYPED_CREDENTIALS})),
+            capabilities=tuple(
+                sorted({f"{jt}/{action}" for jt, action in actions} | {TYPED_CREDENTIALS, PING_CAPABILITY})
+            ),
             outbox=self._outbox,
             dispatch=self._dispatch,
             log=self._log,
