@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -186,9 +187,12 @@ def _hub_section(res: dict[str, Any], images: Path) -> list[str]:
         "Node. Memory per session is (hub RSS with all sessions - hub RSS before any) / sessions,",
         "read 3 s after the last Node was marked; the marginal figure is the RSS growth from the previous size",
         "(medians) over the sessions added, which leaves out one-time growth. Steady CPU is the hub's over",
-        "30 s of heartbeats only;",
+        "30 s of heartbeats only (websocket pings since the fleet's edges list `ping.v1`, as today's agents do;",
+        "Heartbeat frames before);",
         "the heartbeat burst is 20,000 heartbeats (at least 5 per edge) sent at once, timed until the hub has",
-        "echoed them (its own counter); the report burst is 10,000 reports (at least 2 per edge), each decoded,",
+        "echoed them (its own counter): Heartbeat frames, as agents from before pings keep their sessions alive.",
+        "The ping burst is as many websocket pings (each edge's next one after its pong), timed until the last",
+        "pong. The report burst is 10,000 reports (at least 2 per edge), each decoded,",
         "checked, passed through the job's coalescing status writer (one GET per 0.2 s window, no PUT because",
         "the change is refused: the reports name a job that does not target these nodes) and answered.",
         "Sessions re-opened counts Hellos beyond one per edge over the whole run: sessions dropped by a hub",
@@ -221,6 +225,7 @@ def _hub_section(res: dict[str, Any], images: Path) -> list[str]:
                 f"{_n(m('heartbeat_burst_per_s'))} ({m('heartbeat_burst_cpu_pct'):,.0f}%)",
                 f"{_n(m('report_burst_per_s'))} ({m('report_burst_cpu_pct'):,.0f}%)",
                 f"**{_med(_cpu_us(r, 'heartbeat') for r in rs):,.0f}**",
+                _bold_n(_med(_cpu_us(r, "ping") for r in rs)),
                 f"**{_med(_cpu_us(r, 'report') for r in rs):,.0f}**",
                 f"{m('fleet_cpu_pct'):,.0f}%",
                 f"{_med(r['fleet_rss'] / r['sessions'] for r in rs) / KIB:,.1f}",
@@ -242,6 +247,7 @@ def _hub_section(res: dict[str, Any], images: Path) -> list[str]:
             "heartbeat echoes/s (hub CPU)",
             "reports answered/s (hub CPU)",
             "hub CPU µs per heartbeat echo",
+            "hub CPU µs per ping",
             "hub CPU µs per report",
             "fleet CPU in burst",
             "fleet KiB per edge",
@@ -345,8 +351,13 @@ def _codec_section(res: dict[str, Any], images: Path) -> list[str]:
 
 def _cpu_us(run: dict[str, Any], burst: str) -> float:
     """The hub's CPU per message of a burst, in µs: its CPU share over the burst's message rate."""
-    rate = float(run[f"{burst}_burst_per_s"])
+    rate = float(run.get(f"{burst}_burst_per_s", 0.0))
     return float(run[f"{burst}_burst_cpu_pct"]) / 100 / rate * 1e6 if rate else float("nan")
+
+
+def _bold_n(x: float) -> str:
+    """``x`` in bold, or nothing when it was not measured (runs from before the measurement)."""
+    return "" if math.isnan(x) else f"**{x:,.0f}**"
 
 
 def _when(res: dict[str, Any]) -> str:

@@ -227,7 +227,7 @@ async def _hub_profile(
     entry["profiled"] = {
         "sessions": sessions,
         "measured": _now(),
-        "files": [f"profile-hub-{label}-{phase}.txt" for phase in ("heartbeat", "report")],
+        "files": [f"profile-hub-{label}-{phase}.txt" for phase in ("heartbeat", "ping", "report")],
     }
 
 
