@@ -23,7 +23,7 @@ from pathlib import Path
 
 import anyio
 
-__all__ = ["Sampler", "find_py_spy", "sampler", "summarize"]
+__all__ = ["Sampler", "find_py_spy", "sampler", "shorten", "summarize"]
 
 Sampler = Callable[[str, int], AbstractAsyncContextManager[None]]
 """Samples process ``pid`` during a phase named by the first argument, for the length of the block."""
@@ -77,12 +77,29 @@ def sampler(py_spy: str, out_dir: Path, label: str) -> Sampler:
                     await proc.wait()
                 await proc.aclose()
         if raw.exists():
-            stacks = raw.read_text()
+            stacks = shorten(raw.read_text())
             title = f"py-spy of the hub process during the {phase} burst ({label}), {seconds:.1f} s at {RATE} Hz"
             (out_dir / f"profile-hub-{label}-{phase}.txt").write_text(summarize(stacks, title) + "\n" + stacks)
             raw.unlink()
 
     return sample
+
+
+def shorten(stacks: str) -> str:
+    """Collapsed stacks with each frame's file named from its package (no site-packages or checkout paths)."""
+    out = []
+    for frames, count in _parse(stacks):
+        out.append(";".join(_short_line(f) for f in frames) + f" {count}")
+    return "\n".join(out) + "\n"
+
+
+def _short_line(frame: str) -> str:
+    """``frame`` with its file shortened as :func:`_short` does, keeping the line number."""
+    m = _FRAME.match(frame)
+    if m is None:
+        return frame
+    line = frame[m.end("file") : -1]  # ":<line>", or nothing
+    return _short(frame)[:-1] + line + ")"
 
 
 def _parse(stacks: str) -> Iterable[tuple[list[str], int]]:

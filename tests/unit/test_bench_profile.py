@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.hub_profile import summarize
+from bench.hub_profile import shorten, summarize
 
 STACKS = "\n".join(
     [
@@ -29,3 +29,12 @@ def test_shares_are_of_busy_samples_by_innermost_frame_and_by_area() -> None:
 def test_no_samples_says_so() -> None:
     """An empty profile is a summary saying there were no samples, not a division by zero."""
     assert summarize("", "burst").splitlines()[1] == "# no samples"
+
+
+def test_stored_stacks_name_files_from_their_package_and_keep_line_numbers() -> None:
+    """Shortened stacks drop site-packages and checkout paths, keep each line number, and leave idle out."""
+    assert shorten(STACKS).splitlines() == [
+        "run (trio/_core/_run.py:10);send_all (trio/_highlevel_socket.py:120) 6",
+        "run (trio/_core/_run.py:10);_read (roles/cloud/session_handler.py:200) 3",
+        "run (trio/_core/_run.py:10);labels (prometheus_client/metrics.py:1) 1",
+    ]
