@@ -10,7 +10,8 @@ A session says ``hello``, waits for the ``welcome``, then runs until its link fa
   ``missed_heartbeats`` intervals counts as gone: the session ends and the loop reconnects. When
   both sides list :data:`~nodetask.messages.PING_CAPABILITY` the heartbeat is a websocket ping,
   which the hub's transport answers without waking the hub's session code, and a ping unanswered
-  for those intervals ends the session;
+  for those intervals ends the session (a ping is a control frame, which the websocket layer puts
+  between whole frames of the writer's: it need not wait behind them);
 * every frame from the hub is decoded and handed to the agent's :class:`Dispatch`.
 """
 
