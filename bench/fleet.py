@@ -6,6 +6,8 @@ talks to the benchmark in JSON lines: it prints ``{"event": "connected", ...}`` 
 connected, then obeys one command per stdin line:
 
 * ``heartbeats K``: every edge sends K heartbeats at once (the hub echoes each);
+* ``pings K``: every edge sends K websocket pings, one after the other's pong, and the process
+  prints ``{"event": "ponged", ...}`` once every pong came back;
 * ``reports K JOB UID``: every edge sends K reports for ImagePrePullJob ``JOB`` (UID ``UID``)
   and the process prints ``{"event": "answered", ...}`` once the hub has answered them all;
 * ``stats``: print counters. End of input stops the process.
@@ -74,6 +76,19 @@ async def _heartbeats(edges: list[LightEdge], count: int) -> None:
     emit("sent", messages=len(edges) * count, seconds=time.perf_counter() - started)
 
 
+async def _pings(edges: list[LightEdge], count: int) -> None:
+    started = time.perf_counter()
+
+    async def one(edge: LightEdge) -> None:
+        for _ in range(count):
+            await edge.ping()
+
+    async with anyio.create_task_group() as tg:
+        for edge in edges:
+            tg.start_soon(one, edge)
+    emit("ponged", messages=len(edges) * count, seconds=time.perf_counter() - started)
+
+
 async def _reports(edges: list[LightEdge], count: int, job: str, uid: str) -> None:
     before = sum(len(e.errors) + len(e.acked) for e in edges)
     expected = before + len(edges) * count
@@ -117,6 +132,7 @@ async def serve(args: argparse.Namespace) -> None:
             job_types=types,
             delay=args.delay,
             reconnect_delay=args.reconnect_delay,
+            pings=args.pings,
         )
         for i in range(args.first, args.first + args.count)
     ]
@@ -127,6 +143,8 @@ async def serve(args: argparse.Namespace) -> None:
             match line.split():
                 case ["heartbeats", k]:
                     await _heartbeats(edges, int(k))
+                case ["pings", k]:
+                    await _pings(edges, int(k))
                 case ["reports", k, job, uid]:
                     await _reports(edges, int(k), job, uid)
                 case ["stats"]:
@@ -145,6 +163,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--delay", type=float, default=0.01, help="seconds each action takes")
     p.add_argument("--parallel", type=int, default=200, help="connections being opened at once")
     p.add_argument("--reconnect-delay", type=float, default=1.0)
+    p.add_argument("--pings", action="store_true", help="edges keep sessions alive with websocket pings")
     args = p.parse_args(argv)
     soft, hard = raise_fd_limit()
     emit("started", nofile_soft=soft, nofile_hard=hard)

@@ -5,12 +5,15 @@ process of its own, with plain ws:// on loopback and the default 15 s heartbeat;
 :mod:`bench.fleet` process. For each size, a fresh hub and fleet:
 
 1. the hub starts and syncs its job cache; its RSS is read (the baseline);
-2. the fleet connects every edge, at most 200 handshakes at a time. Each session costs the hub a
+2. the fleet connects every edge, at most 200 handshakes at a time; its edges list pings, as
+   today's agents do, so that they keep their sessions alive with websocket pings. Each session costs the hub a
    token check (against the watched token Secrets: no API call) and a merge patch recording the
    session on the Node. Connect time is until the last Node is marked;
 3. after a 3 s settle, RSS again: (RSS - baseline) / sessions is the memory per session;
 4. steady state: the hub's CPU over 30 s of heartbeats only (every edge every 15 s);
-5. heartbeat burst: 20,000 heartbeats (at least 5 per edge) at once; the hub's echo rate (its counter);
+5. heartbeat burst: 20,000 heartbeats (at least 5 per edge) at once; the hub's echo rate (its counter).
+   These are the Heartbeat frames of agents from before pings, which a hub still echoes;
+   ping burst: as many websocket pings (each edge's next after its pong), timed until the last pong;
 6. report burst: 10,000 reports (at least 2 per edge) for an existing job not targeting them. Each
    report is decoded, checked, passed through the job's coalescing status writer (one GET of the
    job per 0.2 s window; no PUT, since the change is refused) and answered. The write itself is
@@ -41,6 +44,7 @@ from prometheus_client import CollectorRegistry
 
 from bench import procs
 from bench.cluster import REPO, admin
+from bench.hub_profile import Sampler
 from bench.waits import Stalled, deadline_for, until_count
 from nodetask.clock import Clock
 from roles.cloud.hub import Hub, HubSettings
@@ -84,6 +88,8 @@ class CapacityRun:
     steady_heartbeats_per_s: float = 0.0
     heartbeat_burst_per_s: float = 0.0
     heartbeat_burst_cpu_pct: float = 0.0
+    ping_burst_per_s: float = 0.0
+    ping_burst_cpu_pct: float = 0.0
     report_burst_per_s: float = 0.0
     report_burst_cpu_pct: float = 0.0
     fleet_cpu_pct: float = 0.0
@@ -165,8 +171,13 @@ async def _target_job(kube: Kube, name: str) -> str:
     return uid
 
 
-async def run_size(cp: ControlPlane, *, sessions: int, seed: str, state_dir: Path, index: int) -> CapacityRun:
-    """Start a hub process and a fleet of ``sessions`` edges, measure, stop both."""
+async def run_size(
+    cp: ControlPlane, *, sessions: int, seed: str, state_dir: Path, index: int, sample: Sampler | None = None
+) -> CapacityRun:
+    """Start a hub process and a fleet of ``sessions`` edges, measure, stop both.
+
+    ``sample``, when given, samples the hub process during each burst (see :mod:`bench.hub_profile`).
+    """
     port, http_port = procs.free_port(), procs.free_port()
     hub_id = f"bench-cap-{sessions}-{index}"
     cfg = state_dir / f"{hub_id}.yaml"
@@ -180,15 +191,21 @@ async def run_size(cp: ControlPlane, *, sessions: int, seed: str, state_dir: Pat
             await _ready(http_port, hub)
             await anyio.sleep(2)
             baseline = procs.rss_bytes(hub.pid)
-            fleet = await procs.Fleet.spawn(url=f"ws://127.0.0.1:{port}", seed=seed, count=sessions, parallel=200)
+            fleet = await procs.Fleet.spawn(
+                url=f"ws://127.0.0.1:{port}", seed=seed, count=sessions, parallel=200, pings=True
+            )
             run = CapacityRun(sessions=sessions, baseline_rss=baseline, nofile=psutil_nofile(hub.pid))
             await _connect(run, fleet, hub.pid, http_port)
             pids = {"hub": hub.pid, "fleet": fleet.pid}
             await _steady(run, pids, http_port)
-            await _heartbeat_burst(run, fleet, pids, http_port)
+            async with _sampled(sample, "heartbeat", hub.pid):
+                await _heartbeat_burst(run, fleet, pids, http_port)
+            async with _sampled(sample, "ping", hub.pid):
+                await _ping_burst(run, fleet, pids)
             uid = await _target_job(kube, job)
             await anyio.sleep(1)  # the hub's job watch picks the job up
-            await _report_burst(run, fleet, pids, job, uid)
+            async with _sampled(sample, "report", hub.pid):
+                await _report_burst(run, fleet, pids, job, uid)
             hellos = (await _read_metrics(http_port)).get("nodetaskd_hub_messages_in_total:hello", 0.0)
             run.reopened = hellos - sessions
         finally:
@@ -205,6 +222,10 @@ async def run_size(cp: ControlPlane, *, sessions: int, seed: str, state_dir: Pat
                 with contextlib.suppress(NotFound):
                     await kube.delete(PREPULLS, job)
     return run
+
+
+def _sampled(sample: Sampler | None, phase: str, pid: int) -> contextlib.AbstractAsyncContextManager[None]:
+    return contextlib.nullcontext() if sample is None else sample(phase, pid)
 
 
 async def _connect(run: CapacityRun, fleet: procs.Fleet, hub_pid: int, http_port: int) -> None:
@@ -242,6 +263,17 @@ async def _heartbeat_burst(run: CapacityRun, fleet: procs.Fleet, pids: dict[str,
     run.heartbeat_burst_per_s = (m1[key] - m0.get(key, 0.0)) / elapsed
     run.heartbeat_burst_cpu_pct = cpu["hub"] / elapsed * 100
     run.fleet_cpu_pct = cpu["fleet"] / elapsed * 100
+
+
+async def _ping_burst(run: CapacityRun, fleet: procs.Fleet, pids: dict[str, int]) -> None:
+    each = max(5, -(-HEARTBEAT_BURST // run.sessions))
+    cpu0 = procs.cpu_seconds(pids)
+    await fleet.command(f"pings {each}")
+    ponged = await fleet.expect("ponged", limit_s=600)
+    cpu = procs.cpu_delta(cpu0, procs.cpu_seconds(pids))
+    seconds = float(ponged["seconds"])
+    run.ping_burst_per_s = run.sessions * each / seconds
+    run.ping_burst_cpu_pct = cpu["hub"] / seconds * 100
 
 
 async def _report_burst(run: CapacityRun, fleet: procs.Fleet, pids: dict[str, int], job: str, uid: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -178,7 +179,7 @@ def _hub_section(res: dict[str, Any], images: Path) -> list[str]:
     out = [
         "## 2. Hub capacity",
         "",
-        f"*Measured {res['measured']}.* The real cloud role (`nodetaskd --role=cloud` via `bench/hubproc.py`,",
+        f"*Measured {_when(res)}.* The real cloud role (`nodetaskd --role=cloud` via `bench/hubproc.py`,",
         "which only raises RLIMIT_NOFILE first) in its own process, plain ws:// on loopback, default 15 s",
         "heartbeat, log level error; the edges in a second process (`bench/fleet.py`, at most 200 handshakes",
         "at a time). Each session costs the hub a token check (against the token Secrets it watches: no API",
@@ -186,13 +187,18 @@ def _hub_section(res: dict[str, Any], images: Path) -> list[str]:
         "Node. Memory per session is (hub RSS with all sessions - hub RSS before any) / sessions,",
         "read 3 s after the last Node was marked; the marginal figure is the RSS growth from the previous size",
         "(medians) over the sessions added, which leaves out one-time growth. Steady CPU is the hub's over",
-        "30 s of heartbeats only;",
+        "30 s of heartbeats only (websocket pings since the fleet's edges list `ping.v1`, as today's agents do;",
+        "Heartbeat frames before);",
         "the heartbeat burst is 20,000 heartbeats (at least 5 per edge) sent at once, timed until the hub has",
-        "echoed them (its own counter); the report burst is 10,000 reports (at least 2 per edge), each decoded,",
+        "echoed them (its own counter): Heartbeat frames, as agents from before pings keep their sessions alive.",
+        "The ping burst is as many websocket pings (each edge's next one after its pong), timed until the last",
+        "pong. The report burst is 10,000 reports (at least 2 per edge), each decoded,",
         "checked, passed through the job's coalescing status writer (one GET per 0.2 s window, no PUT because",
         "the change is refused: the reports name a job that does not target these nodes) and answered.",
         "Sessions re-opened counts Hellos beyond one per edge over the whole run: sessions dropped by a hub",
-        "too busy to echo heartbeats in time.",
+        "too busy to echo heartbeats in time. *µs per* columns are the hub process's CPU-seconds (user +",
+        "system) over a burst divided by the messages it handled: unlike its rate, barely blurred by the",
+        "fleet's CPU or other load on the same cores.",
         "",
     ]
     sizes = sorted({r["sessions"] for r in runs})
@@ -215,9 +221,12 @@ def _hub_section(res: dict[str, Any], images: Path) -> list[str]:
                 f"**{m('per_session_bytes') / KIB:,.1f}**",
                 f"{(rss[n] - rss[sizes[i - 1]]) / (n - sizes[i - 1]) / KIB:,.1f}" if i else "",
                 f"{m('baseline_rss') / MIB:,.0f} MiB",
-                f"{m('steady_cpu_pct'):,.1f}% ({_n(m('steady_heartbeats_per_s'))}/s)",
+                f"{m('steady_cpu_pct'):,.1f}% ({_n(_med(notes.keepalives_per_s(r) for r in rs))}/s)",
                 f"{_n(m('heartbeat_burst_per_s'))} ({m('heartbeat_burst_cpu_pct'):,.0f}%)",
                 f"{_n(m('report_burst_per_s'))} ({m('report_burst_cpu_pct'):,.0f}%)",
+                f"**{_med(_cpu_us(r, 'heartbeat') for r in rs):,.0f}**",
+                _bold_n(_med(_cpu_us(r, "ping") for r in rs)),
+                f"**{_med(_cpu_us(r, 'report') for r in rs):,.0f}**",
                 f"{m('fleet_cpu_pct'):,.0f}%",
                 f"{_med(r['fleet_rss'] / r['sessions'] for r in rs) / KIB:,.1f}",
                 f"{_med(r.get('load', float('nan')) for r in rs):.1f}",
@@ -234,9 +243,12 @@ def _hub_section(res: dict[str, Any], images: Path) -> list[str]:
             "hub KiB per session",
             "marginal KiB per session",
             "hub RSS before",
-            "steady hub CPU (heartbeats in)",
+            "steady hub CPU (keep-alives in)",
             "heartbeat echoes/s (hub CPU)",
             "reports answered/s (hub CPU)",
+            "hub CPU µs per heartbeat echo",
+            "hub CPU µs per ping",
+            "hub CPU µs per report",
             "fleet CPU in burst",
             "fleet KiB per edge",
             "load at end",
@@ -249,6 +261,14 @@ def _hub_section(res: dict[str, Any], images: Path) -> list[str]:
         out += [f"RLIMIT_NOFILE in the hub process: soft {nofile[0]}, hard {nofile[1]} (raised to the hard limit).", ""]
     if plots.hub(runs, images / "hub_capacity.png"):
         out += ["![benchmark 2](bench/hub_capacity.png)", ""]
+    profiled = res.get("profiled")
+    if profiled:
+        links = " and ".join(f"[`bench/{name}`](bench/{name})" for name in profiled["files"])
+        out += [
+            f"Where the hub's CPU goes in the bursts: py-spy samples of one more {profiled['sessions']:,}-session run"
+            f" ({profiled['measured']}; `--profile-hub`), summarised at the top of {links}.",
+            "",
+        ]
     heap = res.get("heap")
     if heap:
         out += [
@@ -274,6 +294,26 @@ def _hub_section(res: dict[str, Any], images: Path) -> list[str]:
             f" **{per:.1f} KiB** per session, {verdict}.",
             "",
         ]
+        # The next targets (19,000 sessions on 2 cores), judged on the largest size measured with pings.
+        pinged = [r for r in runs if r.get("ping_burst_per_s")]
+        if pinged:
+            n = max(r["sessions"] for r in pinged)
+            at = [r for r in pinged if r["sessions"] == n]
+            kib = _med(r["per_session_bytes"] for r in at) / KIB
+            ping = _med(_cpu_us(r, "ping") for r in at)
+            beat = _med(_cpu_us(r, "heartbeat") for r in at)
+            report = _med(_cpu_us(r, "report") for r in at)
+
+            def met(ok: bool) -> str:
+                return "met" if ok else "not met"
+
+            out += [
+                f"**Targets for 19,000 sessions** (largest size measured with pings: {n:,}): under 25 KiB of hub"
+                f" RSS per session: **{kib:.1f}** ({met(kib < 25 and n >= 19000)}); a keep-alive at most 60 µs of"
+                f" hub CPU: **{ping:,.0f}** µs per ping, {beat:,.0f} µs per Heartbeat echo ({met(ping <= 60)}); a"
+                f" report at most 200 µs: **{report:,.0f}** µs ({met(report <= 200)}). See the notes for why.",
+                "",
+            ]
     return out
 
 
@@ -327,6 +367,17 @@ def _codec_section(res: dict[str, Any], images: Path) -> list[str]:
         ]
     out.append("")
     return out
+
+
+def _cpu_us(run: dict[str, Any], burst: str) -> float:
+    """The hub's CPU per message of a burst, in µs: its CPU share over the burst's message rate."""
+    rate = float(run.get(f"{burst}_burst_per_s", 0.0))
+    return float(run[f"{burst}_burst_cpu_pct"]) / 100 / rate * 1e6 if rate else float("nan")
+
+
+def _bold_n(x: float) -> str:
+    """``x`` in bold, or nothing when it was not measured (runs from before the measurement)."""
+    return "" if math.isnan(x) else f"**{x:,.0f}**"
 
 
 def _when(res: dict[str, Any]) -> str:

@@ -27,7 +27,7 @@ import anyio
 import anyio.abc
 import msgspec
 
-from bench import cluster, codec, edge_footprint, hub_capacity, job_cost, machine, report
+from bench import cluster, codec, edge_footprint, hub_capacity, hub_profile, job_cost, machine, report
 from bench.fleet import raise_fd_limit
 from bench.waits import Stalled
 from roles.logs import configure_logging
@@ -96,7 +96,7 @@ async def _cluster_benchmarks(args: argparse.Namespace, results: dict[str, Any],
         async with cluster.control_plane(args.cluster_dir, Path(tmp) / "cp") as cp:
             seed = cluster.fleet_seed(cp)
             fleet = max([*args.job_sizes, args.profile_job] if "job" in args.only else [0])
-            fleet = max(fleet, max(args.hub_sizes) if "hub" in args.only else 0)
+            fleet = max(fleet, max([*args.hub_sizes, args.profile_hub]) if "hub" in args.only else 0)
             fleet = max(fleet, args.heap_sessions if "heap" in args.only else 0)
             async with cluster.admin(cp) as kube:
                 _log(f"registering {fleet} edge Nodes and token Secrets")
@@ -176,10 +176,21 @@ async def _hub_capacity(
     cp: Any, seed: str, args: argparse.Namespace, tmp: Path, results: dict[str, Any], *, failed: list[str]
 ) -> None:
     """Run the hub series, storing the results after every run."""
-    runs: list[dict[str, Any]] = []
+    previous = results.get("hub_capacity", {})
+    # Sizes not run this time keep their last results, stamped with when they were measured.
+    runs: list[dict[str, Any]] = [
+        {"measured": previous.get("measured", ""), **r}
+        for r in previous.get("runs", [])
+        if r["sessions"] not in args.hub_sizes
+    ]
+    entry: dict[str, Any] = {"measured": _now(), "runs": runs}
     # The heap profile is a series of its own (--only heap): a hub-only run keeps the last one.
-    heap = results.get("hub_capacity", {}).get("heap")
-    results["hub_capacity"] = {"measured": _now(), "runs": runs, **({"heap": heap} if heap else {})}
+    for kept in ("heap", "profiled"):
+        if previous.get(kept):
+            entry[kept] = previous[kept]
+    results["hub_capacity"] = entry
+    if args.profile_hub:
+        await _hub_profile(cp, seed, args, tmp, entry, failed=failed)
     for sessions in args.hub_sizes:
         repeats = args.hub_repeats if sessions <= 1000 else args.big_hub_repeats
         for index in range(repeats):
@@ -190,8 +201,34 @@ async def _hub_capacity(
                 _failed(failed, f"hub: {sessions} sessions, run {index + 1}", exc)
                 continue
             _log(f"  connected in {run.connect_s:.1f}s, {run.per_session_bytes / 1024:.1f} KiB/session")
-            runs.append({**asdict(run), "per_session_bytes": run.per_session_bytes, "load": _load()})
+            runs.append(
+                {**asdict(run), "per_session_bytes": run.per_session_bytes, "load": _load(), "measured": _now()}
+            )
             _save(results, args)
+
+
+async def _hub_profile(
+    cp: Any, seed: str, args: argparse.Namespace, tmp: Path, entry: dict[str, Any], *, failed: list[str]
+) -> None:
+    """One more hub run with py-spy sampling the hub during its bursts (not counted among the runs)."""
+    sessions = args.profile_hub
+    py_spy = hub_profile.find_py_spy(args.py_spy)
+    if py_spy is None:
+        _failed(failed, f"hub profile, {sessions} sessions", RuntimeError("no py-spy on PATH (--py-spy)"))
+        return
+    _log(f"hub: {sessions} sessions under py-spy")
+    label = f"{sessions}"
+    sample = hub_profile.sampler(py_spy, RESULTS.parent, label)
+    try:
+        await hub_capacity.run_size(cp, sessions=sessions, seed=seed, state_dir=tmp, index=99, sample=sample)
+    except Exception as exc:
+        _failed(failed, f"hub profile, {sessions} sessions", exc)
+        return
+    entry["profiled"] = {
+        "sessions": sessions,
+        "measured": _now(),
+        "files": [f"profile-hub-{label}-{phase}.txt" for phase in ("heartbeat", "ping", "report")],
+    }
 
 
 def _codec(args: argparse.Namespace) -> dict[str, Any]:
@@ -247,6 +284,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--profile-job", type=int, default=1000, help="nodes of one extra job run under cProfile (0: none)")
     p.add_argument("--hub-repeats", type=int, default=3, help="runs per hub size up to 1,000 sessions")
     p.add_argument("--big-hub-repeats", type=int, default=2, help="runs per larger hub size")
+    p.add_argument(
+        "--profile-hub", type=int, default=0, help="sessions of one extra hub run sampled by py-spy (0: none)"
+    )
+    p.add_argument("--py-spy", help="the py-spy executable for --profile-hub (default: the one on PATH)")
     p.add_argument("--heap-sessions", type=int, default=2000, help="sessions of the tracemalloc run (0: none)")
     p.add_argument("--codec-iterations", type=int, default=50_000)
     p.add_argument("--codec-repeats", type=int, default=7)

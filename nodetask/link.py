@@ -1,9 +1,14 @@
-"""A session's link: frames out, frames in, and a close; neither end knows anything else of the socket.
+"""A session's link: frames out, frames in, a ping and a close; neither end knows anything else of the socket.
 
 The edge agent's connection and the hub's session handler are both written against :class:`Link`.
 Each role has its real link over trio-websocket (in ``roles/``); :func:`memory_links` makes a
 connected pair over anyio memory object streams, so that either end can be tested against the
 other in the same process under virtual time.
+
+A ping is the websocket's own: the other end's transport answers it with a pong without handing
+anything to the code reading frames, so keeping an idle session alive costs that code nothing.
+Each end notes when it last heard anything from the other (frames and pings alike), which is
+what a missed-heartbeat deadline is measured from.
 """
 
 from __future__ import annotations
@@ -43,6 +48,14 @@ class Link(Protocol):
         """Close the link (a websocket close ``code`` and ``reason``); the other end's receive then fails."""
         ...
 
+    async def ping(self) -> None:
+        """Send a ping and wait for the other end's pong. Errors: :class:`LinkClosed`."""
+        ...
+
+    def heard_at(self) -> float:
+        """When (``anyio.current_time()``) anything last arrived from the other end, pings included."""
+        ...
+
 
 class OpenLink(Protocol):
     """Opens a link to ``url`` for the duration of an ``async with``. Errors: :class:`LinkClosed`, :class:`OSError`."""
@@ -53,25 +66,66 @@ class OpenLink(Protocol):
 
 
 @final
+@dataclass(frozen=True, slots=True)
+class _Ping:
+    """A ping in flight between memory links; its pong sets ``answered``."""
+
+    answered: anyio.Event
+
+
+@final
+@dataclass(frozen=True, slots=True)
+class _Pong:
+    ping: _Ping
+
+
+_Carried = Frame | _Ping | _Pong
+
+
+@final
 @dataclass(eq=False, slots=True)
 class MemoryLink:
-    """One end of a :func:`memory_links` pair."""
+    """One end of a :func:`memory_links` pair.
 
-    _out: MemoryObjectSendStream[Frame]
-    _in: MemoryObjectReceiveStream[Frame]
+    As over a websocket, a ping is answered by the receiving end without reaching its reader: here
+    while that end is in :meth:`receive` (a session always has a task reading its link).
+    """
+
+    _out: MemoryObjectSendStream[_Carried]
+    _in: MemoryObjectReceiveStream[_Carried]
     closed_with: tuple[int, str] | None = field(default=None, init=False)
     """The code and reason this end closed the link with, once it did."""
+    _heard: float = field(default_factory=anyio.current_time, init=False)
 
     async def send(self, frame: bytes) -> None:
-        try:
-            await self._out.send(frame)
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-            raise LinkClosed("the link is closed") from None
+        await self._put(frame)
 
     async def receive(self) -> Frame:
+        while True:
+            try:
+                item = await self._in.receive()
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+                raise LinkClosed("the link is closed") from None
+            self._heard = anyio.current_time()
+            if isinstance(item, _Ping):
+                await self._put(_Pong(item))
+            elif isinstance(item, _Pong):
+                item.ping.answered.set()
+            else:
+                return item
+
+    async def ping(self) -> None:
+        ping = _Ping(anyio.Event())
+        await self._put(ping)
+        await ping.answered.wait()
+
+    def heard_at(self) -> float:
+        return self._heard
+
+    async def _put(self, item: _Carried) -> None:
         try:
-            return await self._in.receive()
-        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await self._out.send(item)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             raise LinkClosed("the link is closed") from None
 
     async def close(self, code: int = NORMAL_CLOSE, reason: str = "") -> None:
@@ -83,6 +137,6 @@ class MemoryLink:
 
 def memory_links(capacity: float = 16) -> tuple[MemoryLink, MemoryLink]:
     """Two connected ends: what one sends, the other receives (at most ``capacity`` frames in flight each way)."""
-    a_out, b_in = anyio.create_memory_object_stream[Frame](capacity)
-    b_out, a_in = anyio.create_memory_object_stream[Frame](capacity)
+    a_out, b_in = anyio.create_memory_object_stream[_Carried](capacity)
+    b_out, a_in = anyio.create_memory_object_stream[_Carried](capacity)
     return MemoryLink(a_out, a_in), MemoryLink(b_out, b_in)

@@ -35,6 +35,7 @@ __all__ = [
     "ATTEMPTS_CAPABILITY",
     "CACHE_CAPABILITY",
     "CACHE_SECRETS_CAPABILITY",
+    "PING_CAPABILITY",
     "TYPED_CREDENTIALS",
     "Ack",
     "ActionResult",
@@ -96,9 +97,18 @@ class ActionResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
 
 class Heartbeat(Message, frozen=True, tag="heartbeat"):
     """Keeps a session alive. The edge sends one every ``heartbeat_interval``; the hub echoes it, so
-    each side sees a frame at least that often and treats three silent intervals as a dead session."""
+    each side sees a frame at least that often and treats three silent intervals as a dead session.
+    Between peers that both list :data:`PING_CAPABILITY`, a websocket ping does this job instead."""
 
     sent_at: float = 0.0
+
+
+PING_CAPABILITY: Final = "ping.v1"
+"""Listed in Hello and Welcome: the edge keeps the session alive with a websocket ping every
+``heartbeat_interval`` instead of a Heartbeat frame. The hub's transport answers each with a pong
+without waking the hub's session code; three intervals in which nothing arrived, ping or frame,
+still end the session on either side. A hub that does not list it is sent Heartbeats, and a hub
+still echoes the Heartbeats of agents that do not list it."""
 
 
 class Error(Message, frozen=True, tag="error"):

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import functools
+import gc
 import socket
 import ssl
 from pathlib import Path
+from typing import Final
 
 import anyio
 import structlog
@@ -38,6 +40,24 @@ def settings_of(cfg: CloudConfig) -> HubSettings:
         max_sessions=cfg.max_sessions,
         mark_pending_limit=cfg.mark_pending_limit,
     )
+
+
+GC_YOUNG_THRESHOLD: Final = 20_000
+"""Allocations between two collections of the youngest generation (CPython's default is 700)."""
+
+
+def tune_gc() -> None:
+    """Fewer garbage collections for a hub: what startup loaded is frozen, the young generation larger.
+
+    Every frame a hub handles allocates a few short-lived objects (trio's outcomes, the frame, its
+    message). At CPython's default the collector ran every few dozen frames and went through the
+    objects of thousands of sessions: about a third of a heartbeat echo's CPU in a bare trio-websocket
+    server (docs/benchmarks.md). A hub's garbage dies by reference count; the collector only has the
+    rare cycle to find, which a larger young generation still finds.
+    """
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
 def server_tls(cfg: CloudConfig) -> ssl.SSLContext | None:
@@ -86,6 +106,7 @@ async def run(cfg: RoleConfig, *, log: structlog.typing.FilteringBoundLogger, co
             on_error=hub.metrics.connection_errors.labels(transport="http").inc,
             on_refused=hub.metrics.connections_refused.labels(limit="maxHttpConnections").inc,
         )
+        tune_gc()
         async with anyio.create_task_group() as tg:
             await tg.start(serve)
             await hub.run(host=host, port=port, ssl_context=tls)

@@ -109,6 +109,8 @@ def _index(job: Job, node: str) -> int:
     entries = job.status.node_status
     positions = _layout(job.metadata.uid, len(entries))
     i = positions.get(node, -1)
+    if i < 0 and len(positions) == len(entries):
+        return -1  # every entry is mapped already: the job has none for this node
     if i < 0 or entries[i].node_name != node:
         # First sight of this job, or (never in practice) another layout under the same key.
         positions.clear()

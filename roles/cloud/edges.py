@@ -94,9 +94,9 @@ class WebSocketDoor:
             return
         try:
             async with trio.open_nursery() as nursery:  # the websocket's reader task runs here
-                request = await self._upgrade(nursery, stream, ssl_context)
-                if request is not None:
-                    await self._handle(request, admission, serve_edge)
+                upgraded = await self._upgrade(nursery, stream, ssl_context)
+                if upgraded is not None:
+                    await self._handle(*upgraded, admission, serve_edge)
                 nursery.cancel_scope.cancel()
         except* Exception:
             # The one place a hub catches every error (C12): a bug met while serving one edge must
@@ -111,8 +111,9 @@ class WebSocketDoor:
 
     async def _upgrade(
         self, nursery: trio.Nursery, stream: trio.SocketStream, ssl_context: ssl.SSLContext | None
-    ) -> trio_websocket.WebSocketRequest | None:
-        """The edge's websocket request, once its TLS and HTTP handshake are done; None if they fail or stall."""
+    ) -> tuple[trio_websocket.WebSocketRequest, PeerWatch] | None:
+        """The edge's websocket request (and the stream under it), once its TLS and HTTP handshake are done;
+        None if they fail or stall."""
         with anyio.move_on_after(self._settings.handshake_timeout):
             served: trio.abc.Stream = stream
             if ssl_context is not None:
@@ -130,7 +131,7 @@ class WebSocketDoor:
                     nursery, watched, max_message_size=self._settings.max_frame_bytes
                 )
                 race.cancel_scope.cancel()
-                return request
+                return request, watched
             return None  # the peer went before its request was complete
         self._metrics.handshake_timeouts.inc()
         seconds = self._settings.handshake_timeout
@@ -165,7 +166,7 @@ class WebSocketDoor:
         await request.reject(status, body=reason.encode())
 
     async def _handle(
-        self, request: trio_websocket.WebSocketRequest, admission: Admission, serve_edge: ServeEdge
+        self, request: trio_websocket.WebSocketRequest, stream: PeerWatch, admission: Admission, serve_edge: ServeEdge
     ) -> None:
         path = request.path.split("?", 1)[0]
         if not path.startswith(EDGE_PATH_PREFIX):
@@ -188,7 +189,7 @@ class WebSocketDoor:
             await self._refuse(request, HTTPStatus.SERVICE_UNAVAILABLE, reason, node)
             return
         ws = await request.accept()
-        await serve_edge(node, WebSocketLink(ws))
+        await serve_edge(node, WebSocketLink(ws, stream))
 
 
 async def _cancel_when_gone(watched: PeerWatch, scope: anyio.CancelScope) -> None:

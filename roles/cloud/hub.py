@@ -155,6 +155,7 @@ class Hub:
             await tg.start(self.tasks.run)
             await tg.start(self.tokens.watch)
             tg.start_soon(self.node_marks.watch)
+            tg.start_soon(self._handler.watch)
             door_scope = anyio.CancelScope(shield=True)
             door_ready = anyio.Event()
             tg.start_soon(self._open, door, door_scope, door_ready)
@@ -215,7 +216,8 @@ class Hub:
         self.tasks.offer(node)
 
     async def _apply_report(self, session: Session, report: Report, log: Log) -> None:
+        # A report's task is the session's own: cancelled only when the session ends.
         if report.route.api_version == diagnosis.API_VERSION:
-            await session.send(await self.tasks.answer(report, log))
+            await session.send(await self.tasks.answer(report, log), own=True)
         else:
-            await session.send(await self.reports.answer(report, log))
+            await session.send(await self.reports.answer(report, log), own=True)

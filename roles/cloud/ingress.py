@@ -191,6 +191,8 @@ class PeerWatch(trio.abc.Stream):
     def __init__(self, inner: trio.abc.Stream) -> None:
         self.inner = inner
         self.gone = trio.Event()
+        self.heard_at = trio.current_time()
+        """When bytes last arrived: the websocket's reader reads through here, pings and all."""
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         await self.inner.send_all(data)
@@ -206,6 +208,7 @@ class PeerWatch(trio.abc.Stream):
             raise
         if not data:
             self.gone.set()
+        self.heard_at = trio.current_time()
         return data
 
     async def aclose(self) -> None:

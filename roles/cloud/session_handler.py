@@ -14,25 +14,40 @@ links. A session:
    (:data:`~roles.cloud.sessions.HEARTBEAT_MISSED`), or when the hub ends it
    (:meth:`~roles.cloud.sessions.Session.end`: replaced, not reading, shutting down). The link is
    closed at once with that code; then the hub's mark comes off the Node, if the session was current.
+
+An edge that lists :data:`~nodetask.messages.PING_CAPABILITY` keeps its session alive with
+websocket pings, which the link answers without waking the session; others send Heartbeats, which
+are echoed. Either way the deadlines are kept by one task for all sessions (:meth:`SessionHandler.watch`),
+which looks at when each link last heard anything, so that a frame costs no timer of its own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final
 
 import anyio
-import anyio.abc
 import structlog
+import trio
+from prometheus_client import Counter
 
 from nodetask import messages
 from nodetask.link import Link, LinkClosed
-from nodetask.messages import Ack, Error, Heartbeat, Hello, MessageError, Report, Upstream, Welcome
+from nodetask.messages import PING_CAPABILITY, Ack, Error, Heartbeat, Hello, MessageError, Report, Upstream, Welcome
 from nodetask.names import clip
 from roles.cloud.ingress import LogThrottle, warn_throttled
 from roles.cloud.metrics import HubMetrics
-from roles.cloud.sessions import GOING_AWAY, HEARTBEAT_MISSED, PROTOCOL, REPLACED, Session, SessionTable
+from roles.cloud.sessions import (
+    GOING_AWAY,
+    HEARTBEAT_MISSED,
+    NOT_READING,
+    PROTOCOL,
+    REPLACED,
+    Session,
+    SessionTable,
+)
 from roles.cloud.settings import HubSettings
 
 __all__ = ["ServeEdge", "SessionHandler"]
@@ -43,6 +58,8 @@ ServeEdge = Callable[[str, Link], Coroutine[Any, Any, None]]
 """Serves one authenticated edge (its node name and link) until its session ends."""
 
 _UNEXPLAINED: Final = "the hub stopped serving it"
+_OFFERED: Final = (PING_CAPABILITY,)
+"""What this hub lists in its Welcome."""
 
 
 class SessionHandler:
@@ -69,6 +86,9 @@ class SessionHandler:
         self._on_report = on_report
         self._log = log
         self._deadline = settings.heartbeat_interval * settings.missed_heartbeats
+        # Labelled children looked up once: a frame's count is then one increment.
+        self._counted_in: dict[str, Counter] = {}
+        self._counted_out: dict[str, Counter] = {}
 
     async def serve(self, node: str, link: Link) -> None:
         """Serve ``node``'s edge over ``link`` (its token already checked) until its session ends."""
@@ -84,8 +104,11 @@ class SessionHandler:
             send_timeout=self._deadline,
             on_sent=self._count_out,
         )
-        # Welcome is queued before the session is visible to the runners: it must be the first frame.
-        await session.send(Welcome(hub=self._settings.hub_id, heartbeat_interval=self._settings.heartbeat_interval))
+        # Welcome is sent before the session is visible to the runners: it must be the first frame.
+        welcome = Welcome(
+            hub=self._settings.hub_id, heartbeat_interval=self._settings.heartbeat_interval, capabilities=_OFFERED
+        )
+        await session.send(welcome, own=True)
         replaced = self._sessions.add(session)
         removed: bool | None = None
         ended = _UNEXPLAINED
@@ -96,8 +119,10 @@ class SessionHandler:
                 with anyio.move_on_after(self._settings.close_grace):
                     await replaced.link_closed.wait()
             log.info("edge_connected", version=clip(hello.version, 64))
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(session.write)
+            # trio's nurseries, not anyio's task groups, for a session's tasks: anyio gives each task a
+            # cancel scope and an event of its own, a fifth of a report's CPU (docs/benchmarks.md).
+            async with trio.open_nursery() as tg:
+                session.attach(tg.start_soon)
                 # The session reads (and echoes heartbeats) while its Node mark waits its turn: a fleet
                 # reconnecting at once must not time its sessions out behind thousands of marks.
                 tg.start_soon(self._admit, node, hello.version, log)
@@ -116,6 +141,35 @@ class SessionHandler:
                 if current:
                     await self._unmark(node, log)
             log.info("edge_disconnected", reason=ended)
+
+    async def watch(self) -> None:
+        """End the sessions whose edge said nothing, or read nothing, for ``missed_heartbeats`` intervals.
+
+        Wakes when the first of those deadlines comes: anything heard (or a write begun) after a
+        pass is due no earlier than a whole deadline later, so one pass sets the next.
+        """
+        while True:
+            now = anyio.current_time()
+            wake = now + self._deadline
+            for session in self._sessions.all():
+                if session.ending is not None:
+                    continue  # being closed already
+                writing = session.write_due()
+                if writing < math.inf:
+                    # A write held up also holds up the reading: the edge is not reading.
+                    if writing <= now:
+                        self._log.warning("edge_not_reading", node=session.node, seconds=self._deadline)
+                        session.end(NOT_READING, f"not reading: a frame waited {self._deadline:g} s")
+                    else:
+                        wake = min(wake, writing)
+                    continue
+                due = session.link.heard_at() + self._deadline
+                if due <= now:
+                    self._log.warning("heartbeat_missed", node=session.node, seconds=self._deadline)
+                    session.end(HEARTBEAT_MISSED, "no heartbeat")
+                else:
+                    wake = min(wake, due)
+            await anyio.sleep(wake - now)
 
     async def close_all(self) -> None:
         """End every session with GOING_AWAY; return once their links are closed, or after ``close_grace``."""
@@ -154,7 +208,7 @@ class SessionHandler:
                     else "the first frame must be a Hello for this node"
                 )
             if isinstance(msg, Hello) and not problem:
-                self._metrics.messages_in.labels(op="hello").inc()
+                self._count_in("hello")
                 return msg
             self._metrics.rejected.labels(reason="bad_hello").inc()
             self._warn(log, "bad_hello", error=clip(problem))
@@ -171,7 +225,7 @@ class SessionHandler:
         """Serve frames until the edge goes or the session is ended (then closed at once); says which."""
         ended = _UNEXPLAINED
         with session.end_scope:
-            async with anyio.create_task_group() as reports:
+            async with trio.open_nursery() as reports:
                 ended = await self._read(session, reports, log)
                 reports.cancel_scope.cancel()
         if session.ending is None:
@@ -180,26 +234,23 @@ class SessionHandler:
         await self._close(session, code, reason)
         return f"closed by the hub with {code}: {reason}"
 
-    async def _read(self, session: Session, reports: anyio.abc.TaskGroup, log: Log) -> str:
+    async def _read(self, session: Session, reports: trio.Nursery, log: Log) -> str:
+        # No deadline here: watch() keeps it for every session (a timer per frame costs more than the frame).
+        link = session.link
         while True:
-            with anyio.move_on_after(self._deadline) as beat:
-                try:
-                    frame = await session.link.receive()
-                except LinkClosed as exc:
-                    return str(exc)
-            if beat.cancelled_caught:
-                log.warning("heartbeat_missed", seconds=self._deadline)
-                session.end(HEARTBEAT_MISSED, "no heartbeat")
-                return _UNEXPLAINED
+            try:
+                frame = await link.receive()
+            except LinkClosed as exc:
+                return str(exc)
             try:
                 msg: Upstream = messages.decode_upstream(frame)
             except MessageError as exc:
                 await self._reject(session, "malformed", str(exc), log)
                 continue
-            self._metrics.messages_in.labels(op=type(msg).__struct_config__.tag).inc()
+            self._count_in(str(type(msg).__struct_config__.tag))
             match msg:
                 case Heartbeat():
-                    await session.send(Heartbeat(sent_at=msg.sent_at))
+                    await session.send(Heartbeat(sent_at=msg.sent_at), own=True)
                 case Ack(id=msg_id):
                     latency = session.acked(msg_id)
                     if latency is not None:
@@ -219,10 +270,19 @@ class SessionHandler:
     async def _reject(self, session: Session, reason: str, text: str, log: Log, *, ref: str = "") -> None:
         self._metrics.rejected.labels(reason=reason).inc()
         self._warn(log, "frame_rejected", reason=reason, error=clip(text))
-        await session.send(Error(code=reason, message=clip(text), ref=ref))
+        await session.send(Error(code=reason, message=clip(text), ref=ref), own=True)
+
+    def _count_in(self, op: str) -> None:
+        counter = self._counted_in.get(op)
+        if counter is None:
+            counter = self._counted_in[op] = self._metrics.messages_in.labels(op=op)
+        counter.inc()
 
     def _count_out(self, op: str) -> None:
-        self._metrics.messages_out.labels(op=op).inc()
+        counter = self._counted_out.get(op)
+        if counter is None:
+            counter = self._counted_out[op] = self._metrics.messages_out.labels(op=op)
+        counter.inc()
 
     def _warn(self, log: Log, event: str, **values: object) -> None:
         warn_throttled(self._throttle, log, event, **values)

@@ -4,20 +4,28 @@ A node has at most one session per hub: a second connection (the edge reconnecte
 noticed the first one die) replaces the first, which is closed.
 
 Everything a hub sends an edge (Welcome, RunActions, Confirms, Cancels, report answers, heartbeat
-echoes) goes through :meth:`Session.send` into a bounded queue that ONE writer task
-(:meth:`Session.write`) drains onto the link, so frames never interleave and a slow edge costs at
-most ``OUTBOUND_QUEUE`` frames of memory. When the queue is full, a sender waits for room: that is
-the backpressure of an edge reading slowly. But it waits at most ``send_timeout`` (the hub gives an
-edge as long to read as it gives it to say anything, its missed-heartbeat deadline): an edge whose
-queue stays full that long has stopped reading, and its session is closed with
-:data:`NOT_READING`, so that no runner, report or heartbeat waits on it forever and the edge, if it
-is alive, reconnects.
+echoes) goes through :meth:`Session.send`, and ONE writer at a time puts frames on the link, in
+the order they were sent, so frames never interleave and a slow edge costs at most
+``OUTBOUND_QUEUE`` waiting frames of memory. There is no writer task while nothing waits: a frame
+sent to an idle session by one of the session's own tasks (its handler, its reports: cancelled
+only when the session ends) is written by that task at once; a frame sent while another is being
+written waits in the queue, which the writing task drains before it returns; and a frame from
+anywhere else (a job's runner, which a finished job cancels) is handed to a writer task started
+for it, so that no cancellation can cut a frame in half on a session that goes on.
+
+When the queue is full, a sender waits for room: that is the backpressure of an edge reading
+slowly. But it waits at most ``send_timeout`` (the hub gives an edge as long to read as it gives it
+to say anything, its missed-heartbeat deadline), and a frame being written that long counts the
+same (see :meth:`Session.write_due`): such an edge has stopped reading, and its session is closed
+with :data:`NOT_READING`, so that no runner, report or heartbeat waits on it forever and the edge,
+if it is alive, reconnects.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Final
+import math
+from collections.abc import Callable, Coroutine
+from typing import Any, Final
 
 import anyio
 
@@ -47,8 +55,13 @@ OUTBOUND_QUEUE: Final = 64
 """Frames waiting for a session's writer. A node has a few in flight per job plus report answers."""
 
 
+Spawn = Callable[[Callable[[], Coroutine[Any, Any, None]]], object]
+"""Starts a task (a task group's or nursery's ``start_soon``)."""
+
+
 class Session:
-    """One edge's session over ``link``. Its handler runs :meth:`write` and closes the link."""
+    """One edge's session over ``link``. Its handler gives it a way to start writer tasks (:meth:`attach`)
+    and closes the link."""
 
     def __init__(
         self,
@@ -75,10 +88,23 @@ class Session:
         self._send_timeout = send_timeout
         self._unacked: dict[str, tuple[float, anyio.Event]] = {}
         self._on_sent = on_sent
-        self._queue, self._outbound = anyio.create_memory_object_stream[tuple[bytes, str]](OUTBOUND_QUEUE)
+        self._queue: list[tuple[bytes, str]] = []
+        self._writing = False
+        self._writing_since = math.inf
+        self._room: anyio.Event | None = None
+        self._spawn: Spawn | None = None
 
-    async def send(self, msg: Downstream) -> bool:
-        """Queue one message for the writer; False if the session is gone (the caller waits for the next one).
+    def attach(self, spawn: Spawn) -> None:
+        """Start writer tasks with ``spawn`` from now on (the handler's, whose tasks end with the session)."""
+        self._spawn = spawn
+        if self._queue and not self._writing:
+            self._start_writer()
+
+    async def send(self, msg: Downstream, *, own: bool = False) -> bool:
+        """Send one message; False if the session is gone (the caller waits for the next one).
+
+        ``own``: the caller is one of the session's own tasks (cancelled only when the session
+        ends), which may write the frame itself when nothing else is being written.
 
         Waits while the queue is full, for at most ``send_timeout``; then the edge is taken as not
         reading, the session is ended with :data:`NOT_READING` and False is returned.
@@ -86,32 +112,72 @@ class Session:
         if self.closed.is_set():
             return False
         item = (messages.encode(msg), str(type(msg).__struct_config__.tag))
+        if self._writing or self._queue or not own:
+            return await self._enqueue(item)
+        self._writing = True
         try:
-            self._queue.send_nowait(item)
-            return True
-        except anyio.WouldBlock:
-            pass
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            if await self._write(item):
+                await self._drain()
+                return True
             return False
-        with anyio.move_on_after(self._send_timeout):
-            try:
-                await self._queue.send(item)
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError):
-                return False
-            return True
-        self.end(NOT_READING, f"not reading: {OUTBOUND_QUEUE} frames waited {self._send_timeout:g} s")
-        return False
+        finally:
+            self._writing = False
+            if self._queue:  # cancelled while draining: what is left needs a writer
+                self._start_writer()
 
-    async def write(self) -> None:
-        """The session's one writer: send the queued frames in order until the link fails or this is cancelled."""
-        async with self._outbound:
-            async for frame, op in self._outbound:
-                try:
-                    await self.link.send(frame)
-                except LinkClosed:
-                    self.closed.set()
-                    return
-                self._on_sent(op)
+    async def _enqueue(self, item: tuple[bytes, str]) -> bool:
+        if len(self._queue) >= OUTBOUND_QUEUE:
+            with anyio.move_on_after(self._send_timeout):
+                while len(self._queue) >= OUTBOUND_QUEUE and not self.closed.is_set():
+                    if self._room is None:
+                        self._room = anyio.Event()
+                    await self._room.wait()
+            if len(self._queue) >= OUTBOUND_QUEUE and not self.closed.is_set():
+                self.end(NOT_READING, f"not reading: {OUTBOUND_QUEUE} frames waited {self._send_timeout:g} s")
+        if self.closed.is_set() or len(self._queue) >= OUTBOUND_QUEUE:
+            return False
+        self._queue.append(item)
+        if not self._writing:
+            self._start_writer()
+        return True
+
+    def _start_writer(self) -> None:
+        if self._spawn is not None and not self.closed.is_set():
+            self._writing = True
+            self._spawn(self._write_queued)
+
+    async def _write_queued(self) -> None:
+        try:
+            await self._drain()
+        finally:
+            self._writing = False
+
+    async def _drain(self) -> None:
+        while self._queue:
+            item = self._queue.pop(0)
+            if self._room is not None:
+                self._room.set()
+                self._room = None
+            if not await self._write(item):
+                return
+
+    async def _write(self, item: tuple[bytes, str]) -> bool:
+        frame, op = item
+        self._writing_since = anyio.current_time()
+        try:
+            await self.link.send(frame)
+        except LinkClosed:
+            self.closed.set()
+            return False
+        finally:
+            self._writing_since = math.inf
+        self._on_sent(op)
+        return True
+
+    def write_due(self) -> float:
+        """When the frame being written will have taken ``send_timeout`` (the edge is then not reading);
+        infinity while none is."""
+        return self._writing_since + self._send_timeout
 
     def end(self, code: int, reason: str) -> None:
         """Ask the session's handler to close it with ``code`` (the first reason asked for wins)."""
@@ -121,8 +187,10 @@ class Session:
 
     def discard_queue(self) -> None:
         """Stop taking messages (the handler is done with the session); whatever is queued is dropped."""
-        self._outbound.close()  # wakes the senders waiting for room
-        self._queue.close()
+        self.closed.set()
+        self._queue.clear()
+        if self._room is not None:
+            self._room.set()  # wakes the senders waiting for room
 
     def expect_ack(self, msg_id: str) -> anyio.Event:
         """Note that ``msg_id`` is being sent now and should be acknowledged; the event is set when it is."""

@@ -39,6 +39,7 @@ from nodetask.messages import (
     ATTEMPTS_CAPABILITY,
     CACHE_CAPABILITY,
     CACHE_SECRETS_CAPABILITY,
+    PING_CAPABILITY,
     TYPED_CREDENTIALS,
     Ack,
     Autonomy,
@@ -108,7 +109,7 @@ class EdgeAgent:
             capabilities=tuple(
                 sorted(
                     {f"{jt}/{action}" for jt, action in actions}
-                    | {ATTEMPTS_CAPABILITY, CACHE_CAPABILITY, TYPED_CREDENTIALS}
+                    | {ATTEMPTS_CAPABILITY, CACHE_CAPABILITY, PING_CAPABILITY, TYPED_CREDENTIALS}
                     | ({CACHE_SECRETS_CAPABILITY} if keep_secrets else set())
                 )
             ),

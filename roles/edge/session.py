@@ -7,7 +7,11 @@ A session says ``hello``, waits for the ``welcome``, then runs until its link fa
   slow hub slows the senders down instead of piling frames up in memory;
 * the outbox is fed to it first, in ``seq`` order (:meth:`roles.edge.outbox.Outbox.feed`);
 * a heartbeat goes out every interval the hub asked for, and a hub silent for
-  ``missed_heartbeats`` intervals counts as gone: the session ends and the loop reconnects;
+  ``missed_heartbeats`` intervals counts as gone: the session ends and the loop reconnects. When
+  both sides list :data:`~nodetask.messages.PING_CAPABILITY` the heartbeat is a websocket ping,
+  which the hub's transport answers without waking the hub's session code, and a ping unanswered
+  for those intervals ends the session (a ping is a control frame, which the websocket layer puts
+  between whole frames of the writer's: it need not wait behind them);
 * every frame from the hub is decoded and handed to the agent's :class:`Dispatch`;
 * the agent's :class:`SessionStarted`, if any, runs beside the session for as long as it lasts.
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, NoReturn, Protocol, final
@@ -28,7 +33,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from nodetask import messages
 from nodetask.backoff import Backoff
 from nodetask.link import Link, LinkClosed, OpenLink
-from nodetask.messages import Downstream, Heartbeat, Hello, MessageError, Upstream, Welcome
+from nodetask.messages import PING_CAPABILITY, Downstream, Heartbeat, Hello, MessageError, Upstream, Welcome
 from roles.edge.outbox import Outbox
 from roles.edge.settings import AgentSettings
 
@@ -167,14 +172,20 @@ class HubConnection:
             self.session = session
             self.hub = welcome.hub
             self._log.info("hub_connected", hub=welcome.hub, url=url)
+            deadline = welcome.heartbeat_interval * settings.missed_heartbeats
+            pings = PING_CAPABILITY in welcome.capabilities and PING_CAPABILITY in self._capabilities
             try:
                 async with queue, outbound, anyio.create_task_group() as tg:
                     tg.start_soon(self._write, link, outbound)
-                    tg.start_soon(self._heartbeat, session, welcome.heartbeat_interval)
+                    if pings:
+                        tg.start_soon(self._ping, link, welcome.heartbeat_interval, deadline)
+                    else:
+                        tg.start_soon(self._heartbeat, session, welcome.heartbeat_interval)
                     tg.start_soon(self._outbox.feed, session.send)
                     if self._started is not None:
                         await tg.start(self._started, session, welcome)
-                    await self._receive(link, session, welcome.heartbeat_interval * settings.missed_heartbeats)
+                    # With pings, a hub may rightly send nothing for longer: its pongs say it is there.
+                    await self._receive(link, session, math.inf if pings else deadline)
             finally:
                 self.connected = anyio.Event()
                 self.session = None
@@ -190,6 +201,12 @@ class HubConnection:
         while True:
             # Waiting until it is written: heartbeats never pile up behind a link that does not move.
             await session.send_and_wait(Heartbeat(sent_at=anyio.current_time()))
+            await anyio.sleep(interval)
+
+    async def _ping(self, link: Link, interval: float, deadline: float) -> NoReturn:
+        while True:
+            with anyio.fail_after(deadline):
+                await link.ping()
             await anyio.sleep(interval)
 
     async def _receive(self, link: Link, session: Session, deadline: float) -> NoReturn:

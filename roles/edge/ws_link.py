@@ -9,9 +9,10 @@ from __future__ import annotations
 import ssl
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import final
 
+import trio
 import trio_websocket
 
 from nodetask.link import NORMAL_CLOSE, Frame, Link, LinkClosed
@@ -29,6 +30,7 @@ def _closed(exc: Exception) -> LinkClosed:
 @dataclass(eq=False, slots=True)
 class _WebSocketLink:
     ws: trio_websocket.WebSocketConnection
+    _heard: float = field(default_factory=trio.current_time, init=False)
 
     async def send(self, frame: bytes) -> None:
         try:
@@ -38,9 +40,21 @@ class _WebSocketLink:
 
     async def receive(self) -> Frame:
         try:
-            return await self.ws.get_message()
+            frame = await self.ws.get_message()
         except trio_websocket.ConnectionClosed as exc:
             raise _closed(exc) from None
+        self._heard = trio.current_time()
+        return frame
+
+    async def ping(self) -> None:
+        try:
+            await self.ws.ping()
+        except trio_websocket.ConnectionClosed as exc:
+            raise _closed(exc) from None
+        self._heard = trio.current_time()
+
+    def heard_at(self) -> float:
+        return self._heard
 
     async def close(self, code: int = NORMAL_CLOSE, reason: str = "") -> None:
         await self.ws.aclose(code, reason)

@@ -14,7 +14,7 @@ import trio_websocket
 
 from flows import imageprepulljob
 from nodetask import messages
-from nodetask.messages import Error, Heartbeat, Hello, Report, Welcome
+from nodetask.messages import PING_CAPABILITY, Error, Heartbeat, Hello, Report, Welcome
 from nodetask.phases import JobPhase, NodeTaskPhase
 from nodetask.route import Route
 from roles.http import router, serve_http
@@ -185,6 +185,31 @@ async def test_bad_frames_get_an_error_and_the_session_survives(crds: ControlPla
             await ws.send_message(messages.encode(Hello(node=node, version="v1")))
             assert isinstance(messages.decode_downstream(await ws.get_message()), Welcome)
     assert hub.registry.get_sample_value("nodetaskd_hub_rejected_frames_total", {"reason": "malformed"}) == 4
+
+
+async def test_an_edge_that_only_pings_keeps_its_session_until_it_goes_quiet_for_three_intervals(
+    crds: ControlPlane,
+) -> None:
+    """Websocket pings alone keep a session through six heartbeat intervals; three silent ones close it with 4008."""
+    node = unique("ping")
+    tokens = await register_edges(crds, [node])
+    headers = [(b"authorization", f"Bearer {tokens[node]}".encode())]
+    async with running_hub(crds, "hub-ping", heartbeat=0.5) as hub:
+        url = f"{hub.url}/nodes/{node}"
+        async with trio_websocket.open_websocket_url(url, extra_headers=headers) as ws:
+            await ws.send_message(messages.encode(Hello(node=node, version="v1", capabilities=(PING_CAPABILITY,))))
+            welcome = messages.decode_downstream(await ws.get_message())
+            assert isinstance(welcome, Welcome)
+            assert PING_CAPABILITY in welcome.capabilities
+            for _ in range(6):
+                await ws.ping()  # answered by the hub's websocket layer
+                await anyio.sleep(0.5)
+            assert ws.closed is None
+            with pytest.raises(trio_websocket.ConnectionClosed) as closed:
+                await ws.get_message()  # nothing comes until the hub gives up on the quiet edge
+            assert closed.value.reason is not None
+            assert closed.value.reason.code == 4008
+    assert hub.registry.get_sample_value("nodetaskd_hub_messages_in_total", {"op": "heartbeat"}) is None
 
 
 # The frame from the hardening report: a valid heartbeat with an unknown field nested 10,000 deep.

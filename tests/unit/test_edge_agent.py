@@ -38,6 +38,7 @@ from nodetask.clock import Clock
 from nodetask.link import Link, LinkClosed, MemoryLink, memory_links
 from nodetask.messages import (
     ATTEMPTS_CAPABILITY,
+    PING_CAPABILITY,
     TYPED_CREDENTIALS,
     Ack,
     Cancel,
@@ -163,6 +164,8 @@ class FakeHub:
     refuse: int = 0
     capabilities: tuple[str, ...] = ()
     """What the Welcome lists."""
+    reads: bool = True
+    """Whether each session's link is read (and so its pings answered) after the Welcome."""
     attempts: list[float] = field(default_factory=list)
     """Loop times the agent tried to connect."""
     hellos: list[Hello] = field(default_factory=list)
@@ -199,7 +202,8 @@ class FakeHub:
         await link.send(messages.encode(welcome))
         frames, received = anyio.create_memory_object_stream[Upstream](math.inf)
         session = HubSession(link, received, welcomed_at=anyio.current_time())
-        self.tg.start_soon(self._serve, session, frames)
+        if self.reads:
+            self.tg.start_soon(self._serve, session, frames)
         return session
 
     async def _serve(self, session: HubSession, frames: MemoryObjectSendStream[Upstream]) -> None:
@@ -421,6 +425,38 @@ async def test_heartbeats_go_out_at_the_interval_the_hub_asked_for(tmp_path: Pat
         session = await edge.hub.accept()
         start = session.welcomed_at
         assert await session.wait_heartbeats(4) == [start, start + 7.0, start + 14.0, start + 21.0]
+
+
+async def test_an_agent_pings_instead_of_sending_heartbeats_to_a_hub_that_lists_pings(
+    tmp_path: Path, clock: MockClock
+) -> None:
+    """Welcomed by a hub listing pings, the agent pings every interval, sends no Heartbeat, and stays connected."""
+    async with running_edge(tmp_path, echo=False) as edge:
+        edge.hub.interval = 5.0
+        edge.hub.capabilities = (PING_CAPABILITY,)
+        session = await edge.hub.accept()
+        assert PING_CAPABILITY in edge.hub.hellos[0].capabilities
+        await anyio.sleep(22.0)
+        assert session.heartbeats == []
+        assert session.ended_at is None
+        assert session.link.heard_at() == session.welcomed_at + 20.0
+        assert edge.agent.connects == 1
+
+
+async def test_a_hub_that_answers_no_ping_for_three_intervals_is_left_and_the_agent_reconnects(
+    tmp_path: Path, clock: MockClock
+) -> None:
+    """A ping with no pong for three heartbeat intervals ends the session; the agent connects again."""
+    async with running_edge(tmp_path) as edge:
+        edge.hub.interval = 5.0
+        edge.hub.capabilities = (PING_CAPABILITY,)
+        edge.hub.reads = False
+        first = await edge.hub.accept()
+        edge.hub.reads = True
+        await edge.hub.accept()
+        assert await edge.agent.wait_connected(INTERVAL)
+        assert edge.agent.connects == 2
+        assert edge.hub.attempts[1] >= first.welcomed_at + 15.0
 
 
 async def test_a_silent_hub_ends_the_session_after_three_intervals_and_the_agent_reconnects_with_backoff(

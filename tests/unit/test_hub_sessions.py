@@ -8,7 +8,7 @@ import trio.testing
 
 from flows.imageprepulljob import CHECK, PULL, encode_extend
 from nodetask.link import LinkClosed
-from nodetask.messages import Cancel, Error, Heartbeat, Report, ReportAck, RunAction
+from nodetask.messages import PING_CAPABILITY, Cancel, Error, Heartbeat, Report, ReportAck, RunAction
 from nodetask.phases import ConditionStatus, NodeTaskPhase
 from nodetask.route import Route
 from roles.cloud.sessions import GOING_AWAY, HEARTBEAT_MISSED, NOT_READING, OUTBOUND_QUEUE, REPLACED
@@ -170,6 +170,26 @@ async def test_heartbeats_are_echoed_and_a_silent_edge_is_closed_at_the_missed_h
         await trio.testing.wait_all_tasks_blocked()
         assert "n0" not in hub.sessions
         assert _hub_of(api, "n0") is None
+
+
+async def test_an_edge_that_pings_stays_connected_without_heartbeats_until_its_pings_stop(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The Welcome lists pings; pings alone keep a session for minutes, and three silent intervals still close it."""
+    api = MemoryApi()
+    edge_nodes(api, "n0")
+    async with running_hub(api, heartbeat_interval=10.0, missed_heartbeats=3) as (hub, door):
+        edge = door.connect("n0")
+        assert PING_CAPABILITY in (await edge.hello(capabilities=(PING_CAPABILITY,))).capabilities
+        async with anyio.create_task_group() as reading:
+            reading.start_soon(edge.closed)
+            for _ in range(12):
+                await edge.link.ping()
+                await anyio.sleep(10.0)
+            assert "n0" in hub.sessions
+            silent_since = anyio.current_time() - 10.0
+        assert anyio.current_time() - silent_since == pytest.approx(30.0)
+        assert edge.hub_end.closed_with == (HEARTBEAT_MISSED, "no heartbeat")
 
 
 async def test_a_newer_session_for_the_same_node_replaces_the_older_one(autojump_clock: trio.testing.MockClock) -> None:

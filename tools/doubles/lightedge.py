@@ -28,7 +28,18 @@ import trio_websocket
 from flows import diagnosis_job, imageprepulljob, nodeupgradejob
 from flows.jobtype import EdgeJobType
 from nodetask import messages
-from nodetask.messages import Ack, Cancel, Error, Heartbeat, Hello, Report, ReportAck, RunAction, Welcome
+from nodetask.messages import (
+    PING_CAPABILITY,
+    Ack,
+    Cancel,
+    Error,
+    Heartbeat,
+    Hello,
+    Report,
+    ReportAck,
+    RunAction,
+    Welcome,
+)
 from nodetask.phases import ConditionStatus
 from nodetask.route import Route
 from schemas.v1alpha2 import ImagePrePullJobSpec, ImageStatus, NodeUpgradeJobSpec
@@ -79,6 +90,9 @@ class LightEdge:
     reconnect_delay: float = 0.2
     attempts: bool = True
     """Whether it keys tasks by job UID and attempt, as agents do since retries (else by job UID alone)."""
+    pings: bool = False
+    """List :data:`~nodetask.messages.PING_CAPABILITY` and, with a hub that lists it too, ping instead of
+    sending Heartbeats (as the real agent does); otherwise behave as an agent from before pings."""
 
     outbox: dict[int, Report] = field(default_factory=dict)
     acked: list[Report] = field(default_factory=list)
@@ -127,12 +141,15 @@ class LightEdge:
         headers = [(b"authorization", f"Bearer {self.token}".encode())]
         url = f"{self.url.rstrip('/')}/nodes/{self.node}"
         async with trio_websocket.open_websocket_url(url, ssl_context=self.ssl_context, extra_headers=headers) as ws:
-            capabilities = (messages.ATTEMPTS_CAPABILITY,) if self.attempts else ()
+            capabilities = ((messages.ATTEMPTS_CAPABILITY,) if self.attempts else ()) + (
+                (PING_CAPABILITY,) if self.pings else ()
+            )
             hello = Hello(node=self.node, version=self.version, capabilities=capabilities)
             await ws.send_message(messages.encode(hello))
             welcome = messages.decode_downstream(await ws.get_message())
             if not isinstance(welcome, Welcome):
                 raise trio_websocket.HandshakeError(f"expected welcome, got {welcome!r}")
+            pinging = self.pings and PING_CAPABILITY in welcome.capabilities
             self.connects += 1
             with anyio.CancelScope() as self._cut:
                 self._ws = ws
@@ -145,8 +162,9 @@ class LightEdge:
                     for report in sorted(self.outbox.values(), key=lambda r: r.seq):
                         await ws.send_message(messages.encode(report))
                     async with anyio.create_task_group() as tg:
-                        tg.start_soon(self._heartbeat, ws, welcome.heartbeat_interval)
-                        await self._receive(ws, work, welcome.heartbeat_interval)
+                        tg.start_soon(self._heartbeat, ws, welcome.heartbeat_interval, pinging)
+                        # A hub answering pings may send no frame for long: its pongs say it is there.
+                        await self._receive(ws, work, math.inf if pinging else welcome.heartbeat_interval * 3)
                         tg.cancel_scope.cancel()
                 finally:
                     self._ws = None
@@ -155,16 +173,20 @@ class LightEdge:
             if ws.closed is not None:
                 self.close_codes.append(ws.closed.code)
 
-    async def _heartbeat(self, ws: trio_websocket.WebSocketConnection, interval: float) -> None:
+    async def _heartbeat(self, ws: trio_websocket.WebSocketConnection, interval: float, pinging: bool) -> None:
         while True:
             await anyio.sleep(interval)
-            await ws.send_message(messages.encode(Heartbeat(sent_at=anyio.current_time())))
+            if pinging:
+                with anyio.fail_after(interval * 3):
+                    await ws.ping()
+            else:
+                await ws.send_message(messages.encode(Heartbeat(sent_at=anyio.current_time())))
 
     async def _receive(
-        self, ws: trio_websocket.WebSocketConnection, work: anyio.abc.TaskGroup, interval: float
+        self, ws: trio_websocket.WebSocketConnection, work: anyio.abc.TaskGroup, deadline: float
     ) -> None:
         while True:
-            with anyio.fail_after(interval * 3):
+            with anyio.fail_after(deadline):
                 frame = await ws.get_message()
             match messages.decode_downstream(frame):
                 case RunAction() as run:
@@ -234,6 +256,14 @@ class LightEdge:
         )
         self.outbox[report.seq] = report
         return report
+
+    async def ping(self) -> None:
+        """Ping the hub and wait for its pong, when connected."""
+        ws = self._ws
+        if ws is None:
+            return
+        with contextlib.suppress(trio_websocket.ConnectionClosed):
+            await ws.ping()
 
     async def send(self, msg: messages.Message) -> None:
         """Send when connected; otherwise the outbox keeps reports for the next connection."""
