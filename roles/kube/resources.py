@@ -78,6 +78,12 @@ EVENTS: Resource[core.Event] = Resource("v1", "events", core.Event, namespaced=T
 LEASES: Resource[core.Lease] = Resource("coordination.k8s.io/v1", "leases", core.Lease, namespaced=True)
 PODS: Resource[core.Pod] = Resource("v1", "pods", core.Pod, namespaced=True)
 
+# The kinds an edge's cache holds, kept whole (roles/cloud/cache_objects.py).
+RAW_NODES: Resource[core.RawObject] = Resource("v1", "nodes", core.RawObject)
+RAW_PODS: Resource[core.RawObject] = Resource("v1", "pods", core.RawObject, namespaced=True)
+RAW_CONFIG_MAPS: Resource[core.RawObject] = Resource("v1", "configmaps", core.RawObject, namespaced=True)
+RAW_SECRETS: Resource[core.RawObject] = Resource("v1", "secrets", core.RawObject, namespaced=True)
+
 OPERATIONS: Resource[diagnosis.Operation] = Resource(diagnosis.API_VERSION, "operations", diagnosis.Operation)
 OPERATION_SETS: Resource[diagnosis.OperationSet] = Resource(
     diagnosis.API_VERSION, "operationsets", diagnosis.OperationSet
