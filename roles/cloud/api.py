@@ -15,9 +15,19 @@ import msgspec
 from anyio.streams.memory import MemoryObjectSendStream
 
 from roles.events import EventSink
-from roles.kube import Resource, WatchEvent
+from roles.kube import Invalid, Resource, WatchEvent
 
-__all__ = ["HubApi", "JobApi", "JobStatusStore", "NodeStore", "ObjectReader", "SecretSource", "Watcher"]
+__all__ = [
+    "CacheApi",
+    "HubApi",
+    "JobApi",
+    "JobStatusStore",
+    "Lister",
+    "NodeStore",
+    "ObjectReader",
+    "SecretSource",
+    "Watcher",
+]
 
 T = TypeVar("T", bound=msgspec.Struct)
 
@@ -79,6 +89,26 @@ class Watcher(Protocol):
         ...
 
 
+class Lister(Protocol):
+    """Lists a resource."""
+
+    async def list(
+        self,
+        resource: Resource[T],
+        *,
+        label_selector: str = "",
+        namespace: str = "",
+        field_selector: str = "",
+        resource_version: str = "",
+    ) -> tuple[list[T], list[Invalid], str]:
+        """The objects, those that do not decode, and the list's resourceVersion (see ``Kube.list``)."""
+        ...
+
+
+class CacheApi(Lister, Watcher, Protocol):
+    """What the cache streams need: watch each cached kind, list one node's or one object's."""
+
+
 class SecretSource(ObjectReader, Watcher, Protocol):
     """What the token book needs: watch the labelled token Secrets, read one by name."""
 
@@ -87,5 +117,5 @@ class JobApi(JobStatusStore, Watcher, EventSink, Protocol):
     """What the hub's jobs need: watch jobs, write their status, record Events on them."""
 
 
-class HubApi(JobApi, NodeStore, SecretSource, Protocol):
+class HubApi(JobApi, NodeStore, SecretSource, CacheApi, Protocol):
     """Everything a hub asks of the API server."""
