@@ -110,7 +110,11 @@ class CacheIndex:
         feed.stop()
 
     def position(self, kind: str) -> str:
-        """The newest resourceVersion the shared watch of ``kind`` has delivered ("0": none yet)."""
+        """The newest resourceVersion of an object the shared watch of ``kind`` has delivered ("0": none yet).
+
+        A list at least this recent reflects every event the watch has delivered, and the API server's
+        watch cache of the kind has already seen it, so it answers at once.
+        """
         return str(self._positions.get(kind, 0))
 
     def held(self) -> dict[str, int]:
@@ -138,7 +142,11 @@ class CacheIndex:
                     self._object_event(kind, obj, deleted)
             case Relisted(objects=objects, resource_version=text):
                 rv = version(text)
-                self._positions[kind] = max(self._positions.get(kind, 0), rv)
+                # Not the list's own version: an etcd revision the API server's watch cache of this kind
+                # may never reach (it moves with this kind's changes only), and a list asked to be at
+                # least that recent would wait for it and fail.
+                newest = max((head(obj).rv for obj in objects), default=0)
+                self._positions[kind] = max(self._positions.get(kind, 0), newest)
                 if kind == NODE:
                     self._nodes_relisted(objects, rv)
                 elif kind == POD:

@@ -49,7 +49,7 @@ from roles.cloud.delay_queue import DelayQueue
 from roles.cloud.metrics import HubMetrics
 from roles.cloud.sessions import Session
 from roles.cloud.settings import HubSettings
-from roles.kube import ApiError, WatchEvent
+from roles.kube import ApiError, Relisted, WatchEvent
 from schemas.core import RawObject
 
 __all__ = ["FRAME_LIMIT", "MAX_FETCH_KEYS", "WORKERS", "CacheStreams"]
@@ -196,7 +196,11 @@ class CacheStreams:
         apply: Callable[[str, WatchEvent], None] = self.index.apply
         async with anyio.create_task_group() as tg, send, receive:
             tg.start_soon(self._watch, kind, send)
+            listed = False
             async for event in receive:
+                if not listed and isinstance(event, Relisted):
+                    listed = True
+                    self._log.info("cache_watch_listed", kind=kind, objects=len(event.objects))
                 try:
                     apply(kind, event)
                 except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
