@@ -112,10 +112,13 @@ async def test_secrets_go_only_to_edges_listing_cache_secrets_from_a_hub_caching
 async def test_a_node_never_receives_a_secret_no_pod_of_its_references_even_by_fetching_it(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """Fetching another node's Secret, a free Secret, another node's Pod or ConfigMap answers CacheDeleted."""
+    """Fetching another node's Secret (which the hub holds for that node), a free Secret, another node's Pod or
+    ConfigMap answers CacheDeleted."""
     api = _cluster()
     async with running_hub(api, cache_secrets=True) as hub:
+        await _synced(hub, "n1", WITH_SECRETS)
         n0 = await _synced(hub, "n0", WITH_SECRETS)
+        assert hub[0].cache.index.held() == {CM: 3, SECRET: 2}
         foreign = (
             CacheKey(kind=SECRET, namespace="default", name="s-n1"),
             CacheKey(kind=SECRET, namespace="default", name="s-free"),
