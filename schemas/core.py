@@ -159,3 +159,20 @@ class RawObject(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     string_data: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
     immutable: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
     type: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+
+
+class HeadMeta(msgspec.Struct, frozen=True, rename="camel"):
+    name: str = ""
+    namespace: str = ""
+    resource_version: str = ""
+
+
+class HeadSpec(msgspec.Struct, frozen=True, rename="camel"):
+    node_name: str = ""
+
+
+class ObjectHead(msgspec.Struct, frozen=True):
+    """What a watch's snapshot of a cached kind keeps of each object: its names, version and (a Pod's) node."""
+
+    metadata: HeadMeta = msgspec.field(default_factory=HeadMeta)
+    spec: HeadSpec = msgspec.field(default_factory=HeadSpec)

@@ -19,7 +19,7 @@ watch's own task.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
@@ -29,10 +29,10 @@ import structlog
 from nodetask.autonomy import autonomy_request
 from nodetask.messages import Autonomy, CacheDeleted, CacheObjects
 from nodetask.pod_references import NONE, PodReferences, pod_references
-from roles.cloud.cache_feed import Feed, PodEntry
+from roles.cloud.cache_feed import BITS, Feed, PodEntry
 from roles.cloud.cache_objects import CONFIG_MAP, NODE, POD, SECRET, Key, cache_key, head, pod_spec, version, wire
 from roles.kube import Deleted, Relisted, Upserted, WatchEvent
-from schemas.core import RawObject
+from schemas.core import ObjectHead, RawObject
 
 __all__ = ["Answer", "CacheIndex", "Held"]
 
@@ -140,19 +140,21 @@ class CacheIndex:
                     self._pod_event(obj, deleted)
                 else:
                     self._object_event(kind, obj, deleted)
-            case Relisted(objects=objects, resource_version=text):
+            case Relisted(objects=heads, resource_version=text):
+                # The snapshot holds heads only (ObjectHead): whatever changed is listed again.
                 rv = version(text)
+                versions = [(h, version(h.metadata.resource_version)) for h in heads]
                 # Not the list's own version: an etcd revision the API server's watch cache of this kind
                 # may never reach (it moves with this kind's changes only), and a list asked to be at
                 # least that recent would wait for it and fail.
-                newest = max((head(obj).rv for obj in objects), default=0)
+                newest = max((v for _, v in versions), default=0)
                 self._positions[kind] = max(self._positions.get(kind, 0), newest)
                 if kind == NODE:
-                    self._nodes_relisted(objects, rv)
+                    self._nodes_relisted(versions, rv)
                 elif kind == POD:
-                    self._pods_relisted(objects, rv)
+                    self._pods_relisted(versions, rv)
                 else:
-                    self._objects_relisted(kind, objects, rv)
+                    self._objects_relisted(kind, versions, rv)
             case _:
                 pass  # Invalid objects cannot be cached; an interruption ends in a Relisted.
 
@@ -173,21 +175,20 @@ class CacheIndex:
             self._tell_autonomy(feed, h.annotations)
             feed.push(CacheObjects(kind=NODE, objects=(wire(obj, NODE),)))
 
-    def _nodes_relisted(self, objects: Iterable[RawObject], rv: int) -> None:
-        present: dict[str, RawObject] = {}
-        for obj in objects:
-            name = head(obj).name
-            if name in self.feeds:
-                present[name] = obj
+    def _nodes_relisted(self, heads: list[tuple[ObjectHead, int]], rv: int) -> None:
+        listed = {h.metadata.name: v for h, v in heads if h.metadata.name in self.feeds}
         for feed in list(self.feeds.values()):
-            found = present.get(feed.node)
             if feed.filling is not None and NODE in feed.filling:
                 self._overtaken(feed, NODE)
-            elif found is not None:
-                self._node_event(found, deleted=False)
-            elif feed.has(NODE) and feed.node_rv <= rv:
+                continue
+            if not feed.has(NODE):
+                continue
+            found = listed.get(feed.node)
+            if found is None and feed.node_rv <= rv:
                 feed.node_rv = rv
                 feed.push(CacheDeleted(key=cache_key((NODE, "", feed.node)), resource_version=str(rv)))
+            elif found is not None and found > feed.node_rv:
+                self._resend(feed, NODE)
 
     def _tell_autonomy(self, feed: Feed, annotations: dict[str, str]) -> None:
         request = autonomy_request(annotations)
@@ -207,7 +208,7 @@ class CacheIndex:
         bound = spec.node_name
         old = self._pod_nodes.get(key)
         if old is not None and (deleted or old != bound):
-            self._pod_gone(self.feeds[old], key, h.rv, obj)
+            self._pod_gone(self.feeds[old], key, h.rv, obj)  # a mapped Pod's node has a feed (see detach)
         feed = self.feeds.get(bound) if bound else None
         if feed is None:
             return
@@ -236,31 +237,30 @@ class CacheIndex:
         if entry is None or rv <= entry.rv:
             return
         del feed.pods[key]
-        del self._pod_nodes[key]
+        if self._pod_nodes.get(key) == feed.node:
+            del self._pod_nodes[key]
         if feed.has(POD):
             feed.push(CacheDeleted(key=cache_key((POD, *key)), resource_version=str(rv)))
         self._rereference(feed, entry.refs, NONE, key[0])
 
-    def _pods_relisted(self, objects: Iterable[RawObject], rv: int) -> None:
-        current: dict[str, list[RawObject]] = {}
-        for obj in objects:
-            node = pod_spec(obj).node_name
-            if node in self.feeds:
-                current.setdefault(node, []).append(obj)
+    def _pods_relisted(self, heads: list[tuple[ObjectHead, int]], rv: int) -> None:
+        current: dict[str, dict[tuple[str, str], int]] = {}
+        for h, v in heads:
+            if h.spec.node_name in self.feeds:
+                current.setdefault(h.spec.node_name, {})[(h.metadata.namespace, h.metadata.name)] = v
         for feed in list(self.feeds.values()):
             if feed.filling is not None and POD in feed.filling:
                 self._overtaken(feed, POD)
-                continue
-            if not feed.has(POD):
-                continue
-            listed = current.get(feed.node, [])
-            names = {(head(obj).namespace, head(obj).name) for obj in listed}
-            for key, entry in list(feed.pods.items()):
-                if key not in names and entry.rv <= rv:
-                    self._pod_gone(feed, key, rv)
-            for obj in listed:
-                self._pod_event(obj, deleted=False)
-            feed.pod_floor = max(feed.pod_floor, rv)
+            elif feed.has(POD):
+                if current.get(feed.node, {}) != {key: entry.rv for key, entry in feed.pods.items()}:
+                    self._resend(feed, POD)
+                else:
+                    feed.pod_floor = max(feed.pod_floor, rv)
+
+    def _resend(self, feed: Feed, kind: str) -> None:
+        """What ``feed``'s node has of ``kind`` changed unseen (a relist of the watch says so): list it again."""
+        feed.sent &= ~BITS[kind]
+        self._refill(feed, kind)
 
     # ------------------------------------------------------------------ ConfigMaps and Secrets
 
@@ -337,21 +337,23 @@ class CacheIndex:
             elif held is not None and held.raw is not None:
                 feed.push(CacheDeleted(key=cache_key(ref), resource_version=str(rv)))
 
-    def _objects_relisted(self, kind: str, objects: Iterable[RawObject], rv: int) -> None:
-        listed: dict[Key, RawObject] = {}
-        for obj in objects:
-            h = head(obj)
-            ref = (kind, h.namespace, h.name)
+    def _objects_relisted(self, kind: str, heads: list[tuple[ObjectHead, int]], rv: int) -> None:
+        listed: dict[Key, int] = {}
+        for h, v in heads:
+            ref = (kind, h.metadata.namespace, h.metadata.name)
             if ref in self._referrers:
-                listed[ref] = obj
+                listed[ref] = v
         for ref in [r for r in self._referrers if r[0] == kind]:
+            held = self._held.get(ref)
             if ref in self._filling:
                 del self._filling[ref]  # that list may be older than this one
                 self._want(ref)
-            elif ref in listed:
-                self._store(ref, listed[ref], head(listed[ref]).rv)
-            else:
+            elif ref not in listed:
                 self._store(ref, None, rv)
+            elif held is not None and listed[ref] > held.rv:
+                # Changed unseen: read it again (its nodes keep the old one until then).
+                del self._held[ref]
+                self._want(ref)
 
     def _settle(self, feed: Feed) -> None:
         """Send ``feed`` its ConfigMaps and Secrets collections once every object they hold is known."""

@@ -54,6 +54,7 @@ def put_pod(
     secrets: tuple[str, ...] = (),
     env: str = "",
     namespace: str = "default",
+    tell: bool = True,
 ) -> PodDoc:
     """A Pod bound to ``node`` mounting each ConfigMap and Secret named (``env`` sets a plain variable)."""
     volumes = [{"name": f"cm-{c}", "configMap": {"name": c}} for c in config_maps]
@@ -63,13 +64,14 @@ def put_pod(
         container["env"] = [{"name": "VALUE", "value": env}]
     spec = {"nodeName": node, "containers": [container], "volumes": volumes}
     meta = FullMeta(name=name, namespace=namespace, managed_fields=MANAGED)
-    return api.put(POD_DOCS, PodDoc(metadata=meta, spec=spec))
+    return api.put(POD_DOCS, PodDoc(metadata=meta, spec=spec), tell=tell)
 
 
-def put_config_map(api: MemoryApi, name: str, value: str = "1", namespace: str = "default") -> ConfigMapDoc:
-    return api.put(
-        CONFIG_MAP_DOCS, ConfigMapDoc(metadata=ObjectMeta(name=name, namespace=namespace), data={"v": value})
-    )
+def put_config_map(
+    api: MemoryApi, name: str, value: str = "1", namespace: str = "default", *, tell: bool = True
+) -> ConfigMapDoc:
+    doc = ConfigMapDoc(metadata=ObjectMeta(name=name, namespace=namespace), data={"v": value})
+    return api.put(CONFIG_MAP_DOCS, doc, tell=tell)
 
 
 def put_secret(api: MemoryApi, name: str, namespace: str = "default") -> Secret:

@@ -74,8 +74,9 @@ class MemoryApi:
 
     # ------------------------------------------------------------------------------ for the test
 
-    def put(self, resource: Resource[T], obj: T) -> T:
-        """Create or replace ``obj`` (a new resourceVersion), telling the watches.
+    def put(self, resource: Resource[T], obj: T, *, tell: bool = True) -> T:
+        """Create or replace ``obj`` (a new resourceVersion), telling the watches (unless not ``tell``: a
+        change they miss, as across a broken watch, until :meth:`relist`).
 
         Objects of one plural may be stored as different types (a test's richer Pod, the hub's
         ``Pod``): each reader gets them converted to its resource's type.
@@ -87,21 +88,38 @@ class MemoryApi:
             metadata=msgspec.structs.replace(meta, resource_version=str(self._version)),
         )
         self._objects[(resource.plural, meta.namespace, meta.name)] = stored
-        self._tell(resource, meta.namespace, stored, deleted=False)
+        if tell:
+            self._tell(resource, meta.namespace, stored, deleted=False)
         return stored
 
-    def delete(self, resource: Resource[Any], name: str, namespace: str = "") -> None:
+    def delete(self, resource: Resource[Any], name: str, namespace: str = "", *, tell: bool = True) -> None:
         """Delete an object, telling the watches (its last state, at a new resourceVersion, as the API does)."""
         gone = self._objects.pop((resource.plural, namespace, name))
         self._version = next(self._versions)
         gone = msgspec.structs.replace(
             gone, metadata=msgspec.structs.replace(gone.metadata, resource_version=str(self._version))
         )
-        self._tell(resource, namespace, gone, deleted=True)
+        if tell:
+            self._tell(resource, namespace, gone, deleted=True)
+
+    def relist(self, plural: str) -> None:
+        """Every watch of ``plural`` lists again (as after a broken watch): a new snapshot."""
+        for watched, namespace, send in self._watches:
+            if watched.plural == plural:
+                send.send_nowait(self._snapshot(watched, namespace))
+
+    def _snapshot(self, resource: Resource[Any], namespace: str) -> Relisted[Any]:
+        listed = tuple(
+            _as(resource, obj, snapshot=True)
+            for (plural, ns, _), obj in self._objects.items()
+            if plural == resource.plural and namespace in ("", ns)
+        )
+        return Relisted(listed, resource_version=str(self._version))
 
     def peek(self, resource: Resource[T], name: str, namespace: str = "") -> T:
         """The stored object, as ``resource``'s type (KeyError when absent)."""
-        return _as(resource, self._objects[(resource.plural, namespace, name)])
+        found: T = _as(resource, self._objects[(resource.plural, namespace, name)])
+        return found
 
     def _tell(self, resource: Resource[Any], namespace: str, obj: Any, *, deleted: bool) -> None:
         for watched, watched_namespace, send in self._watches:
@@ -138,7 +156,8 @@ class MemoryApi:
         if wanted is not None and wanted != current.metadata.resource_version:
             raise Conflict(409, "Conflict", f"{resource.plural} {name!r} has changed")
         merged = _merge(msgspec.to_builtins(current), patch)
-        return _as(resource, self.put(resource, msgspec.convert(merged, type(current))))
+        patched: T = _as(resource, self.put(resource, msgspec.convert(merged, type(current))))
+        return patched
 
     async def list(
         self,
@@ -195,12 +214,7 @@ class MemoryApi:
         namespace: str = "",
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        listed = tuple(
-            _as(resource, obj)
-            for (plural, ns, _), obj in self._objects.items()
-            if plural == resource.plural and namespace in ("", ns)
-        )
-        send.send_nowait(Relisted(listed, resource_version=str(self._version)))
+        send.send_nowait(self._snapshot(resource, namespace))
         watch = (resource, namespace, send)
         self._watches.append(watch)
         self.watches_opened[resource.plural] += 1
@@ -211,11 +225,12 @@ class MemoryApi:
             self._watches.remove(watch)
 
 
-def _as(resource: Resource[T], obj: Any) -> T:
-    """``obj`` as ``resource``'s type (through its JSON when stored as another)."""
-    if isinstance(obj, resource.type):
+def _as(resource: Resource[T], obj: Any, *, snapshot: bool = False) -> Any:
+    """``obj`` as ``resource``'s type, or its snapshot type (through its JSON when stored as another)."""
+    wanted = resource.snapshot_type if snapshot and resource.snapshot_type is not None else resource.type
+    if isinstance(obj, wanted):
         return obj
-    return msgspec.json.decode(msgspec.json.encode(obj), type=resource.type)
+    return msgspec.json.decode(msgspec.json.encode(obj), type=wanted)
 
 
 def _field(obj: Any, path: str) -> str:

@@ -209,6 +209,31 @@ async def test_reconnecting_replaces_each_collection_from_a_fresh_list(autojump_
     assert again.replaces == {NODE: 1, POD: 1, CM: 1}
 
 
+async def test_changes_the_watch_missed_reach_the_edge_once_it_lists_again(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A ConfigMap changed, a Pod added and one deleted while the watches were broken are sent after their
+    relist, and the ConfigMap only the deleted Pod used is deleted."""
+    api = _cluster()
+    async with running_hub(api) as hub:
+        n0 = await _synced(hub, "n0", CACHE)
+        put_config_map(api, "cm-a", "9", tell=False)
+        put_pod(api, "p6", "n0", tell=False)
+        api.delete(POD_DOCS, "p2", "default", tell=False)
+        api.relist("pods")
+        api.relist("configmaps")
+        api.relist("nodes")
+        await n0.until(
+            lambda m: (
+                m.names(POD) == {"p1", "p6"}
+                and m.names(CM) == {"cm-a"}
+                and m.objects[CM][("default", "cm-a")]["data"] == {"v": "9"}
+            )
+        )
+    assert n0.replaces[POD] == 2
+    assert n0.replaces[NODE] == 1  # the Node had not changed: not sent again
+
+
 async def test_a_kind_the_hub_cannot_list_is_not_replaced_until_a_retry_lists_it(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
