@@ -107,7 +107,9 @@ class CacheStreams:
         self._jobs: DelayQueue[_Job] = DelayQueue()
         self._key_failures: dict[Key, int] = {}
         self.index = CacheIndex(want=self._want, refill=self._refill, log=log)
+        self._listed: set[str] = set()
         metrics.cache_sessions.set_function(lambda: len(self.index.feeds))
+        metrics.cache_watches_listed.set_function(lambda: len(self._listed))
         for kind in (CONFIG_MAP, SECRET):
             metrics.cache_objects.labels(kind=kind).set_function(functools.partial(self._held, kind))
 
@@ -155,7 +157,8 @@ class CacheStreams:
             if answer.verdict == "send" and answer.raw is not None:
                 feed.push(CacheObjects(kind=key.kind, objects=(answer.raw,)))
             elif answer.verdict == "gone":
-                feed.push(CacheDeleted(key=key, resource_version=str(answer.rv or self.index.position(key.kind))))
+                # Without a version (not the node's to see): the edge drops it whatever version it holds.
+                feed.push(CacheDeleted(key=key, resource_version=str(answer.rv) if answer.rv else ""))
             elif answer.verdict == "read" and feed.fetches < MAX_READS:
                 feed.fetches += 1
                 self._jobs.put(_Read(feed, key))
@@ -196,10 +199,9 @@ class CacheStreams:
         apply: Callable[[str, WatchEvent], None] = self.index.apply
         async with anyio.create_task_group() as tg, send, receive:
             tg.start_soon(self._watch, kind, send)
-            listed = False
             async for event in receive:
-                if not listed and isinstance(event, Relisted):
-                    listed = True
+                if kind not in self._listed and isinstance(event, Relisted):
+                    self._listed.add(kind)
                     self._log.info("cache_watch_listed", kind=kind, objects=len(event.objects))
                 try:
                     apply(kind, event)
@@ -246,6 +248,7 @@ class CacheStreams:
     async def _fill_key(self, ref: Key) -> None:
         begun = self.index.begin_key(ref)
         if begun is None:
+            self._key_failures.pop(ref, None)
             return
         version, token = begun
         kind, namespace, name = ref

@@ -118,6 +118,11 @@ class HubMetrics:
             ["kind"],
             registry=registry,
         )
+        self.cache_watches_listed = Gauge(
+            "nodetaskd_hub_cache_watches_listed",
+            "Shared cache watches (one per cached kind) that have listed their kind at least once.",
+            registry=registry,
+        )
         self.cache_relists = Counter(
             "nodetaskd_hub_cache_relists",
             "Cache sessions relisted because their edge fell behind (its queue was full).",
