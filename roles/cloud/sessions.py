@@ -102,6 +102,17 @@ class Session:
         self.end(NOT_READING, f"not reading: {OUTBOUND_QUEUE} frames waited {self._send_timeout:g} s")
         return False
 
+    def offer(self, frame: bytes, op: str) -> bool:
+        """Queue an encoded frame (``op`` is its tag) without waiting; False if the queue is full or the
+        session gone. For senders that must never wait on one edge (the shared cache streams)."""
+        if self.closed.is_set():
+            return False
+        try:
+            self._queue.send_nowait((frame, op))
+        except (anyio.WouldBlock, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            return False
+        return True
+
     async def write(self) -> None:
         """The session's one writer: send the queued frames in order until the link fails or this is cancelled."""
         async with self._outbound:
