@@ -118,8 +118,11 @@ class CacheStreams:
 
     @property
     def capabilities(self) -> tuple[str, ...]:
-        """What the hub lists in Welcome."""
-        return (CACHE_CAPABILITY,) if self.enabled else ()
+        """What the hub lists in Welcome: ``cache.secrets`` too when it sends Secrets, so that an edge keeping
+        them knows whether a relist of them is to come."""
+        if not self.enabled:
+            return ()
+        return (CACHE_CAPABILITY, CACHE_SECRETS_CAPABILITY) if self._secrets else (CACHE_CAPABILITY,)
 
     def offered(self, session: Session) -> bool:
         """Whether ``session`` takes part: the hub has cache streams on and the edge listed them."""

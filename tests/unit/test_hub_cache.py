@@ -65,7 +65,7 @@ async def _synced(hub_door: tuple[Hub, MemoryDoor], node: str, capabilities: tup
     hub, door = hub_door
     edge = door.connect(node)
     welcome = await edge.hello(capabilities=capabilities)
-    assert welcome.capabilities == CACHE
+    assert welcome.capabilities == (WITH_SECRETS if hub.settings.cache_secrets else CACHE)
     mirror = Mirror(edge)
     secrets = CACHE_SECRETS_CAPABILITY in capabilities and hub.settings.cache_secrets
     await mirror.until(lambda m: m.has(*((NODE, POD, CM, SECRET) if secrets else (NODE, POD, CM))))
@@ -96,7 +96,8 @@ async def test_a_cache_edge_gets_the_autonomy_request_and_exactly_its_nodes_obje
 async def test_secrets_go_only_to_edges_listing_cache_secrets_from_a_hub_caching_them(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """With cacheSecrets, an edge listing cache.secrets gets the Secrets its Pods use; one not listing it gets none."""
+    """With cacheSecrets (which the Welcome lists, so that edges keeping Secrets know a relist of them is to
+    come), an edge listing cache.secrets gets the Secrets its Pods use; one not listing it gets none."""
     api = _cluster()
     async with running_hub(api, cache_secrets=True) as hub:
         n0 = await _synced(hub, "n0", WITH_SECRETS)
