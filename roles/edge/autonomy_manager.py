@@ -138,6 +138,7 @@ class AutonomyManager:
                 status=str(verdict.status),
                 reason=verdict.reason,
                 error_keys=len(errors),
+                failing_checks=self.state.failing,
                 ledger_persisted=ledger.persisted,
             )
             await self._send_condition(verdict)

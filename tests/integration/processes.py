@@ -38,9 +38,11 @@ class RoleProcess:
     starts: int = 0
     killed: bool = False
     """Killed and not started again: its last exit status is SIGKILL's, by design."""
+    wrapper: tuple[str, ...] = ()
+    """A command that runs the role's command line, given after it (e.g. in a namespace of its own)."""
 
     async def start(self) -> None:
-        command = [sys.executable, "-m", "roles.cli", f"--role={self.role}", f"--config={self.config}"]
+        command = [*self.wrapper, sys.executable, "-m", "roles.cli", f"--role={self.role}", f"--config={self.config}"]
         with self.log.open("ab") as out:
             self.process = await anyio.open_process(command, stdout=out, stderr=subprocess.STDOUT)
         self.starts += 1
@@ -96,12 +98,16 @@ async def fleet(
     *,
     edges: int,
     hubs: int = 2,
+    hub_options: dict[str, object] | None = None,
     hub_urls: Callable[[list[str], int], list[str]] | None = None,
+    edge_options: Callable[[int], dict[str, object]] | None = None,
 ) -> AsyncIterator[Fleet]:
-    """Start one controller, ``hubs`` hubs and ``edges`` agents; stop them all (and check) at the end.
+    """Start one controller, ``hubs`` hubs (``hub_options`` in their configs) and ``edges`` agents; stop them all
+    (and check) at the end.
 
     Edge ``i`` lists hub ``i % hubs`` first and the others after it, so it fails over when its
-    hub goes; ``hub_urls(urls, i)`` may choose differently (e.g. through a proxy).
+    hub goes; ``hub_urls(urls, i)`` may choose differently (e.g. through a proxy). Its config has
+    ``edge_options(i)`` too (camelCase keys), when given.
     """
     nodes = [unique("fault") for _ in range(edges)]
     tokens = await register_edges(cp, nodes)
@@ -133,6 +139,7 @@ async def fleet(
             "httpListen": f"127.0.0.1:{free_port()}",
             "heartbeatInterval": 1,
             "statusCoalesceWindow": 0.1,
+            **(hub_options or {}),
         }
         hub_processes.append(
             RoleProcess(f"hub-{i}", _write(home / f"hub-{i}.yaml", config), "cloud", home / f"hub-{i}.log")
@@ -140,9 +147,8 @@ async def fleet(
     agents: dict[str, RoleProcess] = {}
     for i, node in enumerate(nodes):
         ordered = hub_urls(urls, i) if hub_urls else urls[i % hubs :] + urls[: i % hubs]
-        edge_config = write_agent_config(
-            home / node, node=node, token=tokens[node], hub_urls=ordered, configUpdateHealthDeadline=20
-        )
+        options: dict[str, object] = {"configUpdateHealthDeadline": 20, **(edge_options(i) if edge_options else {})}
+        edge_config = write_agent_config(home / node, node=node, token=tokens[node], hub_urls=ordered, **options)
         agents[node] = RoleProcess(node, edge_config, "edge", home / node / "agent.log")
     running = Fleet(controller=controller, hubs=hub_processes, hub_urls=urls, edges=agents)
     try:
