@@ -38,11 +38,9 @@ class RoleProcess:
     starts: int = 0
     killed: bool = False
     """Killed and not started again: its last exit status is SIGKILL's, by design."""
-    wrapper: tuple[str, ...] = ()
-    """A command that runs the role's command line, given after it (e.g. in a namespace of its own)."""
 
     async def start(self) -> None:
-        command = [*self.wrapper, sys.executable, "-m", "roles.cli", f"--role={self.role}", f"--config={self.config}"]
+        command = [sys.executable, "-m", "roles.cli", f"--role={self.role}", f"--config={self.config}"]
         with self.log.open("ab") as out:
             self.process = await anyio.open_process(command, stdout=out, stderr=subprocess.STDOUT)
         self.starts += 1

@@ -10,16 +10,20 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import os
 import subprocess
+import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 import anyio
 import anyio.abc
+import psutil
 import pytest
 import yaml
 
@@ -33,13 +37,14 @@ from tests.integration.fleet import admin, register_edges
 from tests.integration.full_disk import fill
 from tests.integration.hubs import free_port
 from tests.integration.objects import kubectl, polled, unique
-from tests.integration.processes import RoleProcess, fleet
+from tests.integration.processes import fleet
 from tests.integration.tmpfs import on_tmpfs, seen_by, usable
 from tools.processes import terminate
 
 pytestmark = pytest.mark.integration
 NS = "default"
-CACHE_SECRETS_RBAC = Path(__file__).resolve().parents[2] / "containers" / "rbac" / "cache-secrets"
+REPO = Path(__file__).resolve().parents[2]
+CACHE_SECRETS_RBAC = REPO / "containers" / "rbac" / "cache-secrets"
 
 
 @pytest.fixture
@@ -285,13 +290,45 @@ def condition_changes(log: list[dict[str, Any]]) -> list[tuple[str, int]]:
     return [(e["status"], e["failing_checks"]) for e in log if e["event"] == "autonomy_condition_changed"]
 
 
+@asynccontextmanager
+async def supervised_on_tmpfs(config: Path, data: Path, log: Path) -> AsyncIterator[anyio.abc.Process]:
+    """The agent under its launcher (which restarts it when it dies), both in a namespace where ``data`` is a
+    tmpfs of :data:`TMPFS_BYTES`; their output goes to ``log``."""
+    command = [*on_tmpfs(data, TMPFS_BYTES), sys.executable, "-m", "roles.edge.launcher", f"--config={config}"]
+    # The launcher starts the agent with -P (the working directory off sys.path): this checkout goes
+    # first on PYTHONPATH, or the agent would be whichever one the virtualenv was installed from.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))}
+    with log.open("ab") as out:
+        launcher = await anyio.open_process(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        yield launcher
+    finally:
+        await terminate(launcher)
+
+
+async def agent_of(launcher: anyio.abc.Process) -> psutil.Process:
+    """The agent process the launcher runs now."""
+
+    async def children() -> list[psutil.Process]:
+        return psutil.Process(launcher.pid).children()
+
+    (agent,) = await polled(children, lambda found: len(found) == 1, limit_s=60)
+    return agent
+
+
+def loaded_ledgers(log: list[dict[str, Any]]) -> list[tuple[int, bool]]:
+    """Each time an agent started with errored keys in its ledger: how many, and whether the file holds them."""
+    return [(e["error_keys"], e["persisted"]) for e in log if e["event"] == "ledger_loaded"]
+
+
 async def test_a_full_disk_turns_autonomy_unknown_on_the_fourth_failing_check_and_the_repair_loop_restores_it(
     crds: ControlPlane, tmp_path: Path
 ) -> None:
     """An agent whose data directory is a small tmpfs, filled up: the Pods then bound to its node cannot
     be cached, their keys are errored, and only the fourth failing check turns the Node's Autonomy
-    condition Unknown (a Warning Event, the label false); once space is freed the repair loop fetches
-    the keys again with nothing changed in the cloud, and the condition is True and the label true."""
+    condition Unknown (a Warning Event, the label false); the agent killed and restarted on the full disk
+    finds the keys in its ledger; once space is freed the repair loop fetches them again with nothing
+    changed in the cloud, and the condition is True and the label true."""
     cp = crds
     usable(tmp_path)
     cp.kubectl("create", "serviceaccount", "default", "-n", NS, check=False)
@@ -299,12 +336,12 @@ async def test_a_full_disk_turns_autonomy_unknown_on_the_fourth_failing_check_an
     tokens = await register_edges(cp, [node])
     port = free_port()
     device = Device(port=port, kubectl_path=cp.binaries.kubectl, home=tmp_path / "device")
+    home = tmp_path / node
+    data, log = home / "data", home / "agent.log"
     async with fleet(cp, tmp_path, edges=0, hubs=1) as running, admin(cp) as kube:
         conf = unique("conf")
         await apply(cp, config_map_doc(conf, "one"), pod_doc(unique("small"), node, config_map=conf))
         await request_autonomy(kube, node)
-        home = tmp_path / node
-        data = home / "data"
         data.mkdir(parents=True)
         config = write_agent_config(
             home,
@@ -315,37 +352,52 @@ async def test_a_full_disk_turns_autonomy_unknown_on_the_fourth_failing_check_an
             autonomy={"repairPeriod": 1},
             **local_api(port, serve_secrets=False),
         )
-        agent = RoleProcess(node, config, "edge", home / "agent.log", wrapper=on_tmpfs(data, TMPFS_BYTES))
-        running.edges[node] = agent  # stopped with the fleet
-        await agent.start()
-        await approved(kube, node, "True", "true")
+        async with supervised_on_tmpfs(config, data, log) as launcher:
+            await approved(kube, node, "True", "true")
 
-        assert agent.process is not None
-        filler = seen_by(agent.process.pid, data / "filler")
-        assert await anyio.to_thread.run_sync(fill, filler) > 0
-        big = sorted(unique("big") for _ in range(3))
-        filled = {"filler": "x" * ANNOTATION_BYTES}
-        await apply(cp, *(pod_doc(name, node, config_map=conf, annotations=filled) for name in big), verb="create")
+            filler = seen_by(launcher.pid, data / "filler")
+            assert await anyio.to_thread.run_sync(fill, filler) > 0
+            big = sorted(unique("big") for _ in range(3))
+            filled = {"filler": "x" * ANNOTATION_BYTES}
+            await apply(cp, *(pod_doc(name, node, config_map=conf, annotations=filled) for name in big), verb="create")
 
-        found = await approved(kube, node, "Unknown", "false")
-        condition = autonomy_of(found)
-        assert condition is not None
-        assert condition.reason == "cache failed"
-        for name in big:
-            assert f"Pod/{NS}/{name}" in condition.message
-        assert "database or disk is full" in condition.message
-        changes = condition_changes(agent_log(agent.log))
-        assert [status for status, _ in changes] == ["False", "True", "Unknown"]
-        assert changes[-1] == ("Unknown", 4)
-        events, _, _ = await kube.list(EVENTS, namespace=NS, field_selector=f"involvedObject.name={node}")
-        warnings = [(e.reason, e.type) for e in events if e.reason == "AutonomyUnknown"]
-        assert warnings == [("AutonomyUnknown", "Warning")]
+            found = await approved(kube, node, "Unknown", "false")
+            condition = autonomy_of(found)
+            assert condition is not None
+            assert condition.reason == "cache failed"
+            for name in big:
+                assert f"Pod/{NS}/{name}" in condition.message
+            assert "database or disk is full" in condition.message
+            changes = condition_changes(agent_log(log))
+            assert [status for status, _ in changes] == ["False", "True", "Unknown"]
+            assert changes[-1] == ("Unknown", 4)
+            events, _, _ = await kube.list(EVENTS, namespace=NS, field_selector=f"involvedObject.name={node}")
+            warnings = [(e.reason, e.type) for e in events if e.reason == "AutonomyUnknown"]
+            assert warnings == [("AutonomyUnknown", "Warning")]
 
-        await anyio.to_thread.run_sync(filler.unlink)
-        await approved(kube, node, "True", "true")
-        log = agent_log(agent.log)
-        assert condition_changes(log)[-1] == ("True", 0)
-        assert any(e["event"] == "cache_repair" for e in log)
-        status, pods = await device.read(f"/api/v1/namespaces/{NS}/pods?fieldSelector=spec.nodeName%3D{node}")
-        assert status == 200
-        assert sorted(p["metadata"]["name"] for p in pods["items"] if p["metadata"]["name"] in big) == big
+            # A crash on the full disk: the launcher starts the agent again, which finds the keys it lost.
+            killed = await agent_of(launcher)
+            killed.kill()
+
+            async def relisted() -> list[dict[str, Any]]:
+                return [e for e in agent_log(log) if e["event"] == "cache_relisted"]
+
+            # Its session's relist is written to the full disk (or not) before space is freed: whatever
+            # is stored afterwards comes from the repair loop.
+            await polled(relisted, lambda found: len(found) == 2, limit_s=60)
+            (loaded,) = loaded_ledgers(agent_log(log))
+            assert loaded[0] >= len(big)
+            assert loaded[1] is True
+            assert (await agent_of(launcher)).pid != killed.pid
+
+            await anyio.to_thread.run_sync(filler.unlink)
+            await approved(kube, node, "True", "true")
+            entries = agent_log(log)
+            assert condition_changes(entries)[-1] == ("True", 0)
+            since_relist = entries[entries.index((await relisted())[-1]) :]
+            repaired = next(i for i, e in enumerate(since_relist) if e["event"] == "cache_repair")
+            cleared = next(i for i, e in enumerate(since_relist) if e.get("error_keys") == 0)
+            assert repaired < cleared
+            status, pods = await device.read(f"/api/v1/namespaces/{NS}/pods?fieldSelector=spec.nodeName%3D{node}")
+            assert status == 200
+            assert sorted(p["metadata"]["name"] for p in pods["items"] if p["metadata"]["name"] in big) == big
