@@ -169,6 +169,14 @@ class CloudConfig(_Config, frozen=True, kw_only=True):
     max_http_connections: Annotated[int, msgspec.Meta(ge=1)] | None = None
     """Connections at once to httpListen; more are closed as soon as they are accepted. null: a quarter
     of the hub's reserve of file descriptors, 16 to 256."""
+    cache_streams: bool = True
+    """Keep each edge that asks (``cache.v1``) a copy of its node's cloud objects: its Node, its Pods and
+    the ConfigMaps they reference, for it to serve offline; tell it whether its node asks for autonomy;
+    write the Autonomy condition it reports on its Node. Needs list and watch of Pods and ConfigMaps
+    in every namespace (``containers/rbac/cloud.yaml``). false: the hub offers none of it."""
+    cache_secrets: bool = False
+    """Also send edges that ask (``cache.secrets``) the Secrets their Pods reference. Needs list and watch
+    of Secrets in every namespace, which the base RBAC does not grant: add ``containers/deploy/cache-secrets``."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

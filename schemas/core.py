@@ -1,7 +1,8 @@
 """The few built-in Kubernetes types nodetaskd reads or writes: Node, Pod, Lease, Event, Secret, Status.
 
 Only the fields used are typed; the rest of each object is ignored on decoding, so these are never
-written back whole (writes are patches or objects nodetaskd creates itself).
+written back whole (writes are patches or objects nodetaskd creates itself). :class:`RawObject` is
+the exception: an object kept whole, to be passed on as the API server served it.
 """
 
 from __future__ import annotations
@@ -153,3 +154,39 @@ class Status(ApiStruct, frozen=True):
     reason: str = ""
     code: int = 0
     details: StatusDetails | None = None
+
+
+class RawObject(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    """A Node, Pod, ConfigMap or Secret kept whole: each top-level field as the API server's JSON.
+
+    These are every top-level field of the four kinds in core/v1; a field the object lacks stays
+    unset and is left out again on encoding. List items come without ``apiVersion`` and ``kind``.
+    """
+
+    api_version: str | msgspec.UnsetType = msgspec.UNSET
+    kind: str | msgspec.UnsetType = msgspec.UNSET
+    metadata: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    spec: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    status: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    data: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    binary_data: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    string_data: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    immutable: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    type: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+
+
+class HeadMeta(msgspec.Struct, frozen=True, rename="camel"):
+    name: str = ""
+    namespace: str = ""
+    resource_version: str = ""
+
+
+class HeadSpec(msgspec.Struct, frozen=True, rename="camel"):
+    node_name: str = ""
+
+
+class ObjectHead(msgspec.Struct, frozen=True):
+    """What a watch's snapshot of a cached kind keeps of each object: its names, version and (a Pod's) node."""
+
+    metadata: HeadMeta = msgspec.field(default_factory=HeadMeta)
+    spec: HeadSpec = msgspec.field(default_factory=HeadSpec)

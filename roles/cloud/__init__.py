@@ -39,6 +39,8 @@ def settings_of(cfg: CloudConfig) -> HubSettings:
         max_handshakes=cfg.max_handshakes,
         max_sessions=cfg.max_sessions,
         mark_pending_limit=cfg.mark_pending_limit,
+        cache_streams=cfg.cache_streams,
+        cache_secrets=cfg.cache_secrets,
     )
 
 

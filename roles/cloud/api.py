@@ -18,6 +18,7 @@ from roles.events import EventSink
 from roles.kube import Invalid, Resource, WatchEvent
 
 __all__ = [
+    "CacheApi",
     "HubApi",
     "JobApi",
     "JobStatusStore",
@@ -100,10 +101,20 @@ class Lister(Protocol):
     """Lists a resource."""
 
     async def list(
-        self, resource: Resource[T], *, label_selector: str = "", namespace: str = "", field_selector: str = ""
+        self,
+        resource: Resource[T],
+        *,
+        label_selector: str = "",
+        namespace: str = "",
+        field_selector: str = "",
+        resource_version: str = "",
     ) -> tuple[list[T], list[Invalid], str]:
-        """The objects, the ones that do not decode, and the list's resourceVersion."""
+        """The objects, those that do not decode, and the list's resourceVersion (see ``Kube.list``)."""
         ...
+
+
+class CacheApi(Lister, Watcher, Protocol):
+    """What the cache streams need: watch each cached kind, list one node's or one object's."""
 
 
 class SecretSource(ObjectReader, Watcher, Protocol):
@@ -118,5 +129,5 @@ class TaskApi(JobStatusStore, Watcher, ObjectReader, Lister, Protocol):
     """What the hub's diagnosis Tasks need: watch Tasks and Operations, read one, list by name, write status."""
 
 
-class HubApi(JobApi, NodeStore, SecretSource, Lister, Protocol):
+class HubApi(JobApi, NodeStore, SecretSource, CacheApi, Protocol):
     """Everything a hub asks of the API server."""

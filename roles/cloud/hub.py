@@ -15,6 +15,9 @@
 * :mod:`~roles.cloud.image_secrets`: registry credentials for a job's images;
 * :mod:`~roles.cloud.tasks`: diagnosis Tasks, sent to their nodes and their results written on the
   same protocol, reports from the edges' outboxes included.
+* :mod:`~roles.cloud.cache_streams`: each cache session's edge kept a copy of its node's objects,
+  from one shared watch per kind; :mod:`~roles.cloud.autonomy_conditions`: the Autonomy condition
+  its edge reports, written on its Node.
 
 Shutdown (SIGTERM): every session is closed with 1001 "going away" while the websocket server is
 still running, within ``close_grace`` seconds, so that edges reconnect to another hub at once.
@@ -36,6 +39,8 @@ from nodetask.clock import Clock
 from nodetask.messages import Report
 from roles.cloud.api import HubApi
 from roles.cloud.auth import TokenBook
+from roles.cloud.autonomy_conditions import AutonomyConditions
+from roles.cloud.cache_streams import CacheStreams
 from roles.cloud.changes import RecordOutcome
 from roles.cloud.edges import WebSocketDoor
 from roles.cloud.image_secrets import ImageSecrets
@@ -110,6 +115,8 @@ class Hub:
         )
         metrics.marks_pending.set_function(lambda: len(self.marks))
         metrics.mark_oldest.set_function(self.marks.oldest_age)
+        self.cache: Final = CacheStreams(kube, settings=settings, metrics=metrics, log=self._log)
+        self.conditions: Final = AutonomyConditions(kube, clock=clock, metrics=metrics, hub_id=settings.hub_id)
         throttle = LogThrottle()
         self.websockets: Final = WebSocketDoor(
             settings=settings, tokens=self.tokens, metrics=metrics, throttle=throttle, log=self._log
@@ -122,6 +129,8 @@ class Hub:
             admit=self._admit,
             unmark=self.node_marks.unmark,
             on_report=self._apply_report,
+            cache=self.cache,
+            conditions=self.conditions,
             log=self._log,
         )
         self._task_status = TaskStatusEndpoint(
@@ -156,6 +165,9 @@ class Hub:
             await tg.start(self.tokens.watch)
             tg.start_soon(self.node_marks.watch)
             tg.start_soon(self._handler.watch)
+            await tg.start(self.conditions.run)
+            if self.cache.enabled:
+                await tg.start(self.cache.run)
             door_scope = anyio.CancelScope(shield=True)
             door_ready = anyio.Event()
             tg.start_soon(self._open, door, door_scope, door_ready)

@@ -107,4 +107,37 @@ class HubMetrics:
             "How long the oldest pending Node mark has waited (0 when none is pending).",
             registry=registry,
         )
+        self.cache_sessions = Gauge(
+            "nodetaskd_hub_cache_sessions",
+            "Sessions fed cache streams (their edges listed cache.v1).",
+            registry=registry,
+        )
+        self.cache_objects = Gauge(
+            "nodetaskd_hub_cache_objects",
+            "Referenced ConfigMaps and Secrets the hub holds for its cache sessions, by kind.",
+            ["kind"],
+            registry=registry,
+        )
+        self.cache_watches_listed = Gauge(
+            "nodetaskd_hub_cache_watches_listed",
+            "Shared cache watches (one per cached kind) that have listed their kind at least once.",
+            registry=registry,
+        )
+        self.cache_relists = Counter(
+            "nodetaskd_hub_cache_relists",
+            "Cache sessions relisted because their edge fell behind (its queue was full).",
+            registry=registry,
+        )
+        self.cache_list_failures = Counter(
+            "nodetaskd_hub_cache_list_failures",
+            "Lists for cache streams that failed (retried with backoff), by kind.",
+            ["kind"],
+            registry=registry,
+        )
+        self.autonomy_conditions = Counter(
+            "nodetaskd_hub_autonomy_condition_writes",
+            "Autonomy conditions written on Nodes, by status.",
+            ["status"],
+            registry=registry,
+        )
         registry.register(_KubeCounters(kube))

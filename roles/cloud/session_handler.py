@@ -9,7 +9,10 @@ links. A session:
 2. has its Node marked and the node offered to every job runner (``admit``), while it already
    serves frames;
 3. serves frames: heartbeats are echoed, acks noted, each report applied in a task of its own
-   (and answered only after its write), anything unexpected answered with an Error frame;
+   (and answered only after its write), anything unexpected answered with an Error frame; for an
+   edge that listed ``cache.v1`` (and a hub offering it) its cache stream runs meanwhile
+   (:mod:`~roles.cloud.cache_streams`), its fetches are answered and the Autonomy condition it
+   reports written (:mod:`~roles.cloud.autonomy_conditions`);
 4. ends when the edge goes, when nothing came for ``missed_heartbeats`` intervals
    (:data:`~roles.cloud.sessions.HEARTBEAT_MISSED`), or when the hub ends it
    (:meth:`~roles.cloud.sessions.Session.end`: replaced, not reading, shutting down). The link is
@@ -35,8 +38,22 @@ from prometheus_client import Counter
 
 from nodetask import messages
 from nodetask.link import Link, LinkClosed
-from nodetask.messages import PING_CAPABILITY, Ack, Error, Heartbeat, Hello, MessageError, Report, Upstream, Welcome
+from nodetask.messages import (
+    PING_CAPABILITY,
+    Ack,
+    AutonomyCondition,
+    CacheFetch,
+    Error,
+    Heartbeat,
+    Hello,
+    MessageError,
+    Report,
+    Upstream,
+    Welcome,
+)
 from nodetask.names import clip
+from roles.cloud.autonomy_conditions import AutonomyConditions, condition_problem
+from roles.cloud.cache_streams import CacheStreams
 from roles.cloud.ingress import LogThrottle, warn_throttled
 from roles.cloud.metrics import HubMetrics
 from roles.cloud.sessions import (
@@ -60,6 +77,7 @@ ServeEdge = Callable[[str, Link], Coroutine[Any, Any, None]]
 _UNEXPLAINED: Final = "the hub stopped serving it"
 _OFFERED: Final = (PING_CAPABILITY,)
 """What this hub lists in its Welcome."""
+_NOT_AGREED: Final = f"both ends must list {messages.CACHE_CAPABILITY} for cache and autonomy messages"
 
 
 class SessionHandler:
@@ -75,6 +93,8 @@ class SessionHandler:
         admit: Callable[[str, str, Log], Coroutine[Any, Any, None]],
         unmark: Callable[[str, Log], Awaitable[None]],
         on_report: Callable[[Session, Report, Log], Coroutine[Any, Any, None]],
+        cache: CacheStreams,
+        conditions: AutonomyConditions,
         log: Log,
     ) -> None:
         self._settings = settings
@@ -84,6 +104,8 @@ class SessionHandler:
         self._admit = admit
         self._unmark = unmark
         self._on_report = on_report
+        self._cache = cache
+        self._conditions = conditions
         self._log = log
         self._deadline = settings.heartbeat_interval * settings.missed_heartbeats
         # Labelled children looked up once: a frame's count is then one increment.
@@ -106,7 +128,9 @@ class SessionHandler:
         )
         # Welcome is sent before the session is visible to the runners: it must be the first frame.
         welcome = Welcome(
-            hub=self._settings.hub_id, heartbeat_interval=self._settings.heartbeat_interval, capabilities=_OFFERED
+            hub=self._settings.hub_id,
+            heartbeat_interval=self._settings.heartbeat_interval,
+            capabilities=(*_OFFERED, *self._cache.capabilities),
         )
         await session.send(welcome, own=True)
         replaced = self._sessions.add(session)
@@ -119,6 +143,8 @@ class SessionHandler:
                 with anyio.move_on_after(self._settings.close_grace):
                     await replaced.link_closed.wait()
             log.info("edge_connected", version=clip(hello.version, 64))
+            if self._cache.offered(session):
+                self._cache.attach(session, log)
             # trio's nurseries, not anyio's task groups, for a session's tasks: anyio gives each task a
             # cancel scope and an event of its own, a fifth of a report's CPU (docs/benchmarks.md).
             async with trio.open_nursery() as tg:
@@ -135,6 +161,7 @@ class SessionHandler:
                     tg.cancel_scope.cancel()
         finally:
             current = self._sessions.remove(session) if removed is None else removed
+            self._cache.detach(session)
             with anyio.CancelScope(shield=True):
                 await self._close(session, GOING_AWAY, "")  # nothing to do unless an error ended it
                 session.discard_queue()
@@ -262,10 +289,24 @@ class SessionHandler:
                         continue
                     # Each report waits for its write without holding up heartbeats or other reports.
                     reports.start_soon(self._on_report, session, msg, log)
+                case CacheFetch() | AutonomyCondition():
+                    await self._autonomy_message(session, msg, log)
                 case Error(code=code, message=text):
                     self._warn(log, "edge_error", code=clip(code, 64), error=clip(text))
                 case Hello():
                     await self._reject(session, "unexpected", "hello was already received", log)
+
+    async def _autonomy_message(self, session: Session, msg: CacheFetch | AutonomyCondition, log: Log) -> None:
+        """A cache fetch or an Autonomy condition, from an edge that agreed on ``cache.v1``."""
+        if not self._cache.offered(session):
+            await self._reject(session, "unexpected", _NOT_AGREED, log)
+        elif isinstance(msg, CacheFetch):
+            if refused := self._cache.fetch(session, msg.keys):
+                await self._reject(session, "unexpected", refused, log)
+        elif refused := condition_problem(msg):
+            await self._reject(session, "bad_condition", refused, log)
+        else:
+            self._conditions.submit(session.node, msg, log)
 
     async def _reject(self, session: Session, reason: str, text: str, log: Log, *, ref: str = "") -> None:
         self._metrics.rejected.labels(reason=reason).inc()

@@ -125,6 +125,16 @@ class Session:
             if self._queue:  # cancelled while draining: what is left needs a writer
                 self._start_writer()
 
+    def offer(self, frame: bytes, op: str) -> bool:
+        """Queue an encoded frame (``op`` is its tag) without waiting; False if the queue is full or the
+        session gone. For senders that must never wait on one edge (the shared cache streams)."""
+        if self.closed.is_set() or len(self._queue) >= OUTBOUND_QUEUE:
+            return False
+        self._queue.append((frame, op))
+        if not self._writing:
+            self._start_writer()
+        return True
+
     async def _enqueue(self, item: tuple[bytes, str]) -> bool:
         if len(self._queue) >= OUTBOUND_QUEUE:
             with anyio.move_on_after(self._send_timeout):

@@ -31,3 +31,8 @@ class HubSettings:
     """Jobs of more nodes keep a compact status entry per succeeded node (None: never)."""
     mark_pending_limit: float = 120.0
     """A Node mark pending longer than this makes the hub not ready (its API writes are stuck)."""
+    cache_streams: bool = True
+    """Offer edges ``cache.v1``: their node's objects, the autonomy request, the Autonomy condition."""
+    cache_secrets: bool = False
+    """Also send the Secrets a node's Pods reference, to edges listing ``cache.secrets`` (needs the
+    extra RBAC of ``containers/rbac/cache-secrets``: list and watch of Secrets in every namespace)."""

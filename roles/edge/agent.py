@@ -229,7 +229,8 @@ class EdgeAgent:
         if CACHE_CAPABILITY not in welcome.capabilities:
             task_status.started()
             return
-        await self.autonomy.serve_session(session.send, task_status=task_status)
+        secrets = CACHE_SECRETS_CAPABILITY in welcome.capabilities
+        await self.autonomy.serve_session(session.send, hub_sends_secrets=secrets, task_status=task_status)
 
     async def _on_run_action(self, run: RunAction, session: Session) -> None:
         attempt = max(run.attempt, 1)  # 0: a hub that knows no attempts, which only sends first ones

@@ -77,10 +77,10 @@ class AutonomyManager:
         self._awaiting: set[str] = set()
         """Kinds not yet relisted in this session."""
 
-    @property
-    def expected_kinds(self) -> frozenset[str]:
-        """The kinds the hub relists after each Welcome: what this edge takes."""
-        return KINDS if self.cache.keep_secrets else KINDS - {SECRET}
+    def expected_kinds(self, *, hub_sends_secrets: bool) -> frozenset[str]:
+        """The kinds the hub relists after each Welcome: what this edge takes and the hub sends (Secrets only
+        from a hub whose Welcome lists ``cache.secrets``; one with ``cacheSecrets`` off never relists them)."""
+        return KINDS if self.cache.keep_secrets and hub_sends_secrets else KINDS - {SECRET}
 
     # ---------------------------------------------------------------------------------- messages
 
@@ -138,6 +138,7 @@ class AutonomyManager:
                 status=str(verdict.status),
                 reason=verdict.reason,
                 error_keys=len(errors),
+                failing_checks=self.state.failing,
                 ledger_persisted=ledger.persisted,
             )
             await self._send_condition(verdict)
@@ -153,14 +154,19 @@ class AutonomyManager:
     # ----------------------------------------------------------------------------------- session
 
     async def serve_session(
-        self, send: Send, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+        self,
+        send: Send,
+        *,
+        hub_sends_secrets: bool = False,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """For as long as a session with a ``cache.v1`` hub lasts (cancel it when it ends): send the current
         condition, await the relist, and repair errored keys every period.
 
-        Ready once it awaits the relist, so that a relist arriving right after the Welcome counts.
+        ``hub_sends_secrets``: its Welcome lists ``cache.secrets``. Ready once it awaits the relist, so
+        that a relist arriving right after the Welcome counts.
         """
-        self._awaiting = set(self.expected_kinds)
+        self._awaiting = set(self.expected_kinds(hub_sends_secrets=hub_sends_secrets))
         self._send = send
         try:
             async with anyio.create_task_group() as tg:

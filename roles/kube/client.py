@@ -70,9 +70,18 @@ class Kube:
         return resource.decoder().decode(await self._request("GET", resource.path(name, namespace=namespace)))
 
     async def list(
-        self, resource: Resource[T], *, label_selector: str = "", namespace: str = "", field_selector: str = ""
+        self,
+        resource: Resource[T],
+        *,
+        label_selector: str = "",
+        namespace: str = "",
+        field_selector: str = "",
+        resource_version: str = "",
     ) -> tuple[list[T], list[Invalid], str]:
-        """All objects, the ones that do not decode, and the list's resourceVersion."""
+        """All objects, the ones that do not decode, and the list's resourceVersion.
+
+        ``resource_version``: at least this recent, from the API server's watch cache (see ``list_objects``).
+        """
         async with self._in_flight:
             listed: tuple[list[T], list[Invalid], str] = await self._cross(
                 list_objects,
@@ -81,6 +90,7 @@ class Kube:
                 label_selector=label_selector,
                 namespace=namespace,
                 field_selector=field_selector,
+                resource_version=resource_version,
             )
         return listed
 

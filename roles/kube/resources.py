@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import functools
 import urllib.parse
 from dataclasses import dataclass
@@ -25,6 +26,9 @@ class Resource(Generic[T]):
     plural: str
     type: type[T]
     namespaced: bool = False
+    snapshot_type: builtins.type[msgspec.Struct] | None = None
+    """What a watch's snapshot (its list) decodes items into, when not ``type``: a smaller view, for a
+    watcher that needs whole objects only from the changes."""
 
     def path(self, name: str = "", *, namespace: str = "", subresource: str = "") -> str:
         """The request path; each part is exactly one path segment, whatever it holds.
@@ -52,6 +56,12 @@ class Resource(Generic[T]):
         """The typed decoder of this resource's objects, built once per type (every request uses it)."""
         return _decoder(self.type)
 
+    def snapshot_decoder(self) -> msgspec.json.Decoder[Any]:
+        """The decoder of a watch's snapshot items (see ``snapshot_type``)."""
+        if self.snapshot_type is None:
+            return _decoder(self.type)
+        return _decoder(self.snapshot_type)
+
 
 def _segment(part: str, what: str) -> str:
     # Kubernetes' IsValidPathSegmentName, then quoting, so that nothing else (a '?', a '#', a space)
@@ -77,6 +87,19 @@ SECRETS: Resource[core.Secret] = Resource("v1", "secrets", core.Secret, namespac
 EVENTS: Resource[core.Event] = Resource("v1", "events", core.Event, namespaced=True)
 LEASES: Resource[core.Lease] = Resource("coordination.k8s.io/v1", "leases", core.Lease, namespaced=True)
 PODS: Resource[core.Pod] = Resource("v1", "pods", core.Pod, namespaced=True)
+
+# The kinds an edge's cache holds, kept whole (roles/cloud/cache_objects.py); a watch's snapshot of the
+# whole cluster keeps only each object's head, so that listing every Pod never holds them all at once.
+RAW_NODES: Resource[core.RawObject] = Resource("v1", "nodes", core.RawObject, snapshot_type=core.ObjectHead)
+RAW_PODS: Resource[core.RawObject] = Resource(
+    "v1", "pods", core.RawObject, namespaced=True, snapshot_type=core.ObjectHead
+)
+RAW_CONFIG_MAPS: Resource[core.RawObject] = Resource(
+    "v1", "configmaps", core.RawObject, namespaced=True, snapshot_type=core.ObjectHead
+)
+RAW_SECRETS: Resource[core.RawObject] = Resource(
+    "v1", "secrets", core.RawObject, namespaced=True, snapshot_type=core.ObjectHead
+)
 
 OPERATIONS: Resource[diagnosis.Operation] = Resource(diagnosis.API_VERSION, "operations", diagnosis.Operation)
 OPERATION_SETS: Resource[diagnosis.OperationSet] = Resource(

@@ -45,6 +45,8 @@ class Relisted(Generic[T]):
 
     objects: tuple[T, ...]
     invalid: tuple[Invalid, ...] = ()
+    resource_version: str = ""
+    """The list's resourceVersion: the snapshot is the state as of it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,13 +110,26 @@ def _decode_item(decoder: msgspec.json.Decoder[Any], raw: msgspec.Raw) -> Any:
 
 
 async def list_objects(
-    api: AioApi, resource: Resource[Any], *, label_selector: str = "", namespace: str = "", field_selector: str = ""
+    api: AioApi,
+    resource: Resource[Any],
+    *,
+    label_selector: str = "",
+    namespace: str = "",
+    field_selector: str = "",
+    resource_version: str = "",
+    snapshot: bool = False,
 ) -> tuple[list[Any], list[Invalid], str]:
-    """All objects (valid and not) and the list's resourceVersion, following ``continue`` pages."""
-    decoder = resource.decoder()
+    """All objects (valid and not) and the list's resourceVersion, following ``continue`` pages.
+
+    With ``resource_version`` the list is at least that recent and served from the API server's
+    watch cache, in one page: a limit would send it to etcd instead, which reads the whole
+    collection to filter it (a list of one node's Pods would read every Pod of the cluster).
+    With ``snapshot``, items are decoded as a watch's snapshot (``Resource.snapshot_type``).
+    """
+    decoder = resource.snapshot_decoder() if snapshot else resource.decoder()
     valid: list[Any] = []
     invalid: list[Invalid] = []
-    query = {"limit": "500"}
+    query = {"resourceVersion": resource_version} if resource_version else {"limit": "500"}
     if label_selector:
         query["labelSelector"] = label_selector
     if field_selector:
@@ -190,9 +205,14 @@ async def watch_loop(
         try:
             if not version:
                 valid, invalid, version = await list_objects(
-                    api, resource, label_selector=label_selector, namespace=namespace, field_selector=field_selector
+                    api,
+                    resource,
+                    label_selector=label_selector,
+                    namespace=namespace,
+                    field_selector=field_selector,
+                    snapshot=True,
                 )
-                deliver(Relisted(tuple(valid), tuple(invalid)))
+                deliver(Relisted(tuple(valid), tuple(invalid), resource_version=version))
             query = {
                 "watch": "1",
                 "resourceVersion": version,

@@ -96,10 +96,12 @@ async def fleet(
     *,
     edges: int,
     hubs: int = 2,
+    hub_options: dict[str, object] | None = None,
     hub_urls: Callable[[list[str], int], list[str]] | None = None,
     edge_options: Callable[[int], dict[str, object]] | None = None,
 ) -> AsyncIterator[Fleet]:
-    """Start one controller, ``hubs`` hubs and ``edges`` agents; stop them all (and check) at the end.
+    """Start one controller, ``hubs`` hubs (``hub_options`` in their configs) and ``edges`` agents; stop them all
+    (and check) at the end.
 
     Edge ``i`` lists hub ``i % hubs`` first and the others after it, so it fails over when its
     hub goes; ``hub_urls(urls, i)`` may choose differently (e.g. through a proxy). Its config has
@@ -135,6 +137,7 @@ async def fleet(
             "httpListen": f"127.0.0.1:{free_port()}",
             "heartbeatInterval": 1,
             "statusCoalesceWindow": 0.1,
+            **(hub_options or {}),
         }
         hub_processes.append(
             RoleProcess(f"hub-{i}", _write(home / f"hub-{i}.yaml", config), "cloud", home / f"hub-{i}.log")

@@ -1,5 +1,5 @@
-"""``just demo`` end to end: a small fleet to its summary (jobs, a retry, then a diagnosis), Ctrl-C stopping
-everything, a clean second run."""
+"""``just demo`` end to end: a small fleet to its summary (jobs, a retry, a diagnosis and an edge cut off from
+its hub), Ctrl-C stopping everything, a clean second run."""
 
 from __future__ import annotations
 
@@ -114,6 +114,8 @@ def test_demo_stops_on_ctrl_c_then_a_second_run_reaches_its_summary(state: Path,
     assert DISK_REASON in first["reason"]
     assert "edge-04: attempt 1 Failure at Check: current disk usage is" in output
 
+    _assert_autonomy(summary["autonomy"], output)
+
     if summary["runtimeProblem"]:
         # No containerd here: every Pull fails on the runtime's absence, and the demo said so up front.
         assert "NO CONTAINER RUNTIME" in output
@@ -185,3 +187,25 @@ def _assert_diagnosis(diagnosis: dict[str, Any], output: str) -> None:
         " request as network.probe.targets",
     ):
         assert line in " ".join(output.split()), line
+
+
+def _assert_autonomy(autonomy: dict[str, Any], output: str) -> None:
+    """edge-03 asked for autonomy and lists hub-a only: with hub-a stopped, kubectl on its local API still lists
+    its Pod; every Node shows its Autonomy condition, and only edge-03 the controller's approval label."""
+    cut = autonomy["cut"]
+    assert (cut["node"], cut["hub"], cut["error"]) == ("edge-03", "hub-a", ""), cut
+    assert cut["answer"].split()[:2] == ["default", "demo-app"], cut
+    assert re.fullmatch(
+        r"kubectl --server=http://127\.0\.0\.1:\d+ get pods -A --field-selector spec.nodeName=edge-03", cut["command"]
+    )
+    nodes = autonomy["nodes"]
+    assert nodes["edge-03"] == {"status": "True", "reason": "autonomy enabled successfully", "label": "true"}
+    for node in ("edge-01", "edge-02", "edge-04"):
+        assert nodes[node] == {"status": "False", "reason": "autonomy disabled", "label": ""}, node
+    shown = " ".join(output.split())
+    for line in (
+        f"autonomy: edge-03 answered with hub-a stopped: $ {cut['command']} {' '.join(cut['answer'].split())}",
+        "edge-03: Autonomy True (autonomy enabled successfully), node.autonomy.openyurt.io/status=true",
+        "edge-01: Autonomy False (autonomy disabled), node.autonomy.openyurt.io/status=(none)",
+    ):
+        assert line in shown, line

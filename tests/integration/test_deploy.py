@@ -151,6 +151,11 @@ ALLOWED = {
         "update tasks.diagnosis.kubediag.org --subresource=status -n default",
         "watch operations.diagnosis.kubediag.org",
         "get operations.diagnosis.kubediag.org",
+        "watch pods",  # cache streams: one watch per kind, lists by field selector
+        "list pods -n default",
+        "watch configmaps",
+        "list configmaps -n default",
+        "patch nodes --subresource=status",  # the Autonomy condition
     ],
 }
 REFUSED = {
@@ -166,6 +171,8 @@ REFUSED = {
     ],
     CLOUD_SA: [
         "get secrets -n default",  # Secrets only in kube-system, never cluster-wide
+        "list secrets -n default",  # ... unless cache-secrets is added (below)
+        "get configmaps -n default",  # the cache streams only list and watch
         "delete nodeupgradejobs.operations.kubeedge.io",  # hubs write status, never the job
         "create validatingwebhookconfigurations.admissionregistration.k8s.io",
         "create pods -n default",
@@ -198,6 +205,35 @@ def test_each_service_account_may_do_its_roles_work_and_is_refused_the_rest(depl
         if _can(deployed.cp, who, access)
     ]
     assert wrong == []
+
+
+def test_cache_secrets_adds_only_list_and_watch_of_secrets_to_the_hubs(deployed: Deployed) -> None:
+    """`kubectl apply -k containers/deploy/cache-secrets` lets the hubs list and watch Secrets everywhere, still
+    never get one outside kube-system nor write any."""
+    cp = deployed.cp
+    extra = DEPLOY / "cache-secrets"
+    cp.kubectl("apply", "-k", str(extra))
+    try:
+        answers = {
+            access: _can(cp, CLOUD_SA, access)
+            for access in (
+                "list secrets -n default",
+                "watch secrets --all-namespaces",
+                "get secrets -n default",
+                "create secrets -n kube-system",
+                "delete secrets -n default",
+            )
+        }
+    finally:
+        cp.kubectl("delete", "-k", str(extra))
+    assert answers == {
+        "list secrets -n default": True,
+        "watch secrets --all-namespaces": True,
+        "get secrets -n default": False,
+        "create secrets -n kube-system": False,
+        "delete secrets -n default": False,
+    }
+    assert not _can(cp, CLOUD_SA, "list secrets -n default")  # gone again with it
 
 
 def _kubeconfig(deployed: Deployed, account: str) -> Path:
@@ -349,10 +385,20 @@ async def test_a_hub_as_its_service_account_becomes_ready_with_the_mounted_certi
         except OSError:
             return 0
 
+    # Ready does not wait for the watches (tokens are read one by one meanwhile; cache streams retry):
+    # their first lists, which the RBAC must allow, are waited for in the log.
+    def settled() -> bool:
+        lines = hub.log.read_text(errors="replace").splitlines()
+        kinds = {word for line in lines if "cache_watch_listed" in line for word in line.split()}
+        tokens = any("token_secrets_listed" in line for line in lines)
+        return (tokens and {"kind=Node", "kind=Pod", "kind=ConfigMap"} <= kinds) or any(
+            "forbidden" in line.lower() for line in lines
+        )
+
     try:
         await hub.start()
         with anyio.fail_after(60):
-            while await anyio.to_thread.run_sync(ready) != 200:
+            while await anyio.to_thread.run_sync(ready) != 200 or not settled():
                 assert hub.alive, hub.log.read_text()
                 await anyio.sleep(0.2)
     finally:

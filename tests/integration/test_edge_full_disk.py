@@ -2,13 +2,12 @@
 
 The scenario (:mod:`tests.integration.full_disk`) runs in a child process of its own mount namespace
 (``unshare -rm``), so that its tmpfs is seen by nothing else on the machine; the hub is a fake one in
-that process. The end-to-end test with a real hub and the Node's condition is the integrator's.
+that process. With every role a real process, the Node's condition and label: ``test_autonomy_e2e``.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,31 +15,16 @@ from typing import Final
 
 import pytest
 
+from tests.integration.tmpfs import on_tmpfs, usable
+
 TMPFS_BYTES: Final = 1024 * 1024
 """Room for the store and the ledger with a few cached objects, and not for three 192 KiB Pods more."""
-MOUNT: Final = 'mount -t tmpfs -o size={size} tmpfs "$0" && exec "$@" "$0"'
-"""Mount a tmpfs on the directory ($0), then run the command with the directory as its last argument."""
-
-
-def _in_tmpfs(directory: Path, *command: str) -> subprocess.CompletedProcess[str]:
-    script = MOUNT.format(size=TMPFS_BYTES)
-    return subprocess.run(
-        ["unshare", "-rm", "sh", "-c", script, str(directory), *command],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
 
 
 @pytest.fixture
 def tmpfs_home(tmp_path: Path) -> Path:
     """A directory on which a child can mount a tmpfs of its own; skips where namespaces are not allowed."""
-    if shutil.which("unshare") is None:
-        pytest.skip("needs unshare (util-linux) to mount a private tmpfs")
-    probe = _in_tmpfs(tmp_path, "test", "-d")
-    if probe.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs in a private mount namespace here: {probe.stderr.strip()}")
+    usable(tmp_path)
     return tmp_path
 
 
@@ -51,7 +35,8 @@ def test_keys_errored_on_a_full_disk_survive_a_restart_and_are_repaired_once_spa
     full; the condition turns Unknown on the fourth failing check; the keys survive an agent restart on
     the still-full disk; once space is freed the repair loop fetches them, they are stored without any
     change in the cloud, and the condition is True again."""
-    done = _in_tmpfs(tmpfs_home, sys.executable, "-m", "tests.integration.full_disk")
+    command = [*on_tmpfs(tmpfs_home, TMPFS_BYTES), sys.executable, "-m", "tests.integration.full_disk", str(tmpfs_home)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-4000:]
     seen = json.loads(done.stdout)
     pods = ["Pod/default/web-0", "Pod/default/web-1", "Pod/default/web-2"]

@@ -8,6 +8,7 @@ lets edges in over :func:`~nodetask.link.memory_links` with no socket and no tok
 
 from __future__ import annotations
 
+import collections
 import itertools
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -29,7 +30,7 @@ from roles.cloud.hub import Hub, HubSettings
 from roles.cloud.metrics import HubMetrics
 from roles.cloud.session_handler import ServeEdge
 from roles.jobtypes import job_types
-from roles.kube import Deleted, Invalid, NotFound, Relisted, Resource, Upserted, WatchEvent
+from roles.kube import ApiError, Conflict, Deleted, Invalid, NotFound, Relisted, Resource, Upserted, WatchEvent
 from roles.kube.resources import NODES, job_resource
 from schemas.core import Node
 from schemas.kinds import IMAGE_PRE_PULL_JOB
@@ -53,7 +54,18 @@ class MemoryApi:
     def __init__(self) -> None:
         self._objects: dict[_Key, Any] = {}
         self._versions = itertools.count(1)
-        self._watches: list[tuple[str, str, MemoryObjectSendStream[WatchEvent]]] = []
+        self._version = 0
+        self._watches: list[tuple[Resource[Any], str, MemoryObjectSendStream[WatchEvent]]] = []
+        self.watches_opened: collections.Counter[str] = collections.Counter()
+        """Watches started, by resource plural."""
+        self.lists: list[tuple[str, str, str]] = []
+        """Lists made: (plural, namespace, field selector)."""
+        self.refuse_lists: set[str] = set()
+        """Plurals whose lists fail (403), as without RBAC."""
+        self.hold_lists: anyio.Event | None = None
+        """While not None, a list (its answer already taken) waits until this event is set before it returns."""
+        self.patches: list[tuple[str, str, str]] = []
+        """Merge patches made: (plural, name, subresource)."""
         self.status_writes = 0
         """Status writes that changed a job."""
         self.hold_status: anyio.Event | None = None
@@ -63,32 +75,57 @@ class MemoryApi:
     # ------------------------------------------------------------------------------ for the test
 
     def put(self, resource: Resource[T], obj: T, *, tell: bool = True) -> T:
-        """Create or replace ``obj`` (a new resourceVersion), telling the watches unless ``tell`` is False
-        (a watch that has not caught up yet)."""
+        """Create or replace ``obj`` (a new resourceVersion), telling the watches (unless not ``tell``: a
+        change they miss, as across a broken watch, until :meth:`relist`).
+
+        Objects of one plural may be stored as different types (a test's richer Pod, the hub's
+        ``Pod``): each reader gets them converted to its resource's type.
+        """
         meta: ObjectMeta = obj.metadata  # type: ignore[attr-defined]
+        self._version = next(self._versions)
         stored = msgspec.structs.replace(
             obj,
-            metadata=msgspec.structs.replace(meta, resource_version=str(next(self._versions))),
+            metadata=msgspec.structs.replace(meta, resource_version=str(self._version)),
         )
         self._objects[(resource.plural, meta.namespace, meta.name)] = stored
         if tell:
-            self._tell(resource, meta.namespace, Upserted(stored))
+            self._tell(resource, meta.namespace, stored, deleted=False)
         return stored
 
-    def delete(self, resource: Resource[Any], name: str, namespace: str = "") -> None:
-        """Delete an object, telling the watches."""
+    def delete(self, resource: Resource[Any], name: str, namespace: str = "", *, tell: bool = True) -> None:
+        """Delete an object, telling the watches (its last state, at a new resourceVersion, as the API does)."""
         gone = self._objects.pop((resource.plural, namespace, name))
-        self._tell(resource, namespace, Deleted(gone))
+        self._version = next(self._versions)
+        gone = msgspec.structs.replace(
+            gone, metadata=msgspec.structs.replace(gone.metadata, resource_version=str(self._version))
+        )
+        if tell:
+            self._tell(resource, namespace, gone, deleted=True)
+
+    def relist(self, plural: str) -> None:
+        """Every watch of ``plural`` lists again (as after a broken watch): a new snapshot."""
+        for watched, namespace, send in self._watches:
+            if watched.plural == plural:
+                send.send_nowait(self._snapshot(watched, namespace))
+
+    def _snapshot(self, resource: Resource[Any], namespace: str) -> Relisted[Any]:
+        listed = tuple(
+            _as(resource, obj, snapshot=True)
+            for (plural, ns, _), obj in self._objects.items()
+            if plural == resource.plural and namespace in ("", ns)
+        )
+        return Relisted(listed, resource_version=str(self._version))
 
     def peek(self, resource: Resource[T], name: str, namespace: str = "") -> T:
-        """The stored object (KeyError when absent)."""
-        found: T = self._objects[(resource.plural, namespace, name)]
+        """The stored object, as ``resource``'s type (KeyError when absent)."""
+        found: T = _as(resource, self._objects[(resource.plural, namespace, name)])
         return found
 
-    def _tell(self, resource: Resource[Any], namespace: str, event: WatchEvent) -> None:
-        for plural, watched_namespace, send in self._watches:
-            if plural == resource.plural and watched_namespace in ("", namespace):
-                send.send_nowait(event)
+    def _tell(self, resource: Resource[Any], namespace: str, obj: Any, *, deleted: bool) -> None:
+        for watched, watched_namespace, send in self._watches:
+            if watched.plural == resource.plural and watched_namespace in ("", namespace):
+                typed = _as(watched, obj)
+                send.send_nowait(Deleted(typed) if deleted else Upserted(typed))
 
     # ------------------------------------------------------------------------ what a hub calls
 
@@ -109,9 +146,44 @@ class MemoryApi:
         subresource: str = "",
         grace: float = 0.0,
     ) -> T:
-        current = await self.get(resource, name, namespace=namespace)
+        await anyio.lowlevel.checkpoint()
+        try:
+            current = self._objects[(resource.plural, namespace, name)]
+        except KeyError:
+            raise NotFound(404, "NotFound", f"{resource.plural} {name!r} not found") from None
+        self.patches.append((resource.plural, name, subresource))
+        wanted = patch.get("metadata", {}).get("resourceVersion")
+        if wanted is not None and wanted != current.metadata.resource_version:
+            raise Conflict(409, "Conflict", f"{resource.plural} {name!r} has changed")
         merged = _merge(msgspec.to_builtins(current), patch)
-        return self.put(resource, msgspec.convert(merged, resource.type))
+        patched: T = _as(resource, self.put(resource, msgspec.convert(merged, type(current))))
+        return patched
+
+    async def list(
+        self,
+        resource: Resource[T],
+        *,
+        label_selector: str = "",
+        namespace: str = "",
+        field_selector: str = "",
+        resource_version: str = "",
+    ) -> tuple[list[T], list[Invalid], str]:
+        await anyio.lowlevel.checkpoint()
+        self.lists.append((resource.plural, namespace, field_selector))
+        if resource.plural in self.refuse_lists:
+            raise ApiError(403, "Forbidden", f"{resource.plural} is forbidden")
+        wanted = [term.split("=", 1) for term in field_selector.split(",") if term]
+        found = [
+            _as(resource, obj)
+            for (plural, ns, _), obj in self._objects.items()
+            if plural == resource.plural
+            and namespace in ("", ns)
+            and all(_field(obj, path) == value for path, value in wanted)
+        ]
+        version = str(self._version)
+        if self.hold_lists is not None:
+            await self.hold_lists.wait()
+        return found, [], version
 
     async def update_status(
         self,
@@ -138,21 +210,6 @@ class MemoryApi:
                 return self.put(resource, changed)
             # Changed while this write waited: a 409, after which the client reads and applies again.
 
-    async def list(
-        self, resource: Resource[T], *, label_selector: str = "", namespace: str = "", field_selector: str = ""
-    ) -> tuple[list[T], list[Invalid], str]:
-        """Objects of ``resource``; of the field selectors, only ``metadata.name=<name>`` (what a hub uses)."""
-        await anyio.lowlevel.checkpoint()
-        assert not label_selector, "MemoryApi lists by field selector only"
-        key, _, wanted = field_selector.partition("=")
-        assert key in ("", "metadata.name"), field_selector
-        found = [
-            obj
-            for (plural, ns, name), obj in self._objects.items()
-            if plural == resource.plural and namespace in ("", ns) and (not key or name == wanted)
-        ]
-        return found, [], str(next(self._versions))
-
     async def create(self, resource: Resource[T], obj: T, *, namespace: str = "") -> T:
         await anyio.lowlevel.checkpoint()
         self.events.append(obj)
@@ -167,17 +224,31 @@ class MemoryApi:
         namespace: str = "",
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        listed = tuple(
-            obj for (plural, ns, _), obj in self._objects.items() if plural == resource.plural and namespace in ("", ns)
-        )
-        send.send_nowait(Relisted(listed))
-        watch = (resource.plural, namespace, send)
+        send.send_nowait(self._snapshot(resource, namespace))
+        watch = (resource, namespace, send)
         self._watches.append(watch)
+        self.watches_opened[resource.plural] += 1
         task_status.started()
         try:
             await anyio.sleep_forever()
         finally:
             self._watches.remove(watch)
+
+
+def _as(resource: Resource[T], obj: Any, *, snapshot: bool = False) -> Any:
+    """``obj`` as ``resource``'s type, or its snapshot type (through its JSON when stored as another)."""
+    wanted = resource.snapshot_type if snapshot and resource.snapshot_type is not None else resource.type
+    if isinstance(obj, wanted):
+        return obj
+    return msgspec.json.decode(msgspec.json.encode(obj), type=wanted)
+
+
+def _field(obj: Any, path: str) -> str:
+    """The value at a field selector's dotted ``path`` of ``obj`` (empty when absent)."""
+    value: Any = msgspec.to_builtins(obj)
+    for part in path.split("."):
+        value = value.get(part, "") if isinstance(value, dict) else ""
+    return str(value)
 
 
 def _merge(target: Any, patch: Any) -> Any:

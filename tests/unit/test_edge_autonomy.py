@@ -188,6 +188,45 @@ async def test_watches_end_once_every_kind_is_relisted_after_a_welcome(tmp_path:
         assert ended[1] - second.welcomed_at == pytest.approx(RELIST_GRACE_S, abs=1.0)
 
 
+async def test_an_edge_keeping_secrets_awaits_no_secret_relist_from_a_hub_that_sends_none(
+    tmp_path: Path, clock: MockClock
+) -> None:
+    """An edge that keeps Secrets ends its watches once a hub whose Welcome lacks ``cache.secrets`` (its
+    ``cacheSecrets`` is off: it never sends one) has relisted the other kinds, not a grace period later;
+    from a hub listing it, the Secrets' relist is awaited too."""
+    ended: list[float] = []
+
+    def relisted() -> None:
+        ended.append(anyio.current_time())
+
+    def by_relist(session: HubSession) -> list[bool]:
+        # Virtual time jumps while the store writes in a thread: what tells a relist from the grace
+        # period running out is which side of it the watches ended on.
+        return [t - session.welcomed_at < RELIST_GRACE_S for t in ended]
+
+    async def relist(session: HubSession, *kinds: str) -> None:
+        for kind in kinds:
+            await session.send(objects(kind, replace=True))
+        await session.send(Autonomy(requested=not edge.agent.autonomy.cache.ledger.requested))
+        await next_of(session, AutonomyCondition)  # answered after the frames before it
+
+    async with running_edge(tmp_path, capabilities=CACHE, cache_secrets=True, relisted=relisted) as edge:
+        session = await welcomed(edge)
+        await relist(session, "Node", "Pod", "ConfigMap")
+        assert by_relist(session) == [True]
+
+    async with running_edge(
+        tmp_path, capabilities=(*CACHE, CACHE_SECRETS_CAPABILITY), cache_secrets=True, relisted=relisted
+    ) as edge:
+        ended.clear()
+        session = await edge.hub.accept()
+        await next_of(session, AutonomyCondition)  # the current one, sent at the session's start
+        await relist(session, "Node", "Pod", "ConfigMap")
+        assert True not in by_relist(session)
+        await relist(session, "Secret")
+        assert by_relist(session) == [True]
+
+
 async def test_keys_that_fail_to_store_go_unknown_on_the_fourth_check_and_are_repaired(
     tmp_path: Path, clock: MockClock
 ) -> None:

@@ -17,10 +17,13 @@ Then the sample jobs in ``containers/samples`` are applied and followed live unt
 then frees that node's disk threshold with a ConfigUpdateJob and retries the pre-pull (the
 ``nodetask.kubeedge.io/retry`` annotation), which runs again on that node only. Then the sample
 diagnosis runs over every edge (``tools/demo/diagnosis.py``: its first path fails on some nodes,
-whose app refuses connections, and its second succeeds). A summary says what happened and why, each
-retried node's two attempts included, and everything is stopped again - on Ctrl-C too. Whatever is
-not built yet in nodetaskd shows up as the reason the nodes report, never hidden. The state
-directory (default ``~/.cache/nodetaskd/demo``) keeps configs and logs until the next run wipes it.
+whose app refuses connections, and its second succeeds). Then one edge, whose Node asks for
+autonomy, is cut off from its hub, and the demo's kubectl still reads that device's local API
+(``tools/demo/autonomy.py``). A summary says what happened and why, each retried node's two
+attempts, the diagnosis's paths and each Node's Autonomy condition and label included, and
+everything is stopped again - on Ctrl-C too. Whatever is not built yet in nodetaskd shows up as the
+reason the nodes report, never hidden. The state directory (default ``~/.cache/nodetaskd/demo``)
+keeps configs and logs until the next run wipes it.
 """
 
 from __future__ import annotations
@@ -48,8 +51,10 @@ import msgspec
 from rich.console import Console
 from rich.live import Live
 
+from nodetask.autonomy import AUTONOMY_ANNOTATION, STATUS_LABEL
 from roles.tls import generate_serving_certificate
 from schemas.core import RETRY_ANNOTATION
+from tools.demo import autonomy
 from tools.demo import diagnosis as diag
 from tools.demo.confirm import AFTER, Confirmer
 from tools.demo.fleet import (
@@ -144,6 +149,10 @@ class Demo:
     confirmer: Confirmer | None = None
     directory: diag.Directory | None = None
     diagnosis: diag.DiagnosisView | None = None
+    cut_off: autonomy.AutonomyView | None = None
+    """What the autonomy step showed (:meth:`cut_off_edge`)."""
+    nodes_autonomy: list[autonomy.NodeAutonomy] = field(default_factory=list)
+    """Every Node's Autonomy condition and label, as the summary read them."""
     started: float = field(default_factory=time.monotonic)
 
     # ------------------------------------------------------------------------------ set-up
@@ -174,7 +183,7 @@ class Demo:
         return Api(server=cp.server, token=cp.tokens["admin"], context=cp.ssl_context())
 
     def register_fleet(self, api: Api, hubs: list[Hub]) -> dict[str, str]:
-        self.edges = plan_edges(self.args.nodes, hubs)
+        self.edges = plan_edges(self.args.nodes, hubs, local_api_port=_cp._free_ports(1)[0])
         tokens = {e.name: register_edge(api, e.name, {RING_LABEL: e.ring}) for e in self.edges}
         canaries = ", ".join(e.name for e in self.edges if e.ring == "canary")
         self.say(
@@ -453,6 +462,46 @@ class Demo:
             tasks = diag.read_tasks(api, found["metadata"]["uid"])
             self.diagnosis = diag.view(found, tasks, directory.asked)
 
+    def cut_off_edge(self) -> None:
+        """The autonomy step: ask autonomy for one edge's Node, give it an app, cut its hub off, read its local API."""
+        assert self.api is not None
+        assert self.cp is not None
+        api, cp = self.api, self.cp
+        edge = next(e for e in self.edges if e.local_api_port)
+        hub, port = edge.hubs[0], edge.local_api_port
+        autonomy.request_autonomy(api, edge.name)
+        # Pod admission wants the namespace's default ServiceAccount, which no controller-manager makes here.
+        cp.kubectl("create", "serviceaccount", "default", "-n", autonomy.NAMESPACE, check=False)
+        cp.kubectl("apply", "-f", "-", input=json.dumps(autonomy.app_manifest(edge.name)))
+        self.say(
+            f"autonomy: {edge.name} asks for it ({AUTONOMY_ANNOTATION}=true) and gets a Pod "
+            f"{autonomy.NAMESPACE}/{autonomy.POD} and its ConfigMap {autonomy.CONFIG_MAP}; its local API is on "
+            f"127.0.0.1:{port}"
+        )
+        self.wait(
+            f"{edge.name}'s local API to serve its Pod and ConfigMap", lambda: autonomy.app_cached(port), limit=60
+        )
+        self.wait(
+            f"{edge.name}'s Autonomy condition True and the controller's {STATUS_LABEL}=true",
+            lambda: autonomy.approved(api, edge.name),
+            limit=60,
+        )
+        self.procs.stop([hub.name])
+        self.say(f"{hub.name} stopped: {edge.name} lists no other hub, so it is cut off from the cloud")
+        args = ("get", "pods", "-A", "--field-selector", f"spec.nodeName={edge.name}")
+        command = f"kubectl --server=http://127.0.0.1:{port} {' '.join(args)}"
+        home = self.layout.edge(edge.name) / "kubectl"
+        result = autonomy.local_kubectl(cp.binaries.kubectl, port, home, *args)
+        answer = autonomy.pod_line(result.stdout) if result.returncode == 0 else ""
+        error = "" if answer else " ".join((result.stderr or result.stdout or f"exit {result.returncode}").split())
+        self.cut_off = autonomy.AutonomyView(
+            node=edge.name, hub=hub.name, port=port, command=command, answer=answer, error=error[:300]
+        )
+        if answer:
+            self.say(f"$ {command}\n    {answer}")
+        else:
+            self.say(f"{command} failed: {error[:300]}", "bold yellow")
+
     def runtime_line(self) -> str:
         if self.runtime is None:
             return "runtime: NONE (running without a container runtime)"
@@ -471,6 +520,12 @@ class Demo:
             down = self.directory.down if self.directory else ()
             for line in diag.summary_lines(self.diagnosis, down=down):
                 self.console.print(line, highlight=False)
+        if self.api is not None:
+            with contextlib.suppress(ApiFailure):
+                self.nodes_autonomy = autonomy.node_autonomy(self.api)
+            self.console.print()
+            for line in autonomy.summary_lines(self.cut_off, self.nodes_autonomy):
+                self.console.print(line, highlight=False)
         kubeconfig = self.layout.cluster / "admin.kubeconfig"
         self.console.print(
             "\nTo look further (while the demo runs: in a terminal it waits for Enter here):", style="bold"
@@ -484,6 +539,12 @@ class Demo:
             "kubectl describe nodeupgradejob upgrade-canaries",
             "kubectl get events -n default --sort-by=.lastTimestamp",
             "kubectl get diagnosis edge-health -o yaml; kubectl get tasks",
+            f"kubectl get nodes -L {STATUS_LABEL}; kubectl describe node <node>   # the Autonomy condition",
+            *(
+                [f"kubectl --server=http://127.0.0.1:{self.cut_off.port} get pods,configmaps -A   # the cut-off edge"]
+                if self.cut_off
+                else []
+            ),
         ):
             self.console.print(f"  {command}", highlight=False)
         self.console.print(f"Logs: {self.layout.logs}/<controller|hub-a|hub-b|edge-NN>.log", highlight=False)
@@ -695,6 +756,7 @@ def run(demo: Demo) -> None:
     demo.follow()
     demo.retry_tolerant()
     demo.diagnose()
+    demo.cut_off_edge()
     demo.summarize()
     demo.linger()
 
@@ -758,6 +820,7 @@ def _write_summary(path: Path, demo: Demo, status: int) -> None:
         "runtimeProblem": demo.runtime_problem,
         "unfinished": demo.unfinished,
         "diagnosis": diag.as_json(demo.diagnosis),
+        "autonomy": autonomy.as_json(demo.cut_off, demo.nodes_autonomy),
         "jobs": [
             {
                 "kind": j.kind,

@@ -97,21 +97,26 @@ class Edge:
     hubs: tuple[Hub, ...]
     """Its primary hub first: the fleet is split across the hubs, each edge falling back to the other."""
     full_disk: bool
+    local_api_port: int = 0
+    """The autonomy step's edge (:mod:`tools.demo.autonomy`): its local API's port; 0 for the others."""
 
 
-def plan_edges(count: int, hubs: Sequence[Hub]) -> list[Edge]:
-    """``edge-01``..: the first :data:`CANARIES` in the canary ring, the last with a full disk."""
+def plan_edges(count: int, hubs: Sequence[Hub], *, local_api_port: int = 0) -> list[Edge]:
+    """``edge-01``..: the first :data:`CANARIES` in the canary ring, the last with a full disk, the one before it
+    the autonomy step's (its local API on ``local_api_port``, and its own hub only: stopping it cuts the edge off)."""
     width = max(2, len(str(count)))
     edges = []
     for i in range(count):
         primary = hubs[i % len(hubs)]
-        order = (primary, *(h for h in hubs if h is not primary))
+        autonomous = bool(local_api_port) and i == count - 2
+        order = (primary,) if autonomous else (primary, *(h for h in hubs if h is not primary))
         edges.append(
             Edge(
                 name=f"edge-{i + 1:0{width}d}",
                 ring="canary" if i < CANARIES else "main",
                 hubs=order,
                 full_disk=i == count - 1,
+                local_api_port=local_api_port if autonomous else 0,
             )
         )
     return edges
@@ -180,4 +185,6 @@ def edge_config(layout: Layout, edge: Edge, *, token: str, ca_file: Path, cri_en
     }
     if edge.full_disk:
         config["maxDiskUsage"] = FULL_DISK_THRESHOLD
+    if edge.local_api_port:
+        config["localApi"] = {"enabled": True, "port": edge.local_api_port}
     return write_yaml(home / "edge.yaml", config)
