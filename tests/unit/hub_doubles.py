@@ -122,10 +122,16 @@ class MemoryApi:
         return found
 
     def _tell(self, resource: Resource[Any], namespace: str, obj: Any, *, deleted: bool) -> None:
-        for watched, watched_namespace, send in self._watches:
+        for watch in list(self._watches):
+            watched, watched_namespace, send = watch
             if watched.plural == resource.plural and watched_namespace in ("", namespace):
                 typed = _as(watched, obj)
-                send.send_nowait(Deleted(typed) if deleted else Upserted(typed))
+                try:
+                    send.send_nowait(Deleted(typed) if deleted else Upserted(typed))
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    # Its watcher is gone (a hub shutting down while its last writes land), as a
+                    # client's watch that ended: the API server tells it nothing more.
+                    self._watches.remove(watch)
 
     # ------------------------------------------------------------------------ what a hub calls
 
@@ -232,7 +238,8 @@ class MemoryApi:
         try:
             await anyio.sleep_forever()
         finally:
-            self._watches.remove(watch)
+            if watch in self._watches:  # unless a write found it closed first
+                self._watches.remove(watch)
 
 
 def _as(resource: Resource[T], obj: Any, *, snapshot: bool = False) -> Any:
