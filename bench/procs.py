@@ -57,10 +57,12 @@ class Fleet:
         self.pid = process.pid
 
     @classmethod
-    async def spawn(cls, *, url: str, seed: str, count: int, delay: float = 0.01, parallel: int = 200) -> Fleet:
+    async def spawn(
+        cls, *, url: str, seed: str, count: int, delay: float = 0.01, jitter: float = 0.0, parallel: int = 200
+    ) -> Fleet:
         argv: Sequence[str] = [
             sys.executable, "-m", "bench.fleet", f"--url={url}", f"--seed={seed}", f"--count={count}",
-            f"--delay={delay}", f"--parallel={parallel}",
+            f"--delay={delay}", f"--jitter={jitter}", f"--parallel={parallel}",
         ]  # fmt: skip
         process = await anyio.open_process(argv, cwd=REPO, stderr=subprocess.DEVNULL)
         fleet = cls(process, count)
