@@ -193,8 +193,8 @@ def _diagnosis_section(res: dict[str, Any]) -> list[str]:
         "process, on the local kube-apiserver 1.20.2 + etcd. The N light edges acknowledge each Task and report,",
         "after the delay in the table, a small fixed results map (`tools/doubles/lightedge.py`: a double for",
         "load, not a processor), which counts the first stage's results the second stage's request carried.",
-        "Every edge is connected before the Diagnosis is created; the clock stops when the API server shows",
-        "it Succeeded (the controller's cache, as for a job). *Writes* are every successful create, PUT and patch",
+        "Every edge is connected before the Diagnosis is created; the clock stops when the controller's cache",
+        "(its watch) shows it Succeeded, as for a job. *Writes* are every successful create, PUT and patch",
         "of the hub (Task status) and of the controller (Task creations, Diagnosis status and metadata, Events);",
         "*per node per stage* is all of them over N x 2. *Stage N*: seconds from the Diagnosis's creation until its",
         "first and its last Task were created, and until its last Task ended (the API server's timestamps, whole",
@@ -264,8 +264,8 @@ def _diagnosis_section(res: dict[str, Any]) -> list[str]:
             f"Per Task: the controller's create, and hub writes ({hub}): startTime, Accepted and the result are",
             "changes to the Task's coalescing status writer, one write when the edge answers within its window, two",
             "when it takes longer (startTime with Accepted, then the result). The Diagnosis's own status is written",
-            "a few times a stage (each pass of its worker counts every Task that ended since the last, and passes",
-            "coalesce while one runs), not once per Task.",
+            "a few times a stage, not once per Task: a status that only counts more ended Tasks waits until 2 s",
+            "after the last write (a stage's verdict is written at once).",
             "",
         ]
     profiled = res.get("profiled")
