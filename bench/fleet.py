@@ -131,6 +131,7 @@ async def serve(args: argparse.Namespace) -> None:
             token=edge_token(args.seed, node_name(i)),
             job_types=types,
             delay=args.delay,
+            jitter=args.jitter,
             reconnect_delay=args.reconnect_delay,
             pings=args.pings,
         )
@@ -161,6 +162,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--count", type=int, required=True)
     p.add_argument("--first", type=int, default=0)
     p.add_argument("--delay", type=float, default=0.01, help="seconds each action takes")
+    p.add_argument("--jitter", type=float, default=0.0, help="up to this many seconds more, fixed per edge")
     p.add_argument("--parallel", type=int, default=200, help="connections being opened at once")
     p.add_argument("--reconnect-delay", type=float, default=1.0)
     p.add_argument("--pings", action="store_true", help="edges keep sessions alive with websocket pings")

@@ -174,7 +174,9 @@ async def run_job(
                 seconds = anyio.current_time() - started
                 if profiler is not None and profile is not None:
                     profiler.disable()
-                    _write_profile(profiler, profile, title=f"{nodes} nodes, window {window}s, {seconds:.0f}s")
+                    _write_profile(
+                        profiler, profile, title=f"one job ({nodes} nodes, window {window}s, {seconds:.0f}s)"
+                    )
                 cpu = procs.cpu_delta(cpu0, procs.cpu_seconds(pids))
                 after = (hub_kube.writes, hub_kube.conflicts, ctl_kube.writes, ctl_kube.conflicts)
                 hubs.cancel_scope.cancel()
@@ -213,7 +215,7 @@ def _write_profile(profiler: cProfile.Profile, path: Path, *, title: str) -> Non
     stats = pstats.Stats(profiler, stream=buffer)
     stats.sort_stats("tottime").print_stats(30)
     stats.sort_stats("cumulative").print_stats(40)
-    path.write_text(f"cProfile of the hub + controller process during one job ({title})\n\n{buffer.getvalue()}")
+    path.write_text(f"cProfile of the hub + controller process during {title}\n\n{buffer.getvalue()}")
 
 
 async def _until_final(reconciler: Reconciler, key: tuple[str, str], *, limit_s: float) -> tuple[bool, bool]:

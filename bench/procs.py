@@ -58,11 +58,19 @@ class Fleet:
 
     @classmethod
     async def spawn(
-        cls, *, url: str, seed: str, count: int, delay: float = 0.01, parallel: int = 200, pings: bool = False
+        cls,
+        *,
+        url: str,
+        seed: str,
+        count: int,
+        delay: float = 0.01,
+        jitter: float = 0.0,
+        parallel: int = 200,
+        pings: bool = False,
     ) -> Fleet:
         argv: list[str] = [
             sys.executable, "-m", "bench.fleet", f"--url={url}", f"--seed={seed}", f"--count={count}",
-            f"--delay={delay}", f"--parallel={parallel}",
+            f"--delay={delay}", f"--jitter={jitter}", f"--parallel={parallel}",
         ]  # fmt: skip
         if pings:
             argv.append("--pings")

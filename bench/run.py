@@ -1,6 +1,6 @@
 """``just bench``: run the benchmarks and write ``docs/benchmarks.md`` (plus PNGs under ``docs/bench/``).
 
-    python -m bench.run [--only codec|job|hub ...] [--job-sizes 100,1000,5000] [--hub-sizes ...]
+    python -m bench.run [--only codec|job|diagnosis|hub ...] [--job-sizes 100,1000,5000] [--hub-sizes ...]
 
 Raw results go to ``docs/bench/results.json``; a partial run (``--only``) keeps the other
 benchmarks' last results, and the report says when each was measured. Without ``--cluster-dir``
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import os
 import signal
 import statistics
@@ -27,7 +28,17 @@ import anyio
 import anyio.abc
 import msgspec
 
-from bench import cluster, codec, edge_footprint, hub_capacity, hub_profile, job_cost, machine, report
+from bench import (
+    cluster,
+    codec,
+    diagnosis_cost,
+    edge_footprint,
+    hub_capacity,
+    hub_profile,
+    job_cost,
+    machine,
+    report,
+)
 from bench.fleet import raise_fd_limit
 from bench.waits import Stalled
 from roles.logs import configure_logging
@@ -91,13 +102,16 @@ async def _terminable(fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
 
 
 async def _cluster_benchmarks(args: argparse.Namespace, results: dict[str, Any], failed: list[str]) -> None:
-    sizes = sorted({*args.job_sizes, *args.hub_sizes, args.profile_job, args.heap_sessions} - {0})
+    profiled = {args.profile_job, args.profile_diagnosis}
+    sizes = sorted({*args.job_sizes, *args.diagnosis_sizes, *args.hub_sizes, *profiled, args.heap_sessions} - {0})
     with tempfile.TemporaryDirectory(prefix="nodetaskd-bench-") as tmp:
         async with cluster.control_plane(args.cluster_dir, Path(tmp) / "cp") as cp:
             seed = cluster.fleet_seed(cp)
             fleet = max([*args.job_sizes, args.profile_job] if "job" in args.only else [0])
             fleet = max(fleet, max([*args.hub_sizes, args.profile_hub]) if "hub" in args.only else 0)
             fleet = max(fleet, args.heap_sessions if "heap" in args.only else 0)
+            if "diagnosis" in args.only:
+                fleet = max(fleet, *args.diagnosis_sizes, args.profile_diagnosis)
             async with cluster.admin(cp) as kube:
                 _log(f"registering {fleet} edge Nodes and token Secrets")
                 took = await cluster.register_fleet(kube, count=fleet, sizes=sizes, seed=seed)
@@ -114,6 +128,8 @@ async def _cluster_benchmarks(args: argparse.Namespace, results: dict[str, Any],
                 else:
                     results.setdefault("hub_capacity", {"runs": [], "measured": _now()})["heap"] = heap
                     _save(results, args)
+            if "diagnosis" in args.only:
+                await _diagnosis_cost(cp, seed, args, results, failed=failed)
             if "job" in args.only:
                 await _job_cost(cp, seed, args, results, failed=failed)
 
@@ -170,6 +186,54 @@ async def _job_cost(
                 )
                 runs.append({**asdict(run), "load": _load(), "measured": _now()})
                 _save(results, args)
+
+
+async def _diagnosis_cost(
+    cp: Any, seed: str, args: argparse.Namespace, results: dict[str, Any], *, failed: list[str]
+) -> None:
+    """Run the diagnosis series, storing the results after every run; sizes not run keep their last results."""
+    previous = results.get("diagnosis_cost", {})
+    # Runs of other sizes or edge delays keep their last results, stamped with when they were measured.
+    runs: list[dict[str, Any]] = [
+        {"measured": previous.get("measured", ""), **r}
+        for r in previous.get("runs", [])
+        if r["nodes"] not in args.diagnosis_sizes
+        or r.get("delay", args.delay) != args.delay
+        or r.get("jitter", 0.0) not in args.diagnosis_jitters
+    ]
+    entry: dict[str, Any] = {
+        "measured": _now(), "runs": runs, "window": args.window, "profiled": previous.get("profiled"),
+    }  # fmt: skip
+    results["diagnosis_cost"] = entry
+    if args.profile_diagnosis:
+        nodes = args.profile_diagnosis
+        _log(f"diagnosis: {nodes} nodes under cProfile")
+        path = RESULTS.parent / f"profile-diagnosis-{nodes}.txt"
+        run = await diagnosis_cost.run_diagnosis(
+            cp, nodes=nodes, window=args.window, seed=seed, delay=args.delay, limit_s=args.job_limit, index=99,
+            profile=path,
+        )  # fmt: skip
+        entry["profiled"] = {"nodes": nodes, "file": path.name, "seconds": run.seconds, "phase": run.phase}
+        _save(results, args)
+    for nodes in args.diagnosis_sizes:
+        for jitter, index in itertools.product(args.diagnosis_jitters, range(args.diagnosis_repeats)):
+            what = f"diagnosis: {nodes} nodes, two stages, edges taking up to {jitter:g}s more"
+            _log(f"{what}, run {index + 1}/{args.diagnosis_repeats}")
+            try:
+                run = await diagnosis_cost.run_diagnosis(
+                    cp, nodes=nodes, window=args.window, seed=seed, delay=args.delay, limit_s=args.job_limit,
+                    index=index, jitter=jitter,
+                )  # fmt: skip
+            except Exception as exc:  # one failed run must not lose the others
+                _failed(failed, f"{what}, run {index + 1}", exc)
+                continue
+            _log(
+                f"  {run.phase or 'NOT ended'} in {run.seconds:.1f}s, {run.hub_writes} hub and"
+                f" {run.controller_writes} controller writes ({run.writes_per_node_stage:.2f} per node per stage),"
+                f" {run.object_bytes} bytes"
+            )
+            runs.append({**diagnosis_cost.sample_dict(run), "load": _load(), "measured": _now()})
+            _save(results, args)
 
 
 async def _hub_capacity(
@@ -268,9 +332,23 @@ async def _edge_footprint(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="bench.run", description="Run the benchmarks and write docs/benchmarks.md.")
     p.add_argument(
-        "--only", action="append", choices=("codec", "edge", "job", "hub", "heap"), help="run only these (repeatable)"
+        "--only",
+        action="append",
+        choices=("codec", "edge", "job", "diagnosis", "hub", "heap"),
+        help="run only these (repeatable)",
     )
     p.add_argument("--job-sizes", type=_sizes, default=[100, 1000, 5000], help="nodes per job, comma-separated")
+    p.add_argument("--diagnosis-sizes", type=_sizes, default=[1000], help="nodes per two-stage Diagnosis")
+    p.add_argument("--diagnosis-repeats", type=int, default=3, help="runs per Diagnosis size and jitter")
+    p.add_argument(
+        "--diagnosis-jitters",
+        type=lambda text: [float(s) for s in text.split(",") if s.strip()],
+        default=[0.0, 5.0],
+        help="seconds the edges take more than --delay, at most (one series each), comma-separated",
+    )
+    p.add_argument(
+        "--profile-diagnosis", type=int, default=1000, help="nodes of one extra Diagnosis run under cProfile (0: none)"
+    )
     p.add_argument("--off-sizes", type=_sizes, default=[100, 1000], help="sizes also run with coalescing off")
     p.add_argument("--hub-sizes", type=_sizes, default=[1000, 5000, 10000], help="sessions, comma-separated")
     p.add_argument("--window", type=float, default=0.2, help="the coalescing window when on (seconds)")
@@ -300,7 +378,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.render:
         report.write(msgspec.json.decode(RESULTS.read_bytes()), out=args.out, images=RESULTS.parent)
         return
-    args.only = args.only or ["codec", "edge", "job", "hub", "heap"]
+    args.only = args.only or ["codec", "edge", "job", "diagnosis", "hub", "heap"]
     raise_fd_limit()
     configure_logging(level="error", fmt="console")
     results: dict[str, Any] = msgspec.json.decode(RESULTS.read_bytes()) if RESULTS.exists() else {}
@@ -311,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         _save(results, args)
     if "edge" in args.only:
         anyio.run(_terminable, _edge_footprint_into, args, results, backend="trio")
-    if "job" in args.only or "hub" in args.only:
+    if {"job", "diagnosis", "hub"} & set(args.only):
         anyio.run(_terminable, _cluster_benchmarks, args, results, failed, backend="trio")
     if failed:
         _log(f"{len(failed)} run(s) FAILED and are missing from the report:")

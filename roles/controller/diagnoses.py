@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from types import MappingProxyType
 from typing import Any
@@ -91,6 +91,11 @@ class DiagnosisController:
         self._ready = anyio.Event()
         self._runs: KeyedWorkers[Key]
         self._sets: KeyedWorkers[str]
+
+    @property
+    def diagnoses(self) -> Mapping[Key, Diagnosis]:
+        """A read-only view of the Diagnosis cache, keyed by (namespace, name)."""
+        return MappingProxyType(self._diagnoses)
 
     # ------------------------------------------------------------------------------------------ watching
 

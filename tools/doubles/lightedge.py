@@ -2,9 +2,10 @@
 
 It speaks the real wire protocol to a real hub - token handshake, Hello, heartbeats, RunAction
 acknowledgements, an outbox of reports re-sent until acknowledged, resumption per job UID and
-attempt - but fakes the device: each action takes ``delay`` seconds and fails when its name is in
-``fail``. With ``attempts=False`` it plays an agent from before retries: no ``attempts`` capability,
-tasks keyed by job UID alone, reports without an attempt. The real agent is ``nodetaskd --role=edge``.
+attempt - but fakes the device: each action takes ``delay`` seconds (plus up to ``jitter`` more, the
+same for a node and action in every run) and fails when its name is in ``fail``. With
+``attempts=False`` it plays an agent from before retries: no ``attempts`` capability, tasks keyed by
+job UID alone, reports without an attempt. The real agent is ``nodetaskd --role=edge``.
 
 Diagnosis Tasks (``diagnosis.kubediag.org/v1/task/...``, with :func:`roles.jobtypes.edge_job_types`)
 are acknowledged and walked the same way, and a successful ``Run`` reports what
@@ -16,6 +17,7 @@ processor finds; the real processors are ``roles.edge.processors``.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import ssl
 from collections.abc import Mapping
@@ -47,6 +49,13 @@ from schemas.v1alpha2 import ImagePrePullJobSpec, ImageStatus, NodeUpgradeJobSpe
 DROPPED_CODES = frozenset({"report_rejected", "job_gone"})
 RESULT_PREFIX = "lightedge."
 """Every key :func:`double_processor` reports starts with it."""
+
+
+def _spread(node: str, action: str) -> float:
+    """A fraction in [0, 1] fixed by the node and the action: results of many edges arrive spread out, and
+    the same way in every run."""
+    digest = hashlib.sha256(f"{node}/{action}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") / 0xFFFFFFFF
 
 
 def double_processor(node: str, run: diagnosis_job.TaskRun) -> dict[str, str]:
@@ -84,6 +93,7 @@ class LightEdge:
     token: str
     job_types: Mapping[str, EdgeJobType]
     delay: float = 0.05
+    jitter: float = 0.0
     fail: frozenset[str] = frozenset()
     version: str = "v1.0.0"
     ssl_context: ssl.SSLContext | None = None
@@ -232,7 +242,7 @@ class LightEdge:
         jt = self.job_types[run.route.job_type]
         action: str | None = run.action
         while action is not None:
-            await anyio.sleep(self.delay)
+            await anyio.sleep(self.delay + self.jitter * _spread(self.node, action))
             ok = action not in self.fail
             extend = self._extend(jt, run, action, ok)
             report = self._report(run.route, run.job_uid, action, ok, extend, attempt=attempt)
