@@ -188,6 +188,7 @@ class CacheStreams:
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Watch each kind and run the workers until cancelled (ready at once: fills wait for nothing)."""
         async with anyio.create_task_group() as tg:
+            await tg.start(self._jobs.run)
             for kind in self.kinds():
                 tg.start_soon(self._follow, kind)
             for _ in range(WORKERS):
