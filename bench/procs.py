@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import anyio
@@ -57,11 +57,15 @@ class Fleet:
         self.pid = process.pid
 
     @classmethod
-    async def spawn(cls, *, url: str, seed: str, count: int, delay: float = 0.01, parallel: int = 200) -> Fleet:
-        argv: Sequence[str] = [
+    async def spawn(
+        cls, *, url: str, seed: str, count: int, delay: float = 0.01, parallel: int = 200, cache: bool = False
+    ) -> Fleet:
+        argv: list[str] = [
             sys.executable, "-m", "bench.fleet", f"--url={url}", f"--seed={seed}", f"--count={count}",
             f"--delay={delay}", f"--parallel={parallel}",
         ]  # fmt: skip
+        if cache:
+            argv.append("--cache")
         process = await anyio.open_process(argv, cwd=REPO, stderr=subprocess.DEVNULL)
         fleet = cls(process, count)
         await fleet.expect("started", limit_s=30)

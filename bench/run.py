@@ -1,6 +1,6 @@
 """``just bench``: run the benchmarks and write ``docs/benchmarks.md`` (plus PNGs under ``docs/bench/``).
 
-    python -m bench.run [--only codec|job|hub ...] [--job-sizes 100,1000,5000] [--hub-sizes ...]
+    python -m bench.run [--only codec|job|hub|hubcache ...] [--job-sizes 100,1000,5000] [--hub-sizes ...]
 
 Raw results go to ``docs/bench/results.json``; a partial run (``--only``) keeps the other
 benchmarks' last results, and the report says when each was measured. Without ``--cluster-dir``
@@ -27,7 +27,7 @@ import anyio
 import anyio.abc
 import msgspec
 
-from bench import cluster, codec, edge_footprint, hub_capacity, job_cost, machine, report
+from bench import cluster, codec, edge_footprint, hub_cache, hub_capacity, job_cost, machine, report
 from bench.fleet import raise_fd_limit
 from bench.waits import Stalled
 from roles.logs import configure_logging
@@ -98,6 +98,7 @@ async def _cluster_benchmarks(args: argparse.Namespace, results: dict[str, Any],
             fleet = max([*args.job_sizes, args.profile_job] if "job" in args.only else [0])
             fleet = max(fleet, max(args.hub_sizes) if "hub" in args.only else 0)
             fleet = max(fleet, args.heap_sessions if "heap" in args.only else 0)
+            fleet = max(fleet, max(args.hub_cache_sizes) if "hubcache" in args.only else 0)
             async with cluster.admin(cp) as kube:
                 _log(f"registering {fleet} edge Nodes and token Secrets")
                 took = await cluster.register_fleet(kube, count=fleet, sizes=sizes, seed=seed)
@@ -105,6 +106,8 @@ async def _cluster_benchmarks(args: argparse.Namespace, results: dict[str, Any],
             # Cheapest and most robust first: the 5,000-node job is last.
             if "hub" in args.only:
                 await _hub_capacity(cp, seed, args, Path(tmp), results, failed=failed)
+            if "hubcache" in args.only:
+                await _hub_cache(cp, seed, args, Path(tmp), results, failed=failed)
             if "heap" in args.only and args.heap_sessions:
                 _log(f"hub heap profile: {args.heap_sessions} sessions")
                 try:
@@ -194,6 +197,32 @@ async def _hub_capacity(
             _save(results, args)
 
 
+async def _hub_cache(
+    cp: Any, seed: str, args: argparse.Namespace, tmp: Path, results: dict[str, Any], *, failed: list[str]
+) -> None:
+    """Run the hub series with cache streams, storing the results after every run."""
+    nodes = max(args.hub_cache_sizes)
+    async with cluster.admin(cp) as kube:
+        _log(f"hub cache: {args.cache_pods} Pods on each of {nodes} nodes")
+        took = await hub_cache.ensure_objects(cp, kube, nodes=nodes, pods_per_node=args.cache_pods)
+        _log(f"  created in {took:.0f}s")
+    runs: list[dict[str, Any]] = []
+    results["hub_cache"] = {"measured": _now(), "runs": runs, "pods_per_node": args.cache_pods, "cluster_nodes": nodes}
+    for sessions in args.hub_cache_sizes:
+        for index in range(args.hub_cache_repeats):
+            _log(f"hub cache: {sessions} sessions, run {index + 1}/{args.hub_cache_repeats}")
+            try:
+                run = await hub_cache.run_size(
+                    cp, sessions=sessions, pods_per_node=args.cache_pods, seed=seed, state_dir=tmp, index=index
+                )
+            except Exception as exc:  # one failed run must not lose the others
+                _failed(failed, f"hub cache: {sessions} sessions, run {index + 1}", exc)
+                continue
+            _log(f"  cached in {run.cached_s:.1f}s, {run.per_session_bytes / 1024:.1f} KiB/session")
+            runs.append({**asdict(run), "per_session_bytes": run.per_session_bytes, "load": _load()})
+            _save(results, args)
+
+
 def _codec(args: argparse.Namespace) -> dict[str, Any]:
     _log("codec")
     rows = codec.run(iterations=args.codec_iterations, repeats=args.codec_repeats)
@@ -225,11 +254,17 @@ async def _edge_footprint(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="bench.run", description="Run the benchmarks and write docs/benchmarks.md.")
     p.add_argument(
-        "--only", action="append", choices=("codec", "edge", "job", "hub", "heap"), help="run only these (repeatable)"
+        "--only",
+        action="append",
+        choices=("codec", "edge", "job", "hub", "hubcache", "heap"),
+        help="run only these (repeatable)",
     )
     p.add_argument("--job-sizes", type=_sizes, default=[100, 1000, 5000], help="nodes per job, comma-separated")
     p.add_argument("--off-sizes", type=_sizes, default=[100, 1000], help="sizes also run with coalescing off")
     p.add_argument("--hub-sizes", type=_sizes, default=[1000, 5000, 10000], help="sessions, comma-separated")
+    p.add_argument("--hub-cache-sizes", type=_sizes, default=[1000, 10000], help="cache sessions, comma-separated")
+    p.add_argument("--hub-cache-repeats", type=int, default=1, help="runs per cache size")
+    p.add_argument("--cache-pods", type=int, default=10, help="Pods per node in the cache series")
     p.add_argument("--window", type=float, default=0.2, help="the coalescing window when on (seconds)")
     p.add_argument("--delay", type=float, default=0.01, help="seconds each edge action takes")
     p.add_argument("--job-repeats", type=int, default=3, help="runs per job size up to --cheap-job nodes")
@@ -253,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.render:
         report.write(msgspec.json.decode(RESULTS.read_bytes()), out=args.out, images=RESULTS.parent)
         return
-    args.only = args.only or ["codec", "edge", "job", "hub", "heap"]
+    args.only = args.only or ["codec", "edge", "job", "hub", "hubcache", "heap"]
     raise_fd_limit()
     configure_logging(level="error", fmt="console")
     results: dict[str, Any] = msgspec.json.decode(RESULTS.read_bytes()) if RESULTS.exists() else {}
@@ -264,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         _save(results, args)
     if "edge" in args.only:
         anyio.run(_terminable, _edge_footprint_into, args, results, backend="trio")
-    if "job" in args.only or "hub" in args.only:
+    if {"job", "hub", "hubcache", "heap"} & set(args.only):
         anyio.run(_terminable, _cluster_benchmarks, args, results, failed, backend="trio")
     if failed:
         _log(f"{len(failed)} run(s) FAILED and are missing from the report:")

@@ -21,7 +21,20 @@ import trio_websocket
 from flows import imageprepulljob, nodeupgradejob
 from flows.jobtype import JobType
 from nodetask import messages
-from nodetask.messages import Ack, Cancel, Error, Heartbeat, Hello, Report, ReportAck, RunAction, Welcome
+from nodetask.messages import (
+    Ack,
+    Autonomy,
+    CacheDeleted,
+    CacheObjects,
+    Cancel,
+    Error,
+    Heartbeat,
+    Hello,
+    Report,
+    ReportAck,
+    RunAction,
+    Welcome,
+)
 from nodetask.phases import ConditionStatus
 from nodetask.route import Route
 from schemas.v1alpha2 import ImagePrePullJobSpec, ImageStatus, NodeUpgradeJobSpec
@@ -55,6 +68,8 @@ class LightEdge:
     version: str = "v1.0.0"
     ssl_context: ssl.SSLContext | None = None
     reconnect_delay: float = 0.2
+    capabilities: tuple[str, ...] = ()
+    """Listed in Hello: with ``cache.v1`` the hub sends cache frames, counted in ``cache_replaces``."""
 
     outbox: dict[int, Report] = field(default_factory=dict)
     acked: list[Report] = field(default_factory=list)
@@ -64,6 +79,9 @@ class LightEdge:
     run_actions: list[RunAction] = field(default_factory=list)
     cancels: list[Cancel] = field(default_factory=list)
     close_codes: list[int] = field(default_factory=list)
+    cache_replaces: dict[str, int] = field(default_factory=dict)
+    """Whole collections received, by kind (the objects themselves are not kept)."""
+    cache_frames: int = 0
     connects: int = 0
     _seq: int = 0
     _ws: trio_websocket.WebSocketConnection | None = None
@@ -102,7 +120,8 @@ class LightEdge:
         headers = [(b"authorization", f"Bearer {self.token}".encode())]
         url = f"{self.url.rstrip('/')}/nodes/{self.node}"
         async with trio_websocket.open_websocket_url(url, ssl_context=self.ssl_context, extra_headers=headers) as ws:
-            await ws.send_message(messages.encode(Hello(node=self.node, version=self.version)))
+            hello = Hello(node=self.node, version=self.version, capabilities=self.capabilities)
+            await ws.send_message(messages.encode(hello))
             welcome = messages.decode_downstream(await ws.get_message())
             if not isinstance(welcome, Welcome):
                 raise trio_websocket.HandshakeError(f"expected welcome, got {welcome!r}")
@@ -150,6 +169,12 @@ class LightEdge:
                     report = self.outbox.pop(seq, None)
                     if report is not None:
                         self.acked.append(report)
+                case CacheObjects(kind=kind, replace=replace):
+                    self.cache_frames += 1
+                    if replace:
+                        self.cache_replaces[kind] = self.cache_replaces.get(kind, 0) + 1
+                case CacheDeleted() | Autonomy():
+                    self.cache_frames += 1
                 case Error(code=code, ref=ref) as err:
                     self.errors.append(err)
                     if code in DROPPED_CODES and ref.isdigit() and int(ref) in self.outbox:
