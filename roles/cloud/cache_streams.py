@@ -161,7 +161,7 @@ class CacheStreams:
                 feed.push(CacheDeleted(key=key, resource_version=str(answer.rv) if answer.rv else ""))
             elif answer.verdict == "read" and feed.fetches < MAX_READS:
                 feed.fetches += 1
-                self._jobs.put(_Read(feed, key))
+                self._jobs.put(_Read(feed, key), first=True)
         return ""
 
     def _on_behind(self, feed: Feed) -> None:
@@ -178,7 +178,8 @@ class CacheStreams:
             self._jobs.put(_Fill(feed, kind), delay)
 
     def _want(self, ref: Key) -> None:
-        self._jobs.put(_FillKey(ref))
+        # First: one list of a referenced object can complete the collections of many nodes.
+        self._jobs.put(_FillKey(ref), first=True)
 
     def _refill(self, feed: Feed, kind: str) -> None:
         self._jobs.put(_Fill(feed, kind))
@@ -266,7 +267,7 @@ class CacheStreams:
                 self._log.warning(
                     "cache_list_failed", kind=kind, namespace=namespace, name=name, error=str(exc), retry_in_s=delay
                 )
-                self._jobs.put(_FillKey(ref), delay)
+                self._jobs.put(_FillKey(ref), delay, first=True)
             return
         self._key_failures.pop(ref, None)
         found = next((o for o in objects if _named(o, name)), None)
