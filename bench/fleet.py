@@ -11,6 +11,9 @@ connected, then obeys one command per stdin line:
 * ``reports K JOB UID``: every edge sends K reports for ImagePrePullJob ``JOB`` (UID ``UID``)
   and the process prints ``{"event": "answered", ...}`` once the hub has answered them all;
 * ``stats``: print counters. End of input stops the process.
+
+With ``--cache`` the edges list ``cache.v1`` and the process also prints ``{"event": "cached", ...}``
+once every edge has received its Node, Pod and ConfigMap collections.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import anyio
 import anyio.abc
 
 from bench.cluster import edge_token, node_name
-from nodetask.messages import Heartbeat, Report
+from nodetask.messages import CACHE_CAPABILITY, Heartbeat, Report
 from nodetask.route import Route
 from roles.jobtypes import edge_job_types
 from roles.logs import configure_logging
@@ -110,6 +113,16 @@ async def _reports(edges: list[LightEdge], count: int, job: str, uid: str) -> No
     emit("answered", messages=len(edges) * count, sent_s=sent, seconds=time.perf_counter() - started)
 
 
+CACHED_KINDS = ("Node", "Pod", "ConfigMap")
+
+
+async def _cached(edges: list[LightEdge], started: float) -> None:
+    # LightEdge only counts frames as they arrive: poll them.
+    while not all(all(k in e.cache_replaces for k in CACHED_KINDS) for e in edges):  # noqa: ASYNC110
+        await anyio.sleep(0.1)
+    emit("cached", count=len(edges), seconds=time.perf_counter() - started, frames=sum(e.cache_frames for e in edges))
+
+
 def _stats(edges: list[LightEdge]) -> None:
     emit(
         "stats",
@@ -134,12 +147,16 @@ async def serve(args: argparse.Namespace) -> None:
             jitter=args.jitter,
             reconnect_delay=args.reconnect_delay,
             pings=args.pings,
+            capabilities=(CACHE_CAPABILITY,) if args.cache else (),
         )
         for i in range(args.first, args.first + args.count)
     ]
     async with anyio.create_task_group() as tg:
+        started = time.perf_counter()
         seconds = await _connect_all(edges, tg, args.parallel)
         emit("connected", count=len(edges), seconds=seconds)
+        if args.cache:
+            await _cached(edges, started)
         async for line in anyio.wrap_file(sys.stdin):
             match line.split():
                 case ["heartbeats", k]:
@@ -166,6 +183,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--parallel", type=int, default=200, help="connections being opened at once")
     p.add_argument("--reconnect-delay", type=float, default=1.0)
     p.add_argument("--pings", action="store_true", help="edges keep sessions alive with websocket pings")
+    p.add_argument("--cache", action="store_true", help="list cache.v1 and report when every edge has its cache")
     args = p.parse_args(argv)
     soft, hard = raise_fd_limit()
     emit("started", nofile_soft=soft, nofile_hard=hard)

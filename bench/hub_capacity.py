@@ -133,15 +133,26 @@ async def _ready(port: int, process: anyio.abc.Process) -> None:
     raise Stalled("waited 60 s for the hub's /readyz to answer 200")
 
 
-def _config(cp: ControlPlane, path: Path, *, hub_id: str, port: int, http_port: int) -> None:
+def _config(
+    cp: ControlPlane,
+    path: Path,
+    *,
+    hub_id: str,
+    port: int,
+    http_port: int,
+    cache_streams: bool = False,
+    log_level: str = "error",
+) -> None:
+    # This series measures sessions alone, as before cache streams existed (bench/hub_cache.py has them on).
     path.write_text(
         f"kubeconfig: {cp.kubeconfig('cloud')}\n"
         f"hubId: {hub_id}\n"
         f"listen: 127.0.0.1:{port}\n"
         f"httpListen: 127.0.0.1:{http_port}\n"
         f"heartbeatInterval: {HEARTBEAT_S}\n"
+        f"cacheStreams: {'true' if cache_streams else 'false'}\n"
         "closeGrace: 2\n"
-        "logLevel: error\n"
+        f"logLevel: {log_level}\n"
     )
 
 

@@ -67,6 +67,7 @@ class Fleet:
         jitter: float = 0.0,
         parallel: int = 200,
         pings: bool = False,
+        cache: bool = False,
     ) -> Fleet:
         argv: list[str] = [
             sys.executable, "-m", "bench.fleet", f"--url={url}", f"--seed={seed}", f"--count={count}",
@@ -74,6 +75,8 @@ class Fleet:
         ]  # fmt: skip
         if pings:
             argv.append("--pings")
+        if cache:
+            argv.append("--cache")
         process = await anyio.open_process(argv, cwd=REPO, stderr=subprocess.DEVNULL)
         fleet = cls(process, count)
         await fleet.expect("started", limit_s=30)

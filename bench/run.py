@@ -1,6 +1,6 @@
 """``just bench``: run the benchmarks and write ``docs/benchmarks.md`` (plus PNGs under ``docs/bench/``).
 
-    python -m bench.run [--only codec|job|diagnosis|hub ...] [--job-sizes 100,1000,5000] [--hub-sizes ...]
+    python -m bench.run [--only codec|job|diagnosis|hub|hubcache ...] [--job-sizes 100,1000,5000] [--hub-sizes ...]
 
 Raw results go to ``docs/bench/results.json``; a partial run (``--only``) keeps the other
 benchmarks' last results, and the report says when each was measured. Without ``--cluster-dir``
@@ -33,6 +33,7 @@ from bench import (
     codec,
     diagnosis_cost,
     edge_footprint,
+    hub_cache,
     hub_capacity,
     hub_profile,
     job_cost,
@@ -112,6 +113,7 @@ async def _cluster_benchmarks(args: argparse.Namespace, results: dict[str, Any],
             fleet = max(fleet, args.heap_sessions if "heap" in args.only else 0)
             if "diagnosis" in args.only:
                 fleet = max(fleet, *args.diagnosis_sizes, args.profile_diagnosis)
+            fleet = max(fleet, max(args.hub_cache_sizes) if "hubcache" in args.only else 0)
             async with cluster.admin(cp) as kube:
                 _log(f"registering {fleet} edge Nodes and token Secrets")
                 took = await cluster.register_fleet(kube, count=fleet, sizes=sizes, seed=seed)
@@ -119,6 +121,8 @@ async def _cluster_benchmarks(args: argparse.Namespace, results: dict[str, Any],
             # Cheapest and most robust first: the 5,000-node job is last.
             if "hub" in args.only:
                 await _hub_capacity(cp, seed, args, Path(tmp), results, failed=failed)
+            if "hubcache" in args.only:
+                await _hub_cache(cp, seed, args, Path(tmp), results, failed=failed)
             if "heap" in args.only and args.heap_sessions:
                 _log(f"hub heap profile: {args.heap_sessions} sessions")
                 try:
@@ -295,6 +299,32 @@ async def _hub_profile(
     }
 
 
+async def _hub_cache(
+    cp: Any, seed: str, args: argparse.Namespace, tmp: Path, results: dict[str, Any], *, failed: list[str]
+) -> None:
+    """Run the hub series with cache streams, storing the results after every run."""
+    nodes = max(args.hub_cache_sizes)
+    async with cluster.admin(cp) as kube:
+        _log(f"hub cache: {args.cache_pods} Pods on each of {nodes} nodes")
+        took = await hub_cache.ensure_objects(cp, kube, nodes=nodes, pods_per_node=args.cache_pods)
+        _log(f"  created in {took:.0f}s")
+    runs: list[dict[str, Any]] = []
+    results["hub_cache"] = {"measured": _now(), "runs": runs, "pods_per_node": args.cache_pods, "cluster_nodes": nodes}
+    for sessions in args.hub_cache_sizes:
+        for index in range(args.hub_cache_repeats):
+            _log(f"hub cache: {sessions} sessions, run {index + 1}/{args.hub_cache_repeats}")
+            try:
+                run = await hub_cache.run_size(
+                    cp, sessions=sessions, pods_per_node=args.cache_pods, seed=seed, state_dir=tmp, index=index
+                )
+            except Exception as exc:  # one failed run must not lose the others
+                _failed(failed, f"hub cache: {sessions} sessions, run {index + 1}", exc)
+                continue
+            _log(f"  cached in {run.cached_s:.1f}s, {run.per_session_bytes / 1024:.1f} KiB/session")
+            runs.append({**asdict(run), "per_session_bytes": run.per_session_bytes, "load": _load()})
+            _save(results, args)
+
+
 def _codec(args: argparse.Namespace) -> dict[str, Any]:
     _log("codec")
     rows = codec.run(iterations=args.codec_iterations, repeats=args.codec_repeats)
@@ -329,12 +359,13 @@ async def _edge_footprint(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def _parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m bench.run``."""
     p = argparse.ArgumentParser(prog="bench.run", description="Run the benchmarks and write docs/benchmarks.md.")
     p.add_argument(
         "--only",
         action="append",
-        choices=("codec", "edge", "job", "diagnosis", "hub", "heap"),
+        choices=("codec", "edge", "job", "diagnosis", "hub", "hubcache", "heap"),
         help="run only these (repeatable)",
     )
     p.add_argument("--job-sizes", type=_sizes, default=[100, 1000, 5000], help="nodes per job, comma-separated")
@@ -351,6 +382,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     p.add_argument("--off-sizes", type=_sizes, default=[100, 1000], help="sizes also run with coalescing off")
     p.add_argument("--hub-sizes", type=_sizes, default=[1000, 5000, 10000], help="sessions, comma-separated")
+    p.add_argument("--hub-cache-sizes", type=_sizes, default=[1000, 10000], help="cache sessions, comma-separated")
+    p.add_argument("--hub-cache-repeats", type=int, default=1, help="runs per cache size")
+    p.add_argument("--cache-pods", type=int, default=10, help="Pods per node in the cache series")
     p.add_argument("--window", type=float, default=0.2, help="the coalescing window when on (seconds)")
     p.add_argument("--delay", type=float, default=0.01, help="seconds each edge action takes")
     p.add_argument("--job-repeats", type=int, default=3, help="runs per job size up to --cheap-job nodes")
@@ -374,11 +408,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--cluster-dir", type=Path, help="use the control plane running in this state directory")
     p.add_argument("--out", type=Path, default=cluster.REPO / "docs" / "benchmarks.md")
     p.add_argument("--render", action="store_true", help="only rewrite the report from the stored results")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
     if args.render:
         report.write(msgspec.json.decode(RESULTS.read_bytes()), out=args.out, images=RESULTS.parent)
         return
-    args.only = args.only or ["codec", "edge", "job", "diagnosis", "hub", "heap"]
+    args.only = args.only or ["codec", "edge", "job", "diagnosis", "hub", "hubcache", "heap"]
     raise_fd_limit()
     configure_logging(level="error", fmt="console")
     results: dict[str, Any] = msgspec.json.decode(RESULTS.read_bytes()) if RESULTS.exists() else {}
@@ -389,7 +427,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         _save(results, args)
     if "edge" in args.only:
         anyio.run(_terminable, _edge_footprint_into, args, results, backend="trio")
-    if {"job", "diagnosis", "hub"} & set(args.only):
+    if {"job", "diagnosis", "hub", "hubcache", "heap"} & set(args.only):
         anyio.run(_terminable, _cluster_benchmarks, args, results, failed, backend="trio")
     if failed:
         _log(f"{len(failed)} run(s) FAILED and are missing from the report:")

@@ -116,12 +116,17 @@ def decode_spec(spec: bytes | msgspec.Raw) -> PodSpecRefs:
     return _DECODER.decode(spec)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class PodReferences:
-    """The names of the ConfigMaps and Secrets one Pod references (in its namespace)."""
+    """The names of the ConfigMaps and Secrets one Pod references (in its namespace), each sorted.
 
-    config_maps: frozenset[str] = frozenset()
-    secrets: frozenset[str] = frozenset()
+    Tuples rather than sets: a hub keeps one of these per Pod of every connected node, and a Pod
+    references a few names (a tuple of one is a quarter of a set's size). Weakly referable, so that
+    a holder can share equal ones.
+    """
+
+    config_maps: tuple[str, ...] = ()
+    secrets: tuple[str, ...] = ()
 
     def keys(self) -> Iterator[tuple[str, str]]:
         """Each reference as ``(kind, name)``."""
@@ -195,4 +200,4 @@ def pod_references(spec: PodSpecRefs) -> PodReferences:
     secrets.discard("")
     if not config_maps and not secrets:
         return NONE
-    return PodReferences(frozenset(config_maps), frozenset(secrets))
+    return PodReferences(tuple(sorted(config_maps)), tuple(sorted(secrets)))

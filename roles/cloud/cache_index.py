@@ -19,6 +19,7 @@ watch's own task.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
@@ -86,6 +87,8 @@ class CacheIndex:
         self._filling: dict[Key, Fill] = {}
         """Referenced objects being listed, with the watch events met meanwhile."""
         self._positions: dict[str, int] = {}
+        self._shared_refs: weakref.WeakValueDictionary[PodReferences, PodReferences] = weakref.WeakValueDictionary()
+        """One instance of each distinct set of references (most Pods of a workload share theirs)."""
 
     # ------------------------------------------------------------------------------------ sessions
 
@@ -221,11 +224,15 @@ class CacheIndex:
         entry = feed.pods.get(key)
         if h.rv <= (feed.pod_floor if entry is None else entry.rv):
             return
-        refs = pod_references(spec)
+        refs = self._share(pod_references(spec))
         feed.pods[key] = PodEntry(h.rv, refs)
         self._pod_nodes[key] = bound
         self._rereference(feed, NONE if entry is None else entry.refs, refs, h.namespace)
         feed.push(CacheObjects(kind=POD, objects=(wire(obj, POD),)))
+
+    def _share(self, refs: PodReferences) -> PodReferences:
+        shared: PodReferences = self._shared_refs.setdefault(refs, refs)
+        return shared
 
     def _pod_gone(self, feed: Feed, key: tuple[str, str], rv: int, obj: RawObject | None = None) -> None:
         """A Pod ``feed``'s node held was deleted (at ``rv``) or is bound elsewhere now (``obj``)."""
@@ -453,7 +460,7 @@ class CacheIndex:
         for key, pod in state.items():
             if pod is None or pod_spec(pod).node_name != feed.node:
                 continue
-            refs = pod_references(pod_spec(pod))
+            refs = self._share(pod_references(pod_spec(pod)))
             feed.pods[key] = PodEntry(versions[key], refs)
             self._pod_nodes[key] = feed.node
             self._rereference(feed, NONE, refs, key[0])

@@ -164,7 +164,7 @@ class CacheStreams:
                 feed.push(CacheDeleted(key=key, resource_version=str(answer.rv) if answer.rv else ""))
             elif answer.verdict == "read" and feed.fetches < MAX_READS:
                 feed.fetches += 1
-                self._jobs.put(_Read(feed, key))
+                self._jobs.put(_Read(feed, key), first=True)
         return ""
 
     def _on_behind(self, feed: Feed) -> None:
@@ -181,7 +181,8 @@ class CacheStreams:
             self._jobs.put(_Fill(feed, kind), delay)
 
     def _want(self, ref: Key) -> None:
-        self._jobs.put(_FillKey(ref))
+        # First: one list of a referenced object can complete the collections of many nodes.
+        self._jobs.put(_FillKey(ref), first=True)
 
     def _refill(self, feed: Feed, kind: str) -> None:
         self._jobs.put(_Fill(feed, kind))
@@ -191,6 +192,7 @@ class CacheStreams:
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Watch each kind and run the workers until cancelled (ready at once: fills wait for nothing)."""
         async with anyio.create_task_group() as tg:
+            await tg.start(self._jobs.run)
             for kind in self.kinds():
                 tg.start_soon(self._follow, kind)
             for _ in range(WORKERS):
@@ -268,7 +270,7 @@ class CacheStreams:
                 self._log.warning(
                     "cache_list_failed", kind=kind, namespace=namespace, name=name, error=str(exc), retry_in_s=delay
                 )
-                self._jobs.put(_FillKey(ref), delay)
+                self._jobs.put(_FillKey(ref), delay, first=True)
             return
         self._key_failures.pop(ref, None)
         found = next((o for o in objects if _named(o, name)), None)

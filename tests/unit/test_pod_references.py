@@ -59,13 +59,13 @@ CONFIG_MAP_PLACES: dict[str, Place] = {
 @pytest.mark.parametrize("place", sorted(SECRET_PLACES))
 def test_each_place_the_node_authorizer_follows_for_secrets_is_found(place: str) -> None:
     """A Secret named in any place the Node authorizer follows is a reference, and nothing else is."""
-    assert _refs(SECRET_PLACES[place]("s1")) == PodReferences(secrets=frozenset({"s1"}))
+    assert _refs(SECRET_PLACES[place]("s1")) == PodReferences(secrets=("s1",))
 
 
 @pytest.mark.parametrize("place", sorted(CONFIG_MAP_PLACES))
 def test_each_place_the_node_authorizer_follows_for_config_maps_is_found(place: str) -> None:
     """A ConfigMap named in any place the Node authorizer follows is a reference."""
-    assert _refs(CONFIG_MAP_PLACES[place]("c1")) == PodReferences(config_maps=frozenset({"c1"}))
+    assert _refs(CONFIG_MAP_PLACES[place]("c1")) == PodReferences(config_maps=("c1",))
 
 
 def test_names_elsewhere_and_empty_names_are_not_references() -> None:
@@ -107,5 +107,5 @@ def test_every_name_placed_anywhere_is_found_and_no_other(
             for field, items in places[place](name).items():
                 spec.setdefault(field, []).extend(items)
     assert _refs(spec) == PodReferences(
-        config_maps=frozenset(n for _, n in config_maps), secrets=frozenset(n for _, n in secrets)
+        config_maps=tuple(sorted({n for _, n in config_maps})), secrets=tuple(sorted({n for _, n in secrets}))
     )

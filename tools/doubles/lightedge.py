@@ -33,6 +33,9 @@ from nodetask import messages
 from nodetask.messages import (
     PING_CAPABILITY,
     Ack,
+    Autonomy,
+    CacheDeleted,
+    CacheObjects,
     Cancel,
     Error,
     Heartbeat,
@@ -103,6 +106,8 @@ class LightEdge:
     pings: bool = False
     """List :data:`~nodetask.messages.PING_CAPABILITY` and, with a hub that lists it too, ping instead of
     sending Heartbeats (as the real agent does); otherwise behave as an agent from before pings."""
+    capabilities: tuple[str, ...] = ()
+    """Listed in Hello: with ``cache.v1`` the hub sends cache frames, counted in ``cache_replaces``."""
 
     outbox: dict[int, Report] = field(default_factory=dict)
     acked: list[Report] = field(default_factory=list)
@@ -113,6 +118,9 @@ class LightEdge:
     run_actions: list[RunAction] = field(default_factory=list)
     cancels: list[Cancel] = field(default_factory=list)
     close_codes: list[int] = field(default_factory=list)
+    cache_replaces: dict[str, int] = field(default_factory=dict)
+    """Whole collections received, by kind (the objects themselves are not kept)."""
+    cache_frames: int = 0
     connects: int = 0
     _seq: int = 0
     _ws: trio_websocket.WebSocketConnection | None = None
@@ -154,7 +162,7 @@ class LightEdge:
             capabilities = ((messages.ATTEMPTS_CAPABILITY,) if self.attempts else ()) + (
                 (PING_CAPABILITY,) if self.pings else ()
             )
-            hello = Hello(node=self.node, version=self.version, capabilities=capabilities)
+            hello = Hello(node=self.node, version=self.version, capabilities=(*capabilities, *self.capabilities))
             await ws.send_message(messages.encode(hello))
             welcome = messages.decode_downstream(await ws.get_message())
             if not isinstance(welcome, Welcome):
@@ -209,6 +217,12 @@ class LightEdge:
                     report = self.outbox.pop(seq, None)
                     if report is not None:
                         self.acked.append(report)
+                case CacheObjects(kind=kind, replace=replace):
+                    self.cache_frames += 1
+                    if replace:
+                        self.cache_replaces[kind] = self.cache_replaces.get(kind, 0) + 1
+                case CacheDeleted() | Autonomy():
+                    self.cache_frames += 1
                 case Error(code=code, ref=ref) as err:
                     self.errors.append(err)
                     if code in DROPPED_CODES and ref.isdigit() and int(ref) in self.outbox:
