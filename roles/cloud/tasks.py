@@ -22,17 +22,15 @@ final phase; a result arriving after the controller's Unknown is acknowledged an
 
 from __future__ import annotations
 
-import math
+import functools
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
 import anyio
 import anyio.abc
 import msgspec
 import structlog
-from anyio.streams.memory import MemoryObjectReceiveStream
 
 from flows import diagnosis_job
 from flows.diagnosis_job import RUN, Recorded, TaskChange, accepted, dispatched, failed, finished, route_of
@@ -46,6 +44,7 @@ from roles.cloud.settings import HubSettings
 from roles.cloud.status_writer import StatusWriter
 from roles.kube import ApiError, Deleted, NotFound, Relisted, Upserted, WatchEvent
 from roles.kube.errors import too_large
+from roles.kube.following import follow, mirror_by_name
 from roles.kube.resources import OPERATIONS, TASKS
 from schemas.diagnosis import Operation, Task, TaskPhase
 
@@ -115,7 +114,6 @@ class Tasks:
         self._operations: dict[str, Operation] = {}
         self._gone: OrderedDict[str, None] = OrderedDict()
         self._tg: anyio.abc.TaskGroup | None = None
-        self._listed = {"operations": anyio.Event(), "tasks": anyio.Event()}
         self.synced = anyio.Event()
         """Set once the first lists of Tasks and Operations are taken in."""
 
@@ -123,16 +121,8 @@ class Tasks:
         """Follow Tasks and Operations, dispatching and writing as they need, until cancelled."""
         async with anyio.create_task_group() as tg:
             self._tg = tg
-            handlers: tuple[tuple[Any, Callable[[WatchEvent], None], str], ...] = (
-                (OPERATIONS, self._on_operation, "operations"),
-                (TASKS, self._on_task, "tasks"),
-            )
-            for resource, handle, kind in handlers:
-                send, receive = anyio.create_memory_object_stream[WatchEvent](max_buffer_size=math.inf)
-                tg.start_soon(self._consume, receive, handle, kind)
-                await tg.start(self._api.watch, resource, send)
-            for listed in self._listed.values():
-                await listed.wait()
+            await follow(tg, functools.partial(self._api.watch, OPERATIONS), self._on_operation)
+            await follow(tg, functools.partial(self._api.watch, TASKS), self._on_task)
             self.synced.set()
             task_status.started()
 
@@ -143,25 +133,8 @@ class Tasks:
 
     # ---------------------------------------------------------------------------------------- the watches
 
-    async def _consume(
-        self, events: MemoryObjectReceiveStream[WatchEvent], handle: Callable[[WatchEvent], None], kind: str
-    ) -> None:
-        async with events:
-            async for event in events:
-                handle(event)
-                if isinstance(event, Relisted):
-                    self._listed[kind].set()
-
     def _on_operation(self, event: WatchEvent) -> None:
-        match event:
-            case Relisted(objects=objects):
-                self._operations = {o.metadata.name: o for o in objects}
-            case Upserted(obj=operation):
-                self._operations[operation.metadata.name] = operation
-            case Deleted(obj=operation):
-                self._operations.pop(operation.metadata.name, None)
-            case _:
-                pass
+        mirror_by_name(self._operations, event)
 
     def _on_task(self, event: WatchEvent) -> None:
         match event:
