@@ -8,7 +8,7 @@ the watch or from the answer to one of this hub's own writes, whichever is fresh
 
 from __future__ import annotations
 
-import math
+import functools
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -17,7 +17,6 @@ from typing import Any, Final
 import anyio
 import anyio.abc
 import structlog
-from anyio.streams.memory import MemoryObjectReceiveStream
 
 from flows.jobtype import JobType
 from nodetask.clock import Clock
@@ -31,6 +30,7 @@ from roles.cloud.status_writer import StatusWriter
 from roles.events import job_event, record_event
 from roles.kube import ApiError, Deleted, Relisted, Upserted, WatchEvent
 from roles.kube.errors import too_large
+from roles.kube.following import follow
 from roles.kube.resources import job_resource
 from roles.registry_auth import RegistryAuth
 from schemas.access import counted
@@ -91,16 +91,14 @@ class Jobs:
         self._tg: anyio.abc.TaskGroup | None = None
         self._history: deque[JobRunner] = deque(maxlen=RUNNER_HISTORY)
         self.synced = anyio.Event()
-        """Set once every type's watch has delivered its first list."""
+        """Set once every type's first list has been taken in (its jobs cached, their runners started)."""
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Follow every job type's watch, with the writers and runners it needs, until cancelled."""
         async with anyio.create_task_group() as tg:
             self._tg = tg
             for jt in self._types.values():
-                send, recv = anyio.create_memory_object_stream[WatchEvent](max_buffer_size=math.inf)
-                tg.start_soon(self._consume, jt, recv)
-                await tg.start(self._api.watch, job_resource(jt.kind), send)
+                await follow(tg, functools.partial(self._api.watch, job_resource(jt.kind)), self._on_event(jt))
             self.synced.set()
             task_status.started()
 
@@ -118,23 +116,25 @@ class Jobs:
         """The runners this hub started, oldest first, current or ended (the last RUNNER_HISTORY)."""
         return list(self._history)
 
-    async def _consume(self, jt: JobType, events: MemoryObjectReceiveStream[WatchEvent]) -> None:
+    def _on_event(self, jt: JobType) -> Callable[[WatchEvent], Awaitable[None]]:
         plural = jt.kind.plural
-        async with events:
-            async for event in events:
-                match event:
-                    case Relisted(objects=objects):
-                        names = {job.metadata.name for job in objects}
-                        for key in [k for k in self._jobs if k[0] == plural and k[1] not in names]:
-                            await self._forget(key)
-                        for job in objects:
-                            await self._upsert(jt, job)
-                    case Upserted(obj=job):
+
+        async def take(event: WatchEvent) -> None:
+            match event:
+                case Relisted(objects=objects):
+                    names = {job.metadata.name for job in objects}
+                    for key in [k for k in self._jobs if k[0] == plural and k[1] not in names]:
+                        await self._forget(key)
+                    for job in objects:
                         await self._upsert(jt, job)
-                    case Deleted(obj=job):
-                        await self._forget((plural, job.metadata.name))
-                    case _:
-                        continue
+                case Upserted(obj=job):
+                    await self._upsert(jt, job)
+                case Deleted(obj=job):
+                    await self._forget((plural, job.metadata.name))
+                case _:
+                    pass
+
+        return take
 
     async def _upsert(self, jt: JobType, job: Any) -> None:
         assert self._tg is not None

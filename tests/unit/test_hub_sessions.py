@@ -4,16 +4,25 @@ from __future__ import annotations
 
 import anyio
 import pytest
+import structlog
 import trio.testing
+from prometheus_client import CollectorRegistry
 
 from flows.imageprepulljob import CHECK, PULL, encode_extend
+from nodetask.clock import Clock
 from nodetask.link import LinkClosed
 from nodetask.messages import PING_CAPABILITY, Cancel, Error, Heartbeat, Report, ReportAck, RunAction
 from nodetask.phases import ConditionStatus, NodeTaskPhase
 from nodetask.route import Route
-from roles.cloud.sessions import GOING_AWAY, HEARTBEAT_MISSED, NOT_READING, OUTBOUND_QUEUE, REPLACED
+from roles.cloud.jobs import Jobs
+from roles.cloud.metrics import HubMetrics
+from roles.cloud.sessions import GOING_AWAY, HEARTBEAT_MISSED, NOT_READING, OUTBOUND_QUEUE, REPLACED, SessionTable
+from roles.cloud.settings import HubSettings
+from roles.jobtypes import job_types
 from roles.kube.resources import NODES
+from roles.registry_auth import RegistryAuth
 from schemas.core import HUB_ANNOTATION
+from schemas.kinds import IMAGE_PRE_PULL_JOB
 from schemas.v1alpha2 import API_VERSION, ImageStatus
 from tests.unit.hub_doubles import PREPULLS, FakeEdge, MemoryApi, edge_nodes, prepull_job, running_hub
 
@@ -263,3 +272,35 @@ async def test_a_stopping_hub_closes_every_session_going_away_and_unmarks_its_no
         assert [_hub_of(api, edge.node) for edge in edges] == ["hub-a", "hub-a"]
     assert [edge.hub_end.closed_with for edge in edges] == [(GOING_AWAY, "hub shutting down")] * 2
     assert [_hub_of(api, edge.node) for edge in edges] == [None, None]
+
+
+async def test_the_job_cache_is_synced_only_once_its_first_list_is_taken_in(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A report met as soon as the hub is ready must find its job: every listed job is cached, its runner
+    started, by the time ``synced`` is set, not merely delivered to the cache's queue."""
+    api = MemoryApi()
+    names = [f"job{i}" for i in range(20)]
+    for name in names:
+        api.put(PREPULLS, prepull_job(name, f"uid-{name}", [("n0", PENDING)]))
+    types = job_types()
+
+    async def no_credentials(job: object) -> tuple[dict[str, RegistryAuth], str]:
+        return {}, ""
+
+    jobs = Jobs(
+        api,
+        types=types,
+        sessions=SessionTable(),
+        credentials=no_credentials,
+        clock=Clock.start(),
+        settings=HubSettings(hub_id="hub-a"),
+        metrics=HubMetrics(CollectorRegistry(), sessions=lambda: 0, kube=lambda: (0, 0)),
+        log=structlog.get_logger(),
+    )
+    async with anyio.create_task_group() as tg:
+        await tg.start(jobs.run)
+        assert jobs.synced.is_set()
+        assert [name for name in names if jobs.get(types[IMAGE_PRE_PULL_JOB.resource_type], name) is None] == []
+        assert len(jobs.runners()) == len(names)
+        tg.cancel_scope.cancel()
