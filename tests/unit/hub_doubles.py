@@ -9,6 +9,7 @@ lets edges in over :func:`~nodetask.link.memory_links` with no socket and no tok
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -106,7 +107,7 @@ class MemoryApi:
         """Every watch of ``plural`` lists again (as after a broken watch): a new snapshot."""
         for watched, namespace, send in self._watches:
             if watched.plural == plural:
-                send.send_nowait(self._snapshot(watched, namespace))
+                _deliver(send, self._snapshot(watched, namespace))
 
     def _snapshot(self, resource: Resource[Any], namespace: str) -> Relisted[Any]:
         listed = tuple(
@@ -122,16 +123,10 @@ class MemoryApi:
         return found
 
     def _tell(self, resource: Resource[Any], namespace: str, obj: Any, *, deleted: bool) -> None:
-        for watch in list(self._watches):
-            watched, watched_namespace, send = watch
+        for watched, watched_namespace, send in self._watches:
             if watched.plural == resource.plural and watched_namespace in ("", namespace):
                 typed = _as(watched, obj)
-                try:
-                    send.send_nowait(Deleted(typed) if deleted else Upserted(typed))
-                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                    # Its watcher is gone (a hub shutting down while its last writes land), as a
-                    # client's watch that ended: the API server tells it nothing more.
-                    self._watches.remove(watch)
+                _deliver(send, Deleted(typed) if deleted else Upserted(typed))
 
     # ------------------------------------------------------------------------ what a hub calls
 
@@ -238,8 +233,14 @@ class MemoryApi:
         try:
             await anyio.sleep_forever()
         finally:
-            if watch in self._watches:  # unless a write found it closed first
-                self._watches.remove(watch)
+            self._watches.remove(watch)
+
+
+def _deliver(send: MemoryObjectSendStream[WatchEvent], event: WatchEvent) -> None:
+    """Hand ``event`` to a watch, as ``Kube.watch`` does: one whose consumer is gone (a hub shutting down
+    while its last writes land) is told nothing more."""
+    with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+        send.send_nowait(event)
 
 
 def _as(resource: Resource[T], obj: Any, *, snapshot: bool = False) -> Any:
