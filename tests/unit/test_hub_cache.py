@@ -319,7 +319,7 @@ async def test_watch_events_met_while_a_nodes_list_is_under_way_are_not_lost(
         await until(lambda: any(plural == "pods" for plural, _, _ in api.lists))
         put_pod(api, "p5", "n0")
         api.delete(POD_DOCS, "p1", "default")
-        await anyio.sleep(1)  # the hub takes both events in while the list is held
+        await trio.testing.wait_all_tasks_blocked()  # the hub has taken both events in while the list is held
         api.hold_lists.set()
         api.hold_lists = None
         await mirror.until(lambda m: m.has(NODE, POD, CM))
