@@ -161,12 +161,16 @@ async def _job_cost(
         nodes = args.profile_job
         _log(f"job: {nodes} nodes under cProfile")
         path = RESULTS.parent / f"profile-job-{nodes}.txt"
-        run = await job_cost.run_job(
-            cp, nodes=nodes, window=args.window, seed=seed, delay=args.delay, limit_s=args.job_limit, index=99,
-            profile=path,
-        )  # fmt: skip
-        entry["profiled"] = {"nodes": nodes, "file": path.name, "seconds": run.seconds, "completed": run.completed}
-        _save(results, args)
+        try:
+            run = await job_cost.run_job(
+                cp, nodes=nodes, window=args.window, seed=seed, delay=args.delay, limit_s=args.job_limit, index=99,
+                profile=path,
+            )  # fmt: skip
+        except Exception as exc:  # the series still runs
+            _failed(failed, f"job: {nodes} nodes under cProfile", exc)
+        else:
+            entry["profiled"] = {"nodes": nodes, "file": path.name, "seconds": run.seconds, "completed": run.completed}
+            _save(results, args)
     for nodes in args.job_sizes:
         for window in (args.window, 0.0):
             if window == 0.0 and nodes not in args.off_sizes:
@@ -211,12 +215,16 @@ async def _diagnosis_cost(
         nodes = args.profile_diagnosis
         _log(f"diagnosis: {nodes} nodes under cProfile")
         path = RESULTS.parent / f"profile-diagnosis-{nodes}.txt"
-        run = await diagnosis_cost.run_diagnosis(
-            cp, nodes=nodes, window=args.window, seed=seed, delay=args.delay, limit_s=args.job_limit, index=99,
-            profile=path,
-        )  # fmt: skip
-        entry["profiled"] = {"nodes": nodes, "file": path.name, "seconds": run.seconds, "phase": run.phase}
-        _save(results, args)
+        try:
+            run = await diagnosis_cost.run_diagnosis(
+                cp, nodes=nodes, window=args.window, seed=seed, delay=args.delay, limit_s=args.job_limit, index=99,
+                profile=path,
+            )  # fmt: skip
+        except Exception as exc:  # the series still runs
+            _failed(failed, f"diagnosis: {nodes} nodes under cProfile", exc)
+        else:
+            entry["profiled"] = {"nodes": nodes, "file": path.name, "seconds": run.seconds, "phase": run.phase}
+            _save(results, args)
     for nodes in args.diagnosis_sizes:
         for jitter, index in itertools.product(args.diagnosis_jitters, range(args.diagnosis_repeats)):
             what = f"diagnosis: {nodes} nodes, two stages, edges taking up to {jitter:g}s more"
