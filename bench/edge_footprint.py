@@ -29,7 +29,6 @@ import hashlib
 import os
 import secrets
 import shutil
-import ssl
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.abc
 import msgspec
 import psutil
 import trio_websocket
@@ -111,11 +111,11 @@ class ImportStep:
 def device_python() -> Path:
     """The interpreter of a virtualenv with only the base dependencies, built once per dependency list.
 
-    The package itself is installed editable (without dependencies), so the measurement follows
-    the repository's code; only the installed libraries are a device's. The virtualenv is shared by
-    every checkout on the machine, so its editable install may point at another one (or at one
-    since removed): each process is therefore started with this repository first on its path
-    (:func:`_repo_env`).
+    Only the installed libraries are a device's; the package itself is installed editable (without
+    dependencies) for its metadata, which the agent reads its version from. The virtualenv is shared
+    by every checkout on the machine, so its editable install may point at another one (or at one
+    since removed): every process is therefore started with this repository first on its path
+    (:func:`_repo_env`), and the measurement follows this repository's code.
     """
     deps: list[str] = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     key = hashlib.sha256("\n".join(sorted(deps)).encode()).hexdigest()[:12]
@@ -132,8 +132,8 @@ def device_python() -> Path:
 
 
 def _repo_env() -> dict[str, str]:
-    """The environment with this repository first on ``PYTHONPATH``: an agent started with ``-P`` (as the
-    launcher starts it) does not look in its working directory."""
+    """The environment with this repository first on ``PYTHONPATH``, which also reaches an agent the launcher
+    starts with ``-P`` (its working directory off ``sys.path``)."""
     paths = [str(REPO), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
@@ -225,12 +225,30 @@ class _Hub:
 
 
 @contextlib.asynccontextmanager
-async def _serving(hub: _Hub, tls: ssl.SSLContext) -> AsyncIterator[int]:
+async def _serving(hub: _Hub, home: Path) -> AsyncIterator[tuple[int, Path]]:
+    """``hub`` serving wss:// on loopback with a certificate made in ``home``: its port, and the CA file an
+    agent trusts it by."""
+    cert = generate_serving_certificate(home / "tls", dns_names=["localhost"])
+    ca_file = home / "ca.pem"
+    ca_file.write_bytes(cert.ca_bundle)
     port = free_port()
     async with anyio.create_task_group() as tg:
-        await tg.start(trio_websocket.serve_websocket, hub.handle, "127.0.0.1", port, tls)
-        yield port
+        await tg.start(trio_websocket.serve_websocket, hub.handle, "127.0.0.1", port, server_ssl_context(cert))
+        yield port, ca_file
         tg.cancel_scope.cancel()
+
+
+@contextlib.asynccontextmanager
+async def _device_process(python: Path, *args: str) -> AsyncIterator[anyio.abc.Process]:
+    """``python args`` run with this repository's code (:func:`_repo_env`), output dropped; stopped at the end."""
+    process = await anyio.open_process(
+        [str(python), *args], cwd=REPO, env=_repo_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        yield process
+    finally:
+        await terminate(process)
+        await process.aclose()
 
 
 def _agent_config(
@@ -261,14 +279,10 @@ async def _one_run(
     image = registry.push("bench/footprint", f"run{index}-{secrets.token_hex(4)}", content=layer)
     hub = _Hub(image=image)
     with tempfile.TemporaryDirectory(prefix="ntd-edge-") as tmp:
-        cert = generate_serving_certificate(Path(tmp) / "tls", dns_names=["localhost"])
-        ca_file = Path(tmp) / "ca.pem"
-        ca_file.write_bytes(cert.ca_bundle)
-        async with _serving(hub, server_ssl_context(cert)) as port:
+        async with _serving(hub, Path(tmp)) as (port, ca_file):
             config = _agent_config(Path(tmp), port=port, cri_endpoint=ctd.endpoint, ca_file=ca_file)
-            argv = [str(python), "-m", "roles.cli", "--role=edge", f"--config={config}", "--log-level=warning"]
-            process = await anyio.open_process(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            try:
+            args = ("-m", "roles.cli", "--role=edge", f"--config={config}", "--log-level=warning")
+            async with _device_process(python, *args) as process:
                 with deadline("the agent's Hello", 60):
                     await hub.welcomed.wait()
                 await anyio.sleep(settle_s)
@@ -289,9 +303,6 @@ async def _one_run(
                     raise RuntimeError(f"the pull failed: {report.reason if report else 'no report'}")
                 await anyio.sleep(settle_s)
                 after = await _settled_memory(process.pid)
-            finally:
-                await terminate(process)
-                await process.aclose()
     return FootprintRun(
         idle=idle, peak_rss=peak, peak_total_rss=peak_total, after_pull=after, pull_s=pull_s, layer_bytes=len(layer)
     )
@@ -324,25 +335,15 @@ async def launcher_run(*, settle_s: float = 5.0) -> LauncherRun:
     python = device_python()
     hub = _Hub(image="")
     with tempfile.TemporaryDirectory(prefix="ntd-launcher-") as tmp:
-        cert = generate_serving_certificate(Path(tmp) / "tls", dns_names=["localhost"])
-        ca_file = Path(tmp) / "ca.pem"
-        ca_file.write_bytes(cert.ca_bundle)
-        async with _serving(hub, server_ssl_context(cert)) as port:
+        async with _serving(hub, Path(tmp)) as (port, ca_file):
             config = _agent_config(Path(tmp), port=port, cri_endpoint="", ca_file=ca_file)
-            argv = [str(python), "-m", "roles.edge.launcher", f"--config={config}"]
-            process = await anyio.open_process(
-                argv, cwd=REPO, env=_repo_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-            )
-            try:
+            async with _device_process(python, "-m", "roles.edge.launcher", f"--config={config}") as process:
                 with anyio.fail_after(60):
                     await hub.welcomed.wait()
                 await anyio.sleep(settle_s)
                 (agent,) = psutil.Process(process.pid).children()
                 launcher = await _settled_memory(process.pid)
                 idle_agent = await _settled_memory(agent.pid)
-            finally:
-                await terminate(process)
-                await process.aclose()
     return LauncherRun(launcher=launcher, agent=idle_agent)
 
 
@@ -377,22 +378,15 @@ async def cache_run(*, local_api: bool, settle_s: float = 5.0, requests: int = 1
     hub = _Hub(image="", cache=cache_frames())
     api_port = free_port() if local_api else None
     with tempfile.TemporaryDirectory(prefix="ntd-cache-") as tmp:
-        cert = generate_serving_certificate(Path(tmp) / "tls", dns_names=["localhost"])
-        ca_file = Path(tmp) / "ca.pem"
-        ca_file.write_bytes(cert.ca_bundle)
-        async with _serving(hub, server_ssl_context(cert)) as port:
+        async with _serving(hub, Path(tmp)) as (port, ca_file):
             config = _agent_config(Path(tmp), port=port, cri_endpoint="", ca_file=ca_file, local_api_port=api_port)
-            argv = [str(python), "-m", "roles.cli", "--role=edge", f"--config={config}", "--log-level=warning"]
-            process = await anyio.open_process(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            try:
+            args = ("-m", "roles.cli", "--role=edge", f"--config={config}", "--log-level=warning")
+            async with _device_process(python, *args) as process:
                 with deadline("the agent's Autonomy condition", 60):
                     await hub.autonomous.wait()
                 await anyio.sleep(settle_s)
                 idle = await _settled_memory(process.pid)
                 latency = None if api_port is None else await list_latency(api_port, requests)
-            finally:
-                await terminate(process)
-                await process.aclose()
     return CacheRun(local_api=local_api, idle=idle, list_pods=latency)
 
 
@@ -408,7 +402,7 @@ def import_costs() -> list[ImportStep]:
         for _ in range(3):
             out = subprocess.run(
                 [str(python), "-c", "; ".join([*imported, probe])],
-                cwd=REPO, check=True, capture_output=True, text=True,
+                cwd=REPO, env=_repo_env(), check=True, capture_output=True, text=True,
             )  # fmt: skip
             readings.append(int(out.stdout.strip()) * 1024)
         steps.append(ImportStep(what=what, rss=int(statistics.median(readings))))

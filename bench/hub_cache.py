@@ -32,6 +32,7 @@ from bench.hub_capacity import _config, _read_metrics, _ready, _wait_metric, psu
 from bench.waits import Stalled, deadline_for
 from roles.kube import Conflict, Kube, Resource
 from schemas.meta import ApiStruct, ObjectMeta
+from tools.processes import terminate
 from tools.provision.controlplane import ControlPlane
 
 NAMESPACE = "bench-cache"
@@ -193,12 +194,7 @@ async def run_size(
         tail = " | ".join(log.read_text(errors="replace").splitlines()[-12:])
         raise Stalled(f"{exc}; the hub's last log lines: {tail}") from exc
     finally:
-        if hub.returncode is None:
-            hub.terminate()
-            with anyio.move_on_after(60, shield=True):
-                await hub.wait()
-            if hub.returncode is None:
-                hub.kill()
+        await terminate(hub, grace=60)
         if fleet is not None:
             await fleet.aclose()
         with anyio.CancelScope(shield=True):

@@ -54,6 +54,7 @@ from roles.kube import Kube, NotFound, open_kube
 from roles.kube.resources import job_resource
 from schemas.kinds import IMAGE_PRE_PULL_JOB
 from schemas.v1alpha2 import API_VERSION
+from tools.processes import terminate
 from tools.provision.controlplane import ControlPlane
 
 PREPULLS = job_resource(IMAGE_PRE_PULL_JOB)
@@ -220,12 +221,7 @@ async def run_size(
             hellos = (await _read_metrics(http_port)).get("nodetaskd_hub_messages_in_total:hello", 0.0)
             run.reopened = hellos - sessions
         finally:
-            if hub.returncode is None:
-                hub.terminate()
-                with anyio.move_on_after(60, shield=True):
-                    await hub.wait()
-                if hub.returncode is None:
-                    hub.kill()
+            await terminate(hub, grace=60)
             if fleet is not None:
                 await fleet.aclose()
             with anyio.CancelScope(shield=True):

@@ -32,6 +32,33 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
     return out
 
 
+def _m(runs: Iterable[dict[str, Any]], key: str) -> float:
+    """The median of ``key`` over ``runs``."""
+    return _med(float(r[key]) for r in runs)
+
+
+def _load(runs: Iterable[dict[str, Any]]) -> str:
+    """The median load average the runs ended at (runs from before it was recorded: nan)."""
+    return f"{_med(r.get('load', float('nan')) for r in runs):.1f}"
+
+
+def _by_sessions(runs: list[dict[str, Any]]) -> list[tuple[int, list[dict[str, Any]], str]]:
+    """Each size's runs, smallest first, with its marginal KiB per session: the growth of the median RSS
+    from the previous size over the sessions added (empty for the first size)."""
+    sizes = sorted({r["sessions"] for r in runs})
+    groups = [[r for r in runs if r["sessions"] == n] for n in sizes]
+    rss = [_m(rs, "rss") for rs in groups]
+    return [
+        (n, rs, f"{(rss[i] - rss[i - 1]) / (n - sizes[i - 1]) / KIB:,.1f}" if i else "")
+        for i, (n, rs) in enumerate(zip(sizes, groups, strict=True))
+    ]
+
+
+def _fleet_kib(runs: Iterable[dict[str, Any]]) -> str:
+    """The fleet process's RSS per edge (median), in KiB."""
+    return f"{_med(r['fleet_rss'] / r['sessions'] for r in runs) / KIB:,.1f}"
+
+
 # ---------------------------------------------------------------------------------------- sections
 
 
@@ -81,7 +108,7 @@ def _job_section(res: dict[str, Any], images: Path) -> list[str]:
                 f"{_n(_med(r['controller_writes'] for r in use))} / {_n(_med(r['controller_conflicts'] for r in use))}",
                 f"{_med(r['object_bytes'] for r in use) / KIB:,.0f} KiB",
                 " / ".join(f"{cpu[k]:,.1f}" for k in cpu),
-                f"{_med(r.get('load', float('nan')) for r in use):.1f}",
+                _load(use),
             )
         )
     out += _table(
@@ -228,7 +255,7 @@ def _diagnosis_section(res: dict[str, Any]) -> list[str]:
                 f"{_med(r['object_bytes'] for r in use) / KIB:,.0f} KiB",
                 "yes" if all(r["propagated"] for r in use) else "NO",
                 " / ".join(f"{cpu[k]:,.1f}" for k in cpu),
-                f"{_med(r.get('load', float('nan')) for r in use):.1f}",
+                _load(use),
             )
         )
     out += _table(
@@ -308,34 +335,28 @@ def _hub_section(res: dict[str, Any], images: Path) -> list[str]:
         "",
     ]
     sizes = sorted({r["sessions"] for r in runs})
-    rss = {n: _med(r["rss"] for r in runs if r["sessions"] == n) for n in sizes}
     rows = []
-    for i, n in enumerate(sizes):
-        rs = [r for r in runs if r["sessions"] == n]
-
-        def m(key: str, rs: list[dict[str, Any]] = rs) -> float:
-            return _med(float(r[key]) for r in rs)
-
+    for n, rs, marginal in _by_sessions(runs):
         rows.append(
             (
                 _n(n),
                 str(len(rs)),
-                f"{m('connect_s'):,.1f}",
-                f"{m('marked_s'):,.1f}",
+                f"{_m(rs, 'connect_s'):,.1f}",
+                f"{_m(rs, 'marked_s'):,.1f}",
                 f"{_med(float(r.get('token_reads', 'nan')) for r in rs):,.0f}",
                 f"{_med(float(r.get('reopened', 'nan')) for r in rs):,.0f}",
-                f"**{m('per_session_bytes') / KIB:,.1f}**",
-                f"{(rss[n] - rss[sizes[i - 1]]) / (n - sizes[i - 1]) / KIB:,.1f}" if i else "",
-                f"{m('baseline_rss') / MIB:,.0f} MiB",
-                f"{m('steady_cpu_pct'):,.1f}% ({_n(_med(notes.keepalives_per_s(r) for r in rs))}/s)",
-                f"{_n(m('heartbeat_burst_per_s'))} ({m('heartbeat_burst_cpu_pct'):,.0f}%)",
-                f"{_n(m('report_burst_per_s'))} ({m('report_burst_cpu_pct'):,.0f}%)",
+                f"**{_m(rs, 'per_session_bytes') / KIB:,.1f}**",
+                marginal,
+                f"{_m(rs, 'baseline_rss') / MIB:,.0f} MiB",
+                f"{_m(rs, 'steady_cpu_pct'):,.1f}% ({_n(_med(notes.keepalives_per_s(r) for r in rs))}/s)",
+                f"{_n(_m(rs, 'heartbeat_burst_per_s'))} ({_m(rs, 'heartbeat_burst_cpu_pct'):,.0f}%)",
+                f"{_n(_m(rs, 'report_burst_per_s'))} ({_m(rs, 'report_burst_cpu_pct'):,.0f}%)",
                 f"**{_med(_cpu_us(r, 'heartbeat') for r in rs):,.0f}**",
                 _bold_n(_med(_cpu_us(r, "ping") for r in rs)),
                 f"**{_med(_cpu_us(r, 'report') for r in rs):,.0f}**",
-                f"{m('fleet_cpu_pct'):,.0f}%",
-                f"{_med(r['fleet_rss'] / r['sessions'] for r in rs) / KIB:,.1f}",
-                f"{_med(r.get('load', float('nan')) for r in rs):.1f}",
+                f"{_m(rs, 'fleet_cpu_pct'):,.0f}%",
+                _fleet_kib(rs),
+                _load(rs),
             )
         )
     out += _table(
@@ -442,28 +463,22 @@ def _hub_cache_section(res: dict[str, Any]) -> list[str]:
         "",
     ]
     sizes = sorted({r["sessions"] for r in runs})
-    rss = {n: _med(r["rss"] for r in runs if r["sessions"] == n) for n in sizes}
     rows = []
-    for i, n in enumerate(sizes):
-        rs = [r for r in runs if r["sessions"] == n]
-
-        def m(key: str, rs: list[dict[str, Any]] = rs) -> float:
-            return _med(float(r[key]) for r in rs)
-
+    for n, rs, marginal in _by_sessions(runs):
         rows.append(
             (
                 _n(n),
                 str(len(rs)),
-                f"{m('baseline_rss') / MIB:,.0f} MiB ({m('listed_s'):,.0f} s)",
-                f"{m('connect_s'):,.1f}",
-                f"{m('cached_s'):,.1f}",
-                _n(m("cache_frames")),
-                _n(m("config_maps_held")),
-                f"{m('relists'):,.0f} / {m('list_failures'):,.0f}",
-                f"**{m('per_session_bytes') / KIB:,.1f}**",
-                f"{(rss[n] - rss[sizes[i - 1]]) / (n - sizes[i - 1]) / KIB:,.1f}" if i else "",
-                f"{_med(r['fleet_rss'] / r['sessions'] for r in rs) / KIB:,.1f}",
-                f"{_med(r.get('load', float('nan')) for r in rs):.1f}",
+                f"{_m(rs, 'baseline_rss') / MIB:,.0f} MiB ({_m(rs, 'listed_s'):,.0f} s)",
+                f"{_m(rs, 'connect_s'):,.1f}",
+                f"{_m(rs, 'cached_s'):,.1f}",
+                _n(_m(rs, "cache_frames")),
+                _n(_m(rs, "config_maps_held")),
+                f"{_m(rs, 'relists'):,.0f} / {_m(rs, 'list_failures'):,.0f}",
+                f"**{_m(rs, 'per_session_bytes') / KIB:,.1f}**",
+                marginal,
+                _fleet_kib(rs),
+                _load(rs),
             )
         )
     out += _table(

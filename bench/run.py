@@ -72,6 +72,11 @@ def _failed(failed: list[str], what: str, exc: Exception) -> None:
     _log(f"  FAILED: {reason}")
 
 
+def _kept(previous: dict[str, Any], rerun: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+    """The stored runs of a series that this run does not repeat, stamped with when they were measured."""
+    return [{"measured": previous.get("measured", ""), **r} for r in previous.get("runs", []) if not rerun(r)]
+
+
 def _leaves(exc: BaseException) -> Iterator[BaseException]:
     """The exceptions inside the groups that task groups wrap them in."""
     if isinstance(exc, BaseExceptionGroup):
@@ -143,12 +148,7 @@ async def _job_cost(
 ) -> None:
     """Run the job series, storing the results after every run."""
     previous = results.get("job_cost", {})
-    # Sizes not run this time keep their last results, stamped with when they were measured.
-    runs: list[dict[str, Any]] = [
-        {"measured": previous.get("measured", ""), **r}
-        for r in previous.get("runs", [])
-        if r["nodes"] not in args.job_sizes
-    ]
+    runs = _kept(previous, lambda r: r["nodes"] in args.job_sizes)
     entry: dict[str, Any] = {
         "measured": _now(), "runs": runs, "window": args.window, "delay": args.delay, "off_limit": args.off_limit,
         "profiled": previous.get("profiled"),
@@ -161,12 +161,16 @@ async def _job_cost(
         nodes = args.profile_job
         _log(f"job: {nodes} nodes under cProfile")
         path = RESULTS.parent / f"profile-job-{nodes}.txt"
-        run = await job_cost.run_job(
-            cp, nodes=nodes, window=args.window, seed=seed, delay=args.delay, limit_s=args.job_limit, index=99,
-            profile=path,
-        )  # fmt: skip
-        entry["profiled"] = {"nodes": nodes, "file": path.name, "seconds": run.seconds, "completed": run.completed}
-        _save(results, args)
+        try:
+            run = await job_cost.run_job(
+                cp, nodes=nodes, window=args.window, seed=seed, delay=args.delay, limit_s=args.job_limit, index=99,
+                profile=path,
+            )  # fmt: skip
+        except Exception as exc:  # the series still runs
+            _failed(failed, f"job: {nodes} nodes under cProfile", exc)
+        else:
+            entry["profiled"] = {"nodes": nodes, "file": path.name, "seconds": run.seconds, "completed": run.completed}
+            _save(results, args)
     for nodes in args.job_sizes:
         for window in (args.window, 0.0):
             if window == 0.0 and nodes not in args.off_sizes:
@@ -197,14 +201,12 @@ async def _diagnosis_cost(
 ) -> None:
     """Run the diagnosis series, storing the results after every run; sizes not run keep their last results."""
     previous = results.get("diagnosis_cost", {})
-    # Runs of other sizes or edge delays keep their last results, stamped with when they were measured.
-    runs: list[dict[str, Any]] = [
-        {"measured": previous.get("measured", ""), **r}
-        for r in previous.get("runs", [])
-        if r["nodes"] not in args.diagnosis_sizes
-        or r.get("delay", args.delay) != args.delay
-        or r.get("jitter", 0.0) not in args.diagnosis_jitters
-    ]
+
+    def rerun(r: dict[str, Any]) -> bool:
+        same_edges = r.get("delay", args.delay) == args.delay and r.get("jitter", 0.0) in args.diagnosis_jitters
+        return r["nodes"] in args.diagnosis_sizes and same_edges
+
+    runs = _kept(previous, rerun)
     entry: dict[str, Any] = {
         "measured": _now(), "runs": runs, "window": args.window, "profiled": previous.get("profiled"),
     }  # fmt: skip
@@ -213,12 +215,16 @@ async def _diagnosis_cost(
         nodes = args.profile_diagnosis
         _log(f"diagnosis: {nodes} nodes under cProfile")
         path = RESULTS.parent / f"profile-diagnosis-{nodes}.txt"
-        run = await diagnosis_cost.run_diagnosis(
-            cp, nodes=nodes, window=args.window, seed=seed, delay=args.delay, limit_s=args.job_limit, index=99,
-            profile=path,
-        )  # fmt: skip
-        entry["profiled"] = {"nodes": nodes, "file": path.name, "seconds": run.seconds, "phase": run.phase}
-        _save(results, args)
+        try:
+            run = await diagnosis_cost.run_diagnosis(
+                cp, nodes=nodes, window=args.window, seed=seed, delay=args.delay, limit_s=args.job_limit, index=99,
+                profile=path,
+            )  # fmt: skip
+        except Exception as exc:  # the series still runs
+            _failed(failed, f"diagnosis: {nodes} nodes under cProfile", exc)
+        else:
+            entry["profiled"] = {"nodes": nodes, "file": path.name, "seconds": run.seconds, "phase": run.phase}
+            _save(results, args)
     for nodes in args.diagnosis_sizes:
         for jitter, index in itertools.product(args.diagnosis_jitters, range(args.diagnosis_repeats)):
             what = f"diagnosis: {nodes} nodes, two stages, edges taking up to {jitter:g}s more"
@@ -245,12 +251,7 @@ async def _hub_capacity(
 ) -> None:
     """Run the hub series, storing the results after every run."""
     previous = results.get("hub_capacity", {})
-    # Sizes not run this time keep their last results, stamped with when they were measured.
-    runs: list[dict[str, Any]] = [
-        {"measured": previous.get("measured", ""), **r}
-        for r in previous.get("runs", [])
-        if r["sessions"] not in args.hub_sizes
-    ]
+    runs = _kept(previous, lambda r: r["sessions"] in args.hub_sizes)
     entry: dict[str, Any] = {"measured": _now(), "runs": runs}
     # The heap profile is a series of its own (--only heap): a hub-only run keeps the last one.
     for kept in ("heap", "profiled"):

@@ -186,8 +186,12 @@ REFUSED = {
 
 
 def _can(cp: ControlPlane, who: str, access: str) -> bool:
-    answer = cp.kubectl("auth", "can-i", *access.split(), f"--as={who}", check=False).stdout.strip()
-    return answer == "yes"
+    """``kubectl auth can-i``'s answer; a question it could not ask (a bad flag, a resource the server lacks)
+    fails the test rather than reading as a refusal."""
+    answer = cp.kubectl("auth", "can-i", *access.split(), f"--as={who}", check=False)
+    assert answer.stdout.strip() in ("yes", "no"), f"{access}: {answer.stderr}"
+    assert "doesn't have a resource type" not in answer.stderr, f"{access}: {answer.stderr}"
+    return answer.stdout.strip() == "yes"
 
 
 def test_each_service_account_may_do_its_roles_work_and_is_refused_the_rest(deployed: Deployed) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import signal
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -25,6 +24,7 @@ from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import admin, register_edges
 from tests.integration.hubs import running_controller, running_hub
 from tests.integration.objects import create_job, job_when, settled, unique
+from tools.processes import terminate
 from tools.provision.containerd import Containerd, Registry
 
 pytestmark = pytest.mark.integration
@@ -40,16 +40,10 @@ async def agents(commands: list[list[str]], log: Path) -> AsyncIterator[list[any
     try:
         yield processes
     finally:
-        for process in processes:
-            if process.returncode is None:
-                process.send_signal(signal.SIGTERM)
-        with anyio.move_on_after(15):
-            for process in processes:
-                await process.wait()
-        for process in processes:
-            if process.returncode is None:
-                process.kill()
-                await process.wait()
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as tg:
+                for process in processes:
+                    tg.start_soon(terminate, process)
     assert [p.returncode for p in processes] == [0] * len(processes)
 
 
