@@ -461,7 +461,7 @@ class DiagnosisController:
     async def _release_tasks(self, key: Key, *, keep: str | None) -> None:
         """Take the finalizer off, and delete, every Task of ``key`` not owned by the live Diagnosis ``keep``."""
         todo: list[tuple[Key, Task]] = []
-        for task_key in sorted(self._owned.get(key, ())):
+        for task_key in self._owned.get(key, ()):
             task = self._tasks[task_key]
             ref = owner_of(task)
             if task_key not in self._released and ref is not None and ref.uid != keep:
