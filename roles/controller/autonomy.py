@@ -16,15 +16,9 @@ a Pod the rules refuse, or a change the API server refuses (422).
 
 from __future__ import annotations
 
-import functools
-import math
-from collections.abc import Callable
-from typing import Any
-
 import anyio
 import anyio.abc
 import structlog
-from anyio.streams.memory import MemoryObjectReceiveStream
 
 from flows.autonomy_approval import label_change
 from flows.toleration_binding import (
@@ -40,9 +34,10 @@ from flows.toleration_binding import (
 from nodetask.clock import Clock
 from nodetask.names import clip
 from roles.controller.keyed import KeyedWorkers
+from roles.controller.watches import Watch, follow
 from roles.events import object_event, record_event
 from roles.kube import ApiError, Conflict, Deleted, Invalid, Kube, Relisted, Upserted, WatchEvent
-from roles.kube.resources import NODES, PODS, Resource
+from roles.kube.resources import NODES, PODS
 from schemas.core import Node
 from schemas.meta import ObjectMeta
 
@@ -76,7 +71,6 @@ class AutonomyController:
         """Pods by the node they are bound to."""
         self._refused: dict[PodKey, tuple[str, Binding | None]] = {}
         """Per Pod, the version and the binding last refused: said once, not tried again until either changes."""
-        self._synced = {kind: anyio.Event() for kind in ("nodes", "pods")}
         self._ready = anyio.Event()
         self._labels: KeyedWorkers[str]
         self._bindings: KeyedWorkers[PodKey]
@@ -90,29 +84,13 @@ class AutonomyController:
         async with anyio.create_task_group() as tg:
             self._labels = KeyedWorkers(tg, self._label_pass, ready=self._ready, log=self._log, what="autonomy label")
             self._bindings = KeyedWorkers(tg, self._pod_pass, ready=self._ready, log=self._log, what="pod binding")
-            watches: tuple[tuple[Resource[Any], Callable[[WatchEvent], None], str, str], ...] = (
-                (NODES, self._on_node, "nodes", ""),
-                (PODS, self._on_pod, "pods", BOUND_PODS),
-            )
-            for resource, handle, kind, selector in watches:
-                send, receive = anyio.create_memory_object_stream[WatchEvent](max_buffer_size=math.inf)
-                tg.start_soon(self._consume, receive, handle, kind)
-                await tg.start(functools.partial(self._kube.watch, resource, send, field_selector=selector))
-            for synced in self._synced.values():
-                await synced.wait()
+            watches = (Watch(NODES, self._on_node), Watch(PODS, self._on_pod, field_selector=BOUND_PODS))
+            await follow(tg, self._kube, watches, on_invalid=self._log_invalid)
             self._ready.set()
             task_status.started()
 
-    async def _consume(
-        self, events: MemoryObjectReceiveStream[WatchEvent], handle: Callable[[WatchEvent], None], kind: str
-    ) -> None:
-        async with events:
-            async for event in events:
-                handle(event)
-                if isinstance(event, Relisted):
-                    self._synced[kind].set()
-                elif isinstance(event, Invalid):
-                    self._log.warning("undecodable_object", kind=kind, name=event.name, error=clip(event.error))
+    async def _log_invalid(self, kind: str, event: Invalid) -> None:
+        self._log.warning("undecodable_object", kind=kind, name=event.name, error=clip(event.error))
 
     # ------------------------------------------------------------------------------------------ caches
 

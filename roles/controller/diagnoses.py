@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from types import MappingProxyType
@@ -29,7 +28,6 @@ import anyio
 import anyio.abc
 import msgspec
 import structlog
-from anyio.streams.memory import MemoryObjectReceiveStream
 
 from flows.diagnosis_pipeline import BrokenGraph, Pipeline, pipeline_of
 from flows.diagnosis_run import PODS_ANNOTATION, Notice, Step, World, advance, progress_only, start
@@ -38,9 +36,10 @@ from flows.diagnosis_tasks import TASK_FINALIZER, owner_of, timed_out
 from nodetask.clock import Clock, format_time
 from roles.controller.keyed import KeyedWorkers
 from roles.controller.operationsets import reconcile_operation_set, report_undecodable
+from roles.controller.watches import Watch, follow
 from roles.events import object_event, record_event
 from roles.kube import ApiError, Conflict, Deleted, Invalid, Kube, NotFound, Relisted, Upserted, WatchEvent
-from roles.kube.resources import DIAGNOSES, NODES, OPERATION_SETS, OPERATIONS, PODS, TASKS, Resource
+from roles.kube.resources import DIAGNOSES, NODES, OPERATION_SETS, OPERATIONS, PODS, TASKS
 from schemas.core import Node, Pod
 from schemas.diagnosis import API_VERSION, Diagnosis, DiagnosisPhase, Operation, OperationSet, Targets, Task, TaskPhase
 
@@ -87,7 +86,6 @@ class DiagnosisController:
         self.progress_held = 0
         """Passes that held back a status only counting more ended Tasks (a metric)."""
         self._reported: set[str] = set()
-        self._synced = {kind: anyio.Event() for kind in ("operations", "operationsets", "tasks", "diagnoses")}
         self._ready = anyio.Event()
         self._runs: KeyedWorkers[Key]
         self._sets: KeyedWorkers[str]
@@ -104,31 +102,15 @@ class DiagnosisController:
         async with anyio.create_task_group() as tg:
             self._runs = KeyedWorkers(tg, self._diagnosis_pass, ready=self._ready, log=self._log, what="diagnosis")
             self._sets = KeyedWorkers(tg, self._set_pass, ready=self._ready, log=self._log, what="operationset")
-            watches: tuple[tuple[Resource[Any], Callable[[WatchEvent], None], str], ...] = (
-                (OPERATIONS, self._on_operation, "operations"),
-                (OPERATION_SETS, self._on_operation_set, "operationsets"),
-                (TASKS, self._on_task, "tasks"),
-                (DIAGNOSES, self._on_diagnosis, "diagnoses"),
+            watches = (
+                Watch(OPERATIONS, self._on_operation),
+                Watch(OPERATION_SETS, self._on_operation_set),
+                Watch(TASKS, self._on_task),
+                Watch(DIAGNOSES, self._on_diagnosis),
             )
-            for resource, handle, kind in watches:
-                send, receive = anyio.create_memory_object_stream[WatchEvent](max_buffer_size=math.inf)
-                tg.start_soon(self._consume, receive, handle, kind)
-                await tg.start(functools.partial(self._kube.watch, resource, send))
-            for synced in self._synced.values():
-                await synced.wait()
+            await follow(tg, self._kube, watches, on_invalid=self._report_invalid)
             self._ready.set()
             task_status.started()
-
-    async def _consume(
-        self, events: MemoryObjectReceiveStream[WatchEvent], handle: Callable[[WatchEvent], None], kind: str
-    ) -> None:
-        async with events:
-            async for event in events:
-                handle(event)
-                if isinstance(event, Relisted):
-                    self._synced[kind].set()
-                elif isinstance(event, Invalid):
-                    await self._report_invalid(kind, event)
 
     def _on_operation(self, event: WatchEvent) -> None:
         match event:
@@ -479,7 +461,7 @@ class DiagnosisController:
     async def _release_tasks(self, key: Key, *, keep: str | None) -> None:
         """Take the finalizer off, and delete, every Task of ``key`` not owned by the live Diagnosis ``keep``."""
         todo: list[tuple[Key, Task]] = []
-        for task_key in sorted(self._owned.get(key, ())):
+        for task_key in self._owned.get(key, ()):
             task = self._tasks[task_key]
             ref = owner_of(task)
             if task_key not in self._released and ref is not None and ref.uid != keep:

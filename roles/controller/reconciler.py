@@ -236,9 +236,10 @@ class Reconciler:
             return None if outcome is None else msgspec.structs.replace(fresh, status=outcome.status)
 
         updated = await self._kube.update_status(job_resource(kind), job.metadata.name, mutate, current=job)
-        before, outcome = decided[-1] if decided else (None, None)
-        if updated is None or outcome is None or before is None:
-            return  # handled meanwhile (by another controller, or the job went away)
+        # update_status returns only after a decision (it raises otherwise): the last one is what was written.
+        before, outcome = decided[-1]
+        if updated is None or outcome is None:
+            return  # handled meanwhile, by another controller
         log.info(
             "job_retried" if not outcome.refusal else "retry_refused",
             value=outcome.value,
