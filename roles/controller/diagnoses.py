@@ -39,6 +39,7 @@ from roles.controller.operationsets import reconcile_operation_set, report_undec
 from roles.controller.watches import Watch, follow
 from roles.events import object_event, record_event
 from roles.kube import ApiError, Conflict, Deleted, Invalid, Kube, NotFound, Relisted, Upserted, WatchEvent
+from roles.kube.following import mirror_by_name
 from roles.kube.resources import DIAGNOSES, NODES, OPERATION_SETS, OPERATIONS, PODS, TASKS
 from schemas.core import Node, Pod
 from schemas.diagnosis import API_VERSION, Diagnosis, DiagnosisPhase, Operation, OperationSet, Targets, Task, TaskPhase
@@ -113,16 +114,8 @@ class DiagnosisController:
             task_status.started()
 
     def _on_operation(self, event: WatchEvent) -> None:
-        match event:
-            case Relisted(objects=objects):
-                self._operations = {o.metadata.name: o for o in objects}
-            case Upserted(obj=operation):
-                self._operations[operation.metadata.name] = operation
-            case Deleted(obj=operation):
-                self._operations.pop(operation.metadata.name, None)
-            case _:
-                return
-        self._poke_running(lambda d: True)
+        if mirror_by_name(self._operations, event):
+            self._poke_running(lambda d: True)
 
     def _on_operation_set(self, event: WatchEvent) -> None:
         match event:

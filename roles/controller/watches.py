@@ -1,23 +1,24 @@
 """A controller's watches: each keeps a cache through its handler, and together they say when the
 controller may start deciding, which is once every cache holds its first list.
 
-:meth:`~roles.kube.Kube.watch` is ready once its first list is in the stream; a decision needs it
-handled, so each stream's consumer marks its watch listed only after handling the first Relisted.
+Built on :func:`roles.kube.following.follow` (what the hub's watches use too), which returns once a
+handler has taken in its watch's first list; this adds the controllers' own parts: several watches
+started together, and objects that do not decode told to ``on_invalid``.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import anyio.abc
-from anyio.streams.memory import MemoryObjectReceiveStream
 
-from roles.kube import Invalid, Kube, Relisted, WatchEvent
+from roles.kube import Invalid, Kube, WatchEvent
+from roles.kube.following import Handler
+from roles.kube.following import follow as follow_one
 from roles.kube.resources import Resource
 
 __all__ = ["OnInvalid", "Watch", "follow"]
@@ -37,23 +38,17 @@ class Watch:
 
 async def follow(tg: anyio.abc.TaskGroup, kube: Kube, watches: Sequence[Watch], *, on_invalid: OnInvalid) -> None:
     """Start each watch and its consumer in ``tg``; return once every consumer has handled its first list."""
-    listed: list[anyio.Event] = []
-    for watch in watches:
-        send, receive = anyio.create_memory_object_stream[WatchEvent](max_buffer_size=math.inf)
-        listed.append(anyio.Event())
-        tg.start_soon(_consume, receive, watch, listed[-1], on_invalid)
-        await tg.start(functools.partial(kube.watch, watch.resource, send, field_selector=watch.field_selector))
-    for event in listed:
-        await event.wait()
+    # Only the starting is done in this group: the watches and their consumers belong to ``tg``.
+    async with anyio.create_task_group() as starting:
+        for watch in watches:
+            start = functools.partial(kube.watch, watch.resource, field_selector=watch.field_selector)
+            starting.start_soon(follow_one, tg, start, _handler(watch, on_invalid))
 
 
-async def _consume(
-    events: MemoryObjectReceiveStream[WatchEvent], watch: Watch, listed: anyio.Event, on_invalid: OnInvalid
-) -> None:
-    async with events:
-        async for event in events:
-            watch.handle(event)
-            if isinstance(event, Relisted):
-                listed.set()
-            elif isinstance(event, Invalid):
-                await on_invalid(watch.resource.plural, event)
+def _handler(watch: Watch, on_invalid: OnInvalid) -> Handler:
+    async def handle(event: WatchEvent) -> None:
+        watch.handle(event)
+        if isinstance(event, Invalid):
+            await on_invalid(watch.resource.plural, event)
+
+    return handle

@@ -12,7 +12,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from roles.kube.watching import Deleted, Relisted, Upserted, WatchEvent
 
-__all__ = ["follow", "mirror_by_name"]
+__all__ = ["Handler", "follow", "mirror_by_name"]
 
 Handler = Callable[[WatchEvent], Awaitable[None] | None]
 """Takes one event in; a coroutine (awaited before the next event) or a plain function."""
