@@ -3,7 +3,7 @@ controller may start deciding, which is once every cache holds its first list.
 
 Built on :func:`roles.kube.following.follow` (what the hub's watches use too), which returns once a
 handler has taken in its watch's first list; this adds the controllers' own parts: several watches
-started together, and objects that do not decode told to ``on_invalid``.
+started in order, and objects that do not decode told to ``on_invalid``.
 """
 
 from __future__ import annotations
@@ -37,12 +37,11 @@ class Watch:
 
 
 async def follow(tg: anyio.abc.TaskGroup, kube: Kube, watches: Sequence[Watch], *, on_invalid: OnInvalid) -> None:
-    """Start each watch and its consumer in ``tg``; return once every consumer has handled its first list."""
-    # Only the starting is done in this group: the watches and their consumers belong to ``tg``.
-    async with anyio.create_task_group() as starting:
-        for watch in watches:
-            start = functools.partial(kube.watch, watch.resource, field_selector=watch.field_selector)
-            starting.start_soon(follow_one, tg, start, _handler(watch, on_invalid))
+    """Start each watch and its consumer in ``tg``, in order; return once every consumer has handled its
+    first list. In order, because a later cache's handler may read an earlier one's (a Pod's Node)."""
+    for watch in watches:
+        start = functools.partial(kube.watch, watch.resource, field_selector=watch.field_selector)
+        await follow_one(tg, start, _handler(watch, on_invalid))
 
 
 def _handler(watch: Watch, on_invalid: OnInvalid) -> Handler:
