@@ -309,8 +309,14 @@ async def _hub_cache(
         _log(f"hub cache: {args.cache_pods} Pods on each of {nodes} nodes")
         took = await hub_cache.ensure_objects(cp, kube, nodes=nodes, pods_per_node=args.cache_pods)
         _log(f"  created in {took:.0f}s")
-    runs: list[dict[str, Any]] = []
-    results["hub_cache"] = {"measured": _now(), "runs": runs, "pods_per_node": args.cache_pods, "cluster_nodes": nodes}
+    previous = results.get("hub_cache", {})
+    # Runs of sizes not repeated now are kept, as the other series keep theirs, if they had as many Pods.
+    same_pods = previous.get("pods_per_node") == args.cache_pods
+    runs = _kept(previous, lambda r: r["sessions"] in args.hub_cache_sizes or not same_pods)
+    cluster_nodes = max(nodes, previous.get("cluster_nodes", 0) if runs else 0)
+    results["hub_cache"] = {
+        "measured": _now(), "runs": runs, "pods_per_node": args.cache_pods, "cluster_nodes": cluster_nodes,
+    }  # fmt: skip
     for sessions in args.hub_cache_sizes:
         for index in range(args.hub_cache_repeats):
             _log(f"hub cache: {sessions} sessions, run {index + 1}/{args.hub_cache_repeats}")
