@@ -211,7 +211,8 @@ json_values = st.recursive(
 def test_message_shaped_objects_with_any_values_never_escape_as_other_errors(
     op: str, fields: dict[str, object]
 ) -> None:
-    """A route (or any field) of the wrong JSON type is a MessageError naming the field, never another exception."""
+    """A route (or any field) of any JSON type decodes or is a MessageError, never another exception (which
+    would end a hub); that the MessageError names the field is the next test's."""
     frame = json.dumps({"op": op, **fields})
     with contextlib.suppress(m.MessageError):
         m.decode_upstream(frame)
