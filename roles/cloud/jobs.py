@@ -32,6 +32,7 @@ from roles.kube import ApiError, Deleted, Relisted, Upserted, WatchEvent
 from roles.kube.errors import too_large
 from roles.kube.following import follow
 from roles.kube.resources import job_resource
+from roles.kube.versions import fresher
 from roles.registry_auth import RegistryAuth
 from schemas.access import counted
 
@@ -57,11 +58,7 @@ class JobState:
 
 
 def _fresher(new: Any, old: Any) -> bool:
-    # resourceVersions are etcd revisions; a write's answer may arrive after a newer watch event.
-    try:
-        return int(new.metadata.resource_version) >= int(old.metadata.resource_version)
-    except ValueError:
-        return True
+    return fresher(new.metadata.resource_version, old.metadata.resource_version)
 
 
 class Jobs:

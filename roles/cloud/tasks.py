@@ -46,6 +46,7 @@ from roles.kube import ApiError, Deleted, NotFound, Relisted, Upserted, WatchEve
 from roles.kube.errors import too_large
 from roles.kube.following import follow, mirror_by_name
 from roles.kube.resources import OPERATIONS, TASKS
+from roles.kube.versions import fresher
 from schemas.diagnosis import Operation, Task, TaskPhase
 
 __all__ = ["Tasks"]
@@ -86,10 +87,7 @@ class TaskState:
 
 
 def _fresher(new: Task, old: Task) -> bool:
-    try:
-        return int(new.metadata.resource_version) >= int(old.metadata.resource_version)
-    except ValueError:
-        return True
+    return fresher(new.metadata.resource_version, old.metadata.resource_version)
 
 
 def _kept(task: Task) -> Task:

@@ -38,6 +38,7 @@ from roles.controller.watches import Watch, follow
 from roles.events import object_event, record_event
 from roles.kube import ApiError, Conflict, Deleted, Invalid, Kube, Relisted, Upserted, WatchEvent
 from roles.kube.resources import NODES, PODS
+from roles.kube.versions import revision
 from schemas.core import Node
 from schemas.meta import ObjectMeta
 
@@ -52,10 +53,7 @@ BOUND_PODS = "spec.nodeName!="
 
 
 def _version(meta: ObjectMeta | BoundPod) -> int:
-    try:
-        return int(meta.resource_version)
-    except ValueError:
-        return -1
+    return revision(meta.resource_version)
 
 
 class AutonomyController:

@@ -41,6 +41,7 @@ from roles.events import object_event, record_event
 from roles.kube import ApiError, Conflict, Deleted, Invalid, Kube, NotFound, Relisted, Upserted, WatchEvent
 from roles.kube.following import mirror_by_name
 from roles.kube.resources import DIAGNOSES, NODES, OPERATION_SETS, OPERATIONS, PODS, TASKS
+from roles.kube.versions import revision
 from schemas.core import Node, Pod
 from schemas.diagnosis import API_VERSION, Diagnosis, DiagnosisPhase, Operation, OperationSet, Targets, Task, TaskPhase
 
@@ -56,10 +57,7 @@ _UNSTARTED = (DiagnosisPhase.NONE, DiagnosisPhase.PENDING)
 
 
 def _version(obj: Any) -> int:
-    try:
-        return int(obj.metadata.resource_version)
-    except ValueError:
-        return -1
+    return revision(obj.metadata.resource_version)
 
 
 class DiagnosisController:
