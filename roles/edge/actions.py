@@ -23,7 +23,7 @@ from roles.edge.processors import ProcessorEnv, ProcessorOutcome
 from roles.registry_auth import RegistryAuth
 from schemas.diagnosis import Processor
 from schemas.v1alpha2 import ImageStatus
-from schemas.validation import is_version
+from schemas.version_rule import is_version
 
 __all__ = ["PullImages", "RunProcessor", "build_actions", "diagnosis_run"]
 
