@@ -38,6 +38,7 @@ from schemas.kinds import CONFIG_UPDATE_JOB, IMAGE_PRE_PULL_JOB, NODE_UPGRADE_JO
 from schemas.manifest import ManifestError, kind_of
 from schemas.meta import parse_tolerance
 from schemas.update_fields import key_problem, shown_key, typed_value
+from schemas.version_rule import MAX_REFERENCE_LENGTH, is_version
 
 __all__ = [
     "CLOSED_POLICY",
@@ -62,13 +63,8 @@ IMMUTABLE_SPEC_MESSAGE: Final = "spec fields are not allowed to update once it's
 NEITHER_SELECTOR_MESSAGE: Final = "both NodeNames and LabelSelector are NOT specified"
 BOTH_SELECTORS_MESSAGE: Final = "both NodeNames and LabelSelector are specified"
 
-_MAX_REFERENCE_LENGTH: Final = 1024
-"""Longer strings are rejected before any regex runs (Python's backtracking, unlike Go's RE2, is
-not linear, and no valid reference comes close: name 255 + tag 128 + digest)."""
-
-# KubeEdge's pkg/util/validation regexes. Go's \d is ASCII-only and its $ is the true end, hence
-# [0-9], re.ASCII and fullmatch.
-_VERSION: Final = re.compile(r"v[0-9]+\.[0-9]+\.[0-9]+(-[a-zA-Z0-9_.]+(?:-[a-zA-Z0-9_.]+)*)?", re.ASCII)
+# KubeEdge's pkg/util/validation regexes (its version rule is schemas.version_rule's). Go's \d is
+# ASCII-only and its $ is the true end, hence [0-9], re.ASCII and fullmatch.
 _UPGRADE_IMAGE: Final = re.compile(
     r"[A-Za-z0-9][A-Za-z0-9._:-]*/[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)*"
     r"(@sha256:[A-Fa-f0-9]{64}|:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?",
@@ -126,19 +122,14 @@ class PatchOperation(msgspec.Struct, frozen=True, kw_only=True):
     value: Any
 
 
-def is_version(value: str) -> bool:
-    """KubeEdge's version format: ``v1.21.0`` or ``v1.21.0-beta.1``."""
-    return len(value) <= _MAX_REFERENCE_LENGTH and _VERSION.fullmatch(value) is not None
-
-
 def is_upgrade_image(value: str) -> bool:
     """KubeEdge's upgrade-image format: a repository with at least one ``/``, an optional tag or digest."""
-    return len(value) <= _MAX_REFERENCE_LENGTH and _UPGRADE_IMAGE.fullmatch(value) is not None
+    return len(value) <= MAX_REFERENCE_LENGTH and _UPGRADE_IMAGE.fullmatch(value) is not None
 
 
 def is_image_reference(value: str) -> bool:
     """A container image reference the CRI can pull (``busybox:latest``, ``ghcr.io/a/b@sha256:...``)."""
-    return len(value) <= _MAX_REFERENCE_LENGTH and _IMAGE_REFERENCE.fullmatch(value) is not None
+    return len(value) <= MAX_REFERENCE_LENGTH and _IMAGE_REFERENCE.fullmatch(value) is not None
 
 
 def _join(path: str, key: str) -> str:

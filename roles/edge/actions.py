@@ -15,15 +15,15 @@ from types import MappingProxyType
 from flows import configupdatejob, diagnosis_job, imageprepulljob, nodeupgradejob
 from flows.diagnosis_job import TaskRun
 from flows.jobtype import ExtendError
+from nodetask.messages import RegistryAuth
 from nodetask.phases import ConditionStatus
 from roles.edge import config_update, processors, upgrade
 from roles.edge.checks import run_checks
 from roles.edge.context import Action, Actions, Outcome, TaskContext, take_exclusive
 from roles.edge.processors import ProcessorEnv, ProcessorOutcome
-from roles.registry_auth import RegistryAuth
 from schemas.diagnosis import Processor
 from schemas.v1alpha2 import ImageStatus
-from schemas.validation import is_version
+from schemas.version_rule import is_version
 
 __all__ = ["PullImages", "RunProcessor", "build_actions", "diagnosis_run"]
 

@@ -64,7 +64,6 @@ from roles.edge.settings import AgentSettings
 from roles.edge.store import EdgeStore, StoreError
 from roles.edge.walk import TaskRunner
 from roles.edge.ws_link import open_ws_link
-from roles.registry_auth import credentials_of
 
 __all__ = ["EdgeAgent"]
 
@@ -235,6 +234,10 @@ class EdgeAgent:
     async def _on_run_action(self, run: RunAction, session: Session) -> None:
         attempt = max(run.attempt, 1)  # 0: a hub that knows no attempts, which only sends first ones
         if run.registry_credentials or run.credentials or run.credentials_error:
+            # Loaded by the first job that carries credentials: the registry rules (image references,
+            # Docker config files) are mostly the hub's, and an idle agent needs none of them.
+            from roles.registry_auth import credentials_of  # noqa: PLC0415 (deferred on purpose)
+
             self._credentials[run.job_uid] = credentials_of(run)
         await self._tasks.end_before(run.job_uid, attempt)
         try:

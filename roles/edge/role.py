@@ -16,16 +16,15 @@ import anyio.abc
 import structlog
 
 from nodetask.clock import Clock
+from nodetask.messages import RegistryAuth
 from roles.config import EdgeConfig, RoleConfig
 from roles.edge.actions import AuthFor, PullImages, build_actions
 from roles.edge.agent import EdgeAgent
 from roles.edge.durable_cache import DurableCache
 from roles.edge.processors import ProcessorEnv
-from roles.edge.runtime.puller import pull_in_child, request_for
 from roles.edge.settings import AgentSettings, settings_of
 from roles.edge.store import StoreError, StoreFault, open_store, quarantine_store
 from roles.jobtypes import edge_job_types
-from roles.registry_auth import RegistryAuth
 from schemas.v1alpha2 import ImageStatus
 
 Log = structlog.typing.FilteringBoundLogger
@@ -56,6 +55,9 @@ def _puller(cfg: EdgeConfig, log: Log) -> PullImages:
     :mod:`roles.edge.runtime.puller`: the CRI client would otherwise stay in the agent's memory)."""
 
     async def pull(images: tuple[str, ...], retry_times: int, auth_for: AuthFor) -> tuple[ImageStatus, ...]:
+        # Loaded by the first pull, like the CRI client it starts: an agent that never pulls carries neither.
+        from roles.edge.runtime.puller import pull_in_child, request_for  # noqa: PLC0415 (deferred on purpose)
+
         request = request_for(
             cfg.cri_endpoint,
             images,

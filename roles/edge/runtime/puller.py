@@ -29,9 +29,9 @@ import structlog
 import trio
 
 import roles
+from nodetask.messages import RegistryAuth
 from nodetask.phases import ConditionStatus
 from roles.logs import configure_logging
-from roles.registry_auth import RegistryAuth
 from schemas.v1alpha2 import ImageStatus
 
 __all__ = [
