@@ -39,7 +39,6 @@ from roles.kube import ApiError, Kube, NotFound, open_kube
 from roles.kube.resources import DIAGNOSES, OPERATION_SETS, OPERATIONS, TASKS
 from schemas.diagnosis import (
     AdjacencyNode,
-    Builtin,
     Diagnosis,
     DiagnosisPhase,
     DiagnosisSpec,
@@ -47,10 +46,10 @@ from schemas.diagnosis import (
     OperationSet,
     OperationSetSpec,
     OperationSpec,
-    Processor,
     TargetSelector,
 )
 from schemas.meta import LabelSelector, ObjectMeta
+from schemas.processors import Builtin, Processor
 from tools.doubles.lightedge import RESULT_PREFIX, double_processor
 from tools.provision.controlplane import ControlPlane
 

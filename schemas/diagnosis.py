@@ -17,30 +17,15 @@ from typing import Annotated, Final
 import msgspec
 
 from schemas.meta import ApiStruct, ConditionStatus, LabelSelector, ObjectMeta
+from schemas.processors import Processor
 
 GROUP: Final = "diagnosis.kubediag.org"
 VERSION: Final = "v1"
 API_VERSION: Final = f"{GROUP}/{VERSION}"
 
-DEFAULT_TIMEOUT_SECONDS: Final = 30
-"""KubeDiag's default for ``spec.processor.timeoutSeconds``."""
-
-BUILTIN_PROCESSORS: Final = (
-    "node.resources",
-    "node.processes",
-    "containers.list",
-    "images.list",
-    "network.probe",
-    "file.tail",
-    "agent.status",
-)
-"""The in-process collectors a ``builtin`` processor may name."""
-
 TELEMETRY_KEYS: Final = ("task.name", "task.namespace", "task.uid", "node", "pod.namespace", "pod.name", "container")
 """Request keys nodetaskd sets for every task (KubeDiag's), so a Diagnosis parameter may not use them."""
 
-Port = Annotated[int, msgspec.Meta(ge=1, le=65535, extra_json_schema={"format": "int32"})]
-TimeoutSeconds = Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1, extra_json_schema={"format": "int32"})]
 Seconds = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1, extra_json_schema={"format": "int32"})]
 
 
@@ -112,46 +97,6 @@ class PodReference(ApiStruct, frozen=True):
 
 
 # ---------------------------------------------------------------------------------------------- Operation
-
-
-class HTTPServer(ApiStruct, frozen=True):
-    """POST the request data to ``scheme://address:port/path``; absent address: the device itself."""
-
-    address: str | None = None
-    port: Port | None = None
-    path: str = "/"
-    scheme: str = "http"
-
-
-class ScriptRunner(ApiStruct, frozen=True):
-    """Run ``script`` with the values of ``argKeys`` as its arguments."""
-
-    script: str
-    arg_keys: tuple[str, ...] = ()
-    operation_result_key: str | None = None
-
-
-class Builtin(ApiStruct, frozen=True):
-    """One of nodetaskd's in-process collectors."""
-
-    name: str
-
-
-class Function(ApiStruct, frozen=True):
-    """KubeDiag's function processor: decoded only to be refused by validation."""
-
-    code_source: dict[str, str] = {}
-    runtime: str = ""
-
-
-class Processor(ApiStruct, frozen=True):
-    """Exactly one of httpServer, scriptRunner and builtin, and how long one run may take."""
-
-    http_server: HTTPServer | None = None
-    script_runner: ScriptRunner | None = None
-    builtin: Builtin | None = None
-    function: Function | None = None
-    timeout_seconds: TimeoutSeconds = DEFAULT_TIMEOUT_SECONDS
 
 
 class OperationSpec(ApiStruct, frozen=True):

@@ -24,9 +24,10 @@ import msgspec
 
 from nodetask.names import is_object_name
 from schemas import diagnosis_graph
-from schemas.diagnosis import BUILTIN_PROCESSORS, DEFAULT_TIMEOUT_SECONDS, TELEMETRY_KEYS, AdjacencyNode, StagePolicy
-from schemas.kinds import DIAGNOSIS, DIAGNOSIS_TASK, OPERATION, OPERATION_SET, DiagnosisKind
+from schemas.diagnosis import TELEMETRY_KEYS, AdjacencyNode, StagePolicy
+from schemas.diagnosis_kinds import DIAGNOSIS, DIAGNOSIS_TASK, OPERATION, OPERATION_SET, DiagnosisKind
 from schemas.manifest import ManifestError, diagnosis_kind_of
+from schemas.processors import BUILTIN_PROCESSORS, DEFAULT_TIMEOUT_SECONDS
 from schemas.validation import MSGSPEC_PATH, Checker, FieldError, PatchOperation, json_type, without_nulls
 
 __all__ = ["default_patch", "validate_create", "validate_update"]

@@ -1,9 +1,10 @@
 """The kinds nodetaskd serves, described once.
 
 Everything that differs per kind but is not behaviour (names, versions, finalizer, API types) lives in
-:data:`KINDS` for the node jobs and :data:`DIAGNOSIS_KINDS` for KubeDiag's diagnosis API; behaviour
-lives in ``flows/``. The two are kept apart because every node job shares one status shape, which
-code iterating :data:`KINDS` relies on, and the diagnosis kinds do not.
+:data:`KINDS` for the node jobs, and in :mod:`schemas.diagnosis_kinds` for KubeDiag's diagnosis API;
+behaviour lives in ``flows/``. The two are kept apart because every node job shares one status shape,
+which code iterating :data:`KINDS` relies on, and the diagnosis kinds do not (and an edge agent, which
+knows the node jobs' kinds, never loads the diagnosis objects).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Final
 
 import msgspec
 
-from schemas import diagnosis, v1alpha1, v1alpha2
+from schemas import v1alpha1, v1alpha2
 
 GROUP: Final = "operations.kubeedge.io"
 CATEGORY: Final = "nodejobs"
@@ -91,57 +92,3 @@ def by_resource_type(resource_type: str) -> Kind:
             return k
     known = ", ".join(k.resource_type for k in KINDS)
     raise KeyError(f"unknown node job type {resource_type!r} (known: {known})")
-
-
-class DiagnosisKind(msgspec.Struct, frozen=True, kw_only=True):
-    """Static facts about one ``diagnosis.kubediag.org`` kind (one served version, ``v1``)."""
-
-    kind: str
-    """``OperationSet``."""
-    plural: str
-    """``operationsets``: the REST resource name."""
-    short_names: tuple[str, ...]
-    namespaced: bool
-    object_type: type[diagnosis.DiagnosisObject]
-
-    @property
-    def singular(self) -> str:
-        return self.kind.lower()
-
-    @property
-    def group(self) -> str:
-        return diagnosis.GROUP
-
-    @property
-    def version(self) -> str:
-        return diagnosis.VERSION
-
-    @property
-    def api_version(self) -> str:
-        return diagnosis.API_VERSION
-
-    @property
-    def crd_name(self) -> str:
-        return f"{self.plural}.{self.group}"
-
-
-DIAGNOSIS_CATEGORY: Final = "kubediag"
-
-OPERATION: Final = DiagnosisKind(
-    kind="Operation", plural="operations", short_names=("op",), namespaced=False, object_type=diagnosis.Operation
-)
-OPERATION_SET: Final = DiagnosisKind(
-    kind="OperationSet",
-    plural="operationsets",
-    short_names=("opset",),
-    namespaced=False,
-    object_type=diagnosis.OperationSet,
-)
-DIAGNOSIS: Final = DiagnosisKind(
-    kind="Diagnosis", plural="diagnoses", short_names=("diag",), namespaced=True, object_type=diagnosis.Diagnosis
-)
-DIAGNOSIS_TASK: Final = DiagnosisKind(
-    kind="Task", plural="tasks", short_names=("diagtask",), namespaced=True, object_type=diagnosis.Task
-)
-
-DIAGNOSIS_KINDS: Final = (OPERATION, OPERATION_SET, DIAGNOSIS, DIAGNOSIS_TASK)

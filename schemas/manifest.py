@@ -9,7 +9,8 @@ import msgspec
 
 from nodetask import nesting
 from schemas import diagnosis
-from schemas.kinds import DIAGNOSIS_KINDS, GROUP, KINDS, DiagnosisKind, Kind
+from schemas.diagnosis_kinds import DIAGNOSIS_KINDS, DiagnosisKind
+from schemas.kinds import GROUP, KINDS, Kind
 
 __all__ = ["ManifestError", "decode_diagnosis_object", "decode_job", "diagnosis_kind_of", "kind_of"]
 

@@ -12,7 +12,7 @@ from typing import Annotated, Final
 
 import msgspec
 
-from nodetask.label_selectors import Operator, Requirement, format_label_selector, requirement_matches
+from nodetask.label_requirements import Operator, Requirement, format_label_selector, requirement_matches
 from nodetask.phases import ConditionStatus, JobPhase, NodeTaskPhase
 
 __all__ = [

@@ -32,8 +32,9 @@ import anyio.abc
 import msgspec
 import structlog
 
-from flows import diagnosis_job
-from flows.diagnosis_job import RUN, Recorded, TaskChange, accepted, dispatched, failed, finished, route_of
+from flows import diagnosis_dispatch, diagnosis_job
+from flows.diagnosis_dispatch import Recorded, TaskChange, accepted, dispatched, failed, finished, route_of
+from flows.diagnosis_job import RUN
 from nodetask.backoff import Backoff
 from nodetask.clock import Clock
 from nodetask.messages import Cancel, Error, Report, ReportAck, RunAction
@@ -307,21 +308,23 @@ class Tasks:
             message = f"Operation {name} is not found"
             change = failed(
                 uid=uid,
-                reason=diagnosis_job.OPERATION_NOT_FOUND,
+                reason=diagnosis_dispatch.OPERATION_NOT_FOUND,
                 message=message,
-                condition_type=diagnosis_job.OPERATION_NOT_FOUND,
+                condition_type=diagnosis_dispatch.OPERATION_NOT_FOUND,
                 now=self._clock.now(),
             )
             await self._write_retrying(state, change, log)
             return None
-        raw = diagnosis_job.task_run(task, operation.spec.processor)
+        raw = diagnosis_dispatch.task_run(task, operation.spec.processor)
         if len(raw) > diagnosis_job.MAX_REQUEST_BYTES:
             message = (
                 f"the request data is {len(raw)} bytes as JSON, more than the"
                 f" {diagnosis_job.MAX_REQUEST_BYTES} a node takes in one task"
             )
             log.warning("task_request_too_large", size=len(raw))
-            change = failed(uid=uid, reason=diagnosis_job.REQUEST_TOO_LARGE, message=message, now=self._clock.now())
+            change = failed(
+                uid=uid, reason=diagnosis_dispatch.REQUEST_TOO_LARGE, message=message, now=self._clock.now()
+            )
             await self._write_retrying(state, change, log)
             return None
         return msgspec.Raw(raw)
@@ -396,7 +399,7 @@ class Tasks:
                     message = f"the API server refused the results of node {node} as too large: {exc.message}"
                     change = failed(
                         uid=report.job_uid,
-                        reason=diagnosis_job.RESULTS_TOO_LARGE,
+                        reason=diagnosis_dispatch.RESULTS_TOO_LARGE,
                         message=message,
                         now=self._clock.now(),
                     )

@@ -32,7 +32,8 @@ from roles.config import ControllerConfig, EdgeConfig
 from roles.http import Request, Response, Route
 from roles.kube import Conflict, Kube, Resource
 from schemas import diagnosis, diagnosis_validation
-from schemas.kinds import DIAGNOSIS_KINDS, DIAGNOSIS_TASK, GROUP, KINDS
+from schemas.diagnosis_kinds import DIAGNOSIS_KINDS, DIAGNOSIS_TASK
+from schemas.kinds import GROUP, KINDS
 from schemas.meta import ApiStruct, LabelSelector, ObjectMeta
 from schemas.validation import (
     AdmissionPolicy,

@@ -21,7 +21,7 @@ from roles.edge import config_update, processors, upgrade
 from roles.edge.checks import run_checks
 from roles.edge.context import Action, Actions, Outcome, TaskContext, take_exclusive
 from roles.edge.processors import ProcessorEnv, ProcessorOutcome
-from schemas.diagnosis import Processor
+from schemas.processors import Processor
 from schemas.v1alpha2 import ImageStatus
 from schemas.version_rule import is_version
 

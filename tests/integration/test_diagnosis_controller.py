@@ -24,7 +24,6 @@ from roles.kube.resources import DIAGNOSES, NODES, OPERATION_SETS, OPERATIONS, T
 from schemas.core import Node
 from schemas.diagnosis import (
     AdjacencyNode,
-    Builtin,
     Diagnosis,
     DiagnosisPhase,
     DiagnosisSpec,
@@ -33,13 +32,13 @@ from schemas.diagnosis import (
     OperationSetSpec,
     OperationSpec,
     PodReference,
-    Processor,
     StagePolicy,
     TargetSelector,
     Task,
     TaskPhase,
 )
 from schemas.meta import LabelSelector, ObjectMeta
+from schemas.processors import Builtin, Processor
 from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import admin
 from tests.integration.objects import answer_task, diagnosis_when, finished, kubectl, polled, tasks_of, unique

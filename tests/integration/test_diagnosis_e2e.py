@@ -34,19 +34,17 @@ from schemas.diagnosis import (
     Diagnosis,
     DiagnosisPhase,
     DiagnosisSpec,
-    HTTPServer,
     Operation,
     OperationSet,
     OperationSetSpec,
     OperationSpec,
-    Processor,
-    ScriptRunner,
     StagePolicy,
     TargetSelector,
     Task,
     TaskPhase,
 )
 from schemas.meta import ObjectMeta
+from schemas.processors import HTTPServer, Processor, ScriptRunner
 from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import admin
 from tests.integration.objects import diagnosis_when, finished, polled, tasks_of, unique

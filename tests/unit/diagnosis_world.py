@@ -16,20 +16,19 @@ from flows.diagnosis_tasks import timed_out
 from nodetask.clock import format_time
 from schemas.diagnosis import (
     AdjacencyNode,
-    Builtin,
     Diagnosis,
     DiagnosisSpec,
     Operation,
     OperationSet,
     OperationSetSpec,
     OperationSpec,
-    Processor,
     StagePolicy,
     TargetSelector,
     Task,
     TaskPhase,
 )
 from schemas.meta import ObjectMeta
+from schemas.processors import Builtin, Processor
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 TIMEOUT = 10

@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from schemas import crdgen
-from schemas.kinds import DIAGNOSIS_KINDS, KINDS
+from schemas.diagnosis_kinds import DIAGNOSIS_KINDS
+from schemas.kinds import KINDS
 
 
 def _walk(node: Any, path: str = "") -> list[tuple[str, Any]]:

@@ -10,27 +10,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flows import diagnosis_job
-from flows.diagnosis_job import (
-    MAX_RESULTS_BYTES,
-    RUN,
-    Recorded,
-    TaskRun,
-    accepted,
-    decode_results,
-    dispatched,
-    encode_results,
-    failed,
-    finished,
-    route_of,
-    task_run,
-)
+from flows.diagnosis_dispatch import Recorded, TaskChange, accepted, dispatched, failed, finished, route_of, task_run
+from flows.diagnosis_job import MAX_RESULTS_BYTES, RUN, TaskRun, decode_results, encode_results
 from flows.diagnosis_tasks import is_final
 from flows.jobtype import ExtendError, next_step, resume_at
 from nodetask import messages
 from nodetask.messages import ActionResult
 from nodetask.route import Route
-from schemas.diagnosis import HTTPServer, Processor, Task, TaskPhase, TaskSpec, TaskStatus
+from schemas.diagnosis import Task, TaskPhase, TaskSpec, TaskStatus
 from schemas.meta import ObjectMeta
+from schemas.processors import HTTPServer, Processor
 from tests.unit.diagnosis_world import T0
 
 UID = "task-uid-1"
@@ -191,14 +180,14 @@ CHANGES = st.sampled_from(
 
 
 @given(st.sampled_from([TaskPhase.SUCCEEDED, TaskPhase.FAILED, TaskPhase.UNKNOWN]), st.lists(CHANGES, max_size=6))
-def test_no_change_moves_a_task_out_of_a_final_phase(phase: TaskPhase, changes: list[diagnosis_job.TaskChange]) -> None:
+def test_no_change_moves_a_task_out_of_a_final_phase(phase: TaskPhase, changes: list[TaskChange]) -> None:
     """Whatever arrives after the Task ended (a late result after the controller's Unknown above all) writes nothing."""
     for change in changes:
         assert change(task(phase=phase)) == (None, Recorded.FINAL)
 
 
 @given(st.lists(CHANGES, min_size=1, max_size=6))
-def test_changes_are_idempotent_and_ignore_a_recreated_task(changes: list[diagnosis_job.TaskChange]) -> None:
+def test_changes_are_idempotent_and_ignore_a_recreated_task(changes: list[TaskChange]) -> None:
     """Applying a change again to its own result writes nothing; a Task of another uid is never changed."""
     current = task()
     for change in changes:

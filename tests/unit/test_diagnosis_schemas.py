@@ -6,7 +6,7 @@ import msgspec
 import pytest
 
 from nodetask.phases import ConditionStatus
-from schemas import diagnosis
+from schemas import diagnosis, processors
 from schemas.diagnosis import (
     Diagnosis,
     DiagnosisPhase,
@@ -17,7 +17,8 @@ from schemas.diagnosis import (
     Task,
     TaskPhase,
 )
-from schemas.kinds import DIAGNOSIS, DIAGNOSIS_KINDS, DIAGNOSIS_TASK, KINDS, OPERATION, OPERATION_SET
+from schemas.diagnosis_kinds import DIAGNOSIS, DIAGNOSIS_KINDS, DIAGNOSIS_TASK, OPERATION, OPERATION_SET
+from schemas.kinds import KINDS
 from schemas.manifest import ManifestError, decode_diagnosis_object, decode_job, diagnosis_kind_of
 from schemas.meta import LabelSelector
 
@@ -214,7 +215,7 @@ def test_kubediag_script_operation_decodes_with_the_default_timeout() -> None:
     assert runner.script.startswith("#!/bin/sh\n")
     assert runner.arg_keys == ("param.operation.disk_usage.path",)
     assert runner.operation_result_key == "disk_usage"
-    assert op.spec.processor.timeout_seconds == diagnosis.DEFAULT_TIMEOUT_SECONDS == 30
+    assert op.spec.processor.timeout_seconds == processors.DEFAULT_TIMEOUT_SECONDS == 30
 
 
 def test_kubediag_function_operation_decodes_so_validation_can_refuse_it() -> None:

@@ -32,7 +32,7 @@ import trio.testing
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from trio.testing import MockClock
 
-from flows import diagnosis_job, imageprepulljob
+from flows import diagnosis_dispatch, diagnosis_job, imageprepulljob
 from nodetask import messages
 from nodetask.clock import Clock
 from nodetask.link import Link, LinkClosed, MemoryLink, memory_links
@@ -62,8 +62,9 @@ from roles.edge.processors import ProcessorEnv, ProcessorOutcome
 from roles.edge.settings import AgentSettings
 from roles.edge.store import EdgeStore, TaskState, open_store
 from roles.jobtypes import edge_job_types
-from schemas.diagnosis import HTTPServer, Processor, Task, TaskSpec
+from schemas.diagnosis import Task, TaskSpec
 from schemas.meta import ObjectMeta
+from schemas.processors import HTTPServer, Processor
 from schemas.v1alpha2 import API_VERSION, ImagePrePullJobSpec, ImagePrePullTemplate
 
 NODE: Final = "edge-1"
@@ -107,10 +108,10 @@ def task_action(name: str) -> RunAction:
     )
     return RunAction(
         id=f"run-{name}",
-        route=diagnosis_job.route_of(task),
+        route=diagnosis_dispatch.route_of(task),
         job_uid=task.metadata.uid,
         action=diagnosis_job.RUN,
-        spec=msgspec.Raw(diagnosis_job.task_run(task, PROCESSOR)),
+        spec=msgspec.Raw(diagnosis_dispatch.task_run(task, PROCESSOR)),
     )
 
 

@@ -17,16 +17,15 @@ from roles.kube import ApiError, Resource
 from roles.kube.resources import OPERATIONS, TASKS
 from schemas.diagnosis import (
     API_VERSION,
-    HTTPServer,
     Operation,
     OperationSpec,
-    Processor,
     Task,
     TaskPhase,
     TaskSpec,
     TaskStatus,
 )
 from schemas.meta import ObjectMeta
+from schemas.processors import HTTPServer, Processor
 from tests.unit.hub_doubles import FakeEdge, MemoryApi, MemoryDoor, edge_nodes, running_hub
 
 T = TypeVar("T", bound=msgspec.Struct)

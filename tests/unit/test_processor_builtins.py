@@ -19,7 +19,7 @@ from roles.edge.processors.node_collectors import ProcessSample, top_processes
 from roles.edge.processors.probe import Probe, parse_targets, probe_outcome
 from roles.edge.processors.request_keys import RequestError, json_list
 from roles.edge.processors.tail import allowed_path, last_lines
-from schemas.diagnosis import BUILTIN_PROCESSORS, Builtin, Processor
+from schemas.processors import BUILTIN_PROCESSORS, Builtin, Processor
 from tests.unit.processor_env import make_env
 
 LOOPBACK = "127.0.0.1"

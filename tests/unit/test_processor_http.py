@@ -21,7 +21,7 @@ from roles.edge import processors
 from roles.edge.processors.http import MAX_BODY_BYTES, host_allowed, target_of, verdict
 from roles.httpserver import Request, Response, Route, Send, router, serve_http
 from roles.tls import generate_serving_certificate, server_ssl_context
-from schemas.diagnosis import HTTPServer, Processor
+from schemas.processors import HTTPServer, Processor
 from tests.unit.processor_env import Events, make_env
 
 LOOPBACK = "127.0.0.1"

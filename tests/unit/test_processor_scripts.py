@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from roles.config import DiagnosisConfig, ScriptsConfig
 from roles.edge import processors
 from roles.edge.processors.scripts import DEFAULT_RESULT_KEY, SCRIPTS_DIR, refusal, script_argv
-from schemas.diagnosis import Processor, ScriptRunner
+from schemas.processors import Processor, ScriptRunner
 from tests.unit.processor_env import make_env
 
 

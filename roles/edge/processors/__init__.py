@@ -26,7 +26,7 @@ import anyio
 
 from roles.edge.processors.env import ProcessorEnv
 from roles.edge.processors.outcome import ProcessorOutcome, bounded, failed
-from schemas.diagnosis import Processor
+from schemas.processors import Processor
 
 __all__ = ["ProcessorEnv", "ProcessorOutcome", "kind_of", "run"]
 

@@ -42,7 +42,7 @@ from typing import Final
 from roles.edge.processors.env import ProcessorEnv
 from roles.edge.processors.outcome import ProcessorOutcome, failed
 from roles.edge.processors.request_keys import RequestError
-from schemas.diagnosis import BUILTIN_PROCESSORS
+from schemas.processors import BUILTIN_PROCESSORS
 
 __all__ = ["run_builtin"]
 

@@ -33,7 +33,7 @@ from nodetask.names import clip
 from roles.config import DiagnosisConfig
 from roles.edge.processors.env import Log
 from roles.edge.processors.outcome import REASON_CHARS, ProcessorOutcome, failed
-from schemas.diagnosis import HTTPServer
+from schemas.processors import HTTPServer
 
 __all__ = ["DEVICE_ADDRESS", "MAX_BODY_BYTES", "Target", "host_allowed", "run_http", "target_of", "verdict"]
 

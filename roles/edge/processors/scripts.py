@@ -42,7 +42,7 @@ from nodetask.names import clip
 from roles.config import ScriptsConfig
 from roles.edge.processors.env import Log
 from roles.edge.processors.outcome import REASON_CHARS, ProcessorOutcome, failed
-from schemas.diagnosis import ScriptRunner
+from schemas.processors import ScriptRunner
 
 __all__ = ["DEFAULT_RESULT_KEY", "refusal", "result_key", "run_script", "script_argv"]
 
