@@ -47,8 +47,7 @@ class ExtendError(ValueError):
 E = TypeVar("E", bound=NodeTaskStatus)
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
+class Verdict(msgspec.Struct, frozen=True):
     """A node's phase and reason after a report."""
 
     phase: NodeTaskPhase
@@ -140,8 +139,7 @@ class EdgeJobType(Protocol):
     def read_spec(self, raw: bytes) -> tuple[msgspec.Struct | None, str]: ...
 
 
-@dataclass(frozen=True, slots=True)
-class NextStep:
+class NextStep(msgspec.Struct, frozen=True):
     """What follows an action's result on the device."""
 
     action: str | None

@@ -19,8 +19,9 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Final
+
+import msgspec
 
 from nodetask.phases import ConditionStatus
 
@@ -93,8 +94,7 @@ def parse_go_duration(text: str) -> float:
     return sign * total
 
 
-@dataclass(frozen=True, slots=True)
-class AutonomyRequest:
+class AutonomyRequest(msgspec.Struct, frozen=True):
     """What a Node's annotations ask for."""
 
     requested: bool
@@ -118,8 +118,7 @@ def autonomy_request(annotations: Mapping[str, str]) -> AutonomyRequest:
     return AutonomyRequest(requested=True, duration=seconds if seconds > 0 else None)
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
+class Verdict(msgspec.Struct, frozen=True):
     """The ``Autonomy`` condition's status, reason and message."""
 
     status: ConditionStatus
@@ -127,8 +126,7 @@ class Verdict:
     message: str
 
 
-@dataclass(frozen=True, slots=True)
-class AutonomyCheck:
+class AutonomyCheck(msgspec.Struct, frozen=True):
     """What one check leaves for the next: consecutive checks with errored keys, and the condition."""
 
     failing: int = 0

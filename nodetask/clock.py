@@ -7,10 +7,10 @@ deterministic as the sleeps (kopf does the same for the same reason).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import anyio
+import msgspec
 
 __all__ = ["Clock", "format_time", "parse_time"]
 
@@ -31,8 +31,7 @@ def parse_time(text: str) -> datetime:
     return moment
 
 
-@dataclass(frozen=True, slots=True)
-class Clock:
+class Clock(msgspec.Struct, frozen=True):
     """Maps loop time to wall time.
 
     Build it with :meth:`start` inside the running loop; ``base`` is the wall time at loop time 0.

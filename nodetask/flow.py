@@ -15,6 +15,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+import msgspec
+
 __all__ = ["Flow", "FlowError", "Step", "UnknownActionError"]
 
 
@@ -29,8 +31,7 @@ class UnknownActionError(KeyError):
         return str(self.args[0]) if self.args else "unknown action"
 
 
-@dataclass(frozen=True, slots=True)
-class Step:
+class Step(msgspec.Struct, frozen=True):
     """The edges leaving one action: where to go on success and on failure (None: nowhere)."""
 
     on_success: str | None = None

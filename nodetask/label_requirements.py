@@ -10,8 +10,9 @@ from __future__ import annotations
 import enum
 import re
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
 from typing import Final
+
+import msgspec
 
 __all__ = ["Operator", "Requirement", "format_label_selector", "go_int", "labels_match", "requirement_matches"]
 
@@ -65,8 +66,7 @@ def requirement_matches(key: str, op: Operator, values: Collection[str], labels:
             return have > want if op is Operator.GREATER_THAN else have < want
 
 
-@dataclass(frozen=True, slots=True)
-class Requirement:
+class Requirement(msgspec.Struct, frozen=True):
     """One requirement of a label selector: ``key``, ``op`` and the values (a sorted set, as Go keeps them).
 
     Built unchecked, like Go's struct literal; :func:`new_requirement` checks it as the API server does.

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Final, Protocol, final
 
 import anyio
+import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 __all__ = ["NORMAL_CLOSE", "Frame", "Link", "LinkClosed", "MemoryLink", "OpenLink", "memory_links"]
@@ -66,16 +67,14 @@ class OpenLink(Protocol):
 
 
 @final
-@dataclass(frozen=True, slots=True)
-class _Ping:
+class _Ping(msgspec.Struct, frozen=True):
     """A ping in flight between memory links; its pong sets ``answered``."""
 
     answered: anyio.Event
 
 
 @final
-@dataclass(frozen=True, slots=True)
-class _Pong:
+class _Pong(msgspec.Struct, frozen=True):
     ping: _Ping
 
 

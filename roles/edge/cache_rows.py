@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+import msgspec
 
 from roles.edge.store_schema import transaction
 
@@ -30,8 +31,7 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class Row:
+class Row(msgspec.Struct, frozen=True):
     """One cached object: where it is, its resource version and its JSON."""
 
     namespace: str
@@ -40,16 +40,14 @@ class Row:
     body: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class Written:
+class Written(msgspec.Struct, frozen=True):
     """An upsert that changed the cache, and the body it replaced (None: the object is new)."""
 
     row: Row
     previous: bytes | None
 
 
-@dataclass(frozen=True, slots=True)
-class Deletion:
+class Deletion(msgspec.Struct, frozen=True):
     """What a deletion did: ``removed`` is the last body of the object taken out (None when nothing was),
     ``stale`` whether it was ignored because the cache holds a newer version, ``version`` the version
     the deletion happened at (for the DELETED event)."""
@@ -59,8 +57,7 @@ class Deletion:
     version: int
 
 
-@dataclass(frozen=True, slots=True)
-class Replacement:
+class Replacement(msgspec.Struct, frozen=True):
     """What replacing a kind's collection did: the objects taken out (their last bodies), the upserts,
     and the kind's resource version after it."""
 

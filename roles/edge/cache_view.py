@@ -15,10 +15,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
 from typing import Any, Final, Protocol, final
 
 import anyio
+import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 __all__ = [
@@ -43,8 +43,7 @@ class ChangeType(enum.StrEnum):
     DELETED = "DELETED"
 
 
-@dataclass(frozen=True, slots=True)
-class Change:
+class Change(msgspec.Struct, frozen=True):
     """One change to a cached object: the object after it (the last state, for a deletion) and before it."""
 
     type: ChangeType
@@ -54,8 +53,7 @@ class Change:
     leaves the selection (a DELETED event for that watch) from one that was never in it."""
 
 
-@dataclass(frozen=True, slots=True)
-class Listing:
+class Listing(msgspec.Struct, frozen=True):
     """The objects of a kind (in one namespace, or all) and the resource version they are current at."""
 
     items: list[Object]

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Final
 
 import anyio.to_thread
+import msgspec
 
 from roles.edge.readings import ROOT, CheckItem, MeasureError, Reading, Usage
 
@@ -48,8 +49,7 @@ class Thresholds:
                 raise ValueError(f"the {item.value} threshold must lie in [0, 100], not {limit}")
 
 
-@dataclass(frozen=True, slots=True)
-class CheckResult:
+class CheckResult(msgspec.Struct, frozen=True):
     """The outcome of a node's checks: ``reason`` is the first failure's text, empty when ok."""
 
     ok: bool

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from roles.edge.checks import Thresholds
 from roles.edge.store import EdgeStore, NodeTask
@@ -13,8 +14,7 @@ from roles.edge.store import EdgeStore, NodeTask
 __all__ = ["Action", "Actions", "Outcome", "TaskContext", "take_exclusive"]
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
+class Outcome(msgspec.Struct, frozen=True):
     """An action's result, as reported upstream."""
 
     succ: bool
@@ -22,8 +22,7 @@ class Outcome:
     extend: str = ""
 
 
-@dataclass(frozen=True, slots=True)
-class TaskContext:
+class TaskContext(msgspec.Struct, frozen=True):
     """What an action may use."""
 
     task: NodeTask

@@ -7,7 +7,6 @@ Nodes, Pods, ConfigMaps and Secrets, at the API server's paths (and the legacy `
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Final
 from urllib.parse import unquote
 
@@ -30,8 +29,7 @@ EMULATED_VERSION: Final = (1, 20, 2)
 its selector syntax and error messages, and what ``/version`` reports."""
 
 
-@dataclass(frozen=True, slots=True)
-class Resource:
+class Resource(msgspec.Struct, frozen=True):
     """A kind the local API serves, as discovery names it."""
 
     plural: str
@@ -56,8 +54,7 @@ RESOURCES: Final = {
 VERBS: Final = ("get", "list", "watch")
 
 
-@dataclass(frozen=True, slots=True)
-class Target:
+class Target(msgspec.Struct, frozen=True):
     """What a resource path names: one object (``name``) or a collection, in ``namespace`` or all."""
 
     resource: Resource

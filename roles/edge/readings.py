@@ -6,9 +6,10 @@ that measures (:mod:`roles.edge.host`) both stand on it and neither imports the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
+
+import msgspec
 
 __all__ = ["ROOT", "CheckItem", "DiskReading", "MeasureError", "Reading", "Usage"]
 
@@ -23,8 +24,7 @@ class CheckItem(StrEnum):
     DISK = "disk"
 
 
-@dataclass(frozen=True, slots=True)
-class MeasureError:
+class MeasureError(msgspec.Struct, frozen=True):
     """A reading that could not be taken, and why."""
 
     error: str
@@ -34,16 +34,14 @@ Reading = float | MeasureError
 """A usage percentage in [0, 100], or why it is missing."""
 
 
-@dataclass(frozen=True, slots=True)
-class DiskReading:
+class DiskReading(msgspec.Struct, frozen=True):
     """The usage of the filesystem holding ``path``."""
 
     path: str
     percent: Reading
 
 
-@dataclass(frozen=True, slots=True)
-class Usage:
+class Usage(msgspec.Struct, frozen=True):
     """What was measured; None (or no disks) for an item not measured."""
 
     cpu: Reading | None = None

@@ -22,11 +22,11 @@ import contextlib
 import itertools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Final, NoReturn, Protocol, final
 
 import anyio
 import anyio.abc
+import msgspec
 import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
@@ -47,8 +47,7 @@ OUTBOUND_QUEUE: Final = 64
 FIRST_RETRY_S: Final = 0.5
 
 
-@dataclass(frozen=True, slots=True)
-class _Outgoing:
+class _Outgoing(msgspec.Struct, frozen=True):
     msg: Upstream
     written: anyio.Event | None = None
     """Set by the writer once the frame is on the link, for a sender that waits for that."""

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import ssl
-from dataclasses import dataclass
 from pathlib import Path
+
+import msgspec
 
 from roles.config import ConfigError, EdgeConfig
 from roles.edge.checks import Thresholds
@@ -16,8 +17,7 @@ VERSION_FILE = Path(__file__).resolve().parents[2] / "VERSION"
 """Beside the packages when the agent runs from an installed upgrade (``<dataDir>/versions/<v>/VERSION``)."""
 
 
-@dataclass(frozen=True, slots=True)
-class AgentSettings:
+class AgentSettings(msgspec.Struct, frozen=True):
     """What the agent needs from the edge configuration."""
 
     node: str

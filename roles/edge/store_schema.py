@@ -13,10 +13,11 @@ from __future__ import annotations
 import contextlib
 import sqlite3
 from collections.abc import Iterator
-from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Final
+
+import msgspec
 
 __all__ = ["SCHEMA_VERSION", "StoreError", "StoreFault", "connect", "store_error", "transaction"]
 
@@ -86,8 +87,7 @@ def store_error(path: Path, exc: sqlite3.Error | OSError) -> StoreError:
 # ---------------------------------------------------------------------------------------- migrations
 
 
-@dataclass(frozen=True, slots=True)
-class _Migration:
+class _Migration(msgspec.Struct, frozen=True):
     version: int
     oldest_reader: int
     """The oldest schema version whose code can still use a store at ``version``."""

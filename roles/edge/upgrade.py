@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import shutil
 import sqlite3
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -69,8 +68,7 @@ class _Progress(msgspec.Struct, frozen=True, kw_only=True):
     previous: str
 
 
-@dataclass(frozen=True, slots=True)
-class _Options:
+class _Options(msgspec.Struct, frozen=True):
     image: str
     insecure: tuple[str, ...]
     deadline: float
