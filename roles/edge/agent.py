@@ -61,7 +61,7 @@ from roles.edge.durable_cache import DurableCache
 from roles.edge.outbox import Outbox
 from roles.edge.session import HubConnection, Session
 from roles.edge.settings import AgentSettings
-from roles.edge.store import EdgeStore, StoreError
+from roles.edge.store import EdgeStore, StoreError, TaskState
 from roles.edge.walk import TaskRunner
 from roles.edge.ws_link import open_ws_link
 
@@ -127,6 +127,7 @@ class EdgeAgent:
             wait_connected=self._hub.wait_connected,
             send_now=self._hub.send_now,
             log=self._log,
+            ended=self._forget_credentials,
         )
 
     @property
@@ -146,10 +147,14 @@ class EdgeAgent:
     def credentials(self, job_uid: str) -> tuple[Mapping[str, RegistryAuth], str]:
         """Registry credentials the hub sent with this job's RunAction, and its reason when it sent none.
 
-        Kept in memory only: never written to disk. After an agent restart the hub re-sends them
-        with the RunAction that resynchronises the task, before a resumed pull needs them.
+        Kept in memory only, and only until the task ends: never written to disk. After an agent
+        restart the hub re-sends them with the RunAction that resynchronises the task, before a
+        resumed pull needs them.
         """
         return self._credentials.get(job_uid, ({}, ""))
+
+    def _forget_credentials(self, job_uid: str) -> None:
+        self._credentials.pop(job_uid, None)
 
     async def status(self) -> Mapping[str, str]:
         """The agent's own state, for the ``agent.status`` diagnosis collector: ``version``, ``node``,
@@ -233,12 +238,14 @@ class EdgeAgent:
 
     async def _on_run_action(self, run: RunAction, session: Session) -> None:
         attempt = max(run.attempt, 1)  # 0: a hub that knows no attempts, which only sends first ones
+        credentials = None
         if run.registry_credentials or run.credentials or run.credentials_error:
             # Loaded by the first job that carries credentials: the registry rules (image references,
             # Docker config files) are mostly the hub's, and an idle agent needs none of them.
             from roles.registry_auth import credentials_of  # noqa: PLC0415 (deferred on purpose)
 
-            self._credentials[run.job_uid] = credentials_of(run)
+            credentials = credentials_of(run)
+        # The attempt this one replaces forgets its credentials as it ends: only then are these kept.
         await self._tasks.end_before(run.job_uid, attempt)
         try:
             task, new = await self._store.add_task(
@@ -256,6 +263,8 @@ class EdgeAgent:
             reason = f"the edge cannot store the task: {exc}"
             await self._tasks.report_failure(run.route, run.job_uid, run.action, reason, attempt)
             return
+        if credentials is not None and task.attempt == attempt and task.state is not TaskState.FINISHED:
+            self._credentials[run.job_uid] = credentials
         await session.send(Ack(id=run.id))
         if new:
             self._log.info("task_received", job=str(run.route), action=run.action, attempt=attempt)

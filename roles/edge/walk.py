@@ -69,7 +69,10 @@ class TaskRunner:
         wait_connected: Callable[[float], Awaitable[bool]],
         send_now: Callable[[Upstream], Awaitable[None]],
         log: Log,
+        ended: Callable[[str], object] = lambda job_uid: None,
     ) -> None:
+        """``ended`` is called with a task's job UID once the task has ended (not when it pauses for a
+        confirmation, stalls on its store or is left for a restart)."""
         self._settings = settings
         self._store = store
         self._actions = actions
@@ -79,6 +82,7 @@ class TaskRunner:
         self._wait_connected = wait_connected
         self._send_now = send_now
         self._log = log
+        self._ended = ended
         self._work: anyio.abc.TaskGroup | None = None
         self._running: dict[str, _Walk] = {}
 
@@ -152,10 +156,11 @@ class TaskRunner:
 
     async def _walk(self, job_uid: str, walk: _Walk) -> None:
         scope = walk.scope
+        ended = False
         try:
             with scope:
                 try:
-                    await self._walk_task(job_uid)
+                    ended = await self._walk_task(job_uid)
                 except RestartRequested:
                     # Let the hub have the reports already recorded before the agent goes away,
                     # so that progress shows up now rather than after the restart.
@@ -165,6 +170,9 @@ class TaskRunner:
                 task = await self._store.get_task(job_uid)
                 if task is not None and task.attempt == walk.attempt and task.state is not TaskState.FINISHED:
                     await self._record(task, task.current_action, Outcome(False, walk.why))
+                ended = True
+            if ended:
+                self._ended(job_uid)
         except StoreError as exc:
             # The store could not record a result; the task resumes from its last record next start.
             self._log.error("task_stalled", uid=job_uid, error=str(exc))
@@ -187,15 +195,16 @@ class TaskRunner:
             wait_connected=self._wait_connected,
         )
 
-    async def _walk_task(self, job_uid: str) -> None:
+    async def _walk_task(self, job_uid: str) -> bool:
+        """Walk the task until it ends (True) or pauses for a confirmation (False)."""
         task = await self._store.get_task(job_uid)
         if task is None:
-            return
+            return True
         log = self._log.bind(job=task.route, attempt=task.attempt)
         jt = self._types.get(task.job_type)
         if jt is None:
             await self._record(task, task.current_action, Outcome(False, f"unknown job type {task.job_type}"))
-            return
+            return True
         spec, problem = jt.read_spec(task.spec)
         done = {p.action: p.succ for p in await self._store.progress(job_uid)}
         action = resume_at(jt, task.current_action, done)
@@ -223,8 +232,9 @@ class TaskRunner:
             log.info("action_finished", action=action, succ=outcome.succ, reason=outcome.reason)
             if step.pause:
                 log.info("waiting_for_confirmation")
-                return
+                return False
             action = step.action
+        return True
 
     async def _record(self, task: NodeTask, action: str, outcome: Outcome, step: NextStep = _FINISHED) -> None:
         after = step.action

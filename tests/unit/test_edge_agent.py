@@ -601,11 +601,44 @@ async def test_an_agent_says_in_its_hello_that_it_reads_typed_credentials(tmp_pa
 
 async def test_an_agent_gives_its_pulls_the_typed_credentials_of_a_new_hub(tmp_path: Path, clock: MockClock) -> None:
     """Credentials sent typed are what the job's pull asks the agent for, unchanged."""
-    async with running_edge(tmp_path) as edge:
+    async with running_edge(tmp_path, block_pull=True) as edge:
         session = await edge.hub.accept()
         await session.send(msgspec.structs.replace(run_action("a"), registry_credentials={IMAGE: AUTH}))
         assert await session.receive() == Ack(id="run-a")
+        await edge.actions.pull_started.wait()
         assert edge.agent.credentials("uid-a") == ({IMAGE: AUTH}, "")
+
+
+async def test_an_agent_forgets_a_jobs_credentials_once_its_task_has_ended(tmp_path: Path, clock: MockClock) -> None:
+    """After the last report of a task, and after a RunAction re-sent for it, the agent holds no credentials for it."""
+    async with running_edge(tmp_path) as edge:
+        session = await edge.hub.accept()
+        run = msgspec.structs.replace(run_action("a"), registry_credentials={IMAGE: AUTH})
+        await session.send(run)
+        assert await session.receive() == Ack(id="run-a")
+        assert summary(await session.reports(2)) == [(1, "uid-a", "Check", True), (2, "uid-a", "Pull", True)]
+        await trio.testing.wait_all_tasks_blocked()  # the task's walk has returned
+        assert edge.agent.credentials("uid-a") == ({}, "")
+        await session.send(run)  # a hub re-sending after a reconnect
+        assert await session.receive() == Ack(id="run-a")
+        assert edge.agent.credentials("uid-a") == ({}, "")
+
+
+async def test_an_agent_forgets_the_credentials_of_a_cancelled_task(tmp_path: Path, clock: MockClock) -> None:
+    """A task the hub cancels mid-pull leaves no credentials behind."""
+    async with running_edge(tmp_path, block_pull=True) as edge:
+        session = await edge.hub.accept()
+        run = msgspec.structs.replace(run_action("a"), registry_credentials={IMAGE: AUTH})
+        await session.send(run)
+        assert await session.receive() == Ack(id="run-a")
+        await session.reports(1)
+        await edge.actions.pull_started.wait()
+        assert edge.agent.credentials("uid-a") == ({IMAGE: AUTH}, "")
+        await session.send(Cancel(route=run.route, job_uid="uid-a"))
+        (report,) = await session.reports(1)
+        assert (report.action, report.succ) == ("Pull", False)
+        await trio.testing.wait_all_tasks_blocked()  # the task's walk has returned
+        assert edge.agent.credentials("uid-a") == ({}, "")
 
 
 async def test_an_agent_reads_the_string_credentials_of_an_old_hub(tmp_path: Path, clock: MockClock) -> None:
@@ -621,10 +654,11 @@ async def test_an_agent_reads_the_string_credentials_of_an_old_hub(tmp_path: Pat
         "credentials": {IMAGE: OLD_FORM},
         "credentialsError": "",
     }
-    async with running_edge(tmp_path) as edge:
+    async with running_edge(tmp_path, block_pull=True) as edge:
         session = await edge.hub.accept()
         await session.link.send(json.dumps(frame).encode())
         assert await session.receive() == Ack(id="run-old")
+        await edge.actions.pull_started.wait()
         assert edge.agent.credentials("uid-old") == ({IMAGE: AUTH}, "")
 
 
