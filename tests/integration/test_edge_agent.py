@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sqlite3
 import subprocess
 from pathlib import Path
 
@@ -13,7 +14,8 @@ import pytest
 from flows import imageprepulljob
 from nodetask.phases import JobPhase, NodeTaskPhase
 from roles.edge.actions import AuthFor, build_actions
-from roles.edge.store import open_store
+from roles.edge.role import STORE_FILE
+from roles.edge.store import TaskState, open_store
 from roles.kube import Kube
 from roles.kube.resources import job_resource
 from schemas.kinds import IMAGE_PRE_PULL_JOB
@@ -127,7 +129,7 @@ async def test_killed_agent_process_delivers_its_results_after_restart(
                 # The hub stops as soon as the task is dispatched: the results can only be stored, not sent.
                 await create_job(crds, "ImagePrePullJob", name, _prepull([node], check_items=("cpu",)))
                 await eventually(lambda: any(r.dispatched for r in hub.hub.runners() if r.name == name))
-            await anyio.sleep(2)
+            await eventually(lambda: _finished_tasks(tmp_path / "data" / STORE_FILE) == 1)
             first.send_signal(signal.SIGKILL)
             await first.wait()
         finally:
@@ -217,3 +219,12 @@ async def test_an_action_that_raises_fails_its_task_and_the_agent_keeps_serving(
     assert [(a.action, a.status) for a in entry.action_flow] == [("Check", "True"), ("Pull", "False")]
     assert entry.action_flow[1].reason == "action Pull raised KeyError: 'imageRef'"
     assert runtime.pulls == 2
+
+
+def _finished_tasks(store: Path) -> int:
+    """How many node tasks an agent's store records as finished (read-only, beside the running agent)."""
+    if not store.exists():
+        return 0
+    with contextlib.closing(sqlite3.connect(f"file:{store}?mode=ro", uri=True)) as conn:
+        query = "SELECT COUNT(*) FROM node_tasks WHERE state = ?"
+        return int(conn.execute(query, (TaskState.FINISHED.value,)).fetchone()[0])
