@@ -27,7 +27,7 @@ import msgspec
 if TYPE_CHECKING:
     import yaml
 
-__all__ = ["MAX_DEPTH", "NestingError", "check_json", "load_yaml"]
+__all__ = ["MAX_DEPTH", "AliasingError", "NestingError", "allowed_alias_ratio", "check_json", "load_yaml"]
 
 MAX_DEPTH: Final = 64
 """Levels of arrays and objects (YAML sequences and mappings) any decoder of outside input accepts."""
@@ -43,6 +43,24 @@ class NestingError(msgspec.DecodeError):
 
 def _too_deep(limit: int, where: str = "") -> NestingError:
     return NestingError(f"nested too deeply: more than {limit} levels of arrays and objects{where}")
+
+
+class AliasingError(msgspec.DecodeError):
+    """A YAML document whose aliases would expand it far beyond its own size ("billion laughs")."""
+
+
+def allowed_alias_ratio(decoded: int) -> float:
+    """The share of a document's nodes that may come from aliases once ``decoded`` nodes are decoded.
+
+    go-yaml's rule, which kubectl and the API server apply to the same manifests: 99% up to 400,000
+    nodes, falling linearly to 10% at 4,000,000; a document of at most 1,000 nodes is never refused.
+    """
+    low, high = 400_000, 4_000_000
+    if decoded <= low:
+        return 0.99
+    if decoded >= high:
+        return 0.10
+    return 0.99 - 0.89 * (decoded - low) / (high - low)
 
 
 # After escapes are gone and everything but quotes and brackets is deleted, a string with brackets in
@@ -111,7 +129,9 @@ def load_yaml(document: bytes | str, *, limit: int = MAX_DEPTH) -> Any:
 
     Errors: :class:`msgspec.DecodeError` for YAML that does not parse; :class:`NestingError` for
     sequences and mappings nested more than ``limit`` deep, counting what aliases bring in, and for
-    an alias inside the node it names (an endless nesting).
+    an alias inside the node it names (an endless nesting); :class:`AliasingError` for aliases that
+    would make the data far larger than the document (:func:`allowed_alias_ratio`): PyYAML shares
+    an aliased node, but whatever walks the data afterwards (a conversion, an encoder) expands it.
     """
     import yaml  # noqa: PLC0415  (loaded on first use: an idle edge agent does without it)
 
@@ -147,30 +167,49 @@ def _loader_class() -> Callable[[bytes | str, int], _Loader]:
             self.limit = limit
             self._levels: list[int] = []
             """For each collection being composed, the most levels among its children so far."""
-            self._anchored: dict[str, int] = {}
-            """The levels of each anchored node composed so far, which an alias to it brings in."""
+            self._anchored: dict[str, tuple[int, int]] = {}
+            """The levels and the expanded size (in nodes) of each anchored node composed so far, which an
+            alias to it brings in."""
+            self._sizes: list[int] = []
+            """For each collection being composed, the expanded size of its children so far."""
+            self._decoded = 0
+            """Nodes the data will have, counting each alias as the nodes it brings in."""
+            self._aliased = 0
+            """Of those, the nodes aliases bring in."""
 
         def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
             event: yaml.NodeEvent = self.peek_event()  # type: ignore[no-untyped-call]  # untyped in the stubs
             if isinstance(event, yaml.AliasEvent):
                 node = super().compose_node(parent, index)  # refuses an undefined alias
-                levels = self._anchored.get(event.anchor or "")
-                if levels is None:  # its node is still being composed: the alias is inside it
+                anchored = self._anchored.get(event.anchor or "")
+                if anchored is None:  # its node is still being composed: the alias is inside it
                     raise NestingError(f"the alias *{event.anchor}{_at(event)} is inside the node it names")
+                levels, size = anchored
                 if len(self._levels) + levels > self.limit:
                     raise _too_deep(self.limit, _at(event))
+                self._decoded += size
+                self._aliased += size
+                if self._decoded > 1000 and self._aliased / self._decoded > allowed_alias_ratio(self._decoded):
+                    raise AliasingError(
+                        f"the document contains excessive aliasing: the alias *{event.anchor}{_at(event)} brings"
+                        f" its data to {self._decoded} nodes, {self._aliased} of them through aliases"
+                    )
             else:
                 collection = isinstance(event, yaml.CollectionStartEvent)
                 if collection:
                     if len(self._levels) >= self.limit:
                         raise _too_deep(self.limit, _at(event))
                     self._levels.append(0)
+                    self._sizes.append(0)
+                self._decoded += 1
                 node = super().compose_node(parent, index)
                 levels = self._levels.pop() + 1 if collection else 0
+                size = self._sizes.pop() + 1 if collection else 1
                 if event.anchor is not None:
-                    self._anchored[event.anchor] = levels
+                    self._anchored[event.anchor] = (levels, size)
             if self._levels:
                 self._levels[-1] = max(self._levels[-1], levels)
+                self._sizes[-1] += size
             return node
 
     return DepthLimitedLoader

@@ -12,7 +12,7 @@ import yaml
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from nodetask.nesting import MAX_DEPTH, NestingError, check_json, load_yaml
+from nodetask.nesting import MAX_DEPTH, AliasingError, NestingError, allowed_alias_ratio, check_json, load_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 # Strings full of what a careless scanner would take for structure.
@@ -174,6 +174,39 @@ def test_an_alias_inside_the_node_it_names_is_refused() -> None:
     """A self-referencing alias, an endless nesting, is refused with its place."""
     with pytest.raises(NestingError, match=r"the alias \*x at line 1, column 9 is inside the node it names"):
         load_yaml("a: &x [[*x]]")
+
+
+def _laughs(levels: int, fan_out: int = 10) -> str:
+    """The "billion laughs" document: each level a list of ``fan_out`` aliases to the one below."""
+    lines = [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * fan_out)}]" for i in range(1, levels + 1)]
+    return "\n".join(["l0: &l0 lol", *lines]) + "\n"
+
+
+def test_aliases_that_would_expand_a_document_far_beyond_its_size_are_refused() -> None:
+    """A billion laughs is refused with go-yaml's message, naming the alias where it went over; small documents pass."""
+    assert len(load_yaml(_laughs(2))["l2"]) == 10  # 111 nodes: under the 1,000 any document may have
+    with pytest.raises(AliasingError, match=r"excessive aliasing: the alias \*l2 at line 4, column \d+ brings"):
+        load_yaml(_laughs(9))
+    with pytest.raises(msgspec.DecodeError):  # what callers already catch
+        load_yaml(_laughs(4))
+
+
+def test_a_document_reusing_blocks_through_aliases_loads() -> None:
+    """Merge keys and shared blocks, as real manifests use them, stay within the allowed aliasing."""
+    nodes = "\n".join(f"  - name: node-{i}\n    <<: *defaults" for i in range(500))
+    document = f"defaults: &defaults\n  labels: {{a: b, c: d}}\n  taints: [x, y]\nnodes:\n{nodes}\n"
+    data = load_yaml(document)
+    assert len(data["nodes"]) == 500
+    assert data["nodes"][499] == {"name": "node-499", "labels": {"a": "b", "c": "d"}, "taints": ["x", "y"]}
+
+
+@given(st.integers(min_value=0, max_value=6_000_000))
+def test_the_allowed_alias_ratio_falls_from_99_to_10_percent(decoded: int) -> None:
+    """go-yaml's bounds: 0.99 up to 400,000 nodes, 0.10 from 4,000,000, never rising in between."""
+    ratio = allowed_alias_ratio(decoded)
+    assert 0.10 <= ratio <= 0.99
+    assert allowed_alias_ratio(decoded + 1000) <= ratio
+    assert (ratio == 0.99) == (decoded <= 400_000)
 
 
 def test_malformed_yaml_is_a_decode_error() -> None:
