@@ -69,16 +69,22 @@ from schemas.diagnosis import (
 
 __all__ = [
     "FINAL_PHASES",
+    "OPERATION_SET_GRACE",
     "PODS_ANNOTATION",
     "Notice",
     "Step",
     "World",
     "advance",
+    "awaiting_operation_set",
     "progress_only",
     "start",
 ]
 
 PODS_ANNOTATION: Final = "diagnosis.kubediag.org/target-pods"
+OPERATION_SET_GRACE: Final = timedelta(seconds=30)
+"""How long a new Diagnosis waits for an OperationSet that is not there, before failing with
+OperationSetNotFound: ``kubectl apply`` of one file creates its objects one by one, in the file's
+order, so a Diagnosis may be seen a moment before the OperationSet applied with it."""
 """On a Diagnosis targeting pods: JSON ``{node: {namespace, name, container}}``, the pod each node's
 Tasks carry, resolved with the nodes when the run started."""
 
@@ -138,6 +144,21 @@ class Step:
     """When to decide again without anything changing: the next Task deadline, or the TTL."""
     delete: bool = False
     """The Diagnosis has outlived ``ttlSecondsAfterFinished``: delete it (its Tasks go with it)."""
+
+
+def awaiting_operation_set(diagnosis: Diagnosis, world: World) -> datetime | None:
+    """Until when a new Diagnosis waits for its OperationSet, which is not there yet; None: decide now.
+
+    Only an OperationSet that does not exist is waited for (one that does not decode or cannot run
+    fails the Diagnosis at once), and only :data:`OPERATION_SET_GRACE` after the Diagnosis was created.
+    """
+    if world.pipeline is not None or not diagnosis.metadata.creation_timestamp:
+        return None
+    try:
+        until = parse_time(diagnosis.metadata.creation_timestamp) + OPERATION_SET_GRACE
+    except ValueError:
+        return None
+    return until if world.now < until else None
 
 
 def start(diagnosis: Diagnosis, world: World, targets: Resolution) -> Step:

@@ -30,7 +30,16 @@ import msgspec
 import structlog
 
 from flows.diagnosis_pipeline import BrokenGraph, Pipeline, pipeline_of
-from flows.diagnosis_run import PODS_ANNOTATION, Notice, Step, World, advance, progress_only, start
+from flows.diagnosis_run import (
+    PODS_ANNOTATION,
+    Notice,
+    Step,
+    World,
+    advance,
+    awaiting_operation_set,
+    progress_only,
+    start,
+)
 from flows.diagnosis_targets import Resolution, resolve
 from flows.diagnosis_tasks import TASK_FINALIZER, owner_of, timed_out
 from nodetask.clock import Clock, format_time
@@ -84,6 +93,8 @@ class DiagnosisController:
         """Per Diagnosis, the loop time of this controller's last write of its status."""
         self.progress_held = 0
         """Passes that held back a status only counting more ended Tasks (a metric)."""
+        self.sets_awaited = 0
+        """Passes that left a new Diagnosis waiting for its OperationSet to appear (a metric)."""
         self._reported: set[str] = set()
         self._ready = anyio.Event()
         self._runs: KeyedWorkers[Key]
@@ -238,6 +249,14 @@ class DiagnosisController:
         log = self._log.bind(diagnosis=f"{key[0]}/{key[1]}")
         now = self._clock.now()
         if diagnosis.status.phase in _UNSTARTED:
+            awaited = awaiting_operation_set(diagnosis, self._world(diagnosis, now))
+            if awaited is not None:
+                self.sets_awaited += 1
+                # The OperationSet's event passes again at once; this is the fallback to fail it.
+                log.info(
+                    "operation_set_awaited", operation_set=diagnosis.spec.operation_set, until=format_time(awaited)
+                )
+                return self._clock.loop_time(awaited)
             started = await self._start(diagnosis, now, log)
             if started is None:
                 return None  # changed meanwhile: the newer copy's event passes again

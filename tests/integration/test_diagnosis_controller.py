@@ -517,6 +517,30 @@ async def test_operation_sets_get_their_paths_or_a_condition_naming_the_bad_node
     assert "is not reachable from the start node 0" in not_ready.message
 
 
+async def test_a_diagnosis_created_before_its_operation_set_waits_for_it_and_runs(
+    objects: Objects, admin_kube: Kube, controller: DiagnosisController
+) -> None:
+    """As ``kubectl apply`` of one file with the Diagnosis first creates them: the controller sees the Diagnosis
+    with no OperationSet, waits instead of failing it, and runs it once the OperationSet is there."""
+    (probe,) = await objects.operations("probe")
+    name = f"{objects.prefix}-set-late"
+    diagnosis = await objects.diagnosis(name, TargetSelector(node_names=(unique("e"),)))
+    await polled(lambda: _awaited(controller), bool)
+    unstarted = await admin_kube.get(DIAGNOSES, diagnosis.metadata.name, namespace=NS)
+    assert unstarted.status.phase is DiagnosisPhase.NONE
+    nodes = (AdjacencyNode(to=(1,)), AdjacencyNode(operation=probe))
+    late = OperationSet(metadata=ObjectMeta(name=name), spec=OperationSetSpec(adjacency_list=nodes))
+    await admin_kube.create(OPERATION_SETS, late)
+    objects.cluster_scoped.append((OPERATION_SETS, name))
+    async with hub(admin_kube, diagnosis, lambda t: (True, {})):
+        done = await diagnosis_when(admin_kube, diagnosis.metadata.name, finished)
+    assert done.status.phase is DiagnosisPhase.SUCCEEDED
+
+
+async def _awaited(controller: DiagnosisController) -> int:
+    return controller.sets_awaited
+
+
 async def test_policy_any_passes_a_stage_one_node_passed(objects: Objects, admin_kube: Kube) -> None:
     """stagePolicy Any (KubeDiag's code): one of two nodes succeeding passes the stage."""
     (probe,) = await objects.operations("probe")

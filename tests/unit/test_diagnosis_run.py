@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flows.diagnosis_pipeline import HASH_LABEL, pipeline_of
-from flows.diagnosis_run import FINAL_PHASES, World, advance, start
+from flows.diagnosis_run import FINAL_PHASES, OPERATION_SET_GRACE, World, advance, awaiting_operation_set, start
 from flows.diagnosis_targets import Resolution
 from nodetask.clock import parse_time
 from schemas.diagnosis import DiagnosisPhase, PodReference, StagePolicy, TaskPhase
@@ -257,6 +257,18 @@ def test_a_missing_or_broken_operation_set_fails_before_any_task() -> None:
     step = start(d, World(pipeline=broken, operations=operations(3), tasks={}, now=run_now()), Resolution(("a",)))
     [ready] = [c for c in step.status.conditions if c.type == "OperationSetNotReady"]
     assert "spec.adjacencyList[2]: node 2 (op-2) is not reachable from the start node 0" in ready.message
+
+
+@given(st.floats(min_value=0, max_value=120))
+def test_a_new_diagnosis_waits_for_a_missing_operation_set_only_during_the_grace(seconds: float) -> None:
+    """Missing: wait until creation + grace, then decide (fail); an existing or broken set is decided at once."""
+    d = diagnosis(("a",))
+    now = T0 + timedelta(seconds=seconds)
+    missing = World(pipeline=None, operations=operations(2), tasks={}, now=now)
+    expected = T0 + OPERATION_SET_GRACE if now < T0 + OPERATION_SET_GRACE else None
+    assert awaiting_operation_set(d, missing) == expected
+    for pipeline in (pipeline_of(operation_set(FORK)), pipeline_of(operation_set([[1], [], []]))):
+        assert awaiting_operation_set(d, World(pipeline=pipeline, operations=operations(4), tasks={}, now=now)) is None
 
 
 def test_no_target_fails_with_the_reason_instead_of_running_forever() -> None:
