@@ -194,6 +194,7 @@ class EdgeAgent:
         )
         async with anyio.create_task_group() as work:
             work.start_soon(self._autonomy.run_checks)
+            work.start_soon(self._tasks.prune)
             await work.start(self._tasks.run)
             control = functools.partial(
                 serve_control, self.settings.data_dir, store=self._store, confirm=self.confirm, log=self._log

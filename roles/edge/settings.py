@@ -36,6 +36,8 @@ class AgentSettings(msgspec.Struct, frozen=True):
     """Whether the node's Secrets are cached (``localApi.serveSecrets``): the Hello then lists ``cache.secrets``."""
     repair_period: float = 30.0
     """How often errored cache keys are asked for again (``autonomy.repairPeriod``)."""
+    task_retention: float = 7 * 24 * 3600.0
+    """Seconds a finished task is kept after it was received, once its reports are acknowledged."""
 
 
 def edge_ssl_context(ca_file: str) -> ssl.SSLContext | None:

@@ -372,6 +372,25 @@ class EdgeStore:
             lambda conn: conn.execute("DELETE FROM node_tasks WHERE job_uid = ?", (job_uid,)).rowcount == 1
         )
 
+    async def prune_finished(self, received_before: datetime) -> int:
+        """Forget the finished tasks received before ``received_before``, with their progress; how many.
+
+        A task whose reports still wait for a hub's acknowledgement, or that holds the node's
+        exclusive slot, is kept: the first is still needed to answer the hub's RunAction again, the
+        second to release the slot when the work it guards is proven.
+        """
+
+        def op(conn: sqlite3.Connection) -> int:
+            with transaction(conn):
+                return conn.execute(
+                    "DELETE FROM node_tasks WHERE state = ? AND received_at < ?"
+                    " AND job_uid NOT IN (SELECT job_uid FROM outbox)"
+                    " AND job_uid NOT IN (SELECT job_uid FROM exclusive_hold)",
+                    (str(TaskState.FINISHED), _stamp(received_before)),
+                ).rowcount
+
+        return await self._call(op)
+
     # --------------------------------------------------------------------------------- progress
 
     async def record_result(

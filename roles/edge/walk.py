@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Final, final
+from datetime import timedelta
+from typing import Final, NoReturn, final
 
 import anyio
 import anyio.abc
@@ -37,6 +38,9 @@ Log = structlog.typing.FilteringBoundLogger
 
 DRAIN_BEFORE_RESTART_S: Final = 3.0
 MAX_RAISED_REASON: Final = 500
+PRUNE_PERIOD_S: Final = 3600.0
+"""How often finished tasks past their retention are forgotten (``AgentSettings.task_retention``), or
+four times per retention when that is shorter."""
 """Characters of an unexpected exception kept in the failure it becomes (its text may echo any input)."""
 _FINISHED: Final = NextStep(None)
 CANCELLED: Final = "cancelled: the job was deleted or interrupted in the cloud"
@@ -95,6 +99,24 @@ class TaskRunner:
                 self.start(task.job_uid, task.attempt)
             task_status.started()
             await anyio.sleep_forever()
+
+    async def prune(self) -> NoReturn:
+        """From the start and every :data:`PRUNE_PERIOD_S`, forget the finished tasks past their retention.
+
+        Without it a device that runs a diagnosis a minute would keep every one it ever ran, until its
+        store's size limit refused the next task and the cache's writes with it.
+        """
+        retention = timedelta(seconds=self._settings.task_retention)
+        period = min(PRUNE_PERIOD_S, self._settings.task_retention / 4)
+        while True:
+            try:
+                pruned = await self._store.prune_finished(self._clock.now() - retention)
+            except StoreError as exc:
+                self._log.warning("finished_tasks_not_pruned", error=str(exc))
+            else:
+                if pruned:
+                    self._log.info("finished_tasks_pruned", tasks=pruned)
+            await anyio.sleep(period)
 
     def running(self, job_uid: str) -> bool:
         """Whether this task is being walked now."""

@@ -286,6 +286,7 @@ async def running_edge(
     store_max_bytes: int | None = None,
     relisted: Callable[[], object] | None = None,
     refuse: int = 0,
+    task_retention: float = 7 * 24 * 3600.0,
 ) -> AsyncIterator[Edge]:
     """An agent with its store in ``tmp_path``, connected to a fake hub (whose Welcome lists ``capabilities``),
     under a guard of :data:`GUARD` seconds."""
@@ -297,19 +298,21 @@ async def running_edge(
         data_dir=tmp_path,
         thresholds=Thresholds(),
         cache_secrets=cache_secrets,
+        task_retention=task_retention,
     )
     actions = FakeActions(block_pull=block_pull)
     async with anyio.create_task_group() as tg:
         tg.start_soon(_tick)
         with anyio.fail_after(GUARD):
-            async with open_store(tmp_path / "store.sqlite", max_bytes=store_max_bytes) as store:
+            clock = Clock.start()  # the store's times and the agent's: one clock, as the edge role has it
+            async with open_store(tmp_path / "store.sqlite", now=clock.now, max_bytes=store_max_bytes) as store:
                 hub = FakeHub(tg, echo=echo, capabilities=capabilities, refuse=refuse)
                 agent = EdgeAgent(
                     settings=settings,
                     store=store,
                     actions=actions.table(),
                     job_types=edge_job_types(),
-                    clock=Clock.start(),
+                    clock=clock,
                     log=structlog.get_logger(),
                     open_link=hub.open_link,
                     relisted=relisted,
@@ -660,6 +663,19 @@ async def test_an_agent_reads_the_string_credentials_of_an_old_hub(tmp_path: Pat
         assert await session.receive() == Ack(id="run-old")
         await edge.actions.pull_started.wait()
         assert edge.agent.credentials("uid-old") == ({IMAGE: AUTH}, "")
+
+
+async def test_an_agent_forgets_finished_tasks_after_their_retention(tmp_path: Path, clock: MockClock) -> None:
+    """A finished task whose reports the hub acknowledged is gone from the store once its retention has passed."""
+    async with running_edge(tmp_path, task_retention=GUARD / 4) as edge:
+        session = await edge.hub.accept()
+        await session.send(run_action("a"))
+        assert await session.receive() == Ack(id="run-a")
+        for report in await session.reports(2):
+            await session.send(ReportAck(job_uid=report.job_uid, seq=report.seq))
+        assert await edge.store.get_task("uid-a") is not None
+        await anyio.sleep(GUARD / 4 * 1.25)  # the retention, and a pruning period of a quarter of it
+        assert await edge.store.get_task("uid-a") is None
 
 
 def attempts(reports: list[Report]) -> list[tuple[str, bool, int]]:

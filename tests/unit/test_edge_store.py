@@ -190,6 +190,24 @@ async def test_removing_a_task_drops_its_progress_and_hold_but_not_its_reports(t
         assert await store.pending() == (report,)
 
 
+async def test_pruning_forgets_only_old_finished_tasks_whose_reports_are_acknowledged(tmp_path: Path) -> None:
+    """Old, finished and acknowledged: gone with its progress; running, recent, unacknowledged or holding: kept."""
+    async with open_store(tmp_path / "s.sqlite", now=ticking_clock()) as store:
+        for uid in ("done", "running", "unacked", "holding", "recent"):
+            await add(store, uid)  # received at 00:00:00 .. 00:00:04
+        for uid in ("done", "unacked", "holding", "recent"):
+            report = await store.record_result(progress(uid, "Check"), state=TaskState.FINISHED)
+            if uid != "unacked":
+                await store.acknowledge(report.seq)
+        await store.try_begin_exclusive("holding", "upgrade")
+        cutoff = datetime(2026, 1, 1, 0, 0, 4, tzinfo=UTC)  # "recent" was received at the cutoff
+        assert await store.prune_finished(cutoff) == 1
+        assert await store.get_task("done") is None
+        assert await store.progress("done") == ()
+        assert {t.job_uid for t in await store.tasks()} == {"running", "unacked", "holding", "recent"}
+        assert await store.prune_finished(cutoff) == 0
+
+
 class UpgradeRecord(msgspec.Struct, frozen=True):
     job_uid: str
     to_version: str
