@@ -115,6 +115,8 @@ class CapacityRun:
     """Reconnect storm: sessions the restarted hub opened beyond one per edge, three heartbeat intervals on."""
     reconnect_cpu_s: float = 0.0
     """Reconnect storm: the restarted hub's CPU-seconds from its start to every mark settled."""
+    reconnect_fleet_cpu_s: float = 0.0
+    """Reconnect storm: the fleet's CPU-seconds over the same time (its edges' handshakes share the cores)."""
 
     @property
     def per_session_bytes(self) -> float:
@@ -287,6 +289,7 @@ async def _reconnect_storm(
 ) -> None:
     """Time the fleet's return to ``hub``, started (``time.perf_counter``) in place of a killed one with the
     same id after the fleet was told (``commanded``) to count reconnects."""
+    fleet_cpu = procs.cpu_seconds({"fleet": fleet.pid})
     async with _sampled(sample, "reconnect", hub.pid):
         await _ready(http_port, hub)
         run.reconnect_ready_s = time.perf_counter() - started
@@ -294,6 +297,7 @@ async def _reconnect_storm(
         marks = await _wait_metric("Nodes marked again", http_port, _settled, run.sessions, limit_s=limit)
         run.reconnect_marked_s = time.perf_counter() - started
         run.reconnect_cpu_s = procs.cpu_seconds({"hub": hub.pid})["hub"]
+        run.reconnect_fleet_cpu_s = procs.cpu_delta(fleet_cpu, procs.cpu_seconds({"fleet": fleet.pid}))["fleet"]
     run.reconnect_written = marks.get(f"{MARKS}:written", 0.0)
     reconnected = await fleet.expect("reconnected", limit_s=limit)
     run.reconnect_welcomed_s = float(reconnected["seconds"]) - (started - commanded)

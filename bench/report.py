@@ -473,6 +473,7 @@ def _reconnect_table(runs: list[dict[str, Any]]) -> list[str]:
             _n(_m(rs, "reconnect_written")),
             _n(_m(rs, "reconnect_reopened")),
             f"{_m(rs, 'reconnect_cpu_s'):,.1f}",
+            f"{_med(float(r.get('reconnect_fleet_cpu_s', 'nan')) for r in rs):,.1f}",
             _load(rs),
         )
         for n, rs, _ in _by_sessions(measured)
@@ -486,6 +487,7 @@ def _reconnect_table(runs: list[dict[str, Any]]) -> list[str]:
         "Node marks written",
         "sessions re-opened",
         "hub CPU s",
+        "fleet CPU s",
         "load at end",
     )
     return [
@@ -496,7 +498,8 @@ def _reconnect_table(runs: list[dict[str, Any]]) -> list[str]:
         "session's Node mark is settled. Node marks written are those the new hub wrote: it skips a mark when its",
         "Node watch shows the Node naming this hub and the agent's version already. Sessions re-opened are the",
         "Hellos beyond one per edge three heartbeat intervals after the last mark; hub CPU is the new process's",
-        "from its start to the last mark.",
+        "from its start to the last mark (its imports and lists included), fleet CPU the edges' process's over",
+        "the same time: both share the machine's cores.",
         "",
         *_table(header, rows),
         "",
