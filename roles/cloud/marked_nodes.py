@@ -9,6 +9,11 @@ the Node watch, keeping only the Nodes that name this hub (their agent version e
 Knowledge is trusted only while the watch is current: until its first list, and from a failure
 of the watch until its next list, every mark is written. The hub has one Node watch: with cache
 streams on it is theirs (:meth:`MarkedNodes.apply` takes its events), else this module's own.
+
+What the watch has not delivered yet is not seen: an edge that moved to another hub and back
+within the watch's lag finds its mark skipped while the Node names the other hub, whose unmark
+at its session's end then leaves the Node unmarked until the edge's next session. Marks of two
+hubs could already cross like that (a mark queued in one hub's storm landing after the other's).
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ def own_version(marks: MarkAnnotations, hub_id: str) -> str | None:
 def mark_needed(seen: str | None, version: str) -> bool:
     """Whether a session's Node must be written: unless it is known (``seen``, this hub's mark's agent
     version; None: not known to carry this hub's mark) to say this hub and ``version`` already."""
-    return seen is None or seen != version
+    return seen != version
 
 
 class MarkedNodes:
