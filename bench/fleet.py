@@ -10,6 +10,8 @@ connected, then obeys one command per stdin line:
   prints ``{"event": "ponged", ...}`` once every pong came back;
 * ``reports K JOB UID``: every edge sends K reports for ImagePrePullJob ``JOB`` (UID ``UID``)
   and the process prints ``{"event": "answered", ...}`` once the hub has answered them all;
+* ``reconnects``: print ``{"event": "reconnected", ...}`` once every edge has connected again since
+  (a new session after the hub it was connected to went away), with the seconds since the command;
 * ``stats``: print counters. End of input stops the process.
 
 With ``--cache`` the edges list ``cache.v1`` and the process also prints ``{"event": "cached", ...}``
@@ -123,6 +125,15 @@ async def _cached(edges: list[LightEdge], started: float) -> None:
     emit("cached", count=len(edges), seconds=time.perf_counter() - started, frames=sum(e.cache_frames for e in edges))
 
 
+async def _reconnected(edges: list[LightEdge]) -> None:
+    started = time.perf_counter()
+    before = [edge.connects for edge in edges]
+    # LightEdge only counts connects as they happen: poll them.
+    while not all(e.connected and e.connects > n for e, n in zip(edges, before, strict=True)):  # noqa: ASYNC110
+        await anyio.sleep(0.05)
+    emit("reconnected", count=len(edges), seconds=time.perf_counter() - started)
+
+
 def _stats(edges: list[LightEdge]) -> None:
     emit(
         "stats",
@@ -165,6 +176,8 @@ async def serve(args: argparse.Namespace) -> None:
                     await _pings(edges, int(k))
                 case ["reports", k, job, uid]:
                     await _reports(edges, int(k), job, uid)
+                case ["reconnects"]:
+                    tg.start_soon(_reconnected, edges)
                 case ["stats"]:
                     _stats(edges)
                 case _:

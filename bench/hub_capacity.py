@@ -17,7 +17,12 @@ process of its own, with plain ws:// on loopback and the default 15 s heartbeat;
 6. report burst: 10,000 reports (at least 2 per edge) for an existing job not targeting them. Each
    report is decoded, checked, passed through the job's coalescing status writer (one GET of the
    job per 0.2 s window; no PUT, since the change is refused) and answered. The write itself is
-   what benchmark 1 measures.
+   what benchmark 1 measures;
+7. reconnect storm: the hub is killed (SIGKILL: no session closed, no Node unmarked) and started
+   again with the same hub id and ports; every edge reconnects at once (each retries every second
+   while the port is closed). Timed from the new process's start: its /readyz, every edge welcomed
+   again, every session's Node mark settled (written, or skipped since the Node names this hub and
+   version already); then, three heartbeat intervals on, the sessions it opened beyond one per edge.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import sys
 import time
 import tracemalloc
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,6 +71,8 @@ HEARTBEAT_BURST = 20_000
 REPORT_BURST = 10_000
 """Reports in a burst, at least 2 per edge."""
 _SAMPLE = re.compile(r'^(\w+)(?:\{(\w+)="([^"]*)"\})? ([0-9.e+-]+)$')
+MARKS = "nodetaskd_hub_node_marks_total"
+"""Node marks settled, by outcome (``written``, ``skipped``, ``failed``)."""
 
 
 @dataclass(slots=True)
@@ -95,6 +103,20 @@ class CapacityRun:
     report_burst_cpu_pct: float = 0.0
     fleet_cpu_pct: float = 0.0
     """The fleet process's CPU during the heartbeat burst (is the load generator the limit?)."""
+    reconnect_ready_s: float = 0.0
+    """Reconnect storm: the restarted hub's start to its /readyz answering 200."""
+    reconnect_welcomed_s: float = 0.0
+    """Reconnect storm: the restarted hub's start to every edge welcomed again (as the fleet saw it)."""
+    reconnect_marked_s: float = 0.0
+    """Reconnect storm: the restarted hub's start to every session's Node mark settled (written or skipped)."""
+    reconnect_written: float = 0.0
+    """Reconnect storm: Node marks the restarted hub wrote (the others it skipped)."""
+    reconnect_reopened: float = 0.0
+    """Reconnect storm: sessions the restarted hub opened beyond one per edge, three heartbeat intervals on."""
+    reconnect_cpu_s: float = 0.0
+    """Reconnect storm: the restarted hub's CPU-seconds from its start to every mark settled."""
+    reconnect_fleet_cpu_s: float = 0.0
+    """Reconnect storm: the fleet's CPU-seconds over the same time (its edges' handshakes share the cores)."""
 
     @property
     def per_session_bytes(self) -> float:
@@ -157,14 +179,22 @@ def _config(
     )
 
 
-async def _wait_metric(what: str, port: int, key: str, target: float, limit_s: float) -> dict[str, float]:
-    """The hub's metrics once ``key`` reaches ``target``; Stalled naming ``what`` after ``limit_s`` seconds."""
+def _settled(metrics: dict[str, float]) -> float:
+    """Node marks settled, whatever their outcome."""
+    return sum(value for key, value in metrics.items() if key.startswith(f"{MARKS}:"))
+
+
+async def _wait_metric(
+    what: str, port: int, key: str | Callable[[dict[str, float]], float], target: float, limit_s: float
+) -> dict[str, float]:
+    """The hub's metrics once ``key`` (a sample, or a function of them all) reaches ``target``; Stalled
+    naming ``what`` after ``limit_s`` seconds."""
     latest: dict[str, float] = {}
 
     async def count() -> float:
         nonlocal latest
         latest = await _read_metrics(port)
-        return latest.get(key, 0.0)
+        return key(latest) if callable(key) else latest.get(key, 0.0)
 
     await until_count(what, count, target, limit_s=limit_s, interval_s=0.1)
     return latest
@@ -191,7 +221,8 @@ async def run_size(
     ``sample``, when given, samples the hub process during each burst (see :mod:`bench.hub_profile`).
     """
     port, http_port = procs.free_port(), procs.free_port()
-    hub_id = f"bench-cap-{sessions}-{index}"
+    # Unique, so that no Node still carries this hub's mark from an earlier run: every first mark is written.
+    hub_id = f"bench-cap-{sessions}-{index}-{int(time.time())}"
     cfg = state_dir / f"{hub_id}.yaml"
     _config(cp, cfg, hub_id=hub_id, port=port, http_port=http_port)
     job = f"bench-cap-{sessions}-{index}-{int(time.time())}"
@@ -207,7 +238,8 @@ async def run_size(
                 url=f"ws://127.0.0.1:{port}", seed=seed, count=sessions, parallel=200, pings=True
             )
             run = CapacityRun(sessions=sessions, baseline_rss=baseline, nofile=psutil_nofile(hub.pid))
-            await _connect(run, fleet, hub.pid, http_port)
+            async with _sampled(sample, "connect", hub.pid):
+                await _connect(run, fleet, hub.pid, http_port)
             pids = {"hub": hub.pid, "fleet": fleet.pid}
             await _steady(run, pids, http_port)
             async with _sampled(sample, "heartbeat", hub.pid):
@@ -220,6 +252,12 @@ async def run_size(
                 await _report_burst(run, fleet, pids, job, uid)
             hellos = (await _read_metrics(http_port)).get("nodetaskd_hub_messages_in_total:hello", 0.0)
             run.reopened = hellos - sessions
+            await fleet.command("reconnects")  # the fleet counts each edge's sessions from here
+            commanded = time.perf_counter()
+            await _kill(hub)
+            started = time.perf_counter()
+            hub = await anyio.open_process(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            await _reconnect_storm(run, fleet, hub, http_port, commanded=commanded, started=started, sample=sample)
         finally:
             await terminate(hub, grace=60)
             if fleet is not None:
@@ -231,6 +269,44 @@ async def run_size(
     return run
 
 
+async def _kill(hub: anyio.abc.Process) -> None:
+    """SIGKILL: the hub closes no session and unmarks no Node, as when its machine fails."""
+    with anyio.CancelScope(shield=True):
+        hub.kill()
+        await hub.wait()
+        await hub.aclose()
+
+
+async def _reconnect_storm(
+    run: CapacityRun,
+    fleet: procs.Fleet,
+    hub: anyio.abc.Process,
+    http_port: int,
+    *,
+    commanded: float,
+    started: float,
+    sample: Sampler | None,
+) -> None:
+    """Time the fleet's return to ``hub``, started (``time.perf_counter``) in place of a killed one with the
+    same id after the fleet was told (``commanded``) to count reconnects."""
+    fleet_cpu = procs.cpu_seconds({"fleet": fleet.pid})
+    async with _sampled(sample, "reconnect", hub.pid):
+        await _ready(http_port, hub)
+        run.reconnect_ready_s = time.perf_counter() - started
+        limit = deadline_for(run.sessions)
+        marks = await _wait_metric("Nodes marked again", http_port, _settled, run.sessions, limit_s=limit)
+        run.reconnect_marked_s = time.perf_counter() - started
+        run.reconnect_cpu_s = procs.cpu_seconds({"hub": hub.pid})["hub"]
+        run.reconnect_fleet_cpu_s = procs.cpu_delta(fleet_cpu, procs.cpu_seconds({"fleet": fleet.pid}))["fleet"]
+    run.reconnect_written = marks.get(f"{MARKS}:written", 0.0)
+    reconnected = await fleet.expect("reconnected", limit_s=limit)
+    run.reconnect_welcomed_s = float(reconnected["seconds"]) - (started - commanded)
+    # A session the hub was too slow for ends after three silent heartbeat intervals; its edge says Hello again.
+    await anyio.sleep(3 * HEARTBEAT_S)
+    hellos = (await _read_metrics(http_port)).get("nodetaskd_hub_messages_in_total:hello", 0.0)
+    run.reconnect_reopened = hellos - run.sessions
+
+
 def _sampled(sample: Sampler | None, phase: str, pid: int) -> contextlib.AbstractAsyncContextManager[None]:
     return contextlib.nullcontext() if sample is None else sample(phase, pid)
 
@@ -239,9 +315,9 @@ async def _connect(run: CapacityRun, fleet: procs.Fleet, hub_pid: int, http_port
     started = time.perf_counter()
     connected = await fleet.expect("connected", limit_s=deadline_for(run.sessions))
     run.connect_s = float(connected["seconds"])
-    # The hub marks each Node after welcoming its edge; its API writes count the marks.
+    # The hub marks each Node after welcoming its edge (the hub id is new: every mark is written).
     limit = deadline_for(run.sessions)
-    await _wait_metric("Nodes marked", http_port, "nodetaskd_hub_api_writes_total", run.sessions, limit_s=limit)
+    await _wait_metric("Nodes marked", http_port, _settled, run.sessions, limit_s=limit)
     run.marked_s = time.perf_counter() - started
     run.token_reads = (await _read_metrics(http_port)).get("nodetaskd_hub_token_reads_total", 0.0)
     await anyio.sleep(3)

@@ -1,9 +1,10 @@
 """Where the hub's CPU goes during the bursts of a hub-capacity run: py-spy samples and their summary.
 
 ``python -m bench.run --only hub --profile-hub 1000`` runs one more hub-capacity size with py-spy
-(``--py-spy``, else the one on PATH) attached to the hub process during the heartbeat burst and the
-report burst. The sampler runs beside the hub (``--nonblocking``: it never stops the process) and
-costs a core of its own, so the profiled run's figures are not reported; the samples are. They
+(``--py-spy``, else the one on PATH) attached to the hub process during the connect storm, the
+heartbeat, ping and report bursts, and the reconnect storm (the restarted hub, from its start).
+The sampler runs beside the hub (``--nonblocking``: it never stops the process) and costs a core
+of its own, so the profiled run's figures are not reported; the samples are. They
 are kept as collapsed stacks (``profile-hub-<N>-<phase>.txt`` beside the results) with a summary
 at the top: the functions the hub spent its time in (self), the ones under which it did
 (inclusive), and the share of each area (trio, the websocket layers, the hub's own code, ...).

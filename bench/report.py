@@ -383,6 +383,7 @@ def _hub_section(res: dict[str, Any], images: Path) -> list[str]:
         rows,
     )
     out.append("")
+    out += _reconnect_table(runs)
     nofile = runs[0]["nofile"] if runs else None
     if nofile:
         out += [f"RLIMIT_NOFILE in the hub process: soft {nofile[0]}, hard {nofile[1]} (raised to the hard limit).", ""]
@@ -441,7 +442,68 @@ def _hub_section(res: dict[str, Any], images: Path) -> list[str]:
                 f" report at most 200 µs: **{report:,.0f}** µs ({met(report <= 200)}). See the notes for why.",
                 "",
             ]
+            stormed = [r for r in runs if r.get("reconnect_welcomed_s")]
+            if stormed:
+                n = max(r["sessions"] for r in stormed)
+                at = [r for r in stormed if r["sessions"] == n]
+                welcomed, marked = _m(at, "reconnect_welcomed_s"), _m(at, "reconnect_marked_s")
+                reopened = _m(at, "reconnect_reopened")
+                ok = welcomed <= 30 and marked <= 60 and reopened == 0 and n >= 19000
+                out += [
+                    f"**Reconnect storm of 19,000** (largest size measured: {n:,}): welcomed within 30 s and marked"
+                    f" within 60 s of the restart, none re-opened: **{welcomed:,.1f}** s, **{marked:,.1f}** s,"
+                    f" {reopened:,.0f} re-opened ({met(ok)}).",
+                    "",
+                ]
     return out
+
+
+def _reconnect_table(runs: list[dict[str, Any]]) -> list[str]:
+    """The reconnect storm of each size's runs that measured one (step 7 of the hub-capacity run)."""
+    measured = [r for r in runs if r.get("reconnect_welcomed_s")]
+    if not measured:
+        return []
+    rows = [
+        (
+            _n(n),
+            str(len(rs)),
+            f"{_m(rs, 'reconnect_ready_s'):,.1f}",
+            f"**{_m(rs, 'reconnect_welcomed_s'):,.1f}**",
+            f"**{_m(rs, 'reconnect_marked_s'):,.1f}**",
+            _n(_m(rs, "reconnect_written")),
+            _n(_m(rs, "reconnect_reopened")),
+            f"{_m(rs, 'reconnect_cpu_s'):,.1f}",
+            f"{_med(float(r.get('reconnect_fleet_cpu_s', 'nan')) for r in rs):,.1f}",
+            _load(rs),
+        )
+        for n, rs, _ in _by_sessions(measured)
+    ]
+    header = (
+        "sessions",
+        "runs",
+        "hub ready s",
+        "welcomed s",
+        "Nodes marked s",
+        "Node marks written",
+        "sessions re-opened",
+        "hub CPU s",
+        "fleet CPU s",
+        "load at end",
+    )
+    return [
+        "**Reconnect storm.** Last in each run, the hub is killed (SIGKILL: it closes no session and unmarks no",
+        "Node) and started again with the same hub id and ports; every edge reconnects at once (each retries",
+        "every second while the port is closed). Seconds from the new process's start: until its /readyz answers",
+        "(its Node, job and Task lists taken), until every edge is welcomed again (the fleet's view), until every",
+        "session's Node mark is settled. Node marks written are those the new hub wrote: it skips a mark when its",
+        "Node watch shows the Node naming this hub and the agent's version already. Sessions re-opened are the",
+        "Hellos beyond one per edge three heartbeat intervals after the last mark; hub CPU is the new process's",
+        "from its start to the last mark (its imports and lists included), fleet CPU the edges' process's over",
+        "the same time: both share the machine's cores.",
+        "",
+        *_table(header, rows),
+        "",
+    ]
 
 
 def _hub_cache_section(res: dict[str, Any]) -> list[str]:

@@ -296,7 +296,9 @@ async def _hub_profile(
     entry["profiled"] = {
         "sessions": sessions,
         "measured": _now(),
-        "files": [f"profile-hub-{label}-{phase}.txt" for phase in ("heartbeat", "ping", "report")],
+        "files": [
+            f"profile-hub-{label}-{phase}.txt" for phase in ("connect", "heartbeat", "ping", "report", "reconnect")
+        ],
     }
 
 

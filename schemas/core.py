@@ -190,3 +190,20 @@ class ObjectHead(msgspec.Struct, frozen=True):
 
     metadata: HeadMeta = msgspec.field(default_factory=HeadMeta)
     spec: HeadSpec = msgspec.field(default_factory=HeadSpec)
+
+
+class MarkAnnotations(msgspec.Struct, frozen=True):
+    """A Node's two annotations written by the hubs (None: absent); its other annotations are not decoded."""
+
+    hub: str | None = msgspec.field(default=None, name=HUB_ANNOTATION)
+    agent_version: str | None = msgspec.field(default=None, name=AGENT_VERSION_ANNOTATION)
+
+
+class NodeHeadMeta(HeadMeta, frozen=True):
+    annotations: MarkAnnotations = msgspec.field(default_factory=MarkAnnotations)
+
+
+class NodeHead(ObjectHead, frozen=True):
+    """What a watch's snapshot of Nodes keeps of each: its head, and which hub's mark it carries."""
+
+    metadata: NodeHeadMeta = msgspec.field(default_factory=NodeHeadMeta)

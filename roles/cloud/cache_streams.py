@@ -98,8 +98,18 @@ def _retry_delay(failures: int) -> float:
 class CacheStreams:
     """The hub's cache streams; :meth:`run` them, :meth:`attach` each cache session."""
 
-    def __init__(self, api: CacheApi, *, settings: HubSettings, metrics: HubMetrics, log: Log) -> None:
+    def __init__(
+        self,
+        api: CacheApi,
+        *,
+        settings: HubSettings,
+        metrics: HubMetrics,
+        log: Log,
+        node_events: Callable[[WatchEvent], None] = lambda _: None,
+    ) -> None:
+        """``node_events`` also takes each event of the Node watch (the hub's one watch of Nodes); it must not raise."""
         self.enabled = settings.cache_streams
+        self._node_events = node_events
         self._secrets = settings.cache_streams and settings.cache_secrets
         self._api = api
         self._metrics = metrics
@@ -205,6 +215,8 @@ class CacheStreams:
         async with anyio.create_task_group() as tg, send, receive:
             tg.start_soon(self._watch, kind, send)
             async for event in receive:
+                if kind == NODE:
+                    self._node_events(event)
                 if kind not in self._listed and isinstance(event, Relisted):
                     self._listed.add(kind)
                     self._log.info("cache_watch_listed", kind=kind, objects=len(event.objects))

@@ -7,8 +7,8 @@
 * :mod:`~roles.cloud.edges`: the front door, from TCP accept and the handshake caps to an edge
   whose node name and bearer token checked out, handed over as a :class:`~nodetask.link.Link`;
 * :mod:`~roles.cloud.session_handler`: a session from Hello to close, one writer task each
-  (:mod:`~roles.cloud.sessions`); its Node is marked (:mod:`~roles.cloud.marks`) and the node
-  offered to every runner;
+  (:mod:`~roles.cloud.sessions`); its Node is marked (:mod:`~roles.cloud.marks`) unless the Node
+  watch shows it marked already (:mod:`~roles.cloud.marked_nodes`), and the node offered to every runner;
 * :mod:`~roles.cloud.reports`: a report is applied through the job's status writer and
   acknowledged only after that write; :mod:`~roles.cloud.kubeedge_http` takes KubeEdge's HTTP
   reports the same way;
@@ -47,7 +47,8 @@ from roles.cloud.image_secrets import ImageSecrets
 from roles.cloud.ingress import LogThrottle
 from roles.cloud.jobs import Jobs
 from roles.cloud.kubeedge_http import TaskStatusEndpoint
-from roles.cloud.marks import NodeMarks, PendingMarks
+from roles.cloud.marked_nodes import MarkedNodes
+from roles.cloud.marks import FAILED, SKIPPED, WRITTEN, NodeMarks, PendingMarks
 from roles.cloud.metrics import HubMetrics
 from roles.cloud.reports import Reports
 from roles.cloud.runner import JobRunner
@@ -105,17 +106,26 @@ class Hub:
         self.reports: Final = Reports(jobs=self.jobs, types=job_types, clock=clock, settings=settings, metrics=metrics)
         self.tasks: Final = Tasks(kube, sessions=self.sessions, clock=clock, settings=settings, log=self._log)
         self.marks: Final = PendingMarks(anyio.current_time)
+        # One Node watch per hub: the cache streams' when they are on, else the marked Nodes' own.
+        self.marked_nodes: Final = MarkedNodes(
+            None if settings.cache_streams else kube, hub_id=settings.hub_id, log=self._log
+        )
+        settled = {outcome: metrics.node_marks.labels(outcome=outcome) for outcome in (WRITTEN, SKIPPED, FAILED)}
         self.node_marks: Final = NodeMarks(
             kube,
             self.marks,
             hub_id=settings.hub_id,
             close_grace=settings.close_grace,
             pending_limit=settings.mark_pending_limit,
+            seen=self.marked_nodes.seen,
+            settled=lambda outcome: settled[outcome].inc(),
             log=self._log,
         )
         metrics.marks_pending.set_function(lambda: len(self.marks))
         metrics.mark_oldest.set_function(self.marks.oldest_age)
-        self.cache: Final = CacheStreams(kube, settings=settings, metrics=metrics, log=self._log)
+        self.cache: Final = CacheStreams(
+            kube, settings=settings, metrics=metrics, log=self._log, node_events=self.marked_nodes.apply
+        )
         self.conditions: Final = AutonomyConditions(kube, clock=clock, metrics=metrics, hub_id=settings.hub_id)
         throttle = LogThrottle()
         self.websockets: Final = WebSocketDoor(
@@ -168,6 +178,7 @@ class Hub:
             await tg.start(self.conditions.run)
             if self.cache.enabled:
                 await tg.start(self.cache.run)
+            await tg.start(self.marked_nodes.run)
             door_scope = anyio.CancelScope(shield=True)
             door_ready = anyio.Event()
             tg.start_soon(self._open, door, door_scope, door_ready)

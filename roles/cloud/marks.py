@@ -4,6 +4,10 @@ A session's Node gets this hub's id and the agent's version as annotations (the 
 them to tell connected nodes); when the session ends, the mark comes off unless another hub holds
 the node by then.
 
+A mark is written only when it changes the Node: one the Node watch shows carrying this hub's id and
+the agent's version already (:mod:`~roles.cloud.marked_nodes`) is skipped, as a fleet reconnecting to
+a restarted hub finds its Nodes. The unmark at the session's end is the same either way.
+
 A mark waits for a slot among the API client's requests and then for its answer. In a connect storm
 thousands wait at once, which is fine while they drain; a mark that waits far longer than that means
 the hub's writes are stuck, while its sessions and heartbeats look healthy. :class:`PendingMarks`
@@ -16,18 +20,24 @@ import itertools
 import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Final
 
 import anyio
 import structlog
 
 from roles.cloud.api import NodeStore
+from roles.cloud.marked_nodes import mark_needed
 from roles.kube import ApiError, Conflict
 from roles.kube.resources import NODES
 from schemas.core import AGENT_VERSION_ANNOTATION, HUB_ANNOTATION
 
-__all__ = ["NodeMarks", "PendingMarks"]
+__all__ = ["FAILED", "SKIPPED", "WRITTEN", "NodeMarks", "PendingMarks"]
 
 Log = structlog.typing.FilteringBoundLogger
+
+WRITTEN: Final = "written"
+SKIPPED: Final = "skipped"
+FAILED: Final = "failed"
 
 
 class PendingMarks:
@@ -62,10 +72,23 @@ class NodeMarks:
     """Marks and unmarks the Nodes of this hub's sessions, keeping count in ``pending``."""
 
     def __init__(
-        self, api: NodeStore, pending: PendingMarks, *, hub_id: str, close_grace: float, pending_limit: float, log: Log
+        self,
+        api: NodeStore,
+        pending: PendingMarks,
+        *,
+        hub_id: str,
+        close_grace: float,
+        pending_limit: float,
+        seen: Callable[[str], str | None],
+        settled: Callable[[str], None],
+        log: Log,
     ) -> None:
+        """``seen`` says which agent version a Node's mark says if it is this hub's (None: not known to
+        be); ``settled`` is told how each mark ended: :data:`WRITTEN`, :data:`SKIPPED` or :data:`FAILED`."""
         self._api = api
         self.pending = pending
+        self._seen = seen
+        self._settled = settled
         self._hub_id = hub_id
         self._close_grace = close_grace
         self._pending_limit = pending_limit
@@ -79,8 +102,12 @@ class NodeMarks:
         The mark waits its turn among the API client's requests for as long as the caller waits,
         however long a connect storm makes that. Cancelled, a mark still waiting for its turn is
         dropped (nothing was sent), and one already sent is awaited for ``close_grace``: it could
-        otherwise land after the unmark that follows the session's end.
+        otherwise land after the unmark that follows the session's end. Skipped when the Node is known
+        to carry this mark already.
         """
+        if not mark_needed(self._seen(node), version):
+            self._settled(SKIPPED)
+            return
         annotations = {HUB_ANNOTATION: self._hub_id, AGENT_VERSION_ANNOTATION: version}
         with self.pending.pending():
             try:
@@ -90,6 +117,9 @@ class NodeMarks:
             except ApiError as exc:
                 # The session still works; the controller then sees the node as not connected.
                 log.warning("node_not_marked", error=str(exc))
+                self._settled(FAILED)
+                return
+        self._settled(WRITTEN)
 
     async def unmark(self, node: str, log: Log) -> None:
         """Take this hub's mark off the Node of an ended session.

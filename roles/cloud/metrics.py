@@ -107,6 +107,13 @@ class HubMetrics:
             "How long the oldest pending Node mark has waited (0 when none is pending).",
             registry=registry,
         )
+        self.node_marks = Counter(
+            "nodetaskd_hub_node_marks",
+            "Node marks settled, by outcome: written, skipped (the Node said this hub and agent version"
+            " already) or failed.",
+            ["outcome"],
+            registry=registry,
+        )
         self.cache_sessions = Gauge(
             "nodetaskd_hub_cache_sessions",
             "Sessions fed cache streams (their edges listed cache.v1).",

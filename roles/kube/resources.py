@@ -90,7 +90,8 @@ PODS: Resource[core.Pod] = Resource("v1", "pods", core.Pod, namespaced=True)
 
 # The kinds an edge's cache holds, kept whole (roles/cloud/cache_objects.py); a watch's snapshot of the
 # whole cluster keeps only each object's head, so that listing every Pod never holds them all at once.
-RAW_NODES: Resource[core.RawObject] = Resource("v1", "nodes", core.RawObject, snapshot_type=core.ObjectHead)
+# A Node's head also says whose mark it carries (roles/cloud/marked_nodes.py shares the watch).
+RAW_NODES: Resource[core.RawObject] = Resource("v1", "nodes", core.RawObject, snapshot_type=core.NodeHead)
 RAW_PODS: Resource[core.RawObject] = Resource(
     "v1", "pods", core.RawObject, namespaced=True, snapshot_type=core.ObjectHead
 )
