@@ -2,8 +2,8 @@
 
 The socket is read and written by whichever task asks, through trio's readiness waits; TLS is
 OpenSSL's own over the socket (:class:`ssl.SSLSocket`), not :class:`trio.SSLStream`'s state
-machine in Python over memory buffers, which cost about as much CPU as the websocket above it
-(measured in docs/benchmarks.md, hub capacity). One task reads at a time and one writes at a time;
+machine in Python over memory buffers, which cost about as much CPU per frame as the websocket
+above it. One task reads at a time and one writes at a time;
 with TLS either may need the other direction first (a handshake record, a key update), and then
 waits for the task already waiting on it rather than beside it.
 """
