@@ -30,7 +30,7 @@ from roles.cloud.metrics import HubMetrics
 from roles.cloud.session_handler import ServeEdge
 from roles.cloud.settings import HubSettings
 from roles.cloud.wire import Wire
-from roles.cloud.ws_server import UpgradeRequest, read_upgrade
+from roles.cloud.ws_server import ServerWebSocket, UpgradeRequest, read_upgrade
 
 __all__ = ["EDGE_PATH_PREFIX", "WebSocketDoor"]
 
@@ -95,9 +95,9 @@ class WebSocketDoor:
             return
         wire = Wire.take(stream)
         try:
-            request = await self._upgrade(wire, ssl_context)
-            if request is not None:
-                await self._handle(request, admission, serve_edge)
+            opened = await self._open(wire, ssl_context, admission)
+            if opened is not None:
+                await serve_edge(*opened)
         except* Exception:
             # The one place a hub catches every error (C12): a bug met while serving one edge must
             # end that edge's connection, never the process and every other edge's session with it.
@@ -107,6 +107,16 @@ class WebSocketDoor:
         finally:
             admission.leave()
             wire.close()
+
+    async def _open(
+        self, wire: Wire, ssl_context: ssl.SSLContext | None, admission: Admission
+    ) -> tuple[str, ServerWebSocket] | None:
+        """The edge's node and its accepted websocket; None if it went or was refused.
+
+        Its own call, so that the request (and the HTTP parser under it) is freed once answered.
+        """
+        request = await self._upgrade(wire, ssl_context)
+        return None if request is None else await self._admit(request, admission)
 
     async def _upgrade(self, wire: Wire, ssl_context: ssl.SSLContext | None) -> UpgradeRequest | None:
         """The edge's websocket request, once its TLS and HTTP handshake are done; None if they fail or stall."""
@@ -150,32 +160,31 @@ class WebSocketDoor:
         warn_throttled(self._throttle, self._log, "edge_refused", node=clip(node, 64), status=int(status), error=reason)
         await request.reject(status, reason.encode())
 
-    async def _handle(self, request: UpgradeRequest, admission: Admission, serve_edge: ServeEdge) -> None:
+    async def _admit(self, request: UpgradeRequest, admission: Admission) -> tuple[str, ServerWebSocket] | None:
         path = request.path.split("?", 1)[0]
         if not path.startswith(EDGE_PATH_PREFIX):
             await self._refuse(request, HTTPStatus.NOT_FOUND, f"expected the path {EDGE_PATH_PREFIX}<node>", "")
-            return
+            return None
         # Checked before anything else: the name goes into API paths and Secret names.
         node = path[len(EDGE_PATH_PREFIX) :]
         problem = object_name_problem(node)
         if problem:
             await self._refuse(request, HTTPStatus.BAD_REQUEST, f"node name {clip(node)!r} {problem}", node)
-            return
+            return None
         try:
             await self._tokens.check(node, bearer_token(request.headers))
         except AuthError as exc:
             await self._refuse(request, exc.status, str(exc), node)
-            return
+            return None
         if not admission.promote():
             self._metrics.connections_refused.labels(limit="maxSessions").inc()
             reason = f"this hub holds its limit of {self._session_places.total} sessions (maxSessions)"
             await self._refuse(request, HTTPStatus.SERVICE_UNAVAILABLE, reason, node)
-            return
+            return None
         try:
-            ws = await request.accept()
+            return node, await request.accept()
         except LinkClosed:
-            return
-        await serve_edge(node, ws)
+            return None
 
 
 def _peer(stream: trio.SocketStream) -> str:

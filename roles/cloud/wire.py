@@ -28,20 +28,21 @@ the socket full must not keep the hub to itself."""
 class Wire:
     """One connected socket, owned from here on: :meth:`close` it once."""
 
+    __slots__ = ("_closed", "_eager", "_turns", "_writing", "broken", "reading", "sock")
+
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
         self.sock: socket.socket = sock
         self.broken = False
         """A write was cut short: the byte stream can no longer be trusted, only closed."""
-        self._closed = False
-        self._eager = 0
         self.reading = False
         """A task is in :meth:`receive`."""
         self._writing = False
-        self._read_turn = trio.lowlevel.ParkingLot()
-        """Writers waiting for a reader's progress (TLS that needs to read before it can write)."""
-        self._write_turn = trio.lowlevel.ParkingLot()
-        """Writers waiting for the one writing, and readers waiting for a writer's progress."""
+        self._closed = False
+        self._eager = 0
+        self._turns: trio.lowlevel.ParkingLot | None = None
+        """Tasks waiting for the writer to finish, or for the other direction's progress (made when
+        first needed: most connections never wait for each other)."""
 
     @classmethod
     def take(cls, stream: trio.SocketStream) -> Wire:
@@ -81,10 +82,13 @@ class Wire:
                 except (BlockingIOError, ssl.SSLWantReadError):
                     self._eager = 0
                     await trio.lowlevel.wait_readable(self.sock)
-                    self._read_turn.unpark_all()
+                    self._progress()
                     continue
                 except ssl.SSLWantWriteError:
-                    await self._wait_writable()
+                    if self._writing:  # the writer's wait covers ours (two tasks cannot wait for one socket)
+                        await self._turn()
+                    else:
+                        await trio.lowlevel.wait_writable(self.sock)
                     continue
                 self._eager += 1
                 if self._eager >= EAGER_READS:
@@ -97,7 +101,7 @@ class Wire:
     async def send(self, data: bytes) -> None:
         """Write all of ``data``; concurrent senders take turns. Errors: :class:`OSError`."""
         while self._writing:
-            await self._write_turn.park()
+            await self._turn()
         if self.broken or self._closed:
             raise BrokenPipeError("the connection was closed or broken")
         self._writing = True
@@ -108,10 +112,13 @@ class Wire:
                     sent = self.sock.send(view)
                 except (BlockingIOError, ssl.SSLWantWriteError):
                     await trio.lowlevel.wait_writable(self.sock)
-                    self._write_turn.unpark_all()  # a reader waiting for the writer's progress
+                    self._progress()
                     continue
                 except ssl.SSLWantReadError:
-                    await self._wait_readable()
+                    if self.reading:  # the reader's wait covers ours
+                        await self._turn()
+                    else:
+                        await trio.lowlevel.wait_readable(self.sock)
                     continue
                 view = view[sent:]
         except BaseException:
@@ -122,19 +129,16 @@ class Wire:
             raise
         finally:
             self._writing = False
-            self._write_turn.unpark_all()
+            self._progress()
 
-    async def _wait_readable(self) -> None:
-        if self.reading:
-            await self._read_turn.park()  # the reader's wait covers ours
-        else:
-            await trio.lowlevel.wait_readable(self.sock)
+    async def _turn(self) -> None:
+        if self._turns is None:
+            self._turns = trio.lowlevel.ParkingLot()
+        await self._turns.park()
 
-    async def _wait_writable(self) -> None:
-        if self._writing:
-            await self._write_turn.park()
-        else:
-            await trio.lowlevel.wait_writable(self.sock)
+    def _progress(self) -> None:
+        if self._turns is not None:
+            self._turns.unpark_all()
 
     def close(self) -> None:
         """Close the socket (idempotent); a task waiting on it gets :class:`trio.ClosedResourceError`."""

@@ -13,7 +13,6 @@ then accepts it or refuses it with an HTTP status and a body.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
 from typing import Final, cast, final
@@ -117,16 +116,30 @@ async def read_upgrade(wire: Wire, *, max_message_bytes: int) -> UpgradeRequest 
 class ServerWebSocket:
     """An accepted websocket, as the session handler's :class:`~nodetask.link.Link`."""
 
+    __slots__ = (
+        "_ended",
+        "_heard",
+        "_inbox",
+        "_max_message_bytes",
+        "_parts",
+        "_pings",
+        "_read_done",
+        "_size",
+        "_wire",
+        "_ws",
+    )
+
     def __init__(self, wire: Wire, connection: Connection, *, max_message_bytes: int) -> None:
         self._wire = wire
         self._ws = connection
         self._max_message_bytes = max_message_bytes
-        self._inbox: collections.deque[Frame] = collections.deque()
+        self._inbox: list[Frame] = []
+        """Messages read and not yet received: rarely more than one (a list is a tenth of a deque's size)."""
         self._parts: list[str | bytes | bytearray] = []
         self._size = 0
         self._ended: str | None = None
         """Why no more frames come, once that is so (the text of the :class:`LinkClosed` raised)."""
-        self._pings: dict[bytes, trio.Event] = {}
+        self._pings: dict[bytes, trio.Event] | None = None
         self._heard = trio.current_time()
         self._read_done: trio.Event | None = None
         """Set when the read under way is done, for a close waiting on it."""
@@ -140,7 +153,7 @@ class ServerWebSocket:
             if self._ended is not None:
                 raise LinkClosed(self._ended)
             await self._read()
-        return self._inbox.popleft()
+        return self._inbox.pop(0)
 
     async def send(self, frame: bytes) -> None:
         await self._send(BytesMessage(data=frame))
@@ -148,6 +161,8 @@ class ServerWebSocket:
     async def ping(self) -> None:
         """Ping the edge and wait for its pong, which arrives through :meth:`receive` (the session's reader)."""
         payload = os.urandom(4)
+        if self._pings is None:
+            self._pings = {}
         answered = self._pings[payload] = trio.Event()
         await self._send(Ping(payload=payload))
         await answered.wait()
@@ -265,7 +280,7 @@ class ServerWebSocket:
 
     def _ponged(self, payload: bytes) -> None:
         # A pong answers its ping and any sent before it (an edge may answer only the last).
-        if payload not in self._pings:
+        if self._pings is None or payload not in self._pings:
             return
         while self._pings:
             sent, answered = next(iter(self._pings.items()))
