@@ -1,13 +1,14 @@
-"""The hub's websocket server: wsproto driven by the session's own task, with no reader task.
+"""The hub's websocket server: driven by the session's own task, with no reader task.
 
 trio-websocket runs a reader task per connection and hands each message over a memory channel,
 two task switches a frame, and keeps a nursery, a channel and their events per connection. Here
-:meth:`ServerWebSocket.receive` reads the socket itself, feeds wsproto, answers pings and close
+:meth:`ServerWebSocket.receive` reads the socket itself, parses its frames
+(:mod:`~roles.cloud.ws_frames`), answers pings and close
 frames on the spot and returns the next message. That is enough because a session always has a
 task in ``receive()`` (session_handler.py), so a ping is answered as soon as it arrives, and
 ``heard_at`` counts whatever arrived, pings included.
 
-The opening handshake is wsproto's too (:func:`read_upgrade`); the caller checks the request and
+The opening handshake is wsproto's (:func:`read_upgrade`); the caller checks the request and
 then accepts it or refuses it with an HTTP status and a body.
 """
 
@@ -15,33 +16,22 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Final, cast, final
+from typing import Final, final
 
 import trio
 from wsproto import ConnectionType
-from wsproto.connection import Connection, ConnectionState
-from wsproto.events import (
-    AcceptConnection,
-    BytesMessage,
-    CloseConnection,
-    Ping,
-    Pong,
-    RejectConnection,
-    RejectData,
-    Request,
-    TextMessage,
-)
+from wsproto.events import AcceptConnection, RejectConnection, RejectData, Request
 from wsproto.handshake import H11Handshake
 from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
 from nodetask.link import NORMAL_CLOSE, Frame, LinkClosed
 from roles.cloud.wire import Wire
+from roles.cloud.ws_frames import FrameReader, ProtocolFailure, close_frame, data_frame, ping_frame, pong_frame
 
-__all__ = ["ABNORMAL_CLOSE", "MESSAGE_TOO_BIG", "ServerWebSocket", "UpgradeRequest", "read_upgrade"]
+__all__ = ["ABNORMAL_CLOSE", "ServerWebSocket", "UpgradeRequest", "read_upgrade"]
 
 ABNORMAL_CLOSE: Final = 1006
 """No close frame: the connection ended or broke (never sent, RFC 6455 7.4.1)."""
-MESSAGE_TOO_BIG: Final = 1009
 
 _Broken = (OSError, trio.ClosedResourceError)
 """What the socket raises once the connection is gone (ssl.SSLError is an OSError)."""
@@ -71,9 +61,7 @@ class UpgradeRequest:
             await self._wire.send(self._handshake.send(AcceptConnection()))
         except _Broken:
             raise LinkClosed("the connection broke during the handshake") from None
-        connection = self._handshake.connection
-        assert connection is not None  # set by the accept just sent
-        return ServerWebSocket(self._wire, connection, max_message_bytes=self._max_message_bytes)
+        return ServerWebSocket(self._wire, max_message_bytes=self._max_message_bytes)
 
     async def reject(self, status: int, body: bytes) -> None:
         """Answer with an HTTP ``status`` and ``body`` (the caller then closes the connection)."""
@@ -117,26 +105,24 @@ class ServerWebSocket:
     """An accepted websocket, as the session handler's :class:`~nodetask.link.Link`."""
 
     __slots__ = (
+        "_close_received",
+        "_close_sent",
         "_ended",
         "_heard",
         "_inbox",
-        "_max_message_bytes",
-        "_parts",
         "_pings",
         "_read_done",
-        "_size",
+        "_reader",
         "_wire",
-        "_ws",
     )
 
-    def __init__(self, wire: Wire, connection: Connection, *, max_message_bytes: int) -> None:
+    def __init__(self, wire: Wire, *, max_message_bytes: int) -> None:
         self._wire = wire
-        self._ws = connection
-        self._max_message_bytes = max_message_bytes
+        self._reader = FrameReader(max_message_bytes)
         self._inbox: list[Frame] = []
         """Messages read and not yet received: rarely more than one (a list is a tenth of a deque's size)."""
-        self._parts: list[str | bytes | bytearray] = []
-        self._size = 0
+        self._close_sent = False
+        self._close_received = False
         self._ended: str | None = None
         """Why no more frames come, once that is so (the text of the :class:`LinkClosed` raised)."""
         self._pings: dict[bytes, trio.Event] | None = None
@@ -156,7 +142,7 @@ class ServerWebSocket:
         return self._inbox.pop(0)
 
     async def send(self, frame: bytes) -> None:
-        await self._send(BytesMessage(data=frame))
+        await self._send(data_frame(frame))
 
     async def ping(self) -> None:
         """Ping the edge and wait for its pong, which arrives through :meth:`receive` (the session's reader)."""
@@ -164,16 +150,17 @@ class ServerWebSocket:
         if self._pings is None:
             self._pings = {}
         answered = self._pings[payload] = trio.Event()
-        await self._send(Ping(payload=payload))
+        await self._send(ping_frame(payload))
         await answered.wait()
 
     async def close(self, code: int = NORMAL_CLOSE, reason: str = "") -> None:
         """Send a close frame, wait for the edge's (the caller bounds the wait), close the socket; idempotent."""
         try:
-            if self._ws.state is ConnectionState.OPEN and not self._wire.broken:
+            if not self._close_sent and not self._wire.broken:
                 self._end(f"closed by the hub with {code}")
-                await self._wire.send(self._ws.send(CloseConnection(code=code, reason=reason)))
-                while self._awaiting_close_reply():
+                self._close_sent = True
+                await self._wire.send(close_frame(code, reason))
+                while not self._close_received:
                     if self._wire.reading:  # another task is in receive(): it takes the reply in
                         self._read_done = trio.Event()
                         await self._read_done.wait()
@@ -181,20 +168,19 @@ class ServerWebSocket:
                     data = await self._wire.receive()
                     if not data:
                         break
-                    self._ws.receive_data(data)
-                    for _ in self._ws.events():
-                        pass  # a close frame moves the state on; nothing else is wanted now
-        except _Broken:
+                    self._reader.feed(data)  # messages after the hub's close are not wanted
+                    self._close_received = self._reader.closed_with is not None
+        except (*_Broken, ProtocolFailure):
             pass
         finally:
             self._end("closed by the hub")
             self._wire.close()
 
-    async def _send(self, event: BytesMessage | Ping) -> None:
-        if self._ended is not None or self._ws.state is not ConnectionState.OPEN:
+    async def _send(self, frame: bytes) -> None:
+        if self._ended is not None or self._close_sent:
             raise LinkClosed(self._ended or "the websocket is closing")
         try:
-            await self._wire.send(self._ws.send(event))
+            await self._wire.send(frame)
         except _Broken:
             self._end("the connection broke")
             raise LinkClosed("the connection broke") from None
@@ -218,65 +204,43 @@ class ServerWebSocket:
         if not data:
             self._end(f"the edge closed the connection without a close frame ({ABNORMAL_CLOSE})")
             return
-        self._ws.receive_data(data)
-        answer = self._take_events()
+        answer = self._take(data)
         if answer:
             try:
                 await self._wire.send(answer)
             except _Broken:
                 self._end("the connection broke")
 
-    def _take_events(self) -> bytes:
-        """Queue the messages wsproto has parsed; the bytes that answer its pings and close frame."""
-        ws = self._ws
+    def _take(self, data: bytes) -> bytes:
+        """Queue the messages ``data`` completes; the bytes that answer its pings and close frame."""
+        reader = self._reader
+        try:
+            self._inbox += reader.feed(data)
+        except ProtocolFailure as failure:
+            self._end(f"closed by the hub with {failure.code}: {failure.reason}")
+            if self._close_sent:
+                return b""
+            self._close_sent = True
+            return close_frame(failure.code, failure.reason)
         answer = b""
-        for event in ws.events():
-            if isinstance(event, (TextMessage, BytesMessage)):
-                if not self._message_part(event):
-                    self._end(f"closed by the hub with {MESSAGE_TOO_BIG}: {self._too_big()}")
-                    return answer + ws.send(CloseConnection(code=MESSAGE_TOO_BIG, reason=self._too_big()))
-            elif isinstance(event, Ping):
-                if ws.state is ConnectionState.OPEN:
-                    answer += ws.send(event.response())
-            elif isinstance(event, Pong):
-                self._ponged(bytes(event.payload))
-            elif isinstance(event, CloseConnection):
-                if ws.state is ConnectionState.REMOTE_CLOSING:
-                    self._end(f"closed by the edge with {event.code}")
-                    return answer + ws.send(event.response())
-                if ws.state is ConnectionState.OPEN:
-                    # A frame wsproto could not parse: it names the close code (1002, 1007, ...).
-                    self._end(f"closed by the hub with {event.code}: {event.reason}")
-                    return answer + ws.send(CloseConnection(code=event.code, reason=event.reason))
-                self._end(f"closed by the hub with {event.code}")  # the edge's answer to our close
-                return answer
+        if reader.pings:
+            if not self._close_sent:
+                answer = b"".join(map(pong_frame, reader.pings))
+            reader.pings.clear()
+        if reader.pongs:
+            for payload in reader.pongs:
+                self._ponged(payload)
+            reader.pongs.clear()
+        if reader.closed_with is not None and not self._close_received:
+            self._close_received = True
+            code = reader.closed_with[0]
+            if self._close_sent:
+                self._end(f"closed by the hub with {code}")  # the edge's answer to the hub's close
+            else:
+                self._end(f"closed by the edge with {code}")
+                self._close_sent = True
+                answer += close_frame(code)
         return answer
-
-    def _message_part(self, event: TextMessage | BytesMessage) -> bool:
-        """Add a part of a message (queued once it is whole); False if the message is too big."""
-        self._size += len(event.data)
-        if self._size > self._max_message_bytes:
-            self._parts.clear()
-            self._size = 0
-            return False
-        if not event.message_finished:
-            self._parts.append(event.data)
-            return True
-        message: Frame
-        if isinstance(event, TextMessage):
-            message = "".join([*cast("list[str]", self._parts), event.data]) if self._parts else event.data
-        else:  # wsproto may hand over a bytearray; a Frame is bytes
-            message = b"".join([*cast("list[bytes | bytearray]", self._parts), event.data])
-        self._inbox.append(message)
-        self._parts.clear()
-        self._size = 0
-        return True
-
-    def _awaiting_close_reply(self) -> bool:
-        return self._ws.state is ConnectionState.LOCAL_CLOSING
-
-    def _too_big(self) -> str:
-        return f"Exceeded maximum message size: {self._max_message_bytes} bytes"
 
     def _ponged(self, payload: bytes) -> None:
         # A pong answers its ping and any sent before it (an edge may answer only the last).
