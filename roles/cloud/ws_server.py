@@ -65,9 +65,9 @@ class UpgradeRequest:
 
     async def reject(self, status: int, body: bytes) -> None:
         """Answer with an HTTP ``status`` and ``body`` (the caller then closes the connection)."""
-        head = RejectConnection(
-            status_code=status, headers=[(b"content-length", b"%d" % len(body))], has_body=bool(body)
-        )
+        # wsproto adds "content-length: 0" itself when there is no body.
+        length = [(b"content-length", b"%d" % len(body))] if body else []
+        head = RejectConnection(status_code=status, headers=length, has_body=bool(body))
         data = self._handshake.send(head)
         if body:
             data += self._handshake.send(RejectData(data=body))
