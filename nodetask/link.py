@@ -1,7 +1,7 @@
 """A session's link: frames out, frames in, a ping and a close; neither end knows anything else of the socket.
 
 The edge agent's connection and the hub's session handler are both written against :class:`Link`.
-Each role has its real link over trio-websocket (in ``roles/``); :func:`memory_links` makes a
+Each role has its real link over a websocket (in ``roles/``); :func:`memory_links` makes a
 connected pair over anyio memory object streams, so that either end can be tested against the
 other in the same process under virtual time.
 

@@ -21,15 +21,16 @@ import anyio
 import anyio.abc
 import structlog
 import trio
-import trio_websocket
 
+from nodetask.link import LinkClosed
 from nodetask.names import clip, object_name_problem
 from roles.cloud.auth import AuthError, TokenBook, bearer_token
-from roles.cloud.ingress import Admission, LogThrottle, PeerWatch, Slots, connection_limits, fd_limit, warn_throttled
+from roles.cloud.ingress import Admission, LogThrottle, Slots, connection_limits, fd_limit, warn_throttled
 from roles.cloud.metrics import HubMetrics
 from roles.cloud.session_handler import ServeEdge
 from roles.cloud.settings import HubSettings
-from roles.cloud.ws_link import WebSocketLink
+from roles.cloud.wire import Wire
+from roles.cloud.ws_server import ServerWebSocket, UpgradeRequest, read_upgrade
 
 __all__ = ["EDGE_PATH_PREFIX", "WebSocketDoor"]
 
@@ -92,50 +93,44 @@ class WebSocketDoor:
         if not admission.enter():
             await self._refuse_connection(stream, tls=ssl_context is not None)
             return
+        wire = Wire.take(stream)
         try:
-            async with trio.open_nursery() as nursery:  # the websocket's reader task runs here
-                upgraded = await self._upgrade(nursery, stream, ssl_context)
-                if upgraded is not None:
-                    await self._handle(*upgraded, admission, serve_edge)
-                nursery.cancel_scope.cancel()
+            opened = await self._open(wire, ssl_context, admission)
+            if opened is not None:
+                await serve_edge(*opened)
         except* Exception:
             # The one place a hub catches every error (C12): a bug met while serving one edge must
             # end that edge's connection, never the process and every other edge's session with it.
             # (except*: a cancellation arriving at the same time still propagates.)
             self._metrics.connection_errors.labels(transport="websocket").inc()
-            self._log.exception("edge_connection_failed", peer=_peer(stream))
+            self._log.exception("edge_connection_failed", peer=wire.peer())
         finally:
             admission.leave()
-            with anyio.CancelScope(shield=True):
-                await stream.aclose()
+            wire.close()
 
-    async def _upgrade(
-        self, nursery: trio.Nursery, stream: trio.SocketStream, ssl_context: ssl.SSLContext | None
-    ) -> tuple[trio_websocket.WebSocketRequest, PeerWatch] | None:
-        """The edge's websocket request (and the stream under it), once its TLS and HTTP handshake are done;
-        None if they fail or stall."""
+    async def _open(
+        self, wire: Wire, ssl_context: ssl.SSLContext | None, admission: Admission
+    ) -> tuple[str, ServerWebSocket] | None:
+        """The edge's node and its accepted websocket; None if it went or was refused.
+
+        Its own call, so that the request (and the HTTP parser under it) is freed once answered.
+        """
+        request = await self._upgrade(wire, ssl_context)
+        return None if request is None else await self._admit(request, admission)
+
+    async def _upgrade(self, wire: Wire, ssl_context: ssl.SSLContext | None) -> UpgradeRequest | None:
+        """The edge's websocket request, once its TLS and HTTP handshake are done; None if they fail or stall."""
         with anyio.move_on_after(self._settings.handshake_timeout):
-            served: trio.abc.Stream = stream
             if ssl_context is not None:
-                served = trio.SSLStream(stream, ssl_context, server_side=True, https_compatible=True)
                 try:
-                    await served.do_handshake()
-                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                    # A failed TLS handshake (the SSLError is the cause) or a peer that went.
-                    self._log.debug("edge_handshake_failed", peer=_peer(stream), error=repr(exc.__cause__ or exc))
+                    await wire.start_tls(ssl_context)
+                except OSError as exc:  # a failed TLS handshake (ssl.SSLError) or a peer that went
+                    self._log.debug("edge_handshake_failed", peer=wire.peer(), error=repr(exc))
                     return None
-            watched = PeerWatch(served)
-            async with anyio.create_task_group() as race:
-                race.start_soon(_cancel_when_gone, watched, race.cancel_scope)
-                request = await trio_websocket.wrap_server_stream(
-                    nursery, watched, max_message_size=self._settings.max_frame_bytes
-                )
-                race.cancel_scope.cancel()
-                return request, watched
-            return None  # the peer went before its request was complete
+            return await read_upgrade(wire, max_message_bytes=self._settings.max_frame_bytes)
         self._metrics.handshake_timeouts.inc()
         seconds = self._settings.handshake_timeout
-        warn_throttled(self._throttle, self._log, "edge_handshake_timed_out", peer=_peer(stream), seconds=seconds)
+        warn_throttled(self._throttle, self._log, "edge_handshake_timed_out", peer=wire.peer(), seconds=seconds)
         return None
 
     async def _refuse_connection(self, stream: trio.SocketStream, *, tls: bool) -> None:
@@ -160,41 +155,36 @@ class WebSocketDoor:
             with anyio.CancelScope(shield=True):
                 await stream.aclose()
 
-    async def _refuse(self, request: trio_websocket.WebSocketRequest, status: int, reason: str, node: str) -> None:
+    async def _refuse(self, request: UpgradeRequest, status: int, reason: str, node: str) -> None:
         self._metrics.auth_failures.labels(status=str(int(status))).inc()
         warn_throttled(self._throttle, self._log, "edge_refused", node=clip(node, 64), status=int(status), error=reason)
-        await request.reject(status, body=reason.encode())
+        await request.reject(status, reason.encode())
 
-    async def _handle(
-        self, request: trio_websocket.WebSocketRequest, stream: PeerWatch, admission: Admission, serve_edge: ServeEdge
-    ) -> None:
+    async def _admit(self, request: UpgradeRequest, admission: Admission) -> tuple[str, ServerWebSocket] | None:
         path = request.path.split("?", 1)[0]
         if not path.startswith(EDGE_PATH_PREFIX):
             await self._refuse(request, HTTPStatus.NOT_FOUND, f"expected the path {EDGE_PATH_PREFIX}<node>", "")
-            return
+            return None
         # Checked before anything else: the name goes into API paths and Secret names.
         node = path[len(EDGE_PATH_PREFIX) :]
         problem = object_name_problem(node)
         if problem:
             await self._refuse(request, HTTPStatus.BAD_REQUEST, f"node name {clip(node)!r} {problem}", node)
-            return
+            return None
         try:
             await self._tokens.check(node, bearer_token(request.headers))
         except AuthError as exc:
             await self._refuse(request, exc.status, str(exc), node)
-            return
+            return None
         if not admission.promote():
             self._metrics.connections_refused.labels(limit="maxSessions").inc()
             reason = f"this hub holds its limit of {self._session_places.total} sessions (maxSessions)"
             await self._refuse(request, HTTPStatus.SERVICE_UNAVAILABLE, reason, node)
-            return
-        ws = await request.accept()
-        await serve_edge(node, WebSocketLink(ws, stream))
-
-
-async def _cancel_when_gone(watched: PeerWatch, scope: anyio.CancelScope) -> None:
-    await watched.gone.wait()
-    scope.cancel()
+            return None
+        try:
+            return node, await request.accept()
+        except LinkClosed:
+            return None
 
 
 def _peer(stream: trio.SocketStream) -> str:

@@ -21,13 +21,11 @@ from typing import Final, final
 
 import anyio
 import structlog
-import trio
 
 __all__ = [
     "Admission",
     "ConnectionLimits",
     "LogThrottle",
-    "PeerWatch",
     "Slots",
     "connection_limits",
     "fd_limit",
@@ -177,40 +175,3 @@ def warn_throttled(
     dropped = throttle.allow(event, anyio.current_time())
     if dropped is not None:
         log.warning(event, **values, **({"suppressed": dropped} if dropped else {}))
-
-
-@final
-class PeerWatch(trio.abc.Stream):
-    """A stream that notes when its peer has gone (end of stream, a broken connection, or closed).
-
-    trio-websocket waits for a handshake request until its caller gives up, even after the peer
-    hung up; watching the stream lets a hub give the handshake place back at once instead of
-    after ``handshakeTimeout`` (a peer opening and dropping connections would hold them all).
-    """
-
-    def __init__(self, inner: trio.abc.Stream) -> None:
-        self.inner = inner
-        self.gone = trio.Event()
-        self.heard_at = trio.current_time()
-        """When bytes last arrived: the websocket's reader reads through here, pings and all."""
-
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        await self.inner.send_all(data)
-
-    async def wait_send_all_might_not_block(self) -> None:
-        await self.inner.wait_send_all_might_not_block()
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        try:
-            data = await self.inner.receive_some(max_bytes)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self.gone.set()
-            raise
-        if not data:
-            self.gone.set()
-        self.heard_at = trio.current_time()
-        return data
-
-    async def aclose(self) -> None:
-        self.gone.set()
-        await self.inner.aclose()

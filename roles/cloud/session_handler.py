@@ -19,9 +19,10 @@ links. A session:
    closed at once with that code; then the hub's mark comes off the Node, if the session was current.
 
 An edge that lists :data:`~nodetask.messages.PING_CAPABILITY` keeps its session alive with
-websocket pings, which the link answers without waking the session; others send Heartbeats, which
-are echoed. Either way the deadlines are kept by one task for all sessions (:meth:`SessionHandler.watch`),
-which looks at when each link last heard anything, so that a frame costs no timer of its own.
+websocket pings, which the link answers within the receive the session always has pending (no frame
+reaches the session for them); others send Heartbeats, which are echoed. Either way the deadlines
+are kept by one task for all sessions (:meth:`SessionHandler.watch`), which looks at when each link
+last heard anything, so that a frame costs no timer of its own.
 """
 
 from __future__ import annotations
