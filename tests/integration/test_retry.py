@@ -171,6 +171,8 @@ async def test_a_controller_killed_between_the_annotation_and_its_handling_retri
         await retry(crds, name, "once")
         await first.kill()
         handled = await job_when(cloud_kube, PREPULLS, name, lambda j: j.status.retry is not None, limit_s=60)
+        # Its Event follows the status write: killed in between, the standby would leave the retry unannounced.
+        await polled(functools.partial(events_of, crds, name, "JobRetried"), bool)
         await standby.kill()
         assert handled.status.retry.attempt == 2
         # The retried run goes on: the ghost waits for its timeout, which only a controller can declare
