@@ -32,6 +32,7 @@ import functools
 import gc
 import os
 import re
+import resource
 import subprocess
 import sys
 import time
@@ -54,6 +55,7 @@ from bench.hub_profile import Sampler
 from bench.waits import Stalled, deadline_for, until_count
 from nodetask.clock import Clock
 from roles.cloud.hub import Hub, HubSettings
+from roles.cloud.ingress import connection_limits
 from roles.cloud.metrics import HubMetrics
 from roles.jobtypes import job_types
 from roles.kube import Kube, NotFound, open_kube
@@ -72,6 +74,8 @@ REPORT_BURST = 10_000
 """Reports in a burst, at least 2 per edge."""
 _SAMPLE = re.compile(r'^(\w+)(?:\{(\w+)="([^"]*)"\})? ([0-9.e+-]+)$')
 MARKS = "nodetaskd_hub_node_marks_total"
+MANY_SESSIONS_HANDSHAKES = 500
+"""``maxHandshakes`` when ``maxSessions`` is raised to the fleet's size (see :func:`_limits`)."""
 """Node marks settled, by outcome (``written``, ``skipped``, ``failed``)."""
 
 
@@ -165,10 +169,11 @@ def _config(
     http_port: int,
     cache_streams: bool = False,
     log_level: str = "error",
+    sessions: int = 0,
 ) -> None:
     # This series measures sessions alone, as before cache streams existed (bench/hub_cache.py has them on).
     path.write_text(
-        f"kubeconfig: {cp.kubeconfig('cloud')}\n"
+        _limits(sessions) + f"kubeconfig: {cp.kubeconfig('cloud')}\n"
         f"hubId: {hub_id}\n"
         f"listen: 127.0.0.1:{port}\n"
         f"httpListen: 127.0.0.1:{http_port}\n"
@@ -177,6 +182,15 @@ def _config(
         "closeGrace: 2\n"
         f"logLevel: {log_level}\n"
     )
+
+
+def _limits(sessions: int) -> str:
+    """Config lines for a fleet past the session cap the hub derives from its file limit (a quarter of the
+    limit kept for handshakes): what an operator holding that many edges on one process sets."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]  # the hub raises its soft limit to this
+    if hard == resource.RLIM_INFINITY or sessions <= connection_limits(hard).sessions:
+        return ""
+    return f"maxSessions: {sessions}\nmaxHandshakes: {MANY_SESSIONS_HANDSHAKES}\n"
 
 
 def _settled(metrics: dict[str, float]) -> float:
@@ -224,7 +238,7 @@ async def run_size(
     # Unique, so that no Node still carries this hub's mark from an earlier run: every first mark is written.
     hub_id = f"bench-cap-{sessions}-{index}-{int(time.time())}"
     cfg = state_dir / f"{hub_id}.yaml"
-    _config(cp, cfg, hub_id=hub_id, port=port, http_port=http_port)
+    _config(cp, cfg, hub_id=hub_id, port=port, http_port=http_port, sessions=sessions)
     job = f"bench-cap-{sessions}-{index}-{int(time.time())}"
     argv = [sys.executable, "-m", "bench.hubproc", "--role=cloud", f"--config={cfg}"]
     async with admin(cp) as kube:
