@@ -121,6 +121,8 @@ class CapacityRun:
     """Reconnect storm: the restarted hub's CPU-seconds from its start to every mark settled."""
     reconnect_fleet_cpu_s: float = 0.0
     """Reconnect storm: the fleet's CPU-seconds over the same time (its edges' handshakes share the cores)."""
+    reconnect_error: str = ""
+    """Why the reconnect storm did not complete (the run's other figures stand); empty when it did."""
 
     @property
     def per_session_bytes(self) -> float:
@@ -271,7 +273,10 @@ async def run_size(
             await _kill(hub)
             started = time.perf_counter()
             hub = await anyio.open_process(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            await _reconnect_storm(run, fleet, hub, http_port, commanded=commanded, started=started, sample=sample)
+            try:
+                await _reconnect_storm(run, fleet, hub, http_port, commanded=commanded, started=started, sample=sample)
+            except Stalled as exc:  # the last step: what the run measured before it still stands
+                run.reconnect_error = str(exc)
         finally:
             await terminate(hub, grace=60)
             if fleet is not None:

@@ -459,10 +459,16 @@ def _hub_section(res: dict[str, Any], images: Path) -> list[str]:
 
 
 def _reconnect_table(runs: list[dict[str, Any]]) -> list[str]:
-    """The reconnect storm of each size's runs that measured one (step 7 of the hub-capacity run)."""
-    measured = [r for r in runs if r.get("reconnect_welcomed_s")]
+    """The reconnect storm of each size's runs that measured one (step 7 of the hub-capacity run), and the
+    storms that did not complete."""
+    measured = [r for r in runs if r.get("reconnect_welcomed_s") and not r.get("reconnect_error")]
+    failed = [
+        f"- {_n(r['sessions'])} sessions ({r.get('measured', '')}): the storm did not complete: {r['reconnect_error']}"
+        for r in runs
+        if r.get("reconnect_error")
+    ]
     if not measured:
-        return []
+        return [*failed, ""] if failed else []
     rows = [
         (
             _n(n),
@@ -503,6 +509,7 @@ def _reconnect_table(runs: list[dict[str, Any]]) -> list[str]:
         "",
         *_table(header, rows),
         "",
+        *([*failed, ""] if failed else []),
     ]
 
 
