@@ -246,7 +246,8 @@ class SessionHandler:
             await link.close(PROTOCOL, "expected hello")
             return None
         log.warning("hello_timed_out")
-        await link.close(PROTOCOL, "no hello")
+        with anyio.move_on_after(self._settings.close_grace):  # an edge that never spoke may not answer either
+            await link.close(PROTOCOL, "no hello")
         return None
 
     async def _receive(self, session: Session, log: Log) -> str:

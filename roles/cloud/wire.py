@@ -3,9 +3,10 @@
 The socket is read and written by whichever task asks, through trio's readiness waits; TLS is
 OpenSSL's own over the socket (:class:`ssl.SSLSocket`), not :class:`trio.SSLStream`'s state
 machine in Python over memory buffers, which cost about as much CPU per frame as the websocket
-above it. One task reads at a time and one writes at a time;
-with TLS either may need the other direction first (a handshake record, a key update), and then
-waits for the task already waiting on it rather than beside it.
+above it. One task reads at a time and one writes at a time; with TLS either may need the other
+direction first (a handshake record), so what is kept to one task is the wait for each direction
+(trio allows no more): a task needing a direction another task already waits for waits for that
+task's wait to end instead.
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ RECEIVE_BYTES: Final = 65536
 EAGER_READS: Final = 16
 """Reads that found data without waiting before the reader lets other tasks run: a peer that keeps
 the socket full must not keep the hub to itself."""
+_READABLE, _WRITABLE = 1, 2
 
 
 @final
 class Wire:
     """One connected socket, owned from here on: :meth:`close` it once."""
 
-    __slots__ = ("_closed", "_eager", "_turns", "_writing", "broken", "reading", "sock")
+    __slots__ = ("_closed", "_eager", "_turns", "_waiting", "_writing", "broken", "reading", "sock")
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
@@ -40,9 +42,11 @@ class Wire:
         self._writing = False
         self._closed = False
         self._eager = 0
+        self._waiting = 0
+        """The directions (:data:`_READABLE`, :data:`_WRITABLE`) a task is waiting for."""
         self._turns: trio.lowlevel.ParkingLot | None = None
-        """Tasks waiting for the writer to finish, or for the other direction's progress (made when
-        first needed: most connections never wait for each other)."""
+        """Tasks waiting for the writer to finish, or for another task's wait on the socket to end
+        (made when first needed: most connections never wait for each other)."""
 
     @classmethod
     def take(cls, stream: trio.SocketStream) -> Wire:
@@ -81,14 +85,10 @@ class Wire:
                     data = self.sock.recv(RECEIVE_BYTES)
                 except (BlockingIOError, ssl.SSLWantReadError):
                     self._eager = 0
-                    await trio.lowlevel.wait_readable(self.sock)
-                    self._progress()
+                    await self._wait(_READABLE)
                     continue
                 except ssl.SSLWantWriteError:
-                    if self._writing:  # the writer's wait covers ours (two tasks cannot wait for one socket)
-                        await self._turn()
-                    else:
-                        await trio.lowlevel.wait_writable(self.sock)
+                    await self._wait(_WRITABLE)
                     continue
                 self._eager += 1
                 if self._eager >= EAGER_READS:
@@ -111,14 +111,10 @@ class Wire:
                 try:
                     sent = self.sock.send(view)
                 except (BlockingIOError, ssl.SSLWantWriteError):
-                    await trio.lowlevel.wait_writable(self.sock)
-                    self._progress()
+                    await self._wait(_WRITABLE)
                     continue
                 except ssl.SSLWantReadError:
-                    if self.reading:  # the reader's wait covers ours
-                        await self._turn()
-                    else:
-                        await trio.lowlevel.wait_readable(self.sock)
+                    await self._wait(_READABLE)
                     continue
                 view = view[sent:]
         except BaseException:
@@ -129,6 +125,21 @@ class Wire:
             raise
         finally:
             self._writing = False
+            self._progress()
+
+    async def _wait(self, direction: int) -> None:
+        """Until the socket is ready in ``direction``, or another task's wait for it has ended."""
+        if self._waiting & direction:
+            await self._turn()
+            return
+        self._waiting |= direction
+        try:
+            if direction == _WRITABLE:
+                await trio.lowlevel.wait_writable(self.sock)
+            else:
+                await trio.lowlevel.wait_readable(self.sock)
+        finally:
+            self._waiting &= ~direction
             self._progress()
 
     async def _turn(self) -> None:

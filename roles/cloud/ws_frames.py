@@ -73,7 +73,7 @@ def _close_payload(payload: bytes) -> tuple[int, str]:
 class FrameReader:
     """The frames an edge sends, parsed as its bytes arrive; messages at most ``max_message_bytes``."""
 
-    __slots__ = ("_kind", "_parts", "_pending", "_size", "closed_with", "max_message_bytes", "pings", "pongs")
+    __slots__ = ("_kind", "_parts", "_pending", "closed_with", "max_message_bytes", "pings", "pongs")
 
     def __init__(self, max_message_bytes: int) -> None:
         self.max_message_bytes = max_message_bytes
@@ -87,8 +87,9 @@ class FrameReader:
         """Bytes of a frame not yet complete."""
         self._kind = 0
         """The opcode of the fragmented message under way (0: none)."""
-        self._parts: list[bytes] = []
-        self._size = 0
+        self._parts = bytearray()
+        """The payload so far of the fragmented message under way: one buffer, not an object per
+        fragment, so that a peer sending empty or one-byte fragments holds no more than their bytes."""
 
     def feed(self, data: bytes | bytearray) -> list[str | bytes]:
         """The messages ``data`` completes, in order. Errors: :class:`ProtocolFailure`."""
@@ -133,15 +134,16 @@ class FrameReader:
             if fin:
                 got.append(_message(opcode, payload))
             else:
-                self._kind, self._parts, self._size = opcode, [payload], size
+                self._kind = opcode
+                self._parts += payload
         elif opcode == _CONTINUATION:
             if not self._kind:
                 raise ProtocolFailure(PROTOCOL_ERROR, "a continuation frame with no message under way")
-            self._parts.append(payload)
-            self._size += size
+            self._parts += payload
             if fin:
-                got.append(_message(self._kind, b"".join(self._parts)))
-                self._kind, self._parts, self._size = 0, [], 0
+                got.append(_message(self._kind, bytes(self._parts)))
+                self._kind = 0
+                self._parts = bytearray()
         else:
             self._control(opcode, payload)
         return after
@@ -151,7 +153,7 @@ class FrameReader:
         if opcode >= _CLOSE:
             if not fin or size > _CONTROL_MAX:
                 raise ProtocolFailure(PROTOCOL_ERROR, "a control frame fragmented or longer than 125 bytes")
-        elif self._size + size > self.max_message_bytes:
+        elif len(self._parts) + size > self.max_message_bytes:
             raise ProtocolFailure(MESSAGE_TOO_BIG, f"Exceeded maximum message size: {self.max_message_bytes} bytes")
 
     def _control(self, opcode: int, payload: bytes) -> None:

@@ -169,6 +169,9 @@ class ServerWebSocket:
                     if not data:
                         break
                     self._reader.feed(data)  # messages after the hub's close are not wanted
+                    # Nor are its pings and pongs, which would otherwise pile up for as long as the edge sends them.
+                    self._reader.pings.clear()
+                    self._reader.pongs.clear()
                     self._close_received = self._reader.closed_with is not None
         except (*_Broken, ProtocolFailure):
             pass

@@ -250,3 +250,22 @@ async def test_an_edge_that_stops_mid_frame_is_closed_at_its_heartbeat_deadline(
     welcomes = [e for e in events if isinstance(e, BytesMessage)]
     assert [type(messages.decode_downstream(bytes(e.data))) for e in welcomes] == [Welcome]
     assert [c.code for c in closes] == [4008]
+
+
+async def test_an_edge_that_never_says_hello_nor_answers_the_close_is_let_go(crds: ControlPlane) -> None:
+    """The hub's close for a missing Hello waits for the edge's answer only for its close grace, then drops it."""
+    node = unique("mute")
+    tokens = await register_edges(crds, [node])
+    async with running_hub(crds, "hub-mute", hello_timeout=0.3, close_grace=0.3) as hub:
+        port = int(hub.url.rsplit(":", 1)[1])
+        stream = await trio.open_tcp_stream(LOOPBACK, port)
+        client = WSConnection(ConnectionType.CLIENT)
+        headers = [(b"authorization", f"Bearer {tokens[node]}".encode())]
+        closes: list[CloseConnection] = []
+        async with stream:
+            await stream.send_all(client.send(Request(host="hub", target=f"/nodes/{node}", extra_headers=headers)))
+            with anyio.fail_after(20):
+                while data := await stream.receive_some():  # never answering the close
+                    client.receive_data(data)
+                    closes += [e for e in client.events() if isinstance(e, CloseConnection)]
+    assert [(c.code, c.reason) for c in closes] == [(1002, "no hello")]

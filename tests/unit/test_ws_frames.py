@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import tracemalloc
 
 import pytest
 from hypothesis import given
@@ -138,3 +139,21 @@ def test_the_hubs_frames_are_read_by_wsprotos_client(size: int) -> None:
     assert isinstance(events[3], CloseConnection)
     assert (events[3].code, events[3].reason) == (4008, "é" * 61)
     assert Opcode.BINARY.value == data_frame(b"")[0] & 0x0F
+
+
+@pytest.mark.parametrize("fragment", [b"", b"f"])
+def test_a_message_in_many_tiny_fragments_is_held_at_about_its_payloads_size(fragment: bytes) -> None:
+    """Fragments are not kept one object apiece: empty or one-byte fragments cannot grow memory past the limit."""
+    count = 20_000
+    reader = FrameReader(max_message_bytes=count)
+    data = _masked(0x02, b"") + _masked(0x00, fragment) * count
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for at in range(0, len(data), 65536):
+            assert reader.feed(data[at : at + 65536]) == []
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held < 2 * count * len(fragment) + 16384
+    assert reader.feed(_masked(0x80, b"")) == [fragment * count]
