@@ -674,7 +674,9 @@ async def test_an_agent_forgets_finished_tasks_after_their_retention(tmp_path: P
         for report in await session.reports(2):
             await session.send(ReportAck(job_uid=report.job_uid, seq=report.seq))
         assert await edge.store.get_task("uid-a") is not None
-        await anyio.sleep(GUARD / 4 * 1.25)  # the retention, and a pruning period of a quarter of it
+        # Pruning runs every quarter of the retention from the agent's start: wake between the tick that
+        # forgets the task (the fifth) and the next, so that its store call has begun before this one.
+        await anyio.sleep(GUARD / 4 * 1.4)
         assert await edge.store.get_task("uid-a") is None
 
 
