@@ -367,26 +367,26 @@ async def _heartbeat_burst(run: CapacityRun, fleet: procs.Fleet, pids: dict[str,
     run.fleet_cpu_pct = cpu["fleet"] / elapsed * 100
 
 
+async def _fleet_burst(fleet: procs.Fleet, pids: dict[str, int], command: str, done: str) -> tuple[float, float]:
+    """Run one fleet burst; its seconds (as the fleet timed them) and the hub's CPU as a percentage of one core."""
+    cpu0 = procs.cpu_seconds(pids)
+    await fleet.command(command)
+    finished = await fleet.expect(done, limit_s=900)
+    cpu = procs.cpu_delta(cpu0, procs.cpu_seconds(pids))
+    seconds = float(finished["seconds"])
+    return seconds, cpu["hub"] / seconds * 100
+
+
 async def _ping_burst(run: CapacityRun, fleet: procs.Fleet, pids: dict[str, int]) -> None:
     each = max(5, -(-HEARTBEAT_BURST // run.sessions))
-    cpu0 = procs.cpu_seconds(pids)
-    await fleet.command(f"pings {each}")
-    ponged = await fleet.expect("ponged", limit_s=600)
-    cpu = procs.cpu_delta(cpu0, procs.cpu_seconds(pids))
-    seconds = float(ponged["seconds"])
+    seconds, run.ping_burst_cpu_pct = await _fleet_burst(fleet, pids, f"pings {each}", "ponged")
     run.ping_burst_per_s = run.sessions * each / seconds
-    run.ping_burst_cpu_pct = cpu["hub"] / seconds * 100
 
 
 async def _report_burst(run: CapacityRun, fleet: procs.Fleet, pids: dict[str, int], job: str, uid: str) -> None:
     each = max(2, -(-REPORT_BURST // run.sessions))
-    cpu0 = procs.cpu_seconds(pids)
-    await fleet.command(f"reports {each} {job} {uid}")
-    answered = await fleet.expect("answered", limit_s=900)
-    cpu = procs.cpu_delta(cpu0, procs.cpu_seconds(pids))
-    seconds = float(answered["seconds"])
+    seconds, run.report_burst_cpu_pct = await _fleet_burst(fleet, pids, f"reports {each} {job} {uid}", "answered")
     run.report_burst_per_s = run.sessions * each / seconds
-    run.report_burst_cpu_pct = cpu["hub"] / seconds * 100
 
 
 def psutil_nofile(pid: int) -> tuple[int, int]:
