@@ -1,7 +1,8 @@
 """The hub's front door for edges: TCP, TLS and the websocket handshake, up to an authenticated link.
 
-Each TCP connection takes a handshake place (refused at once when none is free, before any TLS or
-websocket work); its TLS and websocket handshake must be done within ``handshake_timeout``. Then
+Each TCP connection takes a handshake place (when none is free, accepting waits a moment for one,
+then refuses at once, before any TLS or websocket work); its TLS and websocket handshake must be
+done within ``handshake_timeout``. Then
 the node named in the path is checked before anything else (it goes into API paths and Secret
 names), then the edge's bearer token; the handshake place is traded for a session place, and the
 accepted websocket is handed, as a :class:`~nodetask.link.Link`, to the session handler.
@@ -12,10 +13,12 @@ the supervision boundary, which logs it, counts it and closes only that connecti
 
 from __future__ import annotations
 
+import errno
 import functools
 import ssl
+from collections.abc import Callable, Coroutine
 from http import HTTPStatus
-from typing import Final
+from typing import Any, Final
 
 import anyio
 import anyio.abc
@@ -37,6 +40,12 @@ __all__ = ["EDGE_PATH_PREFIX", "WebSocketDoor"]
 Log = structlog.typing.FilteringBoundLogger
 
 EDGE_PATH_PREFIX: Final = "/nodes/"
+
+HANDSHAKE_QUEUE_S: Final = 1.0
+"""How long the accept loop waits for a handshake place before it refuses connections again."""
+ACCEPT_RETRY_S: Final = 0.1
+"""The pause after accept failed for want of descriptors or memory."""
+_ACCEPT_CAPACITY_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 
 _BUSY_TEXT: Final = b"this hub is at its limit of handshakes (maxHandshakes)\n"
 _BUSY: Final = (
@@ -82,15 +91,56 @@ class WebSocketDoor:
         bound: int = listeners[0].socket.getsockname()[1]
         handler = functools.partial(self._connection, serve_edge=serve_edge, ssl_context=ssl_context)
         async with anyio.create_task_group() as tg:
-            await tg.start(trio.serve_listeners, handler, listeners)
+            for listener in listeners:
+                tg.start_soon(self._accept, listener, handler, tg)
             task_status.started(bound)
 
+    async def _accept(
+        self,
+        listener: trio.SocketListener,
+        handler: Callable[[trio.SocketStream, Admission], Coroutine[Any, Any, None]],
+        connections: anyio.abc.TaskGroup,
+    ) -> None:
+        """Accept connections and serve each in ``connections``; while every handshake place is taken, wait
+        up to :data:`HANDSHAKE_QUEUE_S` for one before accepting the next.
+
+        A reconnect storm frees places within milliseconds: its edges wait in the kernel's backlog, in
+        arrival order, instead of being refused and coming back on their own timers (which cost a
+        refused attempt each, and left places empty between retries). Places that stay taken for
+        longer (silent or slow peers) mean refusing at accept again, at once, until one is free.
+        """
+        queueing = True
+        async with listener:
+            while True:
+                if queueing and self._handshakes.full:
+                    with anyio.move_on_after(HANDSHAKE_QUEUE_S) as waited:
+                        await self._handshakes.wait_free()
+                    queueing = not waited.cancelled_caught
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:
+                    if exc.errno not in _ACCEPT_CAPACITY_ERRNOS:
+                        raise
+                    # Out of descriptors or memory: the connections being served will give some back.
+                    warn_throttled(self._throttle, self._log, "edge_accept_failed", error=errno.errorcode[exc.errno])
+                    await anyio.sleep(ACCEPT_RETRY_S)
+                    continue
+                queueing = queueing or not self._handshakes.full
+                # The place is taken here, not in the connection's task, so that the next turn sees it taken.
+                admission = Admission(handshakes=self._handshakes, sessions=self._session_places)
+                admission.enter()
+                connections.start_soon(handler, stream, admission)
+
     async def _connection(
-        self, stream: trio.SocketStream, *, serve_edge: ServeEdge, ssl_context: ssl.SSLContext | None
+        self,
+        stream: trio.SocketStream,
+        admission: Admission,
+        *,
+        serve_edge: ServeEdge,
+        ssl_context: ssl.SSLContext | None,
     ) -> None:
         """One edge connection, from accept to close: the hub's per-connection supervision boundary."""
-        admission = Admission(handshakes=self._handshakes, sessions=self._session_places)
-        if not admission.enter():
+        if not admission.holding:
             await self._refuse_connection(stream, tls=ssl_context is not None)
             return
         wire = Wire.take(stream)

@@ -6,7 +6,9 @@ own API calls failed. So the hub keeps a reserve for itself and splits the rest 
 that never borrow from each other: *handshakes* (from accept until the bearer token checked out)
 and *sessions* (from then until the connection ends). A flood of unauthenticated connections can
 then fill only the handshake pool, never take the place of an edge that holds a session, and the
-excess is refused at accept, before any TLS or websocket work.
+excess is refused at accept, before any TLS or websocket work. While places turn over (a reconnect
+storm: each handshake takes a millisecond or so) the accept loop waits for one instead, so the
+edges queue in the kernel's backlog in arrival order rather than being sent away to retry.
 
 Log lines caused by what a peer sends are throttled per event, so that a peer cannot grow the
 hub's log faster than a few lines a second; the counters still count every one.
@@ -90,11 +92,16 @@ def fd_limit() -> int:
 
 @final
 class Slots:
-    """``total`` places of one kind, taken without waiting: the excess is refused, never queued."""
+    """``total`` places of one kind, taken without waiting; the accept loop may wait for one to be free."""
 
     def __init__(self, total: int) -> None:
         self.total = total
         self.used = 0
+        self._freed: anyio.Event | None = None
+
+    @property
+    def full(self) -> bool:
+        return self.used >= self.total
 
     def take(self) -> bool:
         """Take a place if one is free."""
@@ -107,6 +114,16 @@ class Slots:
         """Give back a place taken with :meth:`take`."""
         assert self.used > 0, "a place given back that was never taken"
         self.used -= 1
+        if self._freed is not None:
+            self._freed.set()
+            self._freed = None
+
+    async def wait_free(self) -> None:
+        """Return once a place is free (it is not taken: whoever comes next may take it)."""
+        while self.used >= self.total:
+            if self._freed is None:
+                self._freed = anyio.Event()
+            await self._freed.wait()
 
 
 @final
@@ -125,6 +142,11 @@ class Admission:
             return False
         self._held = self._handshakes
         return True
+
+    @property
+    def holding(self) -> bool:
+        """Whether a place is held (False once refused or left)."""
+        return self._held is not None
 
     def promote(self) -> bool:
         """Trade the handshake place for a session place (the edge authenticated); False: none is free."""

@@ -21,6 +21,7 @@ from nodetask import messages
 from nodetask.messages import Error, Heartbeat, Hello, Report, Welcome, parse_route
 from nodetask.phases import JobPhase, NodeTaskPhase
 from nodetask.route import Route
+from roles.cloud import edges
 from roles.cloud.hub import Hub
 from roles.http import router, serve_http
 from roles.kube import Kube, NotFound
@@ -235,8 +236,9 @@ async def test_an_unexpected_error_in_one_session_ends_only_that_connection(
 # ------------------------------------------------------------------------------ connection caps
 
 
-async def test_connections_beyond_the_caps_are_refused_at_once_naming_the_setting(crds: ControlPlane) -> None:
-    """Past maxHandshakes a connection gets 503 before any websocket work; past maxSessions an edge gets 503."""
+async def test_connections_beyond_the_caps_are_refused_naming_the_setting(crds: ControlPlane) -> None:
+    """Past maxHandshakes a connection gets 503 (once no place came free for a moment) before any websocket work;
+    past maxSessions an edge gets 503."""
     first, second = unique("cap"), unique("cap")
     tokens = await register_edges(crds, [first, second])
     async with running_hub(crds, "hub-caps", max_handshakes=2, max_sessions=1, handshake_timeout=60) as hub:
@@ -258,6 +260,28 @@ async def test_connections_beyond_the_caps_are_refused_at_once_naming_the_settin
         await eventually(lambda: first not in hub.hub.sessions)
         async with running_edges([light_edge(second, hub.url, tokens[second])]):
             assert second in hub.hub.sessions
+
+
+async def test_a_connection_waits_in_the_backlog_for_a_handshake_place_given_back_soon(
+    crds: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With every handshake place taken, a new connection is served once a place comes back, not refused."""
+    monkeypatch.setattr(edges, "HANDSHAKE_QUEUE_S", 60.0)  # so that a loaded machine cannot make the wait run out
+    async with running_hub(crds, "hub-queue", max_handshakes=1, handshake_timeout=60) as hub:
+        port = port_of(hub)
+        holder = await trio.open_tcp_stream(LOOPBACK, port)
+        await eventually(lambda: metric(hub, "nodetaskd_hub_handshakes") == 1)
+        waiting = await trio.open_tcp_stream(LOOPBACK, port)  # connected: the kernel holds it until accepted
+        async with waiting:
+            await waiting.send_all(
+                b"GET /elsewhere HTTP/1.1\r\nhost: hub\r\nupgrade: websocket\r\nconnection: Upgrade\r\n"
+                b"sec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n"
+            )
+            await holder.aclose()
+            with anyio.fail_after(20):
+                answer = await waiting.receive_some(65536)
+    assert answer.startswith(b"HTTP/1.1 404 "), answer  # the request was read: it had a handshake place
+    assert metric(hub, "nodetaskd_hub_connections_refused_total", limit="maxHandshakes") == 0
 
 
 async def test_idle_connections_that_never_finish_their_handshake_or_hello_are_closed(crds: ControlPlane) -> None:

@@ -6,6 +6,8 @@ import subprocess
 import sys
 
 import pytest
+import trio
+import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -85,6 +87,25 @@ def test_giving_back_a_place_never_taken_is_a_bug() -> None:
     """Slots refuse to go below zero rather than silently raising the cap."""
     with pytest.raises(AssertionError):
         Slots(1).give()
+
+
+async def test_waiting_for_a_place_returns_once_one_is_given_back(autojump_clock: trio.testing.MockClock) -> None:
+    """wait_free blocks while every place is taken and returns when one is given back, without taking it."""
+    slots = Slots(1)
+    assert slots.take()
+    freed_at: list[float] = []
+
+    async def waiter() -> None:
+        await slots.wait_free()
+        freed_at.append(trio.current_time())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter)
+        await trio.sleep(5)
+        assert freed_at == []
+        slots.give()
+    assert freed_at == [5]
+    assert (slots.used, slots.full) == (0, False)
 
 
 def test_throttle_lets_a_burst_through_then_says_how_many_it_left_out() -> None:
