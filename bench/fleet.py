@@ -157,6 +157,7 @@ async def serve(args: argparse.Namespace) -> None:
             delay=args.delay,
             jitter=args.jitter,
             reconnect_delay=args.reconnect_delay,
+            reconnect_cap=args.reconnect_cap,
             pings=args.pings,
             capabilities=(CACHE_CAPABILITY,) if args.cache else (),
         )
@@ -194,7 +195,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--delay", type=float, default=0.01, help="seconds each action takes")
     p.add_argument("--jitter", type=float, default=0.0, help="up to this many seconds more, fixed per edge")
     p.add_argument("--parallel", type=int, default=200, help="connections being opened at once")
-    p.add_argument("--reconnect-delay", type=float, default=1.0)
+    p.add_argument("--reconnect-delay", type=float, default=0.5, help="the first retry's ceiling (as the agent's)")
+    p.add_argument("--reconnect-cap", type=float, default=30.0, help="the backoff's cap (the agent's reconnectCap)")
     p.add_argument("--pings", action="store_true", help="edges keep sessions alive with websocket pings")
     p.add_argument("--cache", action="store_true", help="list cache.v1 and report when every edge has its cache")
     args = p.parse_args(argv)

@@ -19,8 +19,9 @@ process of its own, with plain ws:// on loopback and the default 15 s heartbeat;
    job per 0.2 s window; no PUT, since the change is refused) and answered. The write itself is
    what benchmark 1 measures;
 7. reconnect storm: the hub is killed (SIGKILL: no session closed, no Node unmarked) and started
-   again with the same hub id and ports; every edge reconnects at once (each retries every second
-   while the port is closed). Timed from the new process's start: its /readyz, every edge welcomed
+   again with the same hub id and ports; every edge reconnects at once (each backs off as the agent
+   does while the port is closed: from 0.5 s, doubling up to 30 s, each delay drawn from the upper
+   half of the ceiling). Timed from the new process's start: its /readyz, every edge welcomed
    again, every session's Node mark settled (written, or skipped since the Node names this hub and
    version already); then, three heartbeat intervals on, the sessions it opened beyond one per edge.
 """

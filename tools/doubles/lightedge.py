@@ -30,6 +30,7 @@ import trio_websocket
 from flows import diagnosis_job, imageprepulljob, nodeupgradejob
 from flows.jobtype import EdgeJobType
 from nodetask import messages
+from nodetask.backoff import Backoff
 from nodetask.messages import (
     PING_CAPABILITY,
     Ack,
@@ -101,6 +102,9 @@ class LightEdge:
     version: str = "v1.0.0"
     ssl_context: ssl.SSLContext | None = None
     reconnect_delay: float = 0.2
+    reconnect_cap: float = 0.0
+    """Above ``reconnect_delay``: back off as the agent does (doubling up to this, each delay drawn from the upper
+    half, reset once welcomed); otherwise retry every ``reconnect_delay``."""
     attempts: bool = True
     """Whether it keys tasks by job UID and attempt, as agents do since retries (else by job UID alone)."""
     pings: bool = False
@@ -145,17 +149,20 @@ class LightEdge:
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Connect, serve, and reconnect after every loss until cancelled; ready once first connected."""
         self._ready = task_status
+        backoff = Backoff(initial=self.reconnect_delay, cap=self.reconnect_cap)
         async with anyio.create_task_group() as work:
             while True:
                 try:
-                    await self._session(work)
+                    await self._session(work, backoff)
                 except* (OSError, trio_websocket.HandshakeError, trio_websocket.ConnectionClosed) as group:
                     for exc in group.exceptions:
                         if isinstance(exc, trio_websocket.ConnectionClosed) and exc.reason is not None:
                             self.close_codes.append(exc.reason.code)
-                await anyio.sleep(self.reconnect_delay)
+                await anyio.sleep(
+                    backoff.delay() if self.reconnect_cap > self.reconnect_delay else self.reconnect_delay
+                )
 
-    async def _session(self, work: anyio.abc.TaskGroup) -> None:
+    async def _session(self, work: anyio.abc.TaskGroup, backoff: Backoff) -> None:
         headers = [(b"authorization", f"Bearer {self.token}".encode())]
         url = f"{self.url.rstrip('/')}/nodes/{self.node}"
         async with trio_websocket.open_websocket_url(url, ssl_context=self.ssl_context, extra_headers=headers) as ws:
@@ -169,6 +176,7 @@ class LightEdge:
                 raise trio_websocket.HandshakeError(f"expected welcome, got {welcome!r}")
             pinging = self.pings and PING_CAPABILITY in welcome.capabilities
             self.connects += 1
+            backoff.reset()
             with anyio.CancelScope() as self._cut:
                 self._ws = ws
                 self._connected.set()
