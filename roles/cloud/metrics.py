@@ -25,6 +25,28 @@ class _KubeCounters(Collector):
         )
 
 
+class _FrameCounts(Collector):
+    """Frames by op in each direction, as plain integers read at scrape time.
+
+    Counted for every frame, so on the hub's hottest path: a labelled prometheus Counter takes a lock
+    per increment (about 4% of a heartbeat echo's CPU), a dict entry does not.
+    """
+
+    def __init__(self, received: dict[str, int], sent: dict[str, int]) -> None:
+        self._received = received
+        self._sent = sent
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        for name, doc, counts in (
+            ("nodetaskd_hub_messages_in", "Frames received from edges, by op.", self._received),
+            ("nodetaskd_hub_messages_out", "Frames sent to edges, by op.", self._sent),
+        ):
+            family = CounterMetricFamily(name, doc, labels=["op"])
+            for op, count in list(counts.items()):
+                family.add_metric([op], count)
+            yield family
+
+
 class HubMetrics:
     """Counters, gauges and histograms of one hub."""
 
@@ -33,12 +55,11 @@ class HubMetrics:
     ) -> None:
         self.connected = Gauge("nodetaskd_hub_connected_edges", "Edge sessions held.", registry=registry)
         self.connected.set_function(sessions)
-        self.messages_in = Counter(
-            "nodetaskd_hub_messages_in", "Frames received from edges, by op.", ["op"], registry=registry
-        )
-        self.messages_out = Counter(
-            "nodetaskd_hub_messages_out", "Frames sent to edges, by op.", ["op"], registry=registry
-        )
+        self.frames_in: dict[str, int] = {}
+        """Frames received, by op: add to them directly (see :class:`_FrameCounts`)."""
+        self.frames_out: dict[str, int] = {}
+        """Frames sent, by op."""
+        registry.register(_FrameCounts(self.frames_in, self.frames_out))
         self.rejected = Counter(
             "nodetaskd_hub_rejected_frames", "Frames refused, by reason.", ["reason"], registry=registry
         )

@@ -35,7 +35,6 @@ from typing import Any, Final
 import anyio
 import structlog
 import trio
-from prometheus_client import Counter
 
 from nodetask import messages
 from nodetask.link import Link, LinkClosed
@@ -109,9 +108,8 @@ class SessionHandler:
         self._conditions = conditions
         self._log = log
         self._deadline = settings.heartbeat_interval * settings.missed_heartbeats
-        # Labelled children looked up once: a frame's count is then one increment.
-        self._counted_in: dict[str, Counter] = {}
-        self._counted_out: dict[str, Counter] = {}
+        self._frames_in = metrics.frames_in
+        self._frames_out = metrics.frames_out
 
     async def serve(self, node: str, link: Link) -> None:
         """Serve ``node``'s edge over ``link`` (its token already checked) until its session ends."""
@@ -316,16 +314,10 @@ class SessionHandler:
         await session.send(Error(code=reason, message=clip(text), ref=ref), own=True)
 
     def _count_in(self, op: str) -> None:
-        counter = self._counted_in.get(op)
-        if counter is None:
-            counter = self._counted_in[op] = self._metrics.messages_in.labels(op=op)
-        counter.inc()
+        self._frames_in[op] = self._frames_in.get(op, 0) + 1
 
     def _count_out(self, op: str) -> None:
-        counter = self._counted_out.get(op)
-        if counter is None:
-            counter = self._counted_out[op] = self._metrics.messages_out.labels(op=op)
-        counter.inc()
+        self._frames_out[op] = self._frames_out.get(op, 0) + 1
 
     def _warn(self, log: Log, event: str, **values: object) -> None:
         warn_throttled(self._throttle, log, event, **values)
