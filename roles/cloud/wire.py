@@ -30,7 +30,7 @@ _READABLE, _WRITABLE = 1, 2
 class Wire:
     """One connected socket, owned from here on: :meth:`close` it once."""
 
-    __slots__ = ("_closed", "_eager", "_turns", "_waiting", "_writing", "broken", "reading", "sock")
+    __slots__ = ("_closed", "_drained", "_eager", "_turns", "_waiting", "_writing", "broken", "reading", "sock")
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
@@ -42,6 +42,9 @@ class Wire:
         self._writing = False
         self._closed = False
         self._eager = 0
+        self._drained = False
+        """The last read of a plain socket took less than it asked for: the kernel had no more, and
+        reading again before the socket is readable would only fail (a system call and an exception)."""
         self._waiting = 0
         """The directions (:data:`_READABLE`, :data:`_WRITABLE`) a task is waiting for."""
         self._turns: trio.lowlevel.ParkingLot | None = None
@@ -80,6 +83,10 @@ class Wire:
             raise trio.BusyResourceError("another task is already reading this connection")
         self.reading = True
         try:
+            if self._drained:
+                self._drained = False
+                self._eager = 0
+                await self._wait(_READABLE)
             while True:
                 try:
                     data = self.sock.recv(RECEIVE_BYTES)
@@ -90,6 +97,9 @@ class Wire:
                 except ssl.SSLWantWriteError:
                     await self._wait(_WRITABLE)
                     continue
+                # TLS returns a record at a time, whatever is left in the kernel: only a plain socket's
+                # short read says it is empty.
+                self._drained = 0 < len(data) < RECEIVE_BYTES and type(self.sock) is socket.socket
                 self._eager += 1
                 if self._eager >= EAGER_READS:
                     self._eager = 0
