@@ -15,7 +15,8 @@ connected, then obeys one command per stdin line:
 * ``stats``: print counters. End of input stops the process.
 
 With ``--cache`` the edges list ``cache.v1`` and the process also prints ``{"event": "cached", ...}``
-once every edge has received its Node, Pod and ConfigMap collections.
+once every edge has received its Node, Pod and ConfigMap collections. With ``--lean`` the edges are
+:class:`bench.lean_edge.LeanEdge` (pings only, no actions, a tenth of the CPU per connection) instead.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ import json
 import resource
 import sys
 import time
+import urllib.parse
 from collections.abc import Sequence
 
 import anyio
 import anyio.abc
 
 from bench.cluster import edge_token, node_name
+from bench.lean_edge import LeanEdge
 from nodetask.messages import CACHE_CAPABILITY, Heartbeat, Report
 from nodetask.route import Route
 from roles.jobtypes import edge_job_types
@@ -39,6 +42,15 @@ from schemas import v1alpha2
 from tools.doubles.lightedge import LightEdge
 
 JOB_TYPE = "imageprepulljob"
+
+Edge = LightEdge | LeanEdge
+
+
+def _answered(edge: Edge) -> int:
+    """Reports the hub has answered (acknowledged or refused)."""
+    if isinstance(edge, LeanEdge):
+        return edge.acked + edge.errors
+    return len(edge.acked) + len(edge.errors)
 
 
 def raise_fd_limit() -> tuple[int, int]:
@@ -54,12 +66,12 @@ def emit(event: str, **fields: object) -> None:
     sys.stdout.flush()
 
 
-async def _connect_all(edges: list[LightEdge], tg: anyio.abc.TaskGroup, parallel: int) -> float:
+async def _connect_all(edges: list[Edge], tg: anyio.abc.TaskGroup, parallel: int) -> float:
     limiter = anyio.CapacityLimiter(parallel)
     started = time.perf_counter()
     async with anyio.create_task_group() as starting:
 
-        async def start_one(edge: LightEdge) -> None:
+        async def start_one(edge: Edge) -> None:
             async with limiter:
                 await tg.start(edge.run)
 
@@ -68,10 +80,10 @@ async def _connect_all(edges: list[LightEdge], tg: anyio.abc.TaskGroup, parallel
     return time.perf_counter() - started
 
 
-async def _heartbeats(edges: list[LightEdge], count: int) -> None:
+async def _heartbeats(edges: list[Edge], count: int) -> None:
     started = time.perf_counter()
 
-    async def one(edge: LightEdge) -> None:
+    async def one(edge: Edge) -> None:
         for _ in range(count):
             await edge.send(Heartbeat(sent_at=anyio.current_time()))
 
@@ -81,10 +93,10 @@ async def _heartbeats(edges: list[LightEdge], count: int) -> None:
     emit("sent", messages=len(edges) * count, seconds=time.perf_counter() - started)
 
 
-async def _pings(edges: list[LightEdge], count: int) -> None:
+async def _pings(edges: list[Edge], count: int) -> None:
     started = time.perf_counter()
 
-    async def one(edge: LightEdge) -> None:
+    async def one(edge: Edge) -> None:
         for _ in range(count):
             await edge.ping()
 
@@ -94,12 +106,12 @@ async def _pings(edges: list[LightEdge], count: int) -> None:
     emit("ponged", messages=len(edges) * count, seconds=time.perf_counter() - started)
 
 
-async def _reports(edges: list[LightEdge], count: int, job: str, uid: str) -> None:
-    before = sum(len(e.errors) + len(e.acked) for e in edges)
+async def _reports(edges: list[Edge], count: int, job: str, uid: str) -> None:
+    before = sum(_answered(e) for e in edges)
     expected = before + len(edges) * count
     started = time.perf_counter()
 
-    async def one(edge: LightEdge) -> None:
+    async def one(edge: Edge) -> None:
         route = Route(v1alpha2.API_VERSION, JOB_TYPE, job, edge.node)
         for seq in range(count):
             report = Report(route=route, job_uid=uid, seq=1_000_000 + seq, action="Check", succ=True)
@@ -109,8 +121,8 @@ async def _reports(edges: list[LightEdge], count: int, job: str, uid: str) -> No
         for edge in edges:
             tg.start_soon(one, edge)
     sent = time.perf_counter() - started
-    # LightEdge only appends to lists as answers arrive: poll them.
-    while sum(len(e.errors) + len(e.acked) for e in edges) < expected:  # noqa: ASYNC110
+    # The edges only count answers as they arrive: poll them.
+    while sum(_answered(e) for e in edges) < expected:  # noqa: ASYNC110
         await anyio.sleep(0.01)
     emit("answered", messages=len(edges) * count, sent_s=sent, seconds=time.perf_counter() - started)
 
@@ -125,7 +137,7 @@ async def _cached(edges: list[LightEdge], started: float) -> None:
     emit("cached", count=len(edges), seconds=time.perf_counter() - started, frames=sum(e.cache_frames for e in edges))
 
 
-async def _reconnected(edges: list[LightEdge]) -> None:
+async def _reconnected(edges: list[Edge]) -> None:
     started = time.perf_counter()
     before = [edge.connects for edge in edges]
     # LightEdge only counts connects as they happen: poll them.
@@ -134,41 +146,26 @@ async def _reconnected(edges: list[LightEdge]) -> None:
     emit("reconnected", count=len(edges), seconds=time.perf_counter() - started)
 
 
-def _stats(edges: list[LightEdge]) -> None:
+def _stats(edges: list[Edge]) -> None:
+    light = [e for e in edges if isinstance(e, LightEdge)]
     emit(
         "stats",
         connected=sum(e.connected for e in edges),
         connects=sum(e.connects for e in edges),
-        run_actions=sum(len(e.run_actions) for e in edges),
-        acked=sum(len(e.acked) for e in edges),
-        errors=sum(len(e.errors) for e in edges),
-        outbox=sum(len(e.outbox) for e in edges),
+        answered=sum(_answered(e) for e in edges),
+        run_actions=sum(len(e.run_actions) for e in light),
+        outbox=sum(len(e.outbox) for e in light),
     )
 
 
 async def serve(args: argparse.Namespace) -> None:
-    types = edge_job_types()
-    edges = [
-        LightEdge(
-            node=node_name(i),
-            url=args.url,
-            token=edge_token(args.seed, node_name(i)),
-            job_types=types,
-            delay=args.delay,
-            jitter=args.jitter,
-            reconnect_delay=args.reconnect_delay,
-            reconnect_cap=args.reconnect_cap,
-            pings=args.pings,
-            capabilities=(CACHE_CAPABILITY,) if args.cache else (),
-        )
-        for i in range(args.first, args.first + args.count)
-    ]
+    edges: list[Edge] = [*_lean(args)] if args.lean else [*_light(args)]
     async with anyio.create_task_group() as tg:
         started = time.perf_counter()
         seconds = await _connect_all(edges, tg, args.parallel)
         emit("connected", count=len(edges), seconds=seconds)
         if args.cache:
-            await _cached(edges, started)
+            await _cached([e for e in edges if isinstance(e, LightEdge)], started)
         async for line in anyio.wrap_file(sys.stdin):
             match line.split():
                 case ["heartbeats", k]:
@@ -186,6 +183,42 @@ async def serve(args: argparse.Namespace) -> None:
         tg.cancel_scope.cancel()
 
 
+def _light(args: argparse.Namespace) -> list[LightEdge]:
+    types = edge_job_types()
+    return [
+        LightEdge(
+            node=node_name(i),
+            url=args.url,
+            token=edge_token(args.seed, node_name(i)),
+            job_types=types,
+            delay=args.delay,
+            jitter=args.jitter,
+            reconnect_delay=args.reconnect_delay,
+            reconnect_cap=args.reconnect_cap,
+            pings=args.pings,
+            capabilities=(CACHE_CAPABILITY,) if args.cache else (),
+        )
+        for i in range(args.first, args.first + args.count)
+    ]
+
+
+def _lean(args: argparse.Namespace) -> list[LeanEdge]:
+    url = urllib.parse.urlsplit(args.url)
+    if url.scheme != "ws" or url.hostname is None or url.port is None:
+        raise SystemExit(f"--lean takes a ws://host:port URL, not {args.url!r}")
+    return [
+        LeanEdge(
+            node=node_name(i),
+            host=url.hostname,
+            port=url.port,
+            token=edge_token(args.seed, node_name(i)),
+            reconnect_delay=args.reconnect_delay,
+            reconnect_cap=args.reconnect_cap,
+        )
+        for i in range(args.first, args.first + args.count)
+    ]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="bench.fleet", description=__doc__.splitlines()[0] if __doc__ else "")
     p.add_argument("--url", required=True, help="the hub's ws:// URL")
@@ -199,6 +232,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--reconnect-cap", type=float, default=30.0, help="the backoff's cap (the agent's reconnectCap)")
     p.add_argument("--pings", action="store_true", help="edges keep sessions alive with websocket pings")
     p.add_argument("--cache", action="store_true", help="list cache.v1 and report when every edge has its cache")
+    p.add_argument("--lean", action="store_true", help="bare edges (bench.lean_edge): pings only, no actions")
     args = p.parse_args(argv)
     soft, hard = raise_fd_limit()
     emit("started", nofile_soft=soft, nofile_hard=hard)

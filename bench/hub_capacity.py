@@ -2,7 +2,9 @@
 
 The hub is the real cloud role (``nodetaskd --role=cloud`` through :mod:`bench.hubproc`) in a
 process of its own, with plain ws:// on loopback and the default 15 s heartbeat; the edges are a
-:mod:`bench.fleet` process. For each size, a fresh hub and fleet:
+:mod:`bench.fleet` process of lean edges (:mod:`bench.lean_edge`: the protocol over a bare socket,
+so that the fleet's CPU on the same two cores holds the hub back as little as it can). For each
+size, a fresh hub and fleet:
 
 1. the hub starts and syncs its job cache; its RSS is read (the baseline);
 2. the fleet connects every edge, at most 200 handshakes at a time; its edges list pings, as
@@ -252,7 +254,7 @@ async def run_size(
             await anyio.sleep(2)
             baseline = procs.rss_bytes(hub.pid)
             fleet = await procs.Fleet.spawn(
-                url=f"ws://127.0.0.1:{port}", seed=seed, count=sessions, parallel=200, pings=True
+                url=f"ws://127.0.0.1:{port}", seed=seed, count=sessions, parallel=200, lean=True
             )
             run = CapacityRun(sessions=sessions, baseline_rss=baseline, nofile=psutil_nofile(hub.pid))
             async with _sampled(sample, "connect", hub.pid):

@@ -68,6 +68,7 @@ class Fleet:
         parallel: int = 200,
         pings: bool = False,
         cache: bool = False,
+        lean: bool = False,
     ) -> Fleet:
         argv: list[str] = [
             sys.executable, "-m", "bench.fleet", f"--url={url}", f"--seed={seed}", f"--count={count}",
@@ -77,6 +78,8 @@ class Fleet:
             argv.append("--pings")
         if cache:
             argv.append("--cache")
+        if lean:
+            argv.append("--lean")
         process = await anyio.open_process(argv, cwd=REPO, stderr=subprocess.DEVNULL)
         fleet = cls(process, count)
         await fleet.expect("started", limit_s=30)
