@@ -7,6 +7,7 @@ deterministic as the sleeps (kopf does the same for the same reason).
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime, timedelta
 
 import anyio
@@ -14,10 +15,12 @@ import msgspec
 
 __all__ = ["Clock", "format_time", "parse_time"]
 
+_RFC3339_SECONDS = "%Y-%m-%dT%H:%M:%SZ"
+
 
 def format_time(moment: datetime) -> str:
     """RFC 3339 in UTC with second precision, as KubeEdge writes ``time``/``finishTime``."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return moment.astimezone(UTC).strftime(_RFC3339_SECONDS)
 
 
 def parse_time(text: str) -> datetime:
@@ -48,8 +51,9 @@ class Clock(msgspec.Struct, frozen=True):
         return self.base + timedelta(seconds=anyio.current_time())
 
     def stamp(self) -> str:
-        """:meth:`now` as an RFC 3339 string."""
-        return format_time(self.now())
+        """:meth:`now` as an RFC 3339 string (as :func:`format_time` writes it)."""
+        # Stamped on every report a hub records: a third of the cost of a datetime's strftime.
+        return time.strftime(_RFC3339_SECONDS, time.gmtime(self.base.timestamp() + anyio.current_time()))
 
     def loop_time(self, moment: datetime) -> float:
         """The loop time at which ``moment`` happens(ed), for deadlines computed from timestamps."""

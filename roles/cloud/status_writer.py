@@ -16,6 +16,7 @@ from typing import Any
 
 import anyio
 import structlog
+import trio
 
 from roles.cloud.api import JobStatusStore
 from roles.cloud.changes import Change
@@ -32,7 +33,7 @@ class _Submitted:
 
     def __init__(self, change: Change) -> None:
         self.change = change
-        self.done = anyio.Event()
+        self.done = trio.Event()  # one per report: anyio's wrapper costs as much again
         self.outcome: Any = None
         self.error: ApiError | None = None
         self.abandoned = False
