@@ -84,8 +84,9 @@ class Reports:
         API errors other than NotFound are retried with backoff for as long as the caller waits:
         a report is either written or still held by the edge, never lost in between.
         """
-        await self._jobs.synced.wait()
-        backoff = Backoff(initial=0.2, cap=5.0)
+        if not self._jobs.synced.is_set():  # waiting on a set event would still yield once, on every report
+            await self._jobs.synced.wait()
+        backoff: Backoff | None = None
         while True:
             state = self._jobs.get(jt, job)
             if state is None:
@@ -110,6 +111,7 @@ class Reports:
                 return None
             except ApiError as exc:
                 log.warning("report_write_retry", error=str(exc))
+                backoff = backoff or Backoff(initial=0.2, cap=5.0)
                 await anyio.sleep(backoff.delay())
                 continue
             if outcome.applied:
