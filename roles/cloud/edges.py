@@ -29,6 +29,7 @@ from nodetask.link import LinkClosed
 from nodetask.names import clip, object_name_problem
 from roles.cloud.auth import AuthError, TokenBook, bearer_token
 from roles.cloud.ingress import Admission, LogThrottle, Slots, connection_limits, fd_limit, warn_throttled
+from roles.cloud.listeners import open_listeners
 from roles.cloud.metrics import HubMetrics
 from roles.cloud.session_handler import ServeEdge
 from roles.cloud.settings import HubSettings
@@ -87,7 +88,7 @@ class WebSocketDoor:
         task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """Listen on ``host:port`` and serve edges with ``serve_edge`` until cancelled; ready with the bound port."""
-        listeners = await trio.open_tcp_listeners(port, host=host)
+        listeners = await open_listeners(host, port)
         bound: int = listeners[0].socket.getsockname()[1]
         handler = functools.partial(self._connection, serve_edge=serve_edge, ssl_context=ssl_context)
         async with anyio.create_task_group() as tg:
@@ -101,21 +102,18 @@ class WebSocketDoor:
         handler: Callable[[trio.SocketStream, Admission], Coroutine[Any, Any, None]],
         connections: anyio.abc.TaskGroup,
     ) -> None:
-        """Accept connections and serve each in ``connections``; while every handshake place is taken, wait
-        up to :data:`HANDSHAKE_QUEUE_S` for one before accepting the next.
+        """Accept connections and serve each in ``connections``. One that finds every handshake place
+        taken waits up to :data:`HANDSHAKE_QUEUE_S` for one before it is refused.
 
-        A reconnect storm frees places within milliseconds: its edges wait in the kernel's backlog, in
-        arrival order, instead of being refused and coming back on their own timers (which cost a
-        refused attempt each, and left places empty between retries). Places that stay taken for
-        longer (silent or slow peers) mean refusing at accept again, at once, until one is free.
+        A reconnect storm frees places within milliseconds: its edges wait (in the kernel's accept
+        queues, and one per listener here) in arrival order, instead of being refused and coming back
+        on their own timers, which cost a refused attempt each and left places empty between retries.
+        Places that stay taken for longer (silent or slow peers) mean refusing at once again, until a
+        connection finds a place free.
         """
         queueing = True
         async with listener:
             while True:
-                if queueing and self._handshakes.full:
-                    with anyio.move_on_after(HANDSHAKE_QUEUE_S) as waited:
-                        await self._handshakes.wait_free()
-                    queueing = not waited.cancelled_caught
                 try:
                     stream = await listener.accept()
                 except OSError as exc:
@@ -125,10 +123,12 @@ class WebSocketDoor:
                     warn_throttled(self._throttle, self._log, "edge_accept_failed", error=errno.errorcode[exc.errno])
                     await anyio.sleep(ACCEPT_RETRY_S)
                     continue
-                queueing = queueing or not self._handshakes.full
-                # The place is taken here, not in the connection's task, so that the next turn sees it taken.
                 admission = Admission(handshakes=self._handshakes, sessions=self._session_places)
-                admission.enter()
+                if not admission.enter() and queueing:
+                    with anyio.move_on_after(HANDSHAKE_QUEUE_S):
+                        while not admission.enter():
+                            await self._handshakes.wait_free()
+                queueing = admission.holding
                 connections.start_soon(handler, stream, admission)
 
     async def _connection(
