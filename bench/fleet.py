@@ -22,6 +22,7 @@ once every edge has received its Node, Pod and ConfigMap collections. With ``--l
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import resource
 import sys
@@ -164,6 +165,10 @@ async def serve(args: argparse.Namespace) -> None:
         started = time.perf_counter()
         seconds = await _connect_all(edges, tg, args.parallel)
         emit("connected", count=len(edges), seconds=seconds)
+        # As the hub does (roles.cloud.tune_gc): the edges made so far are frozen and the young generation
+        # larger, so that reconnecting thousands of edges does not walk all of them again and again.
+        gc.freeze()
+        gc.set_threshold(20_000, *gc.get_threshold()[1:])
         if args.cache:
             await _cached([e for e in edges if isinstance(e, LightEdge)], started)
         async for line in anyio.wrap_file(sys.stdin):

@@ -425,7 +425,7 @@ async def heap_profile(cp: ControlPlane, *, sessions: int, seed: str) -> dict[st
                 await anyio.sleep(1)
                 gc.collect()
                 before, rss0 = tracemalloc.take_snapshot(), procs.rss_bytes(os.getpid())
-                fleet = await procs.Fleet.spawn(url=f"ws://127.0.0.1:{port}", seed=seed, count=sessions)
+                fleet = await procs.Fleet.spawn(url=f"ws://127.0.0.1:{port}", seed=seed, count=sessions, lean=True)
                 await fleet.expect("connected", limit_s=deadline_for(sessions))
 
                 async def writes() -> float:
