@@ -221,8 +221,7 @@ def _hub_notes(res: dict[str, Any]) -> list[str]:
         "non-blocking socket with OpenSSL's TLS), a connection is a socket, a small read buffer and the",
         "frame state, with no reader task, memory channel or events of its own; the upgrade request and its",
         "HTTP parser are freed once answered. Then the hub's one task for the session, the `Session`, a",
-        "structlog logger bound to the node and the cached token. The tracemalloc table above is of the",
-        "earlier, trio-websocket layer (it was not measured again this time).",
+        "structlog logger bound to the node and the cached token (the tracemalloc table above).",
         "",
         "Connecting: a session costs the hub no API call before its Welcome. The token check used to be a",
         "Secret GET; the hub now watches the labelled token Secrets, so it is a dictionary lookup (the",
@@ -252,13 +251,38 @@ def _hub_notes(res: dict[str, Any]) -> list[str]:
         "not run for them (1.5% of the ping burst's samples). Those changes alone measured (same day, 3 runs",
         "at 1,000 sessions): about 300 µs per echo, 210 µs per ping and 530 µs per report.",
         "",
-        "The rows of the table were measured at different times, with the code of their day: the 1,000,",
-        "10,000 and 19,000-session rows with the hub's own websocket layer on a quiet machine (load 0.4 to",
-        "2.2), the 5,000-session row with the earlier code; compare within a row, and the marginal memory",
-        "only between rows of one day. The reconnect storm of 19,000 did not complete: the fleet process,",
-        "at 100% of a core, retries every edge every second and could not finish handshakes within the",
-        "hub's deadline while 500 handshakes at a time were allowed (`maxSessions` 19,000 leaves few file",
-        "descriptors for more); that run's other figures stand.",
+        "The rows of the table were measured at different times, with the code and fleet of their day: the",
+        "1,000, 10,000 and 19,000-session rows on the final code of 2026-11-26 with the lean fleet on a quiet",
+        "machine, the 5,000-session row with the code and light fleet of that morning; compare within a",
+        "row, and the marginal memory only between rows of one day.",
+        "",
+        "The fleet. Until the evening of 2026-11-26 the fleet's edges were light edges",
+        "(`tools/doubles/lightedge.py`, over trio-websocket), which cost the fleet 5.7 to 7.4 ms of CPU per",
+        "reconnect and a whole core in every burst, against 1.3 ms of the hub's: a storm timed how fast the",
+        "fleet could dial. The lean edges (`bench/lean_edge.py`: the same protocol over a bare socket,",
+        "pings only, no actions) cost it 1 to 2 ms. A faster fleet also changes what the hub is measured",
+        "under: frames arrive closer together and the hub handles more of them per wake-up, so its CPU per",
+        "message falls. Both, on the same code the same evening at 1,000 sessions: light fleet (3 runs)",
+        "57.5 µs per echo, 48 per ping, 157 per report; lean fleet (1 run) 48.5, 35 and 108, against 67, 53",
+        "and 182 for the code of the previous row of that size. Roughly half of the echo's drop and a third",
+        "of the report's is the hub's code, the rest the fleet. The hub's side, from py-spy samples of the",
+        "bursts: frames counted in plain integers read at scrape time (a labelled prometheus Counter takes",
+        "a lock per increment, 3.6% of an echo's samples); after a plain socket's short read the next read",
+        "waits for the socket to be readable instead of failing once (a system call and an exception per",
+        "message); trio's clock and events where anyio's wrappers cost 1.1 µs against 0.3 per clock read",
+        "and 2.6 µs against 0.4 per event, on every frame written and every report; report timestamps",
+        "through `time.strftime` (3.0 µs against 8.4); a report no longer yields once on the job cache's",
+        "synced event.",
+        "",
+        "The reconnect storm. A hub that refused every connection past its handshake places (500 when",
+        "`maxSessions` is 19,000 on a 20,000 file limit) sent most of a storm away to retry on its own",
+        "timers: the storm of 19,000 did not complete in 950 s in the previous series. Now a connection",
+        "that finds every place taken waits for one for up to a second (they turn over within milliseconds",
+        "in a storm; after a second, refusing at once resumes until a place is free), and the port has",
+        "eight kernel accept queues (`SO_REUSEPORT`) instead of one of `net.core.somaxconn` (4,096), so the",
+        "edges wait in arrival order rather than in TCP's retry timers. The fleet backs off as the agent",
+        "does (from 0.5 s, doubling to 30 s, jittered), which adds up to a ceiling's worth of waiting after",
+        "the hub is back: the 1,000-session storm takes longer than with a retry every second.",
         "",
         "The rest is the cost of a wake-up. A bare trio-websocket server (no hub code) answering pings from",
         "1,000 connections used 150-210 µs of CPU per ping on this machine, 140 µs with CPython's young",
@@ -266,12 +290,13 @@ def _hub_notes(res: dict[str, Any]) -> list[str]:
         "loaded and uses that threshold, `roles/cloud/__init__.py`). The same bare test with 500 clients: 236",
         "µs per TLS ping through trio-websocket over `trio.SSLStream`, 163-228 with wsproto driven by one task",
         "over it, 111 over a non-blocking `ssl.SSLSocket`; wsproto's frame layer then cost 27 µs per received",
-        "frame against 3 for the hub's own codec. Hence the hub's layer, and 53-57 µs per ping at 1,000 and",
-        "10,000 sessions. What is left is mostly the send and recv system calls (a third of the samples, with",
-        "the peer's TCP work on loopback) and trio's epoll wait per read: every message is its own wake-up",
+        "frame against 3 for the hub's own codec. Hence the hub's layer (53-57 µs per ping at 1,000 and",
+        "10,000 sessions when it came, with the light fleet). What is left is mostly the send and recv",
+        "system calls (a third of the samples, with the peer's TCP work on loopback) and trio's epoll wait",
+        "per read: every message is its own wake-up",
         "while the fleet keeps the hub mostly idle; a busier hub batches and pays less per message.",
-        "The load generator is no faster (the fleet's CPU in the table): on",
-        "2 cores the burst rates are a lower bound of what the hub can do alone.",
+        "The lean fleet is still the slower side in every burst (its CPU in the table): on 2 cores the",
+        "burst rates are a lower bound of what the hub can do alone.",
         "",
     ]
     if sizes:
@@ -283,5 +308,22 @@ def _hub_notes(res: dict[str, Any]) -> list[str]:
             f"core, about {per_beat:.0f} µs of CPU per keep-alive (a ping, or a Heartbeat received and echoed) with",
             "everything else the hub does meanwhile. The heartbeat interval is the other lever: at 30 s it halves.",
         ]
+        pinged = [r for r in top if r.get("ping_burst_per_s")]
+        if pinged:
+            echo = steady / 100 / _med(r["heartbeat_burst_per_s"] for r in pinged) * 1e6
+            ping = steady / 100 / _med(r["ping_burst_per_s"] for r in pinged) * 1e6
+            out.append(
+                f"That share runs through every burst of the table: at {sizes[-1]:,} sessions it is about {echo:.0f} µs"
+                f" of each heartbeat echo's and {ping:.0f} µs of each ping's hub CPU."
+            )
+        stormed = [r for r in top if r.get("reconnect_marked_s") and not r.get("reconnect_error")]
+        if stormed:
+            hub_cpu = _med(r["reconnect_cpu_s"] for r in stormed)
+            fleet_cpu = _med(r["reconnect_fleet_cpu_s"] for r in stormed)
+            out += [
+                f"In the reconnect storm of {sizes[-1]:,} the new hub used {hub_cpu:.0f} s of CPU (its start and",
+                f"lists included: {hub_cpu / sizes[-1] * 1e3:.1f} ms a session) and the fleet {fleet_cpu:.0f} s;",
+                "on two cores the time to welcome every edge is bound by their sum.",
+            ]
     out.append("")
     return out
