@@ -22,7 +22,6 @@ once every edge has received its Node, Pod and ConfigMap collections. With ``--l
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import resource
 import sys
@@ -37,6 +36,7 @@ from bench.cluster import edge_token, node_name
 from bench.lean_edge import LeanEdge
 from nodetask.messages import CACHE_CAPABILITY, Heartbeat, Report
 from nodetask.route import Route
+from roles.gc_tuning import tune_gc
 from roles.jobtypes import edge_job_types
 from roles.logs import configure_logging
 from schemas import v1alpha2
@@ -165,10 +165,7 @@ async def serve(args: argparse.Namespace) -> None:
         started = time.perf_counter()
         seconds = await _connect_all(edges, tg, args.parallel)
         emit("connected", count=len(edges), seconds=seconds)
-        # As the hub does (roles.cloud.tune_gc): the edges made so far are frozen and the young generation
-        # larger, so that reconnecting thousands of edges does not walk all of them again and again.
-        gc.freeze()
-        gc.set_threshold(20_000, *gc.get_threshold()[1:])
+        tune_gc()  # as a hub does: reconnecting thousands of edges must not walk all of them again and again
         if args.cache:
             await _cached([e for e in edges if isinstance(e, LightEdge)], started)
         async for line in anyio.wrap_file(sys.stdin):

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import functools
-import gc
 import socket
 import ssl
 from pathlib import Path
-from typing import Final
 
 import anyio
 import structlog
@@ -18,6 +16,7 @@ from roles.cloud.hub import Hub, HubSettings
 from roles.cloud.ingress import connection_limits, fd_limit, raise_fd_limit
 from roles.cloud.metrics import HubMetrics
 from roles.config import CloudConfig, RoleConfig
+from roles.gc_tuning import tune_gc
 from roles.http import health_routes, router, serve_http
 from roles.jobtypes import job_types
 from roles.kube import open_kube
@@ -42,24 +41,6 @@ def settings_of(cfg: CloudConfig) -> HubSettings:
         cache_streams=cfg.cache_streams,
         cache_secrets=cfg.cache_secrets,
     )
-
-
-GC_YOUNG_THRESHOLD: Final = 20_000
-"""Allocations between two collections of the youngest generation (CPython's default is 700)."""
-
-
-def tune_gc() -> None:
-    """Fewer garbage collections for a hub: what startup loaded is frozen, the young generation larger.
-
-    Every frame a hub handles allocates a few short-lived objects (trio's outcomes, the frame, its
-    message). At CPython's default the collector ran every few dozen frames and went through the
-    objects of thousands of sessions: about a third of a heartbeat echo's CPU in a bare trio-websocket
-    server (docs/benchmarks.md). A hub's garbage dies by reference count; the collector only has the
-    rare cycle to find, which a larger young generation still finds.
-    """
-    gc.freeze()
-    _, middle, old = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, middle, old)
 
 
 def server_tls(cfg: CloudConfig) -> ssl.SSLContext | None:
