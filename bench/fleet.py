@@ -16,7 +16,7 @@ connected, then obeys one command per stdin line:
 
 With ``--cache`` the edges list ``cache.v1`` and the process also prints ``{"event": "cached", ...}``
 once every edge has received its Node, Pod and ConfigMap collections. With ``--lean`` the edges are
-:class:`bench.lean_edge.LeanEdge` (pings only, no actions, a tenth of the CPU per connection) instead.
+:class:`bench.lean_edge.LeanEdge` (pings only, no actions, a fifth of the CPU per connection or less) instead.
 """
 
 from __future__ import annotations

@@ -86,8 +86,6 @@ class LeanEdge:
     token: str
     reconnect_delay: float = 0.5
     reconnect_cap: float = 30.0
-    on_welcome: list[LeanEdge] | None = None
-    """Appended to (this edge) each time a hub welcomes it: how a fleet learns of reconnects without polling."""
 
     connects: int = 0
     acked: int = 0
@@ -145,8 +143,6 @@ class LeanEdge:
             self.connects += 1
             self._sock = sock
             welcomed()
-            if self.on_welcome is not None:
-                self.on_welcome.append(self)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._keepalive, welcome.heartbeat_interval)
                 await self._serve(sock, buffer)
