@@ -99,10 +99,6 @@ class Slots:
         self.used = 0
         self._freed: anyio.Event | None = None
 
-    @property
-    def full(self) -> bool:
-        return self.used >= self.total
-
     def take(self) -> bool:
         """Take a place if one is free."""
         if self.used >= self.total:

@@ -105,7 +105,7 @@ async def test_waiting_for_a_place_returns_once_one_is_given_back(autojump_clock
         assert freed_at == []
         slots.give()
     assert freed_at == [5]
-    assert (slots.used, slots.full) == (0, False)
+    assert (slots.used, slots.take()) == (0, True)  # the place is free for whoever comes next
 
 
 def test_throttle_lets_a_burst_through_then_says_how_many_it_left_out() -> None:
