@@ -45,6 +45,7 @@ import fcntl
 import functools
 import json
 import os
+import random
 import re
 import secrets
 import select
@@ -551,19 +552,39 @@ def _stream_build(
 # --------------------------------------------------------------------------
 
 
-def _free_ports(count: int) -> list[int]:
-    """``count`` distinct, currently free loopback TCP ports.
+_LOWEST_CHOSEN_PORT = 10_000
 
-    All sockets are held open together so the kernel cannot hand out the same
-    port twice.  There is a small window before the servers bind them; a
-    collision shows up as a clear start-up error with the log tail."""
+
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel hands out on its own (to connect() and bind to port 0)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768
+
+
+def _free_ports(count: int) -> list[int]:
+    """``count`` distinct, currently free loopback TCP ports, below the kernel's ephemeral range.
+
+    A port is chosen well before its server binds it (a hub's, half a minute later in the demo).
+    One from the ephemeral range could meanwhile become the local port of any outgoing loopback
+    connection (a registry push, an API call), and the server's bind then failed with EADDRINUSE;
+    below that range only an explicit bind takes a port. All the sockets are held open together so
+    that no port comes twice; a collision left shows up as a clear start-up error with the log tail."""
+    floor = _ephemeral_floor()
+    candidates = random.sample(range(_LOWEST_CHOSEN_PORT, floor), min(floor - _LOWEST_CHOSEN_PORT, 4 * count + 64))
     with contextlib.ExitStack() as stack:
         ports: list[int] = []
-        for _ in range(count):
+        for port in candidates:
             s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            s.bind(("127.0.0.1", 0))
-            ports.append(int(s.getsockname()[1]))
-        return ports
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            ports.append(port)
+            if len(ports) == count:
+                return ports
+    raise RuntimeError(f"found only {len(ports)} of {count} free loopback ports below {floor}")
 
 
 def _proc_state(pid: int) -> str | None:
