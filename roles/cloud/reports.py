@@ -12,13 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-import anyio
 import structlog
 import trio
 
 from flows.jobtype import JobType
 from nodetask import messages
-from nodetask.backoff import Backoff
 from nodetask.clock import Clock
 from nodetask.messages import Error, Report, ReportAck
 from roles.cloud.changes import RecordOutcome, record
@@ -26,6 +24,7 @@ from roles.cloud.jobs import Jobs
 from roles.cloud.metrics import HubMetrics
 from roles.cloud.settings import HubSettings
 from roles.kube import ApiError, NotFound
+from roles.kube.retrying import Outage
 
 __all__ = ["JOB_GONE", "REPORT_REJECTED", "Reports"]
 
@@ -86,7 +85,7 @@ class Reports:
         """
         if not self._jobs.synced.is_set():  # waiting on a set event would still yield once, on every report
             await self._jobs.synced.wait()
-        backoff: Backoff | None = None
+        outage: Outage | None = None  # made only when a write fails, not on every report
         while True:
             state = self._jobs.get(jt, job)
             if state is None:
@@ -110,10 +109,11 @@ class Reports:
                 log.warning("report_for_missing_job")
                 return None
             except ApiError as exc:
-                log.warning("report_write_retry", error=str(exc))
-                backoff = backoff or Backoff(initial=0.2, cap=5.0)
-                await anyio.sleep(backoff.delay())
+                outage = outage or Outage(log, "report_write_retry")
+                await outage.wait(exc)
                 continue
+            if outage is not None:
+                outage.recovered()
             if outcome.applied:
                 log.info("report_applied")
             elif outcome.other_attempt:

@@ -35,7 +35,6 @@ import structlog
 from flows import diagnosis_dispatch, diagnosis_job
 from flows.diagnosis_dispatch import Recorded, TaskChange, accepted, dispatched, failed, finished, route_of
 from flows.diagnosis_job import RUN
-from nodetask.backoff import Backoff
 from nodetask.clock import Clock
 from nodetask.messages import Cancel, Error, Report, ReportAck, RunAction
 from roles.cloud.api import TaskApi
@@ -47,6 +46,7 @@ from roles.kube import ApiError, Deleted, NotFound, Relisted, Upserted, WatchEve
 from roles.kube.errors import too_large
 from roles.kube.following import follow, mirror_by_name
 from roles.kube.resources import OPERATIONS, TASKS
+from roles.kube.retrying import Outage
 from roles.kube.versions import fresher
 from schemas.diagnosis import Operation, Task, TaskPhase
 
@@ -237,13 +237,15 @@ class Tasks:
 
     async def _write_retrying(self, state: TaskState, change: TaskChange, log: Log) -> Recorded | None:
         """:meth:`_write`, retried with backoff after API errors until it is written or the Task ends."""
-        backoff = Backoff(initial=0.2, cap=5.0)
+        outage = Outage(log, "task_status_write_retry")
         while True:
             try:
-                return await self._write(state, change)
+                written = await self._write(state, change)
             except ApiError as exc:
-                log.warning("task_status_write_retry", error=str(exc))
-            await anyio.sleep(backoff.delay())
+                await outage.wait(exc)
+                continue
+            outage.recovered()
+            return written
 
     # ---------------------------------------------------------------------------------------- dispatch
 
@@ -331,15 +333,17 @@ class Tasks:
 
     async def _read_operation(self, name: str, log: Log) -> Operation | None:
         """The Operation from the API server: the Task may have come through its watch before the Operation did."""
-        backoff = Backoff(initial=0.2, cap=5.0)
+        outage = Outage(log.bind(operation=name), "operation_read_retry")
         while True:
             try:
-                return await self._api.get(OPERATIONS, name)
+                operation = await self._api.get(OPERATIONS, name)
             except NotFound:
                 return None
             except ApiError as exc:
-                log.warning("operation_read_retry", operation=name, error=str(exc))
-            await anyio.sleep(backoff.delay())
+                await outage.wait(exc)
+                continue
+            outage.recovered()
+            return operation
 
     async def _accept_when_acked(
         self, state: TaskState, acked: anyio.Event, worker: anyio.abc.TaskGroup, log: Log
@@ -388,7 +392,7 @@ class Tasks:
             return Error(code=REPORT_REJECTED, message=text, ref=ref)
         node = report.route.node
         change = finished(report.result, uid=report.job_uid, node=node, now=self._clock.now())
-        backoff = Backoff(initial=0.2, cap=5.0)
+        outage = Outage(log, "report_write_retry")
         while True:
             try:
                 outcome = await self._write(state, change)
@@ -404,9 +408,9 @@ class Tasks:
                         now=self._clock.now(),
                     )
                 else:
-                    log.warning("report_write_retry", error=str(exc))
-                    await anyio.sleep(backoff.delay())
+                    await outage.wait(exc)
                 continue
+            outage.recovered()
             if outcome is None:
                 return Error(code=JOB_GONE, message=f"task {report.route.job} no longer exists", ref=ref)
             if outcome is Recorded.APPLIED:
@@ -423,14 +427,14 @@ class Tasks:
         if state is not None or uid in self._gone or not uid:
             return state
         # Another hub may have sent it, its watch ahead of this one's: the API server has the last word.
-        backoff = Backoff(initial=0.2, cap=5.0)
+        outage = Outage(log, "task_lookup_retry")
         while True:
             try:
                 found, _, _ = await self._api.list(TASKS, field_selector=f"metadata.name={report.route.job}")
                 break
             except ApiError as exc:
-                log.warning("task_lookup_retry", error=str(exc))
-            await anyio.sleep(backoff.delay())
+                await outage.wait(exc)
+        outage.recovered()
         for task in found:
             if task.metadata.uid == uid and uid not in self._gone:
                 self._upsert(task)

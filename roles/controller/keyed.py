@@ -17,8 +17,8 @@ import anyio.abc
 import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from nodetask.backoff import Backoff
 from roles.kube import ApiError, NotFound
+from roles.kube.retrying import Outage
 
 K = TypeVar("K", bound=Hashable)
 Log = structlog.typing.FilteringBoundLogger
@@ -55,7 +55,7 @@ class KeyedWorkers(Generic[K]):
             wake.send_nowait(None)
 
     async def _worker(self, key: K, wake: MemoryObjectReceiveStream[None]) -> None:
-        backoff = Backoff(initial=1.0, cap=30.0)
+        outage = Outage(self._log.bind(what=self._what, key=str(key)), "pass_failed", initial=1.0, cap=30.0)
         await self._ready.wait()
         try:
             async with wake:
@@ -63,12 +63,11 @@ class KeyedWorkers(Generic[K]):
                 while True:
                     try:
                         due = await self._work(key)
-                        backoff.reset()
+                        outage.recovered()
                     except NotFound:
                         due = math.inf
                     except ApiError as exc:
-                        due = anyio.current_time() + backoff.delay()
-                        self._log.warning("pass_failed", what=self._what, key=str(key), error=str(exc))
+                        due = anyio.current_time() + outage.failed(exc)
                     if due is None:
                         # Done, unless poked during the pass. No await between this check and the
                         # removal below, so no poke can slip in unseen.

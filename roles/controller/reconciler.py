@@ -20,13 +20,13 @@ import msgspec
 import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from nodetask.backoff import Backoff
 from nodetask.clock import Clock, format_time
 from nodetask.phases import JobPhase
 from roles.controller import decide, retry
 from roles.events import job_event, record_event
 from roles.kube import ApiError, Deleted, Invalid, Kube, NotFound, Relisted, Upserted, WatchEvent
 from roles.kube.resources import NODES, Resource, job_resource
+from roles.kube.retrying import Outage
 from schemas.access import counted
 from schemas.core import Node
 from schemas.kinds import Kind
@@ -150,7 +150,7 @@ class Reconciler:
     async def _worker(self, key: Key, wake: MemoryObjectReceiveStream[None]) -> None:
         kind = self._kinds[key[0]]
         log = self._log.bind(job=key[1], kind=kind.kind)
-        backoff = Backoff(initial=1.0, cap=30.0)
+        outage = Outage(log, "reconcile_failed", initial=1.0, cap=30.0)
         await self._nodes_synced.wait()
         try:
             async with wake:
@@ -158,12 +158,11 @@ class Reconciler:
                     started = anyio.current_time()
                     try:
                         due = await self._reconcile(kind, job, log)
-                        backoff.reset()
+                        outage.recovered()
                     except NotFound:
                         due = None
                     except ApiError as exc:
-                        due = anyio.current_time() + backoff.delay()
-                        log.warning("reconcile_failed", error=str(exc))
+                        due = anyio.current_time() + outage.failed(exc)
                     self._on_reconciled(kind, anyio.current_time() - started)
                     with anyio.move_on_after(math.inf if due is None else max(0.0, due - anyio.current_time())):
                         await wake.receive()

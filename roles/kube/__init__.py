@@ -11,7 +11,7 @@ measured; see ``docs`` in the project style guide):
 """
 
 from roles.kube.client import Kube, open_kube
-from roles.kube.errors import ApiError, Conflict, Gone, NotFound
+from roles.kube.errors import ApiError, Conflict, Gone, NotFound, Unserved
 from roles.kube.resources import Resource
 from roles.kube.watching import Deleted, Interrupted, Invalid, Relisted, Upserted, WatchEvent
 
@@ -26,6 +26,7 @@ __all__ = [
     "NotFound",
     "Relisted",
     "Resource",
+    "Unserved",
     "Upserted",
     "WatchEvent",
     "open_kube",

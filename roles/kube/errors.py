@@ -20,7 +20,17 @@ class ApiError(Exception):
 
 
 class NotFound(ApiError):
-    """404: the object does not exist."""
+    """404 naming the object: it does not exist."""
+
+
+class Unserved(ApiError):
+    """404 for the resource itself: its path is not served (yet).
+
+    An API server that is starting, or a CRD whose endpoints are not yet (or no longer) installed,
+    answers ``404 page not found`` in plain text rather than a Status naming an object. That says
+    nothing about the object, so it is retried like any other transient error, never taken for
+    "the object is gone".
+    """
 
 
 class Conflict(ApiError):
@@ -36,12 +46,18 @@ class Unreachable(ApiError):
 
 
 def from_response(status: int, body: bytes, *, what: str) -> ApiError:
-    """The exception for a non-2xx answer, using the Status body when there is one."""
+    """The exception for a non-2xx answer, using the Status body when there is one.
+
+    A 404 is :class:`NotFound` only when its Status says ``NotFound`` (the object is missing);
+    without one it is :class:`Unserved` (the resource's path is not served).
+    """
     try:
         parsed = _STATUS.decode(body)
-        reason, message = parsed.reason or "Error", parsed.message
+        reason, message, is_status = parsed.reason or "Error", parsed.message, True
     except (msgspec.DecodeError, msgspec.ValidationError):
-        reason, message = "Error", body[:200].decode(errors="replace")
+        reason, message, is_status = "Error", body[:200].decode(errors="replace").strip(), False
+    if status == 404 and not (is_status and reason == "NotFound"):
+        return Unserved(status, "NotServed", message or "page not found", what=what)
     cls = {404: NotFound, 409: Conflict, 410: Gone}.get(status, ApiError)
     return cls(status, reason, message, what=what)
 

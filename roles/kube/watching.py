@@ -16,10 +16,10 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
-from nodetask.backoff import Backoff
 from roles.kube.aio import AioApi, raise_if_cancelling
 from roles.kube.errors import ApiError, Gone
 from roles.kube.resources import Resource
+from roles.kube.retrying import Outage
 from schemas.core import Status
 
 T = TypeVar("T")
@@ -191,13 +191,14 @@ async def watch_loop(
     namespace: str = "",
     field_selector: str = "",
     watch_timeout: int = 290,
-    backoff: Backoff | None = None,
 ) -> None:
     """List, deliver the snapshot, watch and deliver changes; forever, relisting when needed.
 
+    Any failure (an API server restarting answers 401, 403, a plain 404, 429, 5xx or nothing at all)
+    is retried with backoff, logged once per outage (``watch_failed``) and ended by a relist.
     Cancellation: cancel the asyncio task (trio does so when the crossing coroutine is cancelled).
     """
-    backoff = backoff or Backoff()
+    outage = Outage(log.bind(resource=resource.plural), "watch_failed", initial=0.5, cap=30.0)
     decoder = resource.decoder()
     path = resource.path(namespace=namespace)
     version = ""
@@ -213,6 +214,7 @@ async def watch_loop(
                     snapshot=True,
                 )
                 deliver(Relisted(tuple(valid), tuple(invalid), resource_version=version))
+                outage.recovered()
             query = {
                 "watch": "1",
                 "resourceVersion": version,
@@ -232,14 +234,12 @@ async def watch_loop(
                 deliver=deliver,
                 read_timeout=watch_timeout + 30,
             )
-            backoff.reset()
         except Gone:
             log.info("watch_relist", resource=resource.plural, reason="resource version too old")
             version = ""
         except (ApiError, msgspec.DecodeError) as exc:
             raise_if_cancelling()
-            delay = backoff.delay()
-            log.warning("watch_failed", resource=resource.plural, error=str(exc), retry_in_s=round(delay, 2))
+            delay = outage.failed(exc)
             deliver(Interrupted(str(exc)))
             version = ""
             await asyncio.sleep(delay)

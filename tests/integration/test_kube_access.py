@@ -19,7 +19,19 @@ import trio
 import trio_asyncio
 
 from nodetask.phases import JobPhase, NodeTaskPhase
-from roles.kube import ApiError, Conflict, Kube, NotFound, Relisted, Upserted, WatchEvent, crossing, open_kube
+from roles.kube import (
+    ApiError,
+    Conflict,
+    Kube,
+    NotFound,
+    Relisted,
+    Resource,
+    Unserved,
+    Upserted,
+    WatchEvent,
+    crossing,
+    open_kube,
+)
 from roles.kube.errors import Unreachable
 from roles.kube.resources import EVENTS, LEASES, NODES, job_resource
 from schemas import v1alpha2
@@ -194,9 +206,15 @@ async def test_invalid_object_is_reported_not_fatal(crds: ControlPlane, controll
 
 
 async def test_errors_name_what_failed(crds: ControlPlane, controller_kube: Kube) -> None:
-    """404 is NotFound; a forbidden write names the verb, and an unreachable server is Unreachable."""
+    """404 of an object is NotFound, of an unserved resource Unserved; a forbidden write names the verb, and an
+    unreachable server is Unreachable."""
     with pytest.raises(NotFound, match=r"GET /apis/operations\.kubeedge\.io/v1alpha2/nodeupgradejobs/nope"):
         await controller_kube.get(UPGRADES, "nope")
+    # What a restarting API server answers for a CRD it does not serve yet: says nothing of the object.
+    ghosts = Resource("ghosts.nodetaskd.test/v1", "ghosts", Node)
+    with pytest.raises(Unserved, match="page not found") as unserved:
+        await controller_kube.get(ghosts, "nope")
+    assert not isinstance(unserved.value, NotFound)
     with pytest.raises(ApiError, match="403 Forbidden"):
         await controller_kube.create(NODES, Node(metadata=ObjectMeta(name=unique("node"))))
     async with open_kube(kubeconfig=str(_dead_kubeconfig(crds)), log=structlog.get_logger()) as dead:
@@ -324,8 +342,8 @@ async def test_merge_patch_events_and_leases(crds: ControlPlane, controller_kube
         await controller_kube.replace(LEASES, lease)
 
 
-async def test_forbidden_watch_logs_and_backs_off_without_busy_looping(crds: ControlPlane) -> None:
-    """A watch the identity may not make logs each refusal with its retry delay and retries with growing delays."""
+async def test_forbidden_watch_logs_once_and_backs_off_without_busy_looping(crds: ControlPlane) -> None:
+    """A watch the identity may not make is logged as a warning once, then retried at debug level with growing delays."""
     with structlog.testing.capture_logs() as logs:
         async with open_kube(kubeconfig=str(crds.kubeconfig("edge")), log=structlog.get_logger()) as kube:
             send, receive = anyio.create_memory_object_stream[WatchEvent](max_buffer_size=math.inf)
@@ -335,6 +353,7 @@ async def test_forbidden_watch_logs_and_backs_off_without_busy_looping(crds: Con
                 tg.cancel_scope.cancel()
     failures = [e for e in logs if e["event"] == "watch_failed"]
     assert 2 <= len(failures) <= 6, failures
-    assert all("403 Forbidden" in e["error"] for e in failures)
+    assert [e["log_level"] for e in failures] == ["warning"] + ["debug"] * (len(failures) - 1)
+    assert all("403 Forbidden" in e["error"] and e["resource"] == PREPULLS.plural for e in failures)
     delays = [e["retry_in_s"] for e in failures]
     assert max(delays) > delays[0]

@@ -71,6 +71,8 @@ class MemoryApi:
         """Status writes that changed a job."""
         self.hold_status: anyio.Event | None = None
         """While not None, a status write waits until this event is set before it lands."""
+        self.status_errors: list[ApiError] = []
+        """Errors the next status writes fail with, one each, before any lands (an API server restarting)."""
         self.events: list[Any] = []
 
     # ------------------------------------------------------------------------------ for the test
@@ -195,6 +197,9 @@ class MemoryApi:
         current: T | None = None,
         namespace: str = "",
     ) -> T | None:
+        if self.status_errors:
+            await anyio.lowlevel.checkpoint()
+            raise self.status_errors.pop(0)
         while True:
             # Always from the stored copy: as fresh as the API server's answer after any conflict.
             current = await self.get(resource, name, namespace=namespace)

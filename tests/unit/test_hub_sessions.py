@@ -19,6 +19,7 @@ from roles.cloud.metrics import HubMetrics
 from roles.cloud.sessions import GOING_AWAY, HEARTBEAT_MISSED, NOT_READING, OUTBOUND_QUEUE, REPLACED, SessionTable
 from roles.cloud.settings import HubSettings
 from roles.jobtypes import job_types
+from roles.kube.errors import from_response
 from roles.kube.resources import NODES
 from roles.registry_auth import RegistryAuth
 from schemas.core import HUB_ANNOTATION
@@ -236,6 +237,23 @@ async def test_a_report_for_a_job_deleted_mid_run_is_answered_job_gone(autojump_
         await edge.send(_report("doomed", "uid-doomed", "n0", seq=3))
         gone = await edge.next_of(Error)
         assert (gone.code, gone.ref) == ("job_gone", "3")
+
+
+async def test_a_report_meeting_an_unserved_resource_is_retried_not_answered_job_gone(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A plain "404 page not found" (a restarting API server not yet serving the CRD) delays the write; the report is acked."""
+    api = _one_node_job("warming")
+    async with running_hub(api) as (_, door):
+        edge = door.connect("n0")
+        await edge.hello()
+        run = await edge.next_of(RunAction)
+        not_served = from_response(404, b"404 page not found\n", what="PUT imageprepulljobs/warming/status")
+        api.status_errors = [not_served, not_served]
+        await edge.send(_report("warming", run.job_uid, "n0", seq=1))
+        assert await edge.next_of(ReportAck) == ReportAck(job_uid=run.job_uid, seq=1)
+        assert not api.status_errors
+        assert [a.action for a in _entry(api, "warming", "n0").action_flow] == [CHECK]  # type: ignore[attr-defined]
 
 
 async def test_an_edge_that_stops_reading_is_closed_once_its_queue_stays_full_for_the_deadline(
