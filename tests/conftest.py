@@ -3,7 +3,7 @@ and hypothesis without its per-example deadline."""
 
 from hypothesis import settings
 
-pytest_plugins = ["tests.integration.controlplane", "tools.provision.containerd"]
+pytest_plugins = ["tests.integration.controlplane", "tools.provision.containerd", "pytester"]
 
 # A deadline is a timed assertion: on a loaded 2-core machine a slow example is not a failing one.
 settings.register_profile("nodetaskd", deadline=None)

@@ -1,9 +1,13 @@
-"""Integration fixtures: CRDs applied to the real control plane, clients per role identity, a hanging registry."""
+"""Integration fixtures: CRDs applied to the real control plane, clients per role identity, a hanging registry;
+and the role processes' logs of a failed test, kept."""
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 from pathlib import Path
 
 import pytest
@@ -12,7 +16,38 @@ import structlog
 from roles.kube import Kube, open_kube
 from tests.integration.controlplane import ControlPlane
 
-CRD_DIR = Path(__file__).resolve().parents[2] / "schemas" / "crds"
+REPO = Path(__file__).resolve().parents[2]
+CRD_DIR = REPO / "schemas" / "crds"
+KEPT_LOGS = Path(os.environ.get("NODETASKD_TEST_LOGS", REPO / "test-logs"))
+"""Where the logs of a failed test's processes are copied (pytest keeps only its last three temporary trees,
+and a CI clone none)."""
+TAIL_LINES = 60
+LOGS_PER_TEST = 24
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test's role logs (``*.log`` under its ``tmp_path``): copied to :data:`KEPT_LOGS`, and
+    their last lines added to the report, so that the failure's output says what each process saw."""
+    report = yield
+    tmp_path = getattr(item, "funcargs", {}).get("tmp_path")
+    if report.failed and isinstance(tmp_path, Path):
+        _keep_logs(report, tmp_path, item.nodeid)
+    return report
+
+
+def _keep_logs(report: pytest.TestReport, tmp_path: Path, nodeid: str) -> None:
+    logs = sorted(tmp_path.rglob("*.log"))[:LOGS_PER_TEST]
+    kept = KEPT_LOGS / re.sub(r"[^\w.-]+", "_", nodeid)[-120:]
+    for log in logs:
+        relative = log.relative_to(tmp_path)
+        target = kept / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(log, target)
+        lines = log.read_bytes().decode(errors="replace").splitlines()[-TAIL_LINES:]
+        report.sections.append((f"log {relative} (last {len(lines)} lines; all of it in {target})", "\n".join(lines)))
 
 
 @pytest.fixture(scope="session")
