@@ -22,6 +22,7 @@ from roles.cloud.api import JobStatusStore
 from roles.cloud.changes import Change
 from roles.kube import ApiError, Resource
 from roles.kube.errors import Unreachable, too_large
+from roles.kube.retrying import Outage
 
 Log = structlog.typing.FilteringBoundLogger
 
@@ -73,6 +74,8 @@ class StatusWriter:
         self._too_large = False
         """The last write was refused as too large (reported once, until a write succeeds)."""
         self._log = log
+        self._outage = Outage(log, "status_write_failed")
+        """Failed writes since the last one that worked: their submitters retry, this logs the outage once."""
         self._on_written = on_written
         self._cached = cached
         """The newest copy of the job the hub holds, tried before reading it again."""
@@ -146,7 +149,7 @@ class StatusWriter:
         if scope.cancelled_caught:
             error = Unreachable(0, "Timeout", f"no answer within {WRITE_DEADLINE_S:g}s", what=f"status of {self._name}")
         if error is not None:
-            self._log.warning("status_write_failed", changes=len(batch), error=str(error))
+            self._outage.noted(error, changes=len(batch))
             self._on_failed(error)
             for item in batch:
                 item.error = error
@@ -158,6 +161,7 @@ class StatusWriter:
                 if self._on_too_large is not None:
                     await self._on_too_large(error)
             return
+        self._outage.recovered()
         if wrote:
             # Only a write that happened shows the job fits again; a batch that changed nothing does not.
             self._too_large = False

@@ -35,10 +35,14 @@ class Outage:
     def failed(self, error: BaseException | str) -> float:
         """Count a failure; the seconds to wait before trying again."""
         delay = self._backoff.delay()
+        self.noted(error, retry_in_s=round(delay, 2))
+        return delay
+
+    def noted(self, error: BaseException | str, **keys: object) -> None:
+        """Count a failure that someone else retries (its delay is theirs to choose)."""
         self.failures += 1
         emit = self._log.warning if self.failures == 1 else self._log.debug
-        emit(self._event, error=str(error), attempt=self.failures, retry_in_s=round(delay, 2))
-        return delay
+        emit(self._event, error=str(error), attempt=self.failures, **keys)
 
     async def wait(self, error: BaseException | str) -> None:
         """Count a failure and sleep through its backoff (trio side)."""
