@@ -34,6 +34,7 @@ import structlog
 from nodetask.clock import Clock
 from roles.kube import ApiError, Conflict, NotFound, Resource
 from roles.kube.resources import LEASES
+from roles.kube.retrying import Outage
 from schemas.core import Lease, LeaseSpec
 from schemas.meta import ObjectMeta
 
@@ -274,6 +275,7 @@ class Elector:
     async def _acquire(self) -> float:
         """Compete until we hold the lease; returns the loop time by which it must be renewed."""
         self._log.info("leadership_wanted", duration_s=self.timing.duration)
+        failures = Outage(self._log, "lease_attempt_failed")  # retried at the lease's own pace, logged once
         while True:
             started = anyio.current_time()
             try:
@@ -281,9 +283,10 @@ class Elector:
             except Conflict:
                 continue  # another instance wrote first; the next read shows who
             except ApiError as exc:
-                self._log.warning("lease_attempt_failed", error=str(exc))
+                failures.noted(exc)
                 await anyio.sleep(self._jittered_retry())
                 continue
+            failures.recovered()
             if decision.move is not Move.WAIT:
                 self._log.info("leadership_acquired", move=decision.move)
                 return started + self.timing.renew_deadline
@@ -292,6 +295,7 @@ class Elector:
     async def _renew(self, scope: anyio.CancelScope) -> None:
         """Renew until the work's scope ends; cancel it at once when another holder shows up."""
         last = scope.deadline - self.timing.renew_deadline
+        failures = Outage(self._log, "lease_renewal_failed")
         while True:
             await anyio.sleep_until(last + self.timing.renew_interval)
             renewed = False
@@ -303,9 +307,10 @@ class Elector:
                     except Conflict:
                         continue  # someone wrote the lease: the next read says whether it is still ours
                     except ApiError as exc:
-                        self._log.warning("lease_renewal_failed", error=str(exc))
+                        failures.noted(exc)
                         await anyio.sleep(self.timing.retry)
                         continue
+                    failures.recovered()
                     if decision.move is Move.LOST:
                         self._log.warning("leadership_lost", holder=self.leader, why="taken")
                         scope.cancel()
