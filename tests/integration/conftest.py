@@ -41,6 +41,7 @@ def pytest_runtest_makereport(
 def _keep_logs(report: pytest.TestReport, tmp_path: Path, nodeid: str) -> None:
     logs = sorted(tmp_path.rglob("*.log"))[:LOGS_PER_TEST]
     kept = KEPT_LOGS / re.sub(r"[^\w.-]+", "_", nodeid)[-120:]
+    shutil.rmtree(kept, ignore_errors=True)  # an earlier failure's logs would read as this one's
     for log in logs:
         relative = log.relative_to(tmp_path)
         target = kept / relative

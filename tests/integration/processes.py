@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import urllib.request
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -25,6 +26,9 @@ from tests.integration.hubs import free_port
 from tests.integration.objects import unique
 from tools.processes import terminate
 
+READY_LIMIT_S = 180.0
+"""How long a role may take to serve: Python's start-up alone takes tens of seconds on a loaded machine."""
+
 
 @dataclass(slots=True)
 class RoleProcess:
@@ -34,6 +38,8 @@ class RoleProcess:
     config: Path
     role: str
     log: Path
+    ready_url: str = ""
+    """Answers 200 once the process serves (its /readyz), if it has one."""
     process: anyio.abc.Process | None = None
     starts: int = 0
     killed: bool = False
@@ -65,6 +71,28 @@ class RoleProcess:
     @property
     def alive(self) -> bool:
         return self.process is not None and self.process.returncode is None
+
+    async def until_ready(self, limit_s: float = READY_LIMIT_S) -> None:
+        """Wait until :attr:`ready_url` answers 200; fails naming the process (and its log's tail) if it exits
+        or is still not ready after ``limit_s``."""
+        if not self.ready_url:
+            return
+        with anyio.move_on_after(limit_s):
+            while self.alive:
+                if await anyio.to_thread.run_sync(_answers, self.ready_url):
+                    return
+                await anyio.sleep(0.2)
+        tail = self.log.read_bytes()[-3000:].decode(errors="replace") if self.log.exists() else ""
+        state = "exited" if not self.alive else f"not ready after {limit_s:g} s"
+        raise AssertionError(f"{self.name} {state}; its log ends:\n{tail}")
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
 
 
 @dataclass(slots=True)
@@ -109,6 +137,7 @@ async def fleet(
     """
     nodes = [unique("fault") for _ in range(edges)]
     tokens = await register_edges(cp, nodes)
+    metrics_port = free_port()
     controller = RoleProcess(
         "controller",
         _write(
@@ -117,31 +146,34 @@ async def fleet(
                 "kubeconfig": str(cp.kubeconfig("controller")),
                 "identity": unique("controller"),
                 "leaseName": unique("fault-lease"),
-                "leaseDuration": 3,
+                # Short, so that a killed controller's successor takes over soon; long enough that a
+                # loaded machine's slow answers (seconds, with several test processes) do not lose it.
+                "leaseDuration": 8,
                 "listenHost": "127.0.0.1",
                 "webhookPort": 0,
-                "metricsPort": free_port(),
+                "metricsPort": metrics_port,
             },
         ),
         "controller",
         home / "controller.log",
+        ready_url=f"http://127.0.0.1:{metrics_port}/readyz",
     )
     hub_processes, urls = [], []
     for i in range(hubs):
-        port = free_port()
+        port, http_port = free_port(), free_port()
         urls.append(f"ws://127.0.0.1:{port}")
         config = {
             "kubeconfig": str(cp.kubeconfig("cloud")),
             "hubId": f"hub-{i}",
             "listen": f"127.0.0.1:{port}",
-            "httpListen": f"127.0.0.1:{free_port()}",
+            "httpListen": f"127.0.0.1:{http_port}",
             "heartbeatInterval": 1,
             "statusCoalesceWindow": 0.1,
             **(hub_options or {}),
         }
-        hub_processes.append(
-            RoleProcess(f"hub-{i}", _write(home / f"hub-{i}.yaml", config), "cloud", home / f"hub-{i}.log")
-        )
+        config_file = _write(home / f"hub-{i}.yaml", config)
+        ready = "" if "tlsCertFile" in config else f"http://127.0.0.1:{http_port}/readyz"
+        hub_processes.append(RoleProcess(f"hub-{i}", config_file, "cloud", home / f"hub-{i}.log", ready_url=ready))
     agents: dict[str, RoleProcess] = {}
     for i, node in enumerate(nodes):
         ordered = hub_urls(urls, i) if hub_urls else urls[i % hubs :] + urls[: i % hubs]
@@ -150,7 +182,14 @@ async def fleet(
         agents[node] = RoleProcess(node, edge_config, "edge", home / node / "agent.log")
     running = Fleet(controller=controller, hubs=hub_processes, hub_urls=urls, edges=agents)
     try:
-        for process in running.all():
+        # The cloud first, then the devices, as a cluster comes up: each test's clock starts with every
+        # role serving, however long a loaded machine takes to start them (agents would otherwise spend
+        # that time backing off, up to half a minute between tries).
+        for process in (controller, *hub_processes):
+            await process.start()
+        for process in (controller, *hub_processes):
+            await process.until_ready()
+        for process in agents.values():
             await process.start()
         yield running
     finally:
