@@ -3,7 +3,7 @@
 A function lets a server take up a rotated certificate (:mod:`roles.cert_reload`) without a
 restart: it asks for the context as each connection is accepted, so new connections get the
 new certificate while the open ones keep the one they started with. Only the standard library
-here: the edge's local API serves HTTPS through :mod:`roles.httpserver` on the base install.
+here: :mod:`roles.httpserver`, which uses it, also runs on an edge device's base install.
 """
 
 from __future__ import annotations
