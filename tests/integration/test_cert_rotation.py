@@ -192,6 +192,7 @@ async def test_hub_serves_a_rotated_certificate_to_new_connections_and_keeps_ope
             volume.write({**b.files(), KEY_FILE: a.key})
             await until(refused_naming(hub, volume.path(KEY_FILE)), what="the mismatched pair refused")
             assert [await served_serial(p, client) for p in (ws_port, http_port)] == [a.serial, a.serial]
+            assert await kept.get("/healthz") == (200, a.serial)
 
             volume.write(b.files())
 
@@ -279,6 +280,7 @@ async def test_controller_serves_a_rotated_webhook_certificate_and_registers_its
             await until(refused_naming(controller, volume.path(KEY_FILE)), what="the mismatched pair refused")
             assert await served_serial(webhook_port, client) == a.serial
             assert await registered(a)
+            assert await kept.get("/validate") == (405, a.serial)
 
             volume.write(b.files())
 
