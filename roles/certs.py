@@ -5,8 +5,9 @@ webhooks' certificate, for the Service ``nodetaskd-webhook``, with its CA in ``c
 ``caBundle`` every replica registers) and ``nodetaskd-hub-tls`` into every hub (for the names edges
 connect to). Each gets a CA of its own, generated here by :func:`roles.tls.generate_serving_certificate`
 and then dropped (its key is never stored); the hubs' CA is written to a file for the edges'
-``--ca-file``. Existing Secrets are kept unless ``rotate``: the pods load their certificate when
-they start, so a rotation needs them restarted, and the edges need the new CA.
+``--ca-file``. Existing Secrets are kept unless ``rotate``: the pods take up the new certificate
+without a restart once the kubelet has updated their mounted Secret (:mod:`roles.cert_reload`;
+the controller registers the new CA with its webhooks), and the edges need the new CA.
 
 cert-manager Certificates with the same ``secretName`` (and ``ca.crt``) do the same job.
 """

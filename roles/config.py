@@ -35,6 +35,9 @@ Seconds = Annotated[float, msgspec.Meta(gt=0)]
 Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
 
+DEFAULT_TLS_RELOAD_INTERVAL: Final = 5.0
+"""A rotation is served 5 to 10 seconds after it is on disk, well within the minute or so a kubelet
+takes to bring a changed Secret into a pod; a look is a few stat calls."""
 FEATURE_GATES: Final = frozenset({"disableNodeTaskV1alpha2"})
 DEFAULT_IMAGE_SECRET_NAMESPACES: Final = ("kube-system",)
 """Where registry Secrets for pre-pulls may live by default: the default ``tokenNamespace``, which
@@ -85,6 +88,11 @@ class ControllerConfig(_Config, frozen=True, kw_only=True):
     tls_ca_file: str = ""
     """The webhook's serving certificate; without one, a CA and certificate are generated in ``certDir``."""
     cert_dir: str = "/var/lib/nodetaskd/controller-tls"
+    tls_reload_interval: Seconds = DEFAULT_TLS_RELOAD_INTERVAL
+    """Seconds between looks at the webhook's certificate files: once they change (a rotated Secret)
+    and hold still for one more look, new connections get the new certificate and, with a new CA in
+    ``tlsCaFile``, the webhooks are registered again with it. Files that cannot be used are refused
+    with a warning and the certificate served until then is kept."""
     metrics_port: Port = 9090
     image_secret_namespaces: tuple[str, ...] = DEFAULT_IMAGE_SECRET_NAMESPACES
     """Namespaces whose Secrets an ImagePrePullJob's ``imageSecrets`` may name; the webhook refuses any
@@ -136,6 +144,11 @@ class CloudConfig(_Config, frozen=True, kw_only=True):
     tls_cert_file: str = ""
     tls_key_file: str = ""
     """Serving certificate and key (PEM); without them the hub speaks plain ws:// (development only)."""
+    tls_reload_interval: Seconds = DEFAULT_TLS_RELOAD_INTERVAL
+    """Seconds between looks at ``tlsCertFile`` and ``tlsKeyFile``: once they change (a rotated Secret)
+    and hold still for one more look, new connections on both listeners get the new certificate and
+    the open ones keep theirs. Files that cannot be used are refused with a warning and the
+    certificate served until then is kept."""
     token_namespace: str = "kube-system"
     """Where the edges' token Secrets ``nodetaskd-edge-<node>`` live."""
     image_secret_namespaces: tuple[str, ...] = DEFAULT_IMAGE_SECRET_NAMESPACES

@@ -24,7 +24,6 @@ import math
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from http import HTTPStatus
-from ssl import SSLContext
 from typing import Final, NoReturn
 
 import anyio
@@ -32,6 +31,8 @@ import anyio.abc
 import h11
 import structlog
 import trio
+
+from roles.server_tls import ServerTls, connection_context
 
 __all__ = [
     "DEFAULT_IDLE_TIMEOUT",
@@ -178,7 +179,7 @@ async def serve_http(
     host: str,
     port: int,
     log: Log,
-    ssl_context: SSLContext | None = None,
+    ssl_context: ServerTls | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
     max_connections: int | None = None,
@@ -187,6 +188,10 @@ async def serve_http(
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> NoReturn:
     """Serve ``handler`` on ``host``:``port`` (HTTPS with ``ssl_context``) until cancelled.
+
+    ``ssl_context`` may be a function, asked for the context of each connection as it is accepted:
+    a certificate reloaded when rotated (:mod:`roles.cert_reload`) reaches new connections, and the
+    open ones keep the one they started with.
 
     Reports the bound port through ``task_status`` once listening, so ``port=0`` picks a free one;
     give ``host`` as a single address then (a name that resolves to several addresses binds each to
@@ -228,7 +233,7 @@ def _peer(stream: trio.abc.Stream) -> str:
 async def _admit(
     stream: trio.SocketStream,
     *,
-    ssl_context: SSLContext | None,
+    ssl_context: ServerTls | None,
     handler: Handler,
     limits: _Limits,
     log: Log,
@@ -242,7 +247,10 @@ async def _admit(
     try:
         # Spec-compliant TLS mode: closing sends close_notify, which strict clients (Python's ssl)
         # require; a peer that closes without one only breaks its own, finished, connection.
-        served = stream if ssl_context is None else trio.SSLStream(stream, ssl_context, server_side=True)
+        if ssl_context is None:
+            served: trio.abc.Stream = stream
+        else:
+            served = trio.SSLStream(stream, connection_context(ssl_context), server_side=True)
         await _serve_connection(served, handler=handler, limits=limits, log=log)
     finally:
         connections.open -= 1

@@ -5,6 +5,7 @@ loaded from files an operator provides, e.g. from cert-manager. The CA's private
 written anywhere: it signs once and is dropped, so a leaked state directory cannot mint new
 certificates. The price is a new CA per generation, which is why callers re-register the webhook
 configurations (their ``caBundle``) with whatever :attr:`ServingCertificate.ca_bundle` says.
+Rotated files are taken up by :mod:`roles.cert_reload`, with the checks here (:func:`check_pair`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Final
 
 from cryptography import x509
+from cryptography.exceptions import UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -30,6 +32,8 @@ __all__ = [
     "KEY_FILE",
     "ServingCertificate",
     "TlsError",
+    "check_bundle",
+    "check_pair",
     "generate_serving_certificate",
     "load_serving_certificate",
     "server_ssl_context",
@@ -56,6 +60,8 @@ class ServingCertificate:
     key_file: Path
     ca_bundle: bytes
     """PEM of the issuing CA: the ``caBundle`` of webhook configurations."""
+    ca_file: Path | None = None
+    """Where ``ca_bundle`` was read from; None when the certificate is its own bundle."""
 
 
 def _name(common_name: str) -> x509.Name:
@@ -161,7 +167,9 @@ def generate_serving_certificate(
     write_atomically(directory / KEY_FILE, key_pem, mode=0o600)
     write_atomically(directory / CERT_FILE, cert.public_bytes(serialization.Encoding.PEM), mode=0o644)
     write_atomically(directory / CA_FILE, ca_pem, mode=0o644)
-    return ServingCertificate(cert_file=directory / CERT_FILE, key_file=directory / KEY_FILE, ca_bundle=ca_pem)
+    return ServingCertificate(
+        cert_file=directory / CERT_FILE, key_file=directory / KEY_FILE, ca_bundle=ca_pem, ca_file=directory / CA_FILE
+    )
 
 
 def _read(path: Path) -> bytes:
@@ -182,24 +190,63 @@ def load_serving_certificate(cert_file: Path, key_file: Path, *, ca_file: Path |
     cert_pem = _read(cert_file)
     key_pem = _read(key_file)
     ca_pem = _read(ca_file) if ca_file is not None else cert_pem
+    check_pair(cert_pem, key_pem, cert_file=cert_file, key_file=key_file)
+    if ca_file is not None:
+        check_bundle(ca_pem, ca_file=ca_file)
+    return ServingCertificate(cert_file=cert_file, key_file=key_file, ca_bundle=ca_pem, ca_file=ca_file)
+
+
+def check_pair(cert_pem: bytes, key_pem: bytes, *, cert_file: Path, key_file: Path) -> x509.Certificate:
+    """The (first) certificate of ``cert_pem``, once checked to belong to the key in ``key_pem``. Pure.
+
+    The file names only go into the errors: a file caught half-written parses as no certificate or
+    no key, and a certificate and key from two different rotations do not match.
+
+    Errors:
+        :class:`TlsError` naming the file that holds no PEM certificate or key, or both files when the
+        key belongs to another certificate.
+    """
     try:
         cert = x509.load_pem_x509_certificate(cert_pem)
     except ValueError:
         raise TlsError(f"{cert_file} holds no PEM certificate") from None
     try:
         key = serialization.load_pem_private_key(key_pem, password=None)
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, UnsupportedAlgorithm):
         raise TlsError(f"{key_file} holds no unencrypted PEM private key") from None
     spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    if key.public_key().public_bytes(*spki) != cert.public_key().public_bytes(*spki):
+    try:
+        public = cert.public_key().public_bytes(*spki)
+    except (ValueError, UnsupportedAlgorithm):
+        raise TlsError(f"the certificate in {cert_file} has a public key of an unsupported type") from None
+    if key.public_key().public_bytes(*spki) != public:
         raise TlsError(f"the private key in {key_file} does not belong to the certificate in {cert_file}")
-    return ServingCertificate(cert_file=cert_file, key_file=key_file, ca_bundle=ca_pem)
+    return cert
+
+
+def check_bundle(ca_pem: bytes, *, ca_file: Path) -> None:
+    """Check that ``ca_pem`` holds PEM certificates only (it becomes a ``caBundle`` as it is). Pure.
+
+    Errors:
+        :class:`TlsError` naming ``ca_file`` when it holds none, or anything else.
+    """
+    try:
+        x509.load_pem_x509_certificates(ca_pem)
+    except ValueError:
+        raise TlsError(f"{ca_file} holds no PEM certificates") from None
 
 
 def server_ssl_context(cert: ServingCertificate) -> ssl.SSLContext:
-    """A server-side context for ``cert``: TLS 1.2 or newer, no client certificates asked for."""
+    """A server-side context for ``cert``: TLS 1.2 or newer, no client certificates asked for, no renegotiation.
+
+    Errors:
+        :class:`TlsError` naming both files when OpenSSL cannot use them.
+    """
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
+    # The hub drives TLS on a non-blocking socket; a renegotiation asked for by a client would only
+    # cost the server work. OpenSSL 3 refuses one by default: said here so that no build changes it.
+    context.options |= ssl.OP_NO_RENEGOTIATION
     try:
         context.load_cert_chain(cert.cert_file, cert.key_file)
     except (ssl.SSLError, OSError) as exc:

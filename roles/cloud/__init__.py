@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import socket
-import ssl
 from pathlib import Path
 
 import anyio
@@ -12,14 +11,16 @@ import structlog
 from prometheus_client import CollectorRegistry
 
 from nodetask.clock import Clock
+from roles.cert_reload import ReloadingCertificate
 from roles.cloud.hub import Hub, HubSettings
 from roles.cloud.ingress import connection_limits, fd_limit, raise_fd_limit
 from roles.cloud.metrics import HubMetrics
-from roles.config import CloudConfig, RoleConfig
+from roles.config import CloudConfig, ConfigError, RoleConfig
 from roles.gc_tuning import tune_gc
 from roles.http import health_routes, router, serve_http
 from roles.jobtypes import job_types
 from roles.kube import open_kube
+from roles.tls import TlsError, load_serving_certificate
 
 
 def settings_of(cfg: CloudConfig) -> HubSettings:
@@ -43,16 +44,17 @@ def settings_of(cfg: CloudConfig) -> HubSettings:
     )
 
 
-def server_tls(cfg: CloudConfig) -> ssl.SSLContext | None:
-    """The hub's TLS context, or None for plain ws:// when no certificate is configured."""
+def server_tls(cfg: CloudConfig) -> ReloadingCertificate | None:
+    """The hub's certificate, followed as its files change, or None for plain ws:// when none is configured.
+
+    Errors: :class:`~roles.config.ConfigError` naming the file that cannot be used.
+    """
     if not cfg.tls_cert_file:
         return None
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    # The websocket layer drives TLS on a non-blocking socket; a renegotiation asked for by a client would
-    # only cost the hub work. OpenSSL 3 refuses one by default: said here so that no build changes it.
-    context.options |= ssl.OP_NO_RENEGOTIATION
-    context.load_cert_chain(cfg.tls_cert_file, cfg.tls_key_file)
-    return context
+    try:
+        return ReloadingCertificate(load_serving_certificate(Path(cfg.tls_cert_file), Path(cfg.tls_key_file)))
+    except TlsError as exc:
+        raise ConfigError(f"tlsCertFile, tlsKeyFile: {exc}") from None
 
 
 async def run(cfg: RoleConfig, *, log: structlog.typing.FilteringBoundLogger, config_path: Path | None = None) -> None:
@@ -86,7 +88,7 @@ async def run(cfg: RoleConfig, *, log: structlog.typing.FilteringBoundLogger, co
             routes,
             host=http_host,
             port=http_port,
-            ssl_context=tls,
+            ssl_context=None if tls is None else tls.context,
             log=log,
             max_connections=cfg.max_http_connections or connection_limits(fd_limit()).http,
             on_error=hub.metrics.connection_errors.labels(transport="http").inc,
@@ -94,6 +96,8 @@ async def run(cfg: RoleConfig, *, log: structlog.typing.FilteringBoundLogger, co
         )
         tune_gc()
         async with anyio.create_task_group() as tg:
+            if tls is not None:
+                tg.start_soon(functools.partial(tls.watch, interval=cfg.tls_reload_interval, log=log))
             await tg.start(serve)
-            await hub.run(host=host, port=port, ssl_context=tls)
+            await hub.run(host=host, port=port, ssl_context=None if tls is None else tls.context)
             tg.cancel_scope.cancel()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import errno
 import functools
-import ssl
 from collections.abc import Callable, Coroutine
 from http import HTTPStatus
 from typing import Any, Final
@@ -35,6 +34,7 @@ from roles.cloud.session_handler import ServeEdge
 from roles.cloud.settings import HubSettings
 from roles.cloud.wire import Wire
 from roles.cloud.ws_server import ServerWebSocket, UpgradeRequest, read_upgrade
+from roles.server_tls import ServerTls, connection_context
 
 __all__ = ["EDGE_PATH_PREFIX", "WebSocketDoor"]
 
@@ -84,10 +84,14 @@ class WebSocketDoor:
         *,
         host: str,
         port: int,
-        ssl_context: ssl.SSLContext | None,
+        ssl_context: ServerTls | None,
         task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Listen on ``host:port`` and serve edges with ``serve_edge`` until cancelled; ready with the bound port."""
+        """Listen on ``host:port`` and serve edges with ``serve_edge`` until cancelled; ready with the bound port.
+
+        ``ssl_context`` may be a function (:mod:`roles.server_tls`): each connection's TLS handshake
+        takes the context it returns then, so a reloaded certificate reaches new connections only.
+        """
         listeners = await open_listeners(host, port)
         bound: int = listeners[0].socket.getsockname()[1]
         handler = functools.partial(self._connection, serve_edge=serve_edge, ssl_context=ssl_context)
@@ -137,7 +141,7 @@ class WebSocketDoor:
         admission: Admission,
         *,
         serve_edge: ServeEdge,
-        ssl_context: ssl.SSLContext | None,
+        ssl_context: ServerTls | None,
     ) -> None:
         """One edge connection, from accept to close: the hub's per-connection supervision boundary."""
         if not admission.holding:
@@ -159,7 +163,7 @@ class WebSocketDoor:
             wire.close()
 
     async def _open(
-        self, wire: Wire, ssl_context: ssl.SSLContext | None, admission: Admission
+        self, wire: Wire, ssl_context: ServerTls | None, admission: Admission
     ) -> tuple[str, ServerWebSocket] | None:
         """The edge's node and its accepted websocket; None if it went or was refused.
 
@@ -168,12 +172,12 @@ class WebSocketDoor:
         request = await self._upgrade(wire, ssl_context)
         return None if request is None else await self._admit(request, admission)
 
-    async def _upgrade(self, wire: Wire, ssl_context: ssl.SSLContext | None) -> UpgradeRequest | None:
+    async def _upgrade(self, wire: Wire, ssl_context: ServerTls | None) -> UpgradeRequest | None:
         """The edge's websocket request, once its TLS and HTTP handshake are done; None if they fail or stall."""
         with anyio.move_on_after(self._settings.handshake_timeout):
             if ssl_context is not None:
                 try:
-                    await wire.start_tls(ssl_context)
+                    await wire.start_tls(connection_context(ssl_context))
                 except OSError as exc:  # a failed TLS handshake (ssl.SSLError) or a peer that went
                     self._log.debug("edge_handshake_failed", peer=wire.peer(), error=repr(exc))
                     return None

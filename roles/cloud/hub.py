@@ -25,7 +25,6 @@ still running, within ``close_grace`` seconds, so that edges reconnect to anothe
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import Mapping
 from typing import Final, Protocol
 
@@ -57,6 +56,7 @@ from roles.cloud.sessions import Session, SessionTable
 from roles.cloud.settings import HubSettings
 from roles.cloud.tasks import Tasks
 from roles.http import Route
+from roles.server_tls import ServerTls
 from schemas import diagnosis
 
 __all__ = ["EdgeDoor", "Hub", "HubSettings"]
@@ -153,7 +153,7 @@ class Hub:
         *,
         host: str,
         port: int,
-        ssl_context: ssl.SSLContext | None,
+        ssl_context: ServerTls | None,
         task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """Watch jobs and Tasks and serve edge websockets until cancelled; ready (with the bound port) once all are."""

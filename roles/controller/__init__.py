@@ -13,9 +13,7 @@ v1alpha2 node-job controllers off, as in KubeEdge.
 from __future__ import annotations
 
 import functools
-import ipaddress
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import anyio
 import structlog
@@ -23,33 +21,17 @@ from prometheus_client import CollectorRegistry
 
 from nodetask.clock import Clock
 from roles.config import ControllerConfig, RoleConfig
-from roles.controller.admission import admission_policy, admission_routes, register_webhooks, webhook_configurations
 from roles.controller.autonomy import AutonomyController
 from roles.controller.diagnoses import DiagnosisController
 from roles.controller.leader import Elector, default_identity
 from roles.controller.metrics import ControllerMetrics
 from roles.controller.reconciler import Reconciler
+from roles.controller.webhook_server import serve_webhooks
 from roles.http import health_routes, router, serve_http
 from roles.kube import open_kube
-from roles.tls import ServingCertificate, generate_serving_certificate, load_serving_certificate, server_ssl_context
 from schemas.kinds import KINDS
 
 Log = structlog.typing.FilteringBoundLogger
-
-
-def serving_certificate(cfg: ControllerConfig) -> ServingCertificate:
-    """The webhook's certificate: the configured files, or a fresh CA and certificate for its URL host."""
-    if cfg.tls_cert_file:
-        ca = Path(cfg.tls_ca_file) if cfg.tls_ca_file else None
-        return load_serving_certificate(Path(cfg.tls_cert_file), Path(cfg.tls_key_file), ca_file=ca)
-    host = urlsplit(cfg.webhook_url).hostname or "localhost"
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return generate_serving_certificate(Path(cfg.cert_dir), dns_names=[host, "localhost"])
-    return generate_serving_certificate(
-        Path(cfg.cert_dir), dns_names=["localhost"], ip_addresses=sorted({host, "127.0.0.1"})
-    )
 
 
 async def run(cfg: RoleConfig, *, log: Log, config_path: Path | None = None) -> None:
@@ -87,19 +69,7 @@ async def run(cfg: RoleConfig, *, log: Log, config_path: Path | None = None) -> 
         async with anyio.create_task_group() as tg:
             routes = list(health_routes(ready=lambda: True, registry=registry))
             if cfg.webhook_port:
-                cert = serving_certificate(cfg)
-                webhooks = router(admission_routes(policy=admission_policy(cfg), registry=registry, log=log))
-                serve = functools.partial(serve_http, webhooks, host=cfg.listen_host, port=cfg.webhook_port, log=log)
-                await tg.start(functools.partial(serve, ssl_context=server_ssl_context(cert)))
-                if cfg.webhook_url or cfg.webhook_service:
-                    # Every replica registers the same configuration (same address, same shared CA), so
-                    # registering again is a no-op, whichever replica is last.
-                    validating, mutating = webhook_configurations(
-                        url_base=cfg.webhook_url,
-                        service=cfg.webhook_service_ref if cfg.webhook_service else None,
-                        ca_bundle=cert.ca_bundle,
-                    )
-                    await register_webhooks(kube, validating, mutating, log=log)
+                await tg.start(functools.partial(serve_webhooks, cfg, kube=kube, registry=registry, log=log))
             await tg.start(
                 functools.partial(serve_http, router(routes), host=cfg.listen_host, port=cfg.metrics_port, log=log)
             )

@@ -18,7 +18,13 @@ from cryptography import x509
 from structlog.testing import capture_logs
 
 from roles.http import Handler, Request, Response, Route, Send, health_routes, router, serve_http
-from roles.tls import TlsError, generate_serving_certificate, load_serving_certificate, server_ssl_context
+from roles.tls import (
+    ServingCertificate,
+    TlsError,
+    generate_serving_certificate,
+    load_serving_certificate,
+    server_ssl_context,
+)
 
 LOOPBACK = "127.0.0.1"
 
@@ -265,6 +271,37 @@ async def test_tls_serves_and_a_failed_handshake_leaves_other_connections_alone(
                 assert (await good.request("GET", "/echo"))[0] == 200
     assert any(e["event"] == "http_connection_broken" for e in logs)
     assert not any(e["log_level"] == "error" for e in logs)
+
+
+async def test_a_tls_context_function_is_asked_per_connection_and_open_ones_keep_theirs(tmp_path: Path) -> None:
+    """Given a function, the server takes the context it returns as each connection comes: a certificate
+    swapped in reaches new connections, and one opened before goes on with the old one."""
+    first = generate_serving_certificate(tmp_path / "a", dns_names=["localhost"], ip_addresses=[LOOPBACK])
+    second = generate_serving_certificate(tmp_path / "b", dns_names=["localhost"], ip_addresses=[LOOPBACK])
+    contexts = [server_ssl_context(first)]
+    client_context = ssl.create_default_context(cadata=(first.ca_bundle + second.ca_bundle).decode())
+
+    async def connect(port: int) -> tuple[Client, int]:
+        stream = trio.SSLStream(await trio.open_tcp_stream(LOOPBACK, port), client_context, server_hostname=LOOPBACK)
+        await stream.do_handshake()
+        der = stream.getpeercert(binary_form=True)
+        assert der is not None
+        return Client(stream), x509.load_der_x509_certificate(der).serial_number
+
+    def serial(cert: ServingCertificate) -> int:
+        return x509.load_pem_x509_certificate(cert.cert_file.read_bytes()).serial_number
+
+    with trio.fail_after(10):
+        async with serving(ssl_context=lambda: contexts[-1]) as port:
+            old, old_serial = await connect(port)
+            async with old.stream:
+                assert (await old.request("GET", "/echo"))[0] == 200
+                contexts.append(server_ssl_context(second))
+                new, new_serial = await connect(port)
+                async with new.stream:
+                    assert (await new.request("GET", "/echo"))[0] == 200
+                assert (await old.request("GET", "/echo"))[0] == 200
+    assert (old_serial, new_serial) == (serial(first), serial(second))
 
 
 async def test_port_zero_reports_the_bound_port() -> None:
