@@ -8,13 +8,19 @@ for it, and their Pods' tolerations bound to the autonomy duration.
 Every instance serves the admission webhooks and its health and metrics endpoints, leader or not,
 so admission never depends on the election. ``--feature-gates=disableNodeTaskV1alpha2`` turns the
 v1alpha2 node-job controllers off, as in KubeEdge.
+
+Both ports cap their connections, in all and per peer address, and close connections that send no
+request head within ``headerTimeout``; the webhook listens on the pod's IP only (:func:`webhook_host`).
 """
 
 from __future__ import annotations
 
 import functools
 import ipaddress
+import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Final
 from urllib.parse import urlsplit
 
 import anyio
@@ -35,6 +41,18 @@ from roles.tls import ServingCertificate, generate_serving_certificate, load_ser
 from schemas.kinds import KINDS
 
 Log = structlog.typing.FilteringBoundLogger
+
+POD_IP_ENV: Final = "POD_IP"
+"""The environment variable the Deployment fills with the pod's IP (``status.podIP``)."""
+BUFFERED_REVIEWS: Final = 4
+"""Largest reviews the webhook server holds at once (its request bodies, until answered)."""
+METRICS_MAX_BODY_BYTES: Final = 64 << 10
+"""The health and metrics routes are all GETs: a body is never needed."""
+
+
+def webhook_host(cfg: ControllerConfig, environ: Mapping[str, str]) -> str:
+    """Where the webhook listens: ``webhookHost``, else the pod's IP, else ``listenHost`` (outside Kubernetes)."""
+    return cfg.webhook_host or environ.get(POD_IP_ENV, "").strip() or cfg.listen_host
 
 
 def serving_certificate(cfg: ControllerConfig) -> ServingCertificate:
@@ -84,13 +102,29 @@ async def run(cfg: RoleConfig, *, log: Log, config_path: Path | None = None) -> 
                     await reconciler.run()
                     tg.cancel_scope.cancel()
 
+        refused = metrics.connections_refused
         async with anyio.create_task_group() as tg:
             routes = list(health_routes(ready=lambda: True, registry=registry))
             if cfg.webhook_port:
                 cert = serving_certificate(cfg)
                 webhooks = router(admission_routes(policy=admission_policy(cfg), registry=registry, log=log))
-                serve = functools.partial(serve_http, webhooks, host=cfg.listen_host, port=cfg.webhook_port, log=log)
-                await tg.start(functools.partial(serve, ssl_context=server_ssl_context(cert)))
+                serve = functools.partial(
+                    serve_http,
+                    webhooks,
+                    host=webhook_host(cfg, os.environ),
+                    port=cfg.webhook_port,
+                    log=log,
+                    ssl_context=server_ssl_context(cert),
+                    max_body_bytes=cfg.webhook_max_body_bytes,
+                    max_buffered_bytes=BUFFERED_REVIEWS * cfg.webhook_max_body_bytes,
+                    max_connections=cfg.webhook_max_connections,
+                    max_connections_per_peer=cfg.webhook_max_connections_per_peer,
+                    on_refused=refused.labels(port="webhook", limit="webhookMaxConnections").inc,
+                    on_refused_per_peer=refused.labels(port="webhook", limit="webhookMaxConnectionsPerPeer").inc,
+                    header_timeout=cfg.header_timeout,
+                    idle_timeout=cfg.idle_timeout,
+                )
+                await tg.start(serve)
                 if cfg.webhook_url or cfg.webhook_service:
                     # Every replica registers the same configuration (same address, same shared CA), so
                     # registering again is a no-op, whichever replica is last.
@@ -101,7 +135,20 @@ async def run(cfg: RoleConfig, *, log: Log, config_path: Path | None = None) -> 
                     )
                     await register_webhooks(kube, validating, mutating, log=log)
             await tg.start(
-                functools.partial(serve_http, router(routes), host=cfg.listen_host, port=cfg.metrics_port, log=log)
+                functools.partial(
+                    serve_http,
+                    router(routes),
+                    host=cfg.listen_host,
+                    port=cfg.metrics_port,
+                    log=log,
+                    max_body_bytes=METRICS_MAX_BODY_BYTES,
+                    max_connections=cfg.metrics_max_connections,
+                    max_connections_per_peer=cfg.metrics_max_connections_per_peer,
+                    on_refused=refused.labels(port="metrics", limit="metricsMaxConnections").inc,
+                    on_refused_per_peer=refused.labels(port="metrics", limit="metricsMaxConnectionsPerPeer").inc,
+                    header_timeout=cfg.header_timeout,
+                    idle_timeout=cfg.idle_timeout,
+                )
             )
             log.info("controller_serving", webhook_port=cfg.webhook_port, metrics_port=cfg.metrics_port)
             await elector.lead(reconcile)
