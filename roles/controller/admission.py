@@ -161,9 +161,8 @@ def _read_review(body: bytes) -> AdmissionRequest | Response:
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         return Response.text(400, f"not an AdmissionReview: {clip(str(exc), ERROR_CHARS)}")
     if review.api_version != ADMISSION_API_VERSION or review.kind != "AdmissionReview":
-        return Response.text(
-            400, f"expected {ADMISSION_API_VERSION} AdmissionReview, got {review.api_version} {review.kind}"
-        )
+        got = clip(f"{review.api_version} {review.kind}", ERROR_CHARS)
+        return Response.text(400, f"expected {ADMISSION_API_VERSION} AdmissionReview, got {got}")
     if review.request is None:
         return Response.text(400, "the AdmissionReview has no request")
     return review.request

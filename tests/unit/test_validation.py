@@ -705,6 +705,15 @@ async def test_a_review_with_identifiers_longer_than_the_api_servers_is_400(fiel
         assert len(response.body) < 1 << 10
 
 
+async def test_a_review_of_another_version_is_400_quoting_only_the_start_of_what_it_says() -> None:
+    """A megabyte apiVersion is not echoed back whole."""
+    body = msgspec.json.encode({"apiVersion": "v" * 1_000_000, "kind": "AdmissionReview"})
+    response = await Webhooks().post(VALIDATE_PATH, body)
+    assert response.status == 400
+    assert response.body.startswith(b"expected admission.k8s.io/v1 AdmissionReview, got vvv")
+    assert len(response.body) < 1 << 10
+
+
 @pytest.mark.parametrize("api_version", [V1, V2])
 def test_image_secrets_only_from_the_allowed_namespaces(api_version: str) -> None:
     """A Secret in another namespace is refused, listing the allowed ones and the setting that adds one."""
