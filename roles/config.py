@@ -69,6 +69,8 @@ class ControllerConfig(_Config, frozen=True, kw_only=True):
     feature_gates: tuple[str, ...] = ()
     lease_name: str = "nodetaskd-controller"
     lease_namespace: str = "kube-system"
+    """Where the leader Lease lives: the only namespace whose Leases the controller's RBAC lets it write
+    (the Role ``nodetaskd:controller:leader-election``, containers/rbac/controller.yaml, must be there)."""
     identity: str = ""
     """This instance's name in the leader Lease; empty means host name and process id."""
     lease_duration: Seconds = 15.0

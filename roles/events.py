@@ -2,25 +2,36 @@
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from typing import Any, Protocol, TypeVar
 
 import msgspec
 import structlog
 
-from roles.kube import ApiError, Resource
+from roles.kube import ApiError, Conflict, Resource
 from roles.kube.resources import EVENTS
 from schemas import v1alpha2
 from schemas.core import Event, EventSource, ObjectReference
 from schemas.kinds import Kind
 from schemas.meta import ObjectMeta
 
-__all__ = ["EVENT_NAMESPACE", "EventSink", "job_event", "object_event", "record_event"]
+__all__ = ["EVENT_NAMESPACE", "EventSink", "event_name", "job_event", "object_event", "record_event"]
 
 T = TypeVar("T", bound=msgspec.Struct)
 
 EVENT_NAMESPACE = "default"
 """Jobs are cluster-scoped; their Events live here, as KubeEdge's do."""
+
+
+def event_name(object_name: str, *key: str) -> str:
+    """An Event's name about ``object_name``: random, or fixed by ``key`` (the same key, the same name).
+
+    A fixed name makes recording idempotent: a second create of it is refused with 409 instead of
+    showing the Event twice. The object's name is cut so that the Event's stays within 253 characters.
+    """
+    suffix = hashlib.sha256("\x00".join(key).encode()).hexdigest()[:12] if key else uuid.uuid4().hex[:12]
+    return f"{object_name[:240].rstrip('.-')}.{suffix}"
 
 
 class EventSink(Protocol):
@@ -30,11 +41,21 @@ class EventSink(Protocol):
 
 
 def job_event(
-    kind: Kind, job: Any, *, reason: str, message: str, type_: str, component: str, now: str, instance: str = ""
+    kind: Kind,
+    job: Any,
+    *,
+    reason: str,
+    message: str,
+    type_: str,
+    component: str,
+    now: str,
+    instance: str = "",
+    name: str = "",
 ) -> Event:
-    """A new Event about ``job`` (a v1alpha2 node job of ``kind``) at ``now`` (RFC 3339)."""
+    """A new Event about ``job`` (a v1alpha2 node job of ``kind``) at ``now`` (RFC 3339), named ``name``
+    (see :func:`event_name`; a random one when empty)."""
     return Event(
-        metadata=ObjectMeta(name=f"{job.metadata.name}.{uuid.uuid4().hex[:12]}", namespace=EVENT_NAMESPACE),
+        metadata=ObjectMeta(name=name or event_name(job.metadata.name), namespace=EVENT_NAMESPACE),
         involved_object=ObjectReference(
             api_version=v1alpha2.API_VERSION, kind=kind.kind, name=job.metadata.name, uid=job.metadata.uid
         ),
@@ -62,10 +83,7 @@ def object_event(
 ) -> Event:
     """A new Event about any object at ``now``: in the object's namespace, or :data:`EVENT_NAMESPACE`."""
     return Event(
-        # Cut so that the Event's name stays within 253 characters whatever the object's.
-        metadata=ObjectMeta(
-            name=f"{meta.name[:240].rstrip('.-')}.{uuid.uuid4().hex[:12]}", namespace=meta.namespace or EVENT_NAMESPACE
-        ),
+        metadata=ObjectMeta(name=event_name(meta.name), namespace=meta.namespace or EVENT_NAMESPACE),
         involved_object=ObjectReference(
             api_version=api_version, kind=kind, name=meta.name, namespace=meta.namespace, uid=meta.uid
         ),
@@ -79,10 +97,18 @@ def object_event(
     )
 
 
-async def record_event(kube: EventSink, event: Event, log: structlog.typing.FilteringBoundLogger) -> None:
-    """Create ``event`` in its namespace (:data:`EVENT_NAMESPACE` if it names none); an Event that
-    cannot be recorded is logged, never an error of the caller's."""
+async def record_event(kube: EventSink, event: Event, log: structlog.typing.FilteringBoundLogger) -> bool:
+    """Create ``event`` in its namespace (:data:`EVENT_NAMESPACE` if it names none): whether it exists now.
+
+    An Event that cannot be recorded is logged, never an error of the caller's. One that exists
+    already (409: its fixed name was recorded before, e.g. by a controller that died before it could
+    say so) counts as recorded.
+    """
     try:
         await kube.create(EVENTS, event, namespace=event.metadata.namespace or EVENT_NAMESPACE)
+    except Conflict:
+        log.info("event_already_recorded", reason=event.reason, event_name=event.metadata.name)
     except ApiError as exc:
         log.warning("event_not_recorded", reason=event.reason, error=str(exc))
+        return False
+    return True

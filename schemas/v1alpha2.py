@@ -59,6 +59,17 @@ class PreviousAttempt(ApiStruct, frozen=True):
     """When the attempt ended: its last recorded action's time, else when it was dispatched, else the retry's."""
 
 
+class PendingEvent(ApiStruct, frozen=True):
+    """A Kubernetes Event the controller owes (nodetaskd's addition): the one a retry decision tells."""
+
+    name: str = ""
+    """The Event's name: fixed with the decision, so that whichever controller records it creates it once."""
+    type: str = ""
+    """``Normal`` or ``Warning``."""
+    reason: str = ""
+    message: str = ""
+
+
 # Written by the controller in the same status update that sends nodes back to Pending, so that each
 # annotation value triggers one retry at most, whichever controller instance sees it and however often.
 class RetryStatus(ApiStruct, frozen=True):
@@ -72,6 +83,11 @@ class RetryStatus(ApiStruct, frozen=True):
     """When the latest retry began: a retried node that no hub can dispatch times out from here."""
     nodes: int = 0
     """How many nodes the latest retry sent back to Pending."""
+    pending_event: PendingEvent | None = None
+    """The Event telling what became of the latest handled value, while it is not yet recorded.
+
+    Written in the decision's own status update and cleared once the Event exists, so that a controller
+    that dies in between leaves it to the next one, which records it under the same name (once)."""
 
 
 class NodeCounts(ApiStruct, frozen=True, omit_defaults=False):

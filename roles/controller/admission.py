@@ -39,7 +39,7 @@ from nodetask import nesting
 from nodetask.names import clip
 from roles.config import ControllerConfig, EdgeConfig
 from roles.http import Request, Response, Route
-from roles.kube import Conflict, Kube, Resource
+from roles.kube import ApiError, Conflict, Kube, NotFound, Resource
 from schemas import diagnosis, diagnosis_validation
 from schemas.diagnosis_kinds import DIAGNOSIS_KINDS, DIAGNOSIS_TASK
 from schemas.kinds import GROUP, KINDS
@@ -56,6 +56,7 @@ from schemas.validation import (
 )
 
 __all__ = [
+    "CONFIGURATION_NAME",
     "ERROR_CHARS",
     "LOGGED_REASON_CHARS",
     "MUTATE_PATH",
@@ -81,6 +82,8 @@ MUTATE_PATH: Final = "/mutate"
 ADMISSION_API_VERSION: Final = "admission.k8s.io/v1"
 VALIDATING_WEBHOOK_NAME: Final = "validate.nodetask.kubeedge.io"
 MUTATING_WEBHOOK_NAME: Final = "mutate.nodetask.kubeedge.io"
+CONFIGURATION_NAME: Final = "nodetaskd"
+"""The name of both webhook configurations: the only ones the controller's RBAC lets it patch."""
 
 _INVALID: Final = 422
 """The HTTP status the API server answers a denied request with (``kubectl`` shows the message)."""
@@ -96,6 +99,7 @@ _LOGGED_PATCHES: Final = MAX_ERRORS
 """Patched paths named in a mutating decision's log line (the count is logged too)."""
 
 _Name = Annotated[str, msgspec.Meta(max_length=_NAME_CHARS)]
+_FORBIDDEN: Final = 403
 
 
 # ---------------------------------------------------------------------------------------------- review
@@ -364,7 +368,7 @@ def webhook_configurations(
     ca_bundle: bytes,
     url_base: str = "",
     service: tuple[str, str, int] | None = None,
-    name: str = "nodetaskd",
+    name: str = CONFIGURATION_NAME,
     timeout_seconds: int = 5,
     object_selector: LabelSelector | None = None,
 ) -> tuple[ValidatingWebhookConfiguration, MutatingWebhookConfiguration]:
@@ -454,20 +458,45 @@ def webhook_configurations(
 async def register_webhooks(
     kube: Kube, validating: ValidatingWebhookConfiguration, mutating: MutatingWebhookConfiguration, *, log: Log
 ) -> None:
-    """Create both configurations, or bring existing ones up to date (a new URL or CA bundle).
+    """Bring both configurations up to date (a new URL or CA bundle), creating those that do not exist.
 
     An existing configuration's ``webhooks`` list is replaced whole by a merge patch, so webhooks
-    added to it by hand are dropped: the configuration is owned by nodetaskd.
+    added to it by hand are dropped: the configuration is owned by nodetaskd. Patching comes first:
+    the controller's RBAC lets it patch its own two configurations only, and create none unless
+    ``containers/rbac/webhook-registration`` is bound (Kubernetes cannot limit create to a name);
+    ``containers/deploy`` ships them instead.
+
+    Errors: the :class:`~roles.kube.ApiError` of a refused write, after an error log saying what to do
+    when a missing configuration may not be created.
     """
-    await _create_or_update(kube, VALIDATING_WEBHOOKS, validating, log=log)
-    await _create_or_update(kube, MUTATING_WEBHOOKS, mutating, log=log)
+    await _update_or_create(kube, VALIDATING_WEBHOOKS, validating, log=log)
+    await _update_or_create(kube, MUTATING_WEBHOOKS, mutating, log=log)
 
 
-async def _create_or_update(kube: Kube, resource: Resource[_Config], config: _Config, *, log: Log) -> None:
-    log = log.bind(resource=resource.plural, name=config.metadata.name)
+async def _update_or_create(kube: Kube, resource: Resource[_Config], config: _Config, *, log: Log) -> None:
+    name = config.metadata.name
+    log = log.bind(resource=resource.plural, name=name)
+    patch = {"webhooks": msgspec.to_builtins(config.webhooks)}
+    try:
+        await kube.merge_patch(resource, name, patch)
+    except NotFound:
+        pass
+    else:
+        log.info("webhook_configuration_updated")
+        return
     try:
         await kube.create(resource, config)
-        log.info("webhook_configuration_created")
     except Conflict:
-        await kube.merge_patch(resource, config.metadata.name, {"webhooks": msgspec.to_builtins(config.webhooks)})
+        # Another replica created it meanwhile: bring it up to date all the same.
+        await kube.merge_patch(resource, name, patch)
         log.info("webhook_configuration_updated")
+        return
+    except ApiError as exc:
+        if exc.status == _FORBIDDEN:
+            log.error(
+                "webhook_configuration_missing",
+                error=str(exc),
+                fix="apply containers/deploy/webhooks.yaml, or bind containers/rbac/webhook-registration",
+            )
+        raise
+    log.info("webhook_configuration_created")

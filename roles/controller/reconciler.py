@@ -9,6 +9,7 @@ so the controller never overwrites what a hub wrote meanwhile: it only changes t
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
@@ -27,6 +28,7 @@ from roles.events import job_event, record_event
 from roles.kube import ApiError, Deleted, Invalid, Kube, NotFound, Relisted, Upserted, WatchEvent
 from roles.kube.resources import NODES, Resource, job_resource
 from roles.kube.retrying import Outage
+from schemas import v1alpha2
 from schemas.access import counted
 from schemas.core import Node
 from schemas.kinds import Kind
@@ -68,6 +70,9 @@ class Reconciler:
         self._nodes_synced = anyio.Event()
         self._wake: dict[Key, MemoryObjectSendStream[None]] = {}
         self._invalid_reported: set[str] = set()
+        self._announced: set[str] = set()
+        """Names of owed Events this term recorded and cleared: a pass on a copy older than the clearing
+        skips them (another create would only be refused as a duplicate)."""
         self.reconciles = 0
         self._on_reconciled = on_reconciled
         """Called with each pass's kind and duration in seconds (the reconcile-latency metric)."""
@@ -177,27 +182,11 @@ class Reconciler:
         self.reconciles += 1
         resource = job_resource(kind)
         meta = job.metadata
-        if meta.deletion_timestamp is not None:
-            if kind.finalizer in meta.finalizers:
-                rest = [f for f in meta.finalizers if f != kind.finalizer]
-                await self._kube.merge_patch(
-                    resource, meta.name, {"metadata": {"finalizers": rest, "resourceVersion": meta.resource_version}}
-                )
-                log.info("finalizer_removed")
+        if await self._finalizer(kind, job, log):
             return None
-        if kind.finalizer not in meta.finalizers:
-            await self._kube.merge_patch(
-                resource,
-                meta.name,
-                {
-                    "metadata": {
-                        "finalizers": [*meta.finalizers, kind.finalizer],
-                        "resourceVersion": meta.resource_version,
-                    }
-                },
-            )
-            log.info("finalizer_added")
-            return None
+        owed = retry.pending_event(job)
+        if owed is not None and owed.name not in self._announced and await self._announce(kind, job, owed, log):
+            return None  # the clearing's watch event brings the job back
         if job.status.phase is JobPhase.NONE:
             updated = await self._kube.update_status(resource, meta.name, self._initialise(kind))
             if updated is not None:
@@ -225,6 +214,34 @@ class Reconciler:
         due = decide.next_deadline(updated, connected=self._connected)
         return None if due is None else self._clock.loop_time(due)
 
+    async def _finalizer(self, kind: Kind, job: Any, log: Log) -> bool:
+        """Take the finalizer off a deleted job, or put it on a new one: whether the pass ends there (its
+        write's watch event brings the job back)."""
+        resource = job_resource(kind)
+        meta = job.metadata
+        if meta.deletion_timestamp is not None:
+            if kind.finalizer in meta.finalizers:
+                rest = [f for f in meta.finalizers if f != kind.finalizer]
+                await self._kube.merge_patch(
+                    resource, meta.name, {"metadata": {"finalizers": rest, "resourceVersion": meta.resource_version}}
+                )
+                log.info("finalizer_removed")
+            return True
+        if kind.finalizer not in meta.finalizers:
+            await self._kube.merge_patch(
+                resource,
+                meta.name,
+                {
+                    "metadata": {
+                        "finalizers": [*meta.finalizers, kind.finalizer],
+                        "resourceVersion": meta.resource_version,
+                    }
+                },
+            )
+            log.info("finalizer_added")
+            return True
+        return False
+
     async def _retry(self, kind: Kind, job: Any, log: Log) -> None:
         """Handle the retry annotation's new value: the decision and its record land in one status update."""
         decided: list[tuple[Any, retry.Retried | None]] = []
@@ -247,7 +264,35 @@ class Reconciler:
             settled=len(outcome.settled),
             refusal=outcome.refusal,
         )
-        await self._record(kind, updated, [outcome.notice(), *decide.notices(before, updated.status)], log)
+        owed = retry.pending_event(updated)
+        if owed is not None:
+            await self._announce(kind, updated, owed, log)
+        await self._record(kind, updated, decide.notices(before, updated.status), log)
+
+    async def _announce(self, kind: Kind, job: Any, owed: v1alpha2.PendingEvent, log: Log) -> bool:
+        """Record the Event ``job``'s status owes, then clear it from the status: whether both are done.
+
+        Cleared only once the Event exists, so that a controller dying in between leaves it owed; the
+        next one's create of the same name then finds it (409) and clears it without a second Event.
+        """
+        now = format_time(self._clock.now())
+        event = job_event(
+            kind,
+            job,
+            reason=owed.reason,
+            message=owed.message,
+            type_=owed.type,
+            component=COMPONENT,
+            now=now,
+            name=owed.name,
+        )
+        if not await record_event(self._kube, event, log):
+            return False  # still owed: the job's next pass tries again
+        cleared = functools.partial(retry.announced, owed=owed)
+        await self._kube.update_status(job_resource(kind), job.metadata.name, cleared, current=job)
+        self._announced.add(owed.name)
+        log.info("retry_event_recorded", reason=owed.reason, event_name=owed.name)
+        return True
 
     def _initialise(self, kind: Kind) -> Any:
         def mutate(job: Any) -> Any:

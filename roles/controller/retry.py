@@ -6,6 +6,11 @@ reconciler writes decision and record in one conditional status update (resource
 controller that dies before the write leaves the value unhandled and the next one retries it once;
 one that dies after finds it handled and does nothing. Whatever happens, a value triggers one retry.
 
+The Event telling what the retry did is owed in that same update (``status.retry.pendingEvent``,
+named from the job, the value and the resourceVersion decided on): the reconciler records it and
+then clears it, so a controller that dies after the decision leaves the Event to the next one,
+whose create of the same name shows it once even if the first had recorded it already.
+
 What runs again: nodes in Failure or Unknown, each getting the job's next run number as its
 ``attempt`` and keeping how its previous attempt ended in ``previousAttempt``; Successful nodes are
 untouched. Each retried node is judged again as on a first run (:func:`decide.verdict`): a node
@@ -15,6 +20,7 @@ succeeds at once; the others go back to Pending, for the hubs to dispatch as on 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -25,13 +31,14 @@ from nodetask.clock import format_time
 from nodetask.phase import count_phases, job_phase
 from nodetask.phases import NodeTaskPhase
 from roles.controller import decide
+from roles.events import event_name
 from schemas import v1alpha2
 from schemas.access import node_counts, targeting
 from schemas.core import Node
 from schemas.kinds import Kind
 from schemas.retry import RETRIABLE_NODE_PHASES, requested_retry, retry_refusal
 
-__all__ = ["Retried", "previous_attempt", "retried"]
+__all__ = ["Retried", "announced", "pending_event", "previous_attempt", "retried"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +95,8 @@ def retried(kind: Kind, job: v1alpha2.NodeJob, nodes: Mapping[str, Node], *, now
     refusal = retry_refusal(status.phase, (e.phase for e in status.node_status))
     if refusal:
         handled = msgspec.structs.replace(before, handled=value)
-        return Retried(value, msgspec.structs.replace(status, retry=handled), before.attempt, refusal=refusal)
+        refused = Retried(value, msgspec.structs.replace(status, retry=handled), before.attempt, refusal=refusal)
+        return _owing(job, refused)
     attempt = before.attempt + 1
     stamp = format_time(now)
     target = job.spec.version if isinstance(job, v1alpha2.NodeUpgradeJob) else ""
@@ -120,4 +128,34 @@ def retried(kind: Kind, job: v1alpha2.NodeJob, nodes: Mapping[str, Node], *, now
         node_counts=node_counts(node_status),
         retry=v1alpha2.RetryStatus(handled=value, attempt=attempt, time=stamp, nodes=len(pending)),
     )
-    return Retried(value, new, attempt, pending=tuple(pending), settled=tuple(settled))
+    return _owing(job, Retried(value, new, attempt, pending=tuple(pending), settled=tuple(settled)))
+
+
+def _owing(job: v1alpha2.NodeJob, outcome: Retried) -> Retried:
+    """``outcome`` with its Event owed in the status it writes."""
+    notice = outcome.notice()
+    meta = job.metadata
+    owed = v1alpha2.PendingEvent(
+        # The resourceVersion decided on tells apart two handlings of one value (refused, then asked again).
+        name=event_name(meta.name, meta.uid, meta.resource_version, outcome.value),
+        type=notice.type,
+        reason=notice.reason,
+        message=notice.message,
+    )
+    retry = msgspec.structs.replace(outcome.status.retry or v1alpha2.RetryStatus(), pending_event=owed)
+    return dataclasses.replace(outcome, status=msgspec.structs.replace(outcome.status, retry=retry))
+
+
+def pending_event(job: v1alpha2.NodeJob) -> v1alpha2.PendingEvent | None:
+    """The Event ``job``'s latest retry decision still owes, or None."""
+    retry = job.status.retry
+    return retry.pending_event if retry is not None else None
+
+
+def announced(job: v1alpha2.NodeJob, owed: v1alpha2.PendingEvent) -> v1alpha2.NodeJob | None:
+    """``job`` with ``owed`` no longer owed (it is recorded); None when it is not owed any more."""
+    retry = job.status.retry
+    if retry is None or retry.pending_event != owed:
+        return None
+    status = msgspec.structs.replace(job.status, retry=msgspec.structs.replace(retry, pending_event=None))
+    return msgspec.structs.replace(job, status=status)

@@ -42,6 +42,10 @@ NAMESPACE = "nodetaskd-system"
 CONTROLLER_SA = f"system:serviceaccount:{NAMESPACE}:nodetaskd-controller"
 CLOUD_SA = f"system:serviceaccount:{NAMESPACE}:nodetaskd-cloud"
 WEBHOOK_HOST = f"nodetaskd-webhook.{NAMESPACE}.svc"
+OTHERS = ("kube-system", "default")
+"""Namespaces whose Leases are other components' (kube-system: the scheduler's and controller-manager's)."""
+OTHER = "another-product"
+"""A webhook configuration that is not nodetaskd's."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +109,7 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
 def test_a_server_side_dry_run_accepts_every_object_and_creates_none(deployed: Deployed) -> None:
     """`kubectl apply --dry-run=server -k` passes every object through the API server's validation, creating nothing."""
     lines = [line for line in deployed.dry_run.splitlines() if line]
-    assert len(lines) == len(deployed.expected) == 29
+    assert len(lines) == len(deployed.expected) == 31
     assert all(line.endswith("(server dry run)") for line in lines), lines
     assert not deployed.created_before_apply
 
@@ -136,8 +140,7 @@ ALLOWED = {
         "patch nodes",
         "create events -n default",
         f"update leases.coordination.k8s.io -n {NAMESPACE}",
-        "patch validatingwebhookconfigurations.admissionregistration.k8s.io",
-        "create mutatingwebhookconfigurations.admissionregistration.k8s.io",
+        "patch validatingwebhookconfigurations.admissionregistration.k8s.io/nodetaskd",
     ],
     CLOUD_SA: [
         "watch nodeupgradejobs.operations.kubeedge.io",
@@ -209,6 +212,29 @@ def test_each_service_account_may_do_its_roles_work_and_is_refused_the_rest(depl
         if _can(deployed.cp, who, access)
     ]
     assert wrong == []
+
+
+def test_the_controller_elects_only_in_its_namespace_and_patches_only_its_own_webhooks(deployed: Deployed) -> None:
+    """The controller's Leases are those of its leaseNamespace only; of the webhook configurations it may patch
+    its own two, and create, change or delete no other (the manifests create them)."""
+    lease_namespace = _config_map(deployed, "nodetaskd-controller", "controller.yaml")["leaseNamespace"]
+    assert lease_namespace == NAMESPACE
+    leases = "leases.coordination.k8s.io"
+    configurations = [
+        f"{resource}.admissionregistration.k8s.io"
+        for resource in ("validatingwebhookconfigurations", "mutatingwebhookconfigurations")
+    ]
+    wanted = {
+        **{f"{verb} {leases} -n {NAMESPACE}": True for verb in ("get", "create", "update")},
+        **{f"{verb} {leases} -n {other}": False for verb in ("get", "create", "update") for other in OTHERS},
+        f"update {leases} --all-namespaces": False,
+        **{f"patch {resource}/nodetaskd": True for resource in configurations},
+        **{f"create {resource}": False for resource in configurations},
+        **{f"{verb} {resource}/nodetaskd": False for verb in ("update", "delete") for resource in configurations},
+        **{f"{verb} {resource}/{OTHER}": False for verb in ("get", "patch", "update") for resource in configurations},
+    }
+    answers = {access: _can(deployed.cp, CONTROLLER_SA, access) for access in wanted}
+    assert answers == wanted
 
 
 def test_cache_secrets_adds_only_list_and_watch_of_secrets_to_the_hubs(deployed: Deployed) -> None:

@@ -3,8 +3,9 @@
 The retry annotation is set with kubectl, as an operator would. What is shown: a pre-pull of an
 image missing from the registry completes once the image is pushed and the job retried, every node
 pulling once more and keeping its first attempt in status; a controller killed between the
-annotation and its handling (and the one after it) retries once and only once; a late report of the
-first attempt changes nothing during the second; an agent from before retries gets its retried node
+annotation and its handling (and the one after it) retries once and only once; one dying between
+the retry's status write and its Event leaves the Event to the next, which shows it once; a late
+report of the first attempt changes nothing during the second; an agent from before retries gets its retried node
 failed with the reason instead of a RunAction it would mistake for the first one.
 """
 
@@ -13,21 +14,26 @@ from __future__ import annotations
 import functools
 import signal
 import urllib.request
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import msgspec
 import pytest
+import structlog
 
 from flows.imageprepulljob import CHECK, PULL
+from nodetask.clock import Clock
 from nodetask.messages import Report
 from nodetask.phases import ConditionStatus, JobPhase, NodeTaskPhase
 from nodetask.route import Route
-from roles.kube import Kube
+from roles.controller.reconciler import Reconciler
+from roles.kube import Kube, open_kube
 from roles.kube.resources import EVENTS, NODES, job_resource
 from schemas.core import HUB_ANNOTATION, Node
-from schemas.kinds import IMAGE_PRE_PULL_JOB
+from schemas.kinds import IMAGE_PRE_PULL_JOB, KINDS
 from schemas.v1alpha2 import API_VERSION
 from tests.integration.agents import agent_command, write_agent_config
 from tests.integration.controlplane import ControlPlane
@@ -200,6 +206,69 @@ async def test_a_controller_killed_between_the_annotation_and_its_handling_retri
     assert ghost_entry.previous_attempt.phase is NodeTaskPhase.UNKNOWN
     assert len(await events_of(crds, name, "JobRetried")) == 1
     assert all(code == 0 for p, code in running.exits.items() if not running.named(p).killed), running.exits
+
+
+class DiesAtItsRetryEvent:
+    """The controller's client until it records ``job``'s JobRetried Event: there the controller "dies"
+    (blocks until cancelled, writing nothing more), before the Event or, ``after_event``, just after it."""
+
+    def __init__(self, kube: Kube, job: str, *, after_event: bool) -> None:
+        self._kube = kube
+        self._job = job
+        self._after_event = after_event
+        self.died = anyio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._kube, name)
+
+    async def create(self, resource: Any, obj: Any, *, namespace: str = "") -> Any:
+        if resource is EVENTS and (obj.involved_object.name, obj.reason) == (self._job, "JobRetried"):
+            if self._after_event:
+                await self._kube.create(resource, obj, namespace=namespace)
+            self.died.set()
+            await anyio.sleep_forever()
+        return await self._kube.create(resource, obj, namespace=namespace)
+
+
+@asynccontextmanager
+async def reconciling(kube: Kube | DiesAtItsRetryEvent) -> AsyncIterator[None]:
+    """A controller's reconciler on ``kube`` for the block; leaving the block is the controller's end."""
+    reconciler = Reconciler(kube=cast("Kube", kube), clock=Clock.start(), log=structlog.get_logger(), kinds=KINDS)
+    async with anyio.create_task_group() as tg:
+        await tg.start(reconciler.run)
+        yield
+        tg.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("after_event", [False, True], ids=["before-the-event", "after-the-event"])
+async def test_a_controller_dying_between_a_retry_and_its_event_leaves_the_event_to_the_next_one(
+    crds: ControlPlane, cloud_kube: Kube, after_event: bool
+) -> None:
+    """The retry's status is written and the controller dies before its JobRetried Event (or just after it):
+    the next controller records the Event, and it shows once."""
+    gone = unique("gone")  # no such Node: the job fails at once, and its retry judges the node again at once
+    name = unique("owed-event")
+    await create_job(
+        crds, "ImagePrePullJob", name, {"imagePrePullTemplate": {"nodeNames": [gone], "images": ["a/b:1"]}}
+    )
+    async with open_kube(kubeconfig=str(crds.kubeconfig("controller")), log=structlog.get_logger()) as kube:
+        dying = DiesAtItsRetryEvent(kube, name, after_event=after_event)
+        async with reconciling(dying):
+            await job_when(cloud_kube, PREPULLS, name, settled)
+            await retry(crds, name, "again")
+            with anyio.fail_after(60):
+                await dying.died.wait()
+        handled = await cloud_kube.get(PREPULLS, name)
+        assert handled.status.retry.handled == "again"  # the decision was written before the death
+        assert len(await events_of(crds, name, "JobRetried")) == int(after_event)
+
+        async with reconciling(kube):
+            [event] = await polled(functools.partial(events_of, crds, name, "JobRetried"), bool)
+            done = await job_when(cloud_kube, PREPULLS, name, lambda j: j.status.retry.pending_event is None)
+
+    assert (event.type, event.message) == ("Normal", f"attempt 2: 0 nodes run again; 1 judged at once ({gone})")
+    assert len(await events_of(crds, name, "JobRetried")) == 1
+    assert (done.status.retry.handled, done.status.retry.attempt) == ("again", 2)
 
 
 async def test_a_late_report_of_the_first_attempt_arriving_during_the_second_changes_nothing(

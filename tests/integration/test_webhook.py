@@ -22,6 +22,7 @@ import trio
 
 from roles.config import ControllerConfig
 from roles.controller.admission import (
+    CONFIGURATION_NAME,
     VALIDATING_WEBHOOK_NAME,
     admission_policy,
     admission_routes,
@@ -136,9 +137,8 @@ async def cluster(crds: ControlPlane, controller_kube: Kube, tmp_path: Path) -> 
         port = await nursery.start(
             partial(serve_http, handler, host="127.0.0.1", port=0, ssl_context=server_ssl_context(cert), log=log)
         )
-        validating, mutating = webhook_configurations(
-            url_base=f"https://127.0.0.1:{port}", ca_bundle=cert.ca_bundle, name=name
-        )
+        # Named as the controller names them: its RBAC lets it patch no other configuration.
+        validating, mutating = webhook_configurations(url_base=f"https://127.0.0.1:{port}", ca_bundle=cert.ca_bundle)
         try:
             await register_webhooks(controller_kube, validating, mutating, log=log)
             # The API server picks configurations up from a watch: wait until both are in force.
@@ -148,8 +148,8 @@ async def cluster(crds: ControlPlane, controller_kube: Kube, tmp_path: Path) -> 
             yield cluster
         finally:
             with trio.move_on_after(60, shield=True):
-                await cluster.kubectl("delete", "validatingwebhookconfiguration", name, "--ignore-not-found")
-                await cluster.kubectl("delete", "mutatingwebhookconfiguration", name, "--ignore-not-found")
+                for resource in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):
+                    await cluster.kubectl("delete", resource, CONFIGURATION_NAME, "--ignore-not-found")
                 # Keep serving until the API server has dropped both, so a later test never meets a
                 # Fail-policy webhook whose server is gone.
                 await _until(lambda: _not(validating_active), what="validating webhook gone")
@@ -388,14 +388,11 @@ async def test_decisions_are_counted_and_exposed_on_metrics(cluster: Cluster) ->
 async def test_registering_again_updates_the_configurations_in_place(cluster: Cluster, controller_kube: Kube) -> None:
     """A second registration (a restart with a new port or CA) patches the existing configurations."""
     validating, mutating = webhook_configurations(
-        url_base=f"https://127.0.0.1:{cluster.port}",
-        ca_bundle=cluster.ca_bundle,
-        name=cluster.run_id,
-        timeout_seconds=7,
+        url_base=f"https://127.0.0.1:{cluster.port}", ca_bundle=cluster.ca_bundle, timeout_seconds=7
     )
     await register_webhooks(controller_kube, validating, mutating, log=structlog.get_logger())
     for resource in ("validatingwebhookconfiguration", "mutatingwebhookconfiguration"):
-        result = await cluster.kubectl("get", resource, cluster.run_id, "-o", "json")
+        result = await cluster.kubectl("get", resource, CONFIGURATION_NAME, "-o", "json")
         assert result.returncode == 0, result.stderr
         (webhook,) = msgspec.json.decode(result.stdout)["webhooks"]
         assert webhook["timeoutSeconds"] == 7

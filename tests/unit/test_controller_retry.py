@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from nodetask.clock import format_time
 from nodetask.phases import ConditionStatus, JobPhase, NodeTaskPhase
 from roles.controller import decide
-from roles.controller.retry import retried
+from roles.controller.retry import announced, pending_event, retried
+from roles.events import event_name
 from schemas import v1alpha2
 from schemas.core import AGENT_VERSION_ANNOTATION, EDGE_ROLE_LABEL, RETRY_ANNOTATION, Node, NodeCondition, NodeStatus
 from schemas.kinds import IMAGE_PRE_PULL_JOB, NODE_UPGRADE_JOB
@@ -76,7 +77,10 @@ def test_failed_and_silent_nodes_go_back_to_pending_keeping_their_previous_attem
     assert not outcome.refusal
     status = outcome.status
     assert status.phase is JobPhase.IN_PROGRESS
-    assert status.retry == v1alpha2.RetryStatus(handled="1", attempt=2, time=format_time(NOW), nodes=2)
+    assert status.retry is not None
+    assert msgspec.structs.replace(status.retry, pending_event=None) == v1alpha2.RetryStatus(
+        handled="1", attempt=2, time=format_time(NOW), nodes=2
+    )
     kept, bad, mute = status.node_status
     assert kept is done
     assert (bad.phase, bad.attempt, bad.reason, bad.action_flow, bad.dispatch_time) == (
@@ -127,9 +131,57 @@ def test_a_value_that_cannot_retry_is_handled_with_its_reason_and_nothing_else()
     job = prepull((entry("a", NodeTaskPhase.IN_PROGRESS),), phase=JobPhase.IN_PROGRESS)
     outcome = retried(IMAGE_PRE_PULL_JOB, job, {"a": node("a")}, now=NOW)
     assert outcome is not None
-    assert outcome.status == msgspec.structs.replace(job.status, retry=v1alpha2.RetryStatus(handled="1"))
+    assert outcome.status == msgspec.structs.replace(
+        job.status, retry=v1alpha2.RetryStatus(handled="1", pending_event=_owed(job, outcome.notice(), "1"))
+    )
     assert outcome.notice().type == "Warning"
     assert "the job is InProgress" in outcome.notice().message
+
+
+def _owed(job: v1alpha2.ImagePrePullJob, notice: decide.Notice, value: str) -> v1alpha2.PendingEvent:
+    meta = job.metadata
+    name = event_name(meta.name, meta.uid, meta.resource_version, value)
+    return v1alpha2.PendingEvent(name=name, type=notice.type, reason=notice.reason, message=notice.message)
+
+
+def test_a_retry_owes_its_event_in_the_status_it_writes() -> None:
+    """The decision's status carries the Event telling it, under a name the job, value and version fix."""
+    job = prepull((entry("a", NodeTaskPhase.FAILURE),))
+    job = msgspec.structs.replace(job, metadata=msgspec.structs.replace(job.metadata, resource_version="41"))
+    outcome = retried(IMAGE_PRE_PULL_JOB, job, {"a": node("a")}, now=NOW)
+    assert outcome is not None
+    assert outcome.status.retry is not None
+    owed = outcome.status.retry.pending_event
+    assert owed == _owed(job, outcome.notice(), "1")
+    assert (owed.type, owed.reason, owed.message) == ("Normal", "JobRetried", "attempt 2: 1 node run again (a)")
+    again = retried(IMAGE_PRE_PULL_JOB, job, {"a": node("a")}, now=NOW + timedelta(seconds=5))
+    assert again is not None
+    assert again.status.retry is not None
+    assert again.status.retry.pending_event == owed  # whichever controller decides, the same Event
+    later = msgspec.structs.replace(job, metadata=msgspec.structs.replace(job.metadata, resource_version="57"))
+    other = retried(IMAGE_PRE_PULL_JOB, later, {"a": node("a")}, now=NOW)
+    assert other is not None
+    assert other.status.retry is not None
+    assert other.status.retry.pending_event is not None
+    assert other.status.retry.pending_event.name != owed.name  # the value handled again later: a new Event
+
+
+def test_an_owed_event_is_cleared_only_while_it_is_the_one_owed() -> None:
+    """Clearing takes off the Event recorded, never one a later decision owes, and writes nothing when none is owed."""
+    job = prepull((entry("a", NodeTaskPhase.FAILURE),))
+    outcome = retried(IMAGE_PRE_PULL_JOB, job, {"a": node("a")}, now=NOW)
+    assert outcome is not None
+    owing = msgspec.structs.replace(job, status=outcome.status)
+    owed = pending_event(owing)
+    assert owed is not None
+    cleared = announced(owing, owed)
+    assert cleared is not None
+    assert pending_event(cleared) is None
+    assert outcome.status.retry is not None
+    assert cleared.status.retry == msgspec.structs.replace(outcome.status.retry, pending_event=None)
+    assert announced(cleared, owed) is None
+    assert announced(owing, msgspec.structs.replace(owed, name="pp.another")) is None
+    assert announced(job, owed) is None
 
 
 def test_a_value_already_handled_asks_for_nothing() -> None:

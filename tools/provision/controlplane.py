@@ -81,6 +81,9 @@ DEFAULT_MIRROR: Final = "http://deb.debian.org/debian"
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[2]
 DEFAULT_RBAC_DIR: Final = REPO_ROOT / "containers" / "rbac"
+WEBHOOK_REGISTRATION_RBAC: Final = DEFAULT_RBAC_DIR / "webhook-registration"
+"""Applied here besides the roles' RBAC: the controllers run outside this control plane, where no
+manifest creates their webhook configurations, so they create them (``containers/deploy`` ships them)."""
 
 STATE_FILE: Final = "controlplane.json"
 """Marker + record of a started control plane inside its state directory."""
@@ -767,18 +770,22 @@ class ControlPlane:
             raise ControlPlaneError(f"kubectl {shlex.join(args)} (as {identity}) failed: {detail}")
         return result
 
-    def apply_rbac(self, rbac_dir: Path = DEFAULT_RBAC_DIR) -> None:
-        """``kubectl apply`` every manifest in ``rbac_dir`` as admin (its kustomization, when it has one)."""
-        if (rbac_dir / "kustomization.yaml").is_file():
-            self.kubectl("apply", "-k", str(rbac_dir))
-            return
-        manifests = sorted(p for p in rbac_dir.iterdir() if p.suffix in (".yaml", ".yml"))
-        if not manifests:
-            raise ControlPlaneError(f"no RBAC manifests in {rbac_dir}")
-        args = ["apply"]
-        for manifest in manifests:
-            args += ["-f", str(manifest)]
-        self.kubectl(*args)
+    def apply_rbac(
+        self, rbac_dir: Path = DEFAULT_RBAC_DIR, *, extras: Sequence[Path] = (WEBHOOK_REGISTRATION_RBAC,)
+    ) -> None:
+        """``kubectl apply`` every manifest in ``rbac_dir``, then in each of ``extras``, as admin (a
+        directory's kustomization, when it has one)."""
+        for directory in (rbac_dir, *extras):
+            if (directory / "kustomization.yaml").is_file():
+                self.kubectl("apply", "-k", str(directory))
+                continue
+            manifests = sorted(p for p in directory.iterdir() if p.suffix in (".yaml", ".yml"))
+            if not manifests:
+                raise ControlPlaneError(f"no RBAC manifests in {directory}")
+            args = ["apply"]
+            for manifest in manifests:
+                args += ["-f", str(manifest)]
+            self.kubectl(*args)
 
     # -- health ------------------------------------------------------------
 
