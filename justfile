@@ -8,9 +8,12 @@ py := ".venv/bin/python"
 default:
     @just --list
 
-# Lint, type-check, check import contracts, then run every test (unit + integration).
+# Test processes at once: integration tests mostly wait on timers, so more than the cores pay (`workers=1`: one process).
+workers := env("NODETASKD_TEST_WORKERS", "4")
+
+# Lint, type-check, check import contracts, then run every test (unit + integration), in parallel processes.
 test: lint
-    {{py}} -m pytest -q
+    {{py}} -m pytest -q -n {{workers}} --dist worksteal --durations=15
 
 # Ruff, mypy --strict and the import-linter contracts.
 lint:

@@ -32,7 +32,11 @@ class ApiServer:
         self.requests.append((method, path.rsplit("/admissionregistration.k8s.io/v1/", 1)[1]))
         status = self.answers.get(method, 200)
         if status >= 300:
-            raise from_response(status, b"", what=f"{method} {path}")
+            # The API server's Status body, as it answers for a missing object or a refused verb.
+            reason = {404: "NotFound", 403: "Forbidden"}.get(status, "")
+            raise from_response(
+                status, msgspec.json.encode({"reason": reason, "code": status}), what=f"{method} {path}"
+            )
         if method == "POST":
             return body
         kind = KINDS[path.split("/")[-2]]
