@@ -14,12 +14,17 @@ What the watch has not delivered yet is not seen: an edge that moved to another 
 within the watch's lag finds its mark skipped while the Node names the other hub, whose unmark
 at its session's end then leaves the Node unmarked until the edge's next session. Marks of two
 hubs could already cross like that (a mark queued in one hub's storm landing after the other's).
+
+The watch also tells a mark whose Node does not exist yet when a Node of that name appears
+(:meth:`MarkedNodes.awaiting`): an edge may connect before its Node is registered.
 """
 
 from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Final
 
 import anyio
@@ -62,6 +67,8 @@ class MarkedNodes:
         self._current = False
         """Listed, and not failed since: what ``_versions`` says holds, bar the watch's lag."""
         self._settled = anyio.Event()
+        self._awaited: dict[str, set[anyio.Event]] = {}
+        """Events of marks waiting for their Node to appear, by Node name."""
 
     def seen(self, node: str) -> str | None:
         """The agent version ``node``'s mark says if the mark is this hub's, as far as the watch shows; else None."""
@@ -69,6 +76,23 @@ class MarkedNodes:
 
     def __len__(self) -> int:
         return len(self._versions)
+
+    @contextmanager
+    def awaiting(self, node: str) -> Iterator[anyio.Event]:
+        """An event set once the watch shows a Node named ``node`` (listed, created or changed) while the block lasts.
+
+        Only what the watch delivers from now on sets it: a Node created before is found by reading it.
+        """
+        appeared = anyio.Event()
+        self._awaited.setdefault(node, set()).add(appeared)
+        try:
+            yield appeared
+        finally:
+            waiting = self._awaited.get(node)
+            if waiting is not None:
+                waiting.discard(appeared)
+                if not waiting:
+                    del self._awaited[node]
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Follow the Node watch until cancelled (its own, given a watcher); ready once it has listed the
@@ -90,6 +114,9 @@ class MarkedNodes:
         """One event of the Node watch. Never raises: a Node it cannot read is no longer known."""
         match event:
             case Relisted(objects=heads):
+                if self._awaited:
+                    for head in heads:
+                        self._appeared(head.metadata.name)
                 self._versions = {
                     head.metadata.name: sys.intern(version)
                     for head in heads
@@ -111,11 +138,17 @@ class MarkedNodes:
         meta = self._meta(obj)
         if meta is None:
             return
+        if self._awaited:
+            self._appeared(meta.name)
         version = own_version(meta.annotations, self._hub_id)
         if version is None:
             self._versions.pop(meta.name, None)
         else:
             self._versions[meta.name] = sys.intern(version)
+
+    def _appeared(self, node: str) -> None:
+        for appeared in self._awaited.pop(node, ()):
+            appeared.set()
 
     def _forget(self, obj: RawObject) -> None:
         meta = self._meta(obj)
