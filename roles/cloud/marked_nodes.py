@@ -8,7 +8,9 @@ the Node watch, keeping only the Nodes that name this hub (their agent version e
 
 Knowledge is trusted only while the watch is current: until its first list, and from a failure
 of the watch until its next list, every mark is written. The hub has one Node watch: with cache
-streams on it is theirs (:meth:`MarkedNodes.apply` takes its events), else this module's own.
+streams on it is theirs (:meth:`MarkedNodes.apply` takes its events), else this module's own. Either
+lists the Nodes as their metadata only (a cluster's Nodes whole cost a restarted hub a large part of its
+start), and this module's own also watches them so: it reads nothing else.
 
 What the watch has not delivered yet is not seen: an edge that moved to another hub and back
 within the watch's lag finds its mark skipped while the Node names the other hub, whose unmark
@@ -35,7 +37,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 
 from roles.cloud.api import Watcher
 from roles.kube import Deleted, Interrupted, Invalid, Relisted, Upserted, WatchEvent
-from roles.kube.resources import RAW_NODES
+from roles.kube.resources import NODE_METADATA
 from schemas.core import MarkAnnotations, NodeHeadMeta, RawObject
 
 __all__ = ["MarkedNodes", "mark_needed", "own_version"]
@@ -101,7 +103,7 @@ class MarkedNodes:
             if self._watcher is not None:
                 send, receive = anyio.create_memory_object_stream[WatchEvent](math.inf)
                 tg.start_soon(self._consume, receive)
-                tg.start_soon(self._watcher.watch, RAW_NODES, send)
+                tg.start_soon(self._watcher.watch, NODE_METADATA, send)
             await self._settled.wait()
             task_status.started()
 
