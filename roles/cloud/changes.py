@@ -37,6 +37,7 @@ __all__ = [
     "awaits_confirmation",
     "claim",
     "dispatchable",
+    "full",
     "record",
     "refuse",
 ]
@@ -53,7 +54,7 @@ class ClaimOutcome(enum.StrEnum):
 
     CLAIMED = "claimed"
     FULL = "full"
-    """Every concurrency slot of the job is taken (by this hub or another); try after a change."""
+    """Every concurrency slot of the job is taken (by this hub or another); try again once one frees."""
     TAKEN = "taken"
     """The node is no longer Pending: another hub claimed it or the controller ended it."""
     GONE = "gone"
@@ -136,6 +137,13 @@ def _with_entry(job: Job, index: int, entry: Any) -> Job:
     return msgspec.structs.replace(job, status=msgspec.structs.replace(job.status, node_status=tuple(entries)))
 
 
+def full(job: Job) -> bool:
+    """Whether every concurrency slot of ``job`` is taken: as many nodes InProgress as its concurrency allows."""
+    # Every claim counts the whole job: in C (map, list.count), a quarter of a generator's time.
+    running = list(map(_PHASE, job.status.node_status)).count(NodeTaskPhase.IN_PROGRESS)
+    return running >= targeting(job).effective_concurrency
+
+
 def claim(node: str, *, uid: str, now: str) -> Change:
     """Take ``node`` of job ``uid`` for dispatch at ``now`` if a concurrency slot is free."""
 
@@ -148,9 +156,7 @@ def claim(node: str, *, uid: str, now: str) -> Change:
         entry = job.status.node_status[index]
         if entry.phase is not NodeTaskPhase.PENDING:
             return None, ClaimOutcome.TAKEN
-        # Every claim counts the whole job: in C (map, list.count), a quarter of a generator's time.
-        running = list(map(_PHASE, job.status.node_status)).count(NodeTaskPhase.IN_PROGRESS)
-        if running >= targeting(job).effective_concurrency:
+        if full(job):
             return None, ClaimOutcome.FULL
         claimed = msgspec.structs.replace(entry, phase=NodeTaskPhase.IN_PROGRESS, reason="", dispatch_time=now)
         return _with_entry(job, index, claimed), ClaimOutcome.CLAIMED

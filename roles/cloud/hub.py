@@ -118,6 +118,7 @@ class Hub:
             close_grace=settings.close_grace,
             pending_limit=settings.mark_pending_limit,
             seen=self.marked_nodes.seen,
+            awaiting=self.marked_nodes.awaiting,
             settled=lambda outcome: settled[outcome].inc(),
             log=self._log,
         )
@@ -230,13 +231,17 @@ class Hub:
         return await self.reports.record(jt, job, node, result, uid=uid, log=log)
 
     async def _admit(self, node: str, version: str, log: Log) -> None:
-        """Mark the Node as held by this hub, then offer the node to every job runner and its Tasks.
+        """Mark the Node as held by this hub, offering the node to every job runner and its Tasks once the
+        first attempt is answered (a refused mark is retried meanwhile).
 
         The session's end cancels this task: see :meth:`NodeMarks.mark` for what then happens to the mark.
         """
-        await self.node_marks.mark(node, version, log)
-        self.jobs.offer(node)
-        self.tasks.offer(node)
+
+        def offer() -> None:
+            self.jobs.offer(node)
+            self.tasks.offer(node)
+
+        await self.node_marks.mark(node, version, log, answered=offer)
 
     async def _apply_report(self, session: Session, report: Report, log: Log) -> None:
         # A report's task is the session's own: cancelled only when the session ends.

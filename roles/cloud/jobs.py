@@ -32,7 +32,7 @@ from roles.kube import ApiError, Deleted, Relisted, Upserted, WatchEvent
 from roles.kube.errors import too_large
 from roles.kube.following import follow
 from roles.kube.resources import job_resource
-from roles.kube.versions import fresher
+from roles.kube.versions import newer
 from roles.registry_auth import RegistryAuth
 from schemas.access import counted
 
@@ -57,8 +57,9 @@ class JobState:
     runner: JobRunner | None = None
 
 
-def _fresher(new: Any, old: Any) -> bool:
-    return fresher(new.metadata.resource_version, old.metadata.resource_version)
+def _newer(new: Any, old: Any) -> bool:
+    # Not the same copy again: taking it would wake every waiter of the job's runner for nothing.
+    return newer(new.metadata.resource_version, old.metadata.resource_version)
 
 
 class Jobs:
@@ -152,7 +153,7 @@ class Jobs:
             )
             self._tg.start_soon(writer.run)
             state = self._jobs[key] = JobState(job=job, writer=writer)
-        elif state.job.metadata.uid == job.metadata.uid and not _fresher(job, state.job):
+        elif state.job.metadata.uid == job.metadata.uid and not _newer(job, state.job):
             return
         state.job = job
         runner = state.runner
@@ -202,7 +203,7 @@ class Jobs:
         def written(job: Any) -> None:
             self._metrics.status_batches.inc()
             state = self._jobs.get((jt.kind.plural, job.metadata.name))
-            if state is not None and state.job.metadata.uid == job.metadata.uid and _fresher(job, state.job):
+            if state is not None and state.job.metadata.uid == job.metadata.uid and _newer(job, state.job):
                 state.job = job
                 if state.runner is not None:
                     state.runner.update(job)

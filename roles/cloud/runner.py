@@ -6,7 +6,9 @@ restart or an edge moving between hubs: the edge resumes from its own store and 
 reports). A node task:
 
 1. claims the node through the status writer, which is what bounds concurrency across hubs
-   (a claim only succeeds while fewer than ``concurrency`` nodes are InProgress);
+   (a claim only succeeds while fewer than ``concurrency`` nodes are InProgress); a claim that finds
+   every slot taken waits until the newest copy of the job shows one free, as a change that frees
+   none would only cost a read of the job;
 2. sends ``RunAction`` to the node's session, and again on every reconnect until the node settles
    (the edge is idempotent per job UID and attempt, so this is how unacknowledged sends are retried);
 3. ends when the node's entry leaves InProgress (a final report, or the controller's Unknown),
@@ -38,7 +40,7 @@ from nodetask.messages import ATTEMPTS_CAPABILITY, TYPED_CREDENTIALS, Cancel, Co
 from nodetask.phases import ConditionStatus, NodeTaskPhase
 from nodetask.pool import JobPool, NodeTaskEnd, open_job_pool
 from nodetask.route import Route
-from roles.cloud.changes import ClaimOutcome, awaits_confirmation, claim, refuse
+from roles.cloud.changes import ClaimOutcome, awaits_confirmation, claim, full, refuse
 from roles.cloud.sessions import Session, SessionTable
 from roles.cloud.status_writer import StatusWriter
 from roles.kube import ApiError, NotFound
@@ -86,6 +88,8 @@ class JobRunner:
         self._changed = anyio.Event()
         self._entries: dict[str, Any] | None = None
         """The current copy's node entries by name, built on first use after each update."""
+        self._full: bool | None = None
+        """Whether the current copy has every concurrency slot taken, found on first use after each update."""
         self._stop = anyio.Event()
         self._pool: JobPool | None = None
         self.finished = anyio.Event()
@@ -100,6 +104,7 @@ class JobRunner:
         """A newer copy of the job (from the watch or from a write)."""
         self.job = job
         self._entries = None
+        self._full = None
         self._changed.set()
         self._changed = anyio.Event()
 
@@ -216,10 +221,25 @@ class JobRunner:
                     log.info("node_dispatched")
                     return True
                 case ClaimOutcome.FULL:
+                    # Most changes of a job free no slot (reports of its running nodes, another hub's
+                    # claims, this claim's own fresh read): trying again on each would cost a read of
+                    # the job every time. At least one change, then one that may have freed a slot.
                     await changed.wait()
+                    while not self._may_claim(node):
+                        await self._changed.wait()
                 case _:
                     log.info("node_not_claimed", outcome=outcome)
                     return False
+
+    def _may_claim(self, node: str) -> bool:
+        """Whether a claim of Pending ``node`` is worth trying on the newest copy of the job: a slot is free, or
+        the node is no longer Pending (the claim then says what became of it)."""
+        entry = self._entry(node)
+        if entry is None or entry.phase is not NodeTaskPhase.PENDING:
+            return True
+        if self._full is None:
+            self._full = full(self.job)
+        return not self._full
 
     def _deadline(self, entry: Any) -> float:
         timeout = targeting(self.job).effective_timeout

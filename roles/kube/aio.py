@@ -18,8 +18,8 @@ from kubernetes_asyncio import config as k8s_config
 from yarl import URL
 
 from roles.kube.errors import Unreachable, from_response
+from roles.kube.resources import JSON
 
-JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
 
 
@@ -50,8 +50,8 @@ class AioApi:
         await self._session.close()
         await self._client.close()
 
-    async def _headers(self, content_type: str) -> dict[str, str]:
-        headers = {"Accept": JSON, "Content-Type": content_type, **self._client.default_headers}
+    async def _headers(self, content_type: str, accept: str) -> dict[str, str]:
+        headers = {"Accept": accept, "Content-Type": content_type, **self._client.default_headers}
         await self._client.update_params_for_auth(headers, [], ["BearerToken"])
         return headers
 
@@ -63,11 +63,12 @@ class AioApi:
         query: dict[str, str] | None = None,
         body: bytes | None = None,
         content_type: str = JSON,
+        accept: str = JSON,
         timeout_s: float = 30.0,
         what: str = "",
     ) -> bytes:
         """One request; the response body on 2xx, else the matching :class:`ApiError`."""
-        headers = await self._headers(content_type)
+        headers = await self._headers(content_type, accept)
         try:
             async with self._session.request(
                 method,
@@ -88,14 +89,20 @@ class AioApi:
         return data
 
     async def stream(
-        self, path: str, *, query: dict[str, str], read_timeout: float, on_line: Callable[[bytes], None]
+        self,
+        path: str,
+        *,
+        query: dict[str, str],
+        read_timeout: float,
+        on_line: Callable[[bytes], None],
+        accept: str = JSON,
     ) -> None:
         """Feed each line of a streaming GET (a watch) to ``on_line`` until the server ends it.
 
         A callback rather than an async generator on purpose: an asyncio async generator suspended
         when its task is cancelled can be left unfinalised under trio-asyncio, wedging the task.
         """
-        headers = await self._headers(JSON)
+        headers = await self._headers(JSON, accept)
         try:
             resp = await self._session.get(
                 self.host + path,

@@ -67,7 +67,10 @@ class Kube:
 
     async def get(self, resource: Resource[T], name: str, *, namespace: str = "") -> T:
         """One object; :class:`~roles.kube.errors.NotFound` when absent."""
-        return resource.decoder().decode(await self._request("GET", resource.path(name, namespace=namespace)))
+        accept = resource.accept(collection=False)
+        return resource.decoder().decode(
+            await self._request("GET", resource.path(name, namespace=namespace), accept=accept)
+        )
 
     async def list(
         self,

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import builtins
+import enum
 import functools
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 import msgspec
 
@@ -15,6 +16,25 @@ from schemas import core, diagnosis
 from schemas.kinds import GROUP, Kind
 
 T = TypeVar("T", bound=msgspec.Struct)
+
+JSON: Final = "application/json"
+_PARTIAL: Final = "application/json;as={};g=meta.k8s.io;v=v1,application/json"
+"""Each object's apiVersion, kind and metadata only, as meta.k8s.io/v1 PartialObjectMetadata (served since
+Kubernetes 1.15); whole objects from an API server that cannot (their metadata decodes all the same)."""
+
+
+class MetadataOnly(enum.Enum):
+    """Which reads of a resource ask the API server for each object's metadata only (PartialObjectMetadata).
+
+    Listing every Node or Secret of a cluster whole costs the API server and the reader alike; a
+    reader of names, versions, labels and annotations needs none of the rest.
+    """
+
+    NEVER = "never"
+    SNAPSHOT = "snapshot"
+    """A watch's snapshot (its list) only; its changes come whole."""
+    ALWAYS = "always"
+    """Every read: objects, lists, a watch's snapshot and its changes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +49,15 @@ class Resource(Generic[T]):
     snapshot_type: builtins.type[msgspec.Struct] | None = None
     """What a watch's snapshot (its list) decodes items into, when not ``type``: a smaller view, for a
     watcher that needs whole objects only from the changes."""
+    metadata_only: MetadataOnly = MetadataOnly.NEVER
+    """Which reads bring only each object's metadata: the types they decode into must need no more."""
+
+    def accept(self, *, collection: bool, snapshot: bool = False) -> str:
+        """The ``Accept`` header of a read: of one object or a watch's changes, or of a ``collection`` (a list),
+        which is a watch's ``snapshot`` or not."""
+        if self.metadata_only is MetadataOnly.ALWAYS or (snapshot and self.metadata_only is MetadataOnly.SNAPSHOT):
+            return _PARTIAL.format("PartialObjectMetadataList" if collection else "PartialObjectMetadata")
+        return JSON
 
     def path(self, name: str = "", *, namespace: str = "", subresource: str = "") -> str:
         """The request path; each part is exactly one path segment, whatever it holds.
@@ -89,18 +118,26 @@ LEASES: Resource[core.Lease] = Resource("coordination.k8s.io/v1", "leases", core
 PODS: Resource[core.Pod] = Resource("v1", "pods", core.Pod, namespaced=True)
 
 # The kinds an edge's cache holds, kept whole (roles/cloud/cache_objects.py); a watch's snapshot of the
-# whole cluster keeps only each object's head, so that listing every Pod never holds them all at once.
+# whole cluster keeps only each object's head, so that listing every Pod never holds them all at once,
+# and is listed as metadata only where the head needs no more (a Pod's head needs its spec.nodeName).
 # A Node's head also says whose mark it carries (roles/cloud/marked_nodes.py shares the watch).
-RAW_NODES: Resource[core.RawObject] = Resource("v1", "nodes", core.RawObject, snapshot_type=core.NodeHead)
+_SNAPSHOT: Final = MetadataOnly.SNAPSHOT
+RAW_NODES: Resource[core.RawObject] = Resource(
+    "v1", "nodes", core.RawObject, snapshot_type=core.NodeHead, metadata_only=_SNAPSHOT
+)
 RAW_PODS: Resource[core.RawObject] = Resource(
     "v1", "pods", core.RawObject, namespaced=True, snapshot_type=core.ObjectHead
 )
 RAW_CONFIG_MAPS: Resource[core.RawObject] = Resource(
-    "v1", "configmaps", core.RawObject, namespaced=True, snapshot_type=core.ObjectHead
+    "v1", "configmaps", core.RawObject, namespaced=True, snapshot_type=core.ObjectHead, metadata_only=_SNAPSHOT
 )
 RAW_SECRETS: Resource[core.RawObject] = Resource(
-    "v1", "secrets", core.RawObject, namespaced=True, snapshot_type=core.ObjectHead
+    "v1", "secrets", core.RawObject, namespaced=True, snapshot_type=core.ObjectHead, metadata_only=_SNAPSHOT
 )
+NODE_METADATA: Resource[core.RawObject] = Resource(
+    "v1", "nodes", core.RawObject, snapshot_type=core.NodeHead, metadata_only=MetadataOnly.ALWAYS
+)
+"""Nodes as their metadata only (the changes undecoded), for a watch of the hubs' marks alone."""
 
 OPERATIONS: Resource[diagnosis.Operation] = Resource(diagnosis.API_VERSION, "operations", diagnosis.Operation)
 OPERATION_SETS: Resource[diagnosis.OperationSet] = Resource(

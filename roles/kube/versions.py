@@ -3,7 +3,7 @@ which of two copies of an object is newer (a write's answer may arrive after a n
 
 from __future__ import annotations
 
-__all__ = ["fresher", "revision"]
+__all__ = ["fresher", "newer", "revision"]
 
 
 def revision(resource_version: str) -> int:
@@ -21,3 +21,11 @@ def fresher(new: str, old: str) -> bool:
         return int(new) >= int(old)
     except ValueError:
         return True
+
+
+def newer(new: str, old: str) -> bool:
+    """Whether a copy at ``new`` may replace one at ``old`` and is not the same copy again: as :func:`fresher`,
+    less an equal version (a watch's echo of one's own write, or the answer to a write that changed nothing)."""
+    if new and new == old:
+        return False
+    return fresher(new, old)

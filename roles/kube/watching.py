@@ -92,7 +92,8 @@ class _ListMeta(msgspec.Struct, rename="camel"):
 
 class _RawList(msgspec.Struct):
     metadata: _ListMeta = msgspec.field(default_factory=_ListMeta)
-    items: list[msgspec.Raw] = []
+    items: list[msgspec.Raw] | None = None
+    """None in an empty PartialObjectMetadataList (a Go nil slice)."""
 
 
 _EVENT = msgspec.json.Decoder(_RawEvent)
@@ -124,9 +125,11 @@ async def list_objects(
     With ``resource_version`` the list is at least that recent and served from the API server's
     watch cache, in one page: a limit would send it to etcd instead, which reads the whole
     collection to filter it (a list of one node's Pods would read every Pod of the cluster).
-    With ``snapshot``, items are decoded as a watch's snapshot (``Resource.snapshot_type``).
+    With ``snapshot``, items are decoded as a watch's snapshot (``Resource.snapshot_type``), and brought as
+    metadata only when the resource says so (``Resource.metadata_only``).
     """
     decoder = resource.snapshot_decoder() if snapshot else resource.decoder()
+    accept = resource.accept(collection=True, snapshot=snapshot)
     valid: list[Any] = []
     invalid: list[Invalid] = []
     query = {"resourceVersion": resource_version} if resource_version else {"limit": "500"}
@@ -136,8 +139,8 @@ async def list_objects(
         query["fieldSelector"] = field_selector
     path = resource.path(namespace=namespace)
     while True:
-        page = _LIST.decode(await api.request("GET", path, query=query, timeout_s=60))
-        for raw in page.items:
+        page = _LIST.decode(await api.request("GET", path, query=query, accept=accept, timeout_s=60))
+        for raw in page.items or ():
             item = _decode_item(decoder, raw)
             (invalid if isinstance(item, Invalid) else valid).append(item)
         if not page.metadata.continue_:
@@ -154,6 +157,7 @@ async def _watch_once(
     decoder: msgspec.json.Decoder[Any],
     deliver: Callable[[WatchEvent], None],
     read_timeout: float,
+    accept: str,
 ) -> str:
     """One watch request; returns the last resourceVersion seen. Raises Gone on 410."""
     latest = version
@@ -177,7 +181,7 @@ async def _watch_once(
         else:
             deliver(Upserted(item))
 
-    await api.stream(path, query=query, read_timeout=read_timeout, on_line=on_line)
+    await api.stream(path, query=query, read_timeout=read_timeout, on_line=on_line, accept=accept)
     return latest
 
 
@@ -233,6 +237,7 @@ async def watch_loop(
                 decoder=decoder,
                 deliver=deliver,
                 read_timeout=watch_timeout + 30,
+                accept=resource.accept(collection=False),
             )
         except Gone:
             log.info("watch_relist", resource=resource.plural, reason="resource version too old")

@@ -1,16 +1,19 @@
-"""Running hubs, a controller and light edges in the test process, against the real control plane."""
+"""Running hubs, a controller and light edges in the test process, against the real control plane; an API client
+that keeps what it sent."""
 
 from __future__ import annotations
 
+import functools
 import socket
 from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import anyio
 import structlog
+import trio_asyncio
 from prometheus_client import CollectorRegistry
 
 from nodetask.clock import Clock
@@ -18,7 +21,9 @@ from roles.cloud.hub import Hub, HubSettings
 from roles.cloud.metrics import HubMetrics
 from roles.controller.reconciler import Reconciler
 from roles.jobtypes import job_types
-from roles.kube import open_kube
+from roles.kube import Kube, crossing, open_kube
+from roles.kube.aio import AioApi, log_asyncio_error
+from roles.kube.resources import JSON
 from schemas.kinds import KINDS
 from tests.integration.controlplane import ControlPlane
 from tools.doubles.lightedge import Interval, LightEdge
@@ -30,6 +35,50 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """One request an API client sent: what it asked for and, but for a watch, the answer's bytes."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    accept: str
+    answer: bytes | None = None
+    """None for a watch (a stream)."""
+
+
+class RecordingApi(AioApi):
+    """The real API client, keeping each request it sends (:attr:`sent`)."""
+
+    def __init__(self, api_client: Any) -> None:
+        super().__init__(api_client)
+        self.sent: list[Sent] = []
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> bytes:
+        answer = await super().request(method, path, **kwargs)
+        self.sent.append(Sent(method, path, dict(kwargs.get("query") or {}), kwargs.get("accept", JSON), answer))
+        return answer
+
+    async def stream(self, path: str, **kwargs: Any) -> None:
+        self.sent.append(Sent("GET", path, dict(kwargs["query"]), kwargs.get("accept", JSON)))
+        await super().stream(path, **kwargs)
+
+
+@asynccontextmanager
+async def recording_kube(cp: ControlPlane, identity: str) -> AsyncIterator[tuple[Kube, RecordingApi]]:
+    """A client authenticated as ``identity`` (as ``open_kube`` opens one) whose requests the test sees."""
+    log = structlog.get_logger()
+    async with trio_asyncio.open_loop() as loop:
+        loop.set_exception_handler(functools.partial(log_asyncio_error, log=log))
+        cross = crossing.bound(loop)
+        api = await cross(RecordingApi.connect, str(cp.kubeconfig(identity)))
+        try:
+            yield Kube(api, log=log, cross=cross), api
+        finally:
+            with anyio.move_on_after(5, shield=True):
+                await cross(api.close)
 
 
 @dataclass(slots=True)
@@ -51,9 +100,10 @@ async def running_hub(
     close_grace: float = 2.0,
     token_namespace: str = "kube-system",
     hub_type: type[Hub] = Hub,
+    kube: Kube | None = None,
     **settings_: Any,
 ) -> AsyncIterator[RunningHub]:
-    """A hub authenticated as the cloud role, serving plain ws:// on loopback until the block ends.
+    """A hub authenticated as the cloud role (or using ``kube``), serving plain ws:// on loopback until the block ends.
 
     ``hub_type`` may be a subclass that injects faults; other keywords are further :class:`HubSettings`.
     """
@@ -66,7 +116,12 @@ async def running_hub(
         token_namespace=token_namespace,
         **settings_,
     )
-    async with open_kube(kubeconfig=str(cp.kubeconfig("cloud")), log=structlog.get_logger()) as kube:
+    async with AsyncExitStack() as stack:
+        if kube is None:
+            kube = await stack.enter_async_context(
+                open_kube(kubeconfig=str(cp.kubeconfig("cloud")), log=structlog.get_logger())
+            )
+        hub_kube = kube
         hub = hub_type(
             kube=kube,
             clock=Clock.start(),
@@ -74,7 +129,7 @@ async def running_hub(
             settings=settings,
             job_types=job_types(),
             metrics=HubMetrics(
-                registry, sessions=lambda: len(hub.sessions), kube=lambda: (kube.writes, kube.conflicts)
+                registry, sessions=lambda: len(hub.sessions), kube=lambda: (hub_kube.writes, hub_kube.conflicts)
             ),
         )
         async with anyio.create_task_group() as tg:

@@ -8,6 +8,7 @@ import urllib.request
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 import structlog
 import trio_websocket
@@ -22,6 +23,7 @@ from roles.kube import Kube, NotFound
 from roles.kube.resources import EVENTS, NODES, job_resource
 from schemas.core import AGENT_VERSION_ANNOTATION, HUB_ANNOTATION
 from schemas.kinds import IMAGE_PRE_PULL_JOB
+from schemas.v1alpha2 import ImagePrePullNodeTaskStatus
 from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import admin, register_edges
 from tests.integration.hubs import (
@@ -82,6 +84,70 @@ async def test_job_completes_across_two_hubs_within_its_concurrency(crds: Contro
     assert {len(r.dispatched) for r in a.hub.runners()} | {len(r.dispatched) for r in b.hub.runners()} <= {0, 1, 2, 3}
     assert sum(len(r.dispatched) for r in a.hub.runners()) == 3
     assert sum(len(r.dispatched) for r in b.hub.runners()) == 3
+
+
+async def _job_reads(cp: ControlPlane) -> float:
+    """GETs of single ImagePrePullJobs the API server has answered since it started (its own count)."""
+    metrics = (await kubectl(cp, "get", "--raw", "/metrics")).stdout
+    wanted = ('resource="imageprepulljobs"', 'subresource=""', 'verb="GET"')
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("apiserver_request_total{") and all(label in line for label in wanted)
+    )
+
+
+async def test_a_claim_waiting_for_a_slot_reads_the_job_only_once_the_slot_frees(
+    crds: ControlPlane, cloud_kube: Kube
+) -> None:
+    """While another hub's node holds the only slot, changes of the job that free none (labels, that node's
+    progress) cost no read of the job; once that node ends, the waiting node is claimed and runs to the end."""
+    busy, waiting = unique("busy"), unique("waiting")
+    tokens = await register_edges(crds, [busy, waiting])
+    name = unique("full")
+    await create_job(crds, "ImagePrePullJob", name, _prepull([busy, waiting], concurrency=1))
+
+    def entries(j: Any, busy_phase: NodeTaskPhase, reason: str = "") -> Any:
+        first, second = (
+            ImagePrePullNodeTaskStatus(node_name=busy, phase=busy_phase, reason=reason),
+            ImagePrePullNodeTaskStatus(node_name=waiting, phase=NodeTaskPhase.PENDING),
+        )
+        status = msgspec.structs.replace(j.status, phase=JobPhase.IN_PROGRESS, node_status=(first, second))
+        return msgspec.structs.replace(j, status=status)
+
+    # As the controller and another hub leave it: the busy node InProgress, the other Pending.
+    await cloud_kube.update_status(PREPULLS, name, functools.partial(entries, busy_phase=NodeTaskPhase.IN_PROGRESS))
+    before = await _job_reads(crds)
+    async with (
+        running_hub(crds, "hub-full") as hub,
+        admin(crds) as kube,
+        running_edges([light_edge(waiting, hub.url, tokens[waiting])]),
+    ):
+        with anyio.fail_after(20):
+            while True:  # until the claim's fresh read has found the slot taken
+                reads = await _job_reads(crds)
+                if reads > before:
+                    break
+                await anyio.sleep(0.1)
+        (runner,) = hub.hub.runners()
+        for step in range(10):
+            if step % 2:
+                progress = entries(runner.job, NodeTaskPhase.IN_PROGRESS, reason=f"pulling, step {step}")
+                patch = {"status": {"nodeStatus": msgspec.to_builtins(progress.status.node_status)}}
+                changed = await kube.merge_patch(PREPULLS, name, patch, subresource="status")
+            else:
+                changed = await kube.merge_patch(PREPULLS, name, {"metadata": {"labels": {"step": str(step)}}})
+            version = changed.metadata.resource_version
+            await eventually(lambda: runner.job.metadata.resource_version == version)  # noqa: B023
+            await anyio.sleep(0.3)  # time enough for a claim to go out again (the window is 0.05 s)
+        assert await _job_reads(crds) == reads
+        assert runner.dispatched == []
+        done = entries(runner.job, NodeTaskPhase.SUCCESSFUL)
+        patch = {"status": {"nodeStatus": msgspec.to_builtins(done.status.node_status)}}
+        await kube.merge_patch(PREPULLS, name, patch, subresource="status")
+        job = await job_when(cloud_kube, PREPULLS, name, lambda j: j.status.node_status[1].phase.terminal)
+    assert [e.phase for e in job.status.node_status] == [NodeTaskPhase.SUCCESSFUL] * 2
+    assert [node for node, _ in runner.dispatched] == [waiting]
 
 
 async def test_hub_restarted_mid_job_finishes_it_without_losing_or_repeating_results(

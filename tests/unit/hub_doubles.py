@@ -67,6 +67,8 @@ class MemoryApi:
         """While not None, a list (its answer already taken) waits until this event is set before it returns."""
         self.patches: list[tuple[str, str, str]] = []
         """Merge patches made: (plural, name, subresource)."""
+        self.reads: collections.Counter[str] = collections.Counter()
+        """Objects read one by one (GETs, status writes' reads included), by resource plural."""
         self.status_writes = 0
         """Status writes that changed a job."""
         self.hold_status: anyio.Event | None = None
@@ -134,6 +136,7 @@ class MemoryApi:
 
     async def get(self, resource: Resource[T], name: str, *, namespace: str = "") -> T:
         await anyio.lowlevel.checkpoint()
+        self.reads[resource.plural] += 1
         try:
             return self.peek(resource, name, namespace)
         except KeyError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import anyio
+import msgspec
 import pytest
 import structlog
 import trio.testing
@@ -87,6 +88,47 @@ async def test_dispatch_takes_the_adopted_node_first_then_pending_ones_in_job_or
         await trio.testing.wait_all_tasks_blocked()
     entries = api.peek(PREPULLS, "order").status.node_status
     assert [(e.node_name, e.phase) for e in entries] == [(n, NodeTaskPhase.SUCCESSFUL) for n in ("n0", "n1", "n2")]
+
+
+async def test_a_claim_held_back_by_concurrency_reads_the_job_again_only_once_a_slot_frees(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """While another hub's node holds the only slot, changes that free none (its progress, a label) cost no read
+    of the job; the node's end does, and the waiting node is dispatched."""
+    api = MemoryApi()
+    edge_nodes(api, "busy", "waiting")
+    api.put(PREPULLS, prepull_job("full", "uid-full", [("busy", IN_PROGRESS), ("waiting", PENDING)], concurrency=1))
+    async with running_hub(api, coalesce_window=0.2, heartbeat_interval=3600.0) as (hub, door):
+        edge = door.connect("waiting")  # "busy" is another hub's
+        await edge.hello()
+        await anyio.sleep(5)
+        (runner,) = hub.runners()
+        assert runner.dispatched == []
+        reads = api.reads["imageprepulljobs"]
+        for i in range(20):
+            job = api.peek(PREPULLS, "full")
+            busy, waiting = job.status.node_status
+            if i % 2:
+                busy = msgspec.structs.replace(busy, reason=f"pulling, step {i}")
+                job = msgspec.structs.replace(
+                    job, status=msgspec.structs.replace(job.status, node_status=(busy, waiting))
+                )
+            else:
+                labels = {"step": str(i)}
+                job = msgspec.structs.replace(job, metadata=msgspec.structs.replace(job.metadata, labels=labels))
+            api.put(PREPULLS, job)
+            await anyio.sleep(1)
+        assert api.reads["imageprepulljobs"] == reads
+        assert runner.dispatched == []
+        job = api.peek(PREPULLS, "full")
+        busy, waiting = job.status.node_status
+        done = msgspec.structs.replace(busy, phase=NodeTaskPhase.SUCCESSFUL)
+        api.put(
+            PREPULLS,
+            msgspec.structs.replace(job, status=msgspec.structs.replace(job.status, node_status=(done, waiting))),
+        )
+        run = await edge.next_of(RunAction)
+        assert (run.route.node, [node for node, _ in runner.dispatched]) == ("waiting", ["waiting"])
 
 
 async def test_an_edge_that_reconnects_before_acking_gets_its_run_action_again(

@@ -114,6 +114,23 @@ def test_a_node_change_that_cannot_be_read_forgets_every_node() -> None:
     assert book.seen("n2") == "v1"
 
 
+async def test_a_mark_awaiting_its_node_is_told_when_the_watch_lists_or_changes_a_node_of_that_name() -> None:
+    """A relist holding the Node or a change of it sets the event; other Nodes and deletions do not, and a block left
+    leaves nothing behind."""
+    book = _book()
+    with book.awaiting("n1") as listed, book.awaiting("n2") as changed, book.awaiting("n2") as too:
+        book.apply(Relisted((_head("n0"),)))
+        book.apply(Upserted(_raw("n3")))
+        book.apply(Deleted(_raw("n2")))
+        assert [listed.is_set(), changed.is_set(), too.is_set()] == [False] * 3
+        book.apply(Relisted((_head("n0"), _head("n1"))))
+        book.apply(Upserted(_raw("n2", "hub-b", "v1")))
+        assert [listed.is_set(), changed.is_set(), too.is_set()] == [True] * 3
+    with book.awaiting("n4"):
+        pass
+    assert book._awaited == {}
+
+
 def _settled(hub: Hub) -> dict[str, float]:
     (metric,) = hub.metrics.node_marks.collect()
     return {s.labels["outcome"]: s.value for s in metric.samples if s.name.endswith("_total")}

@@ -1,11 +1,18 @@
-"""Node marks: a patch waits its turn as long as its caller does, and a stuck mark makes the hub unready."""
+"""Node marks: a patch waits its turn as long as its caller does, a refused one is retried, and a stuck mark makes the
+hub unready."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from typing import Any, cast
+import itertools
+import math
+from collections.abc import Iterator
+from typing import Any, TypeVar, cast
 
 import anyio
+import anyio.lowlevel
+import msgspec
 import pytest
 import structlog
 import structlog.testing
@@ -13,16 +20,21 @@ import trio.testing
 from prometheus_client import CollectorRegistry
 
 from nodetask.clock import Clock
+from nodetask.messages import RunAction
+from nodetask.phases import NodeTaskPhase
 from roles.cloud.hub import Hub, HubSettings
-from roles.cloud.marks import PendingMarks
+from roles.cloud.marks import FAILED, RETRY_CAP, RETRY_INITIAL, WRITTEN, NodeMarks, PendingMarks
 from roles.cloud.metrics import HubMetrics
 from roles.http import Request, health_routes, router
 from roles.jobtypes import job_types
-from roles.kube import Kube
+from roles.kube import ApiError, Kube, Resource
 from roles.kube.aio import AioApi
 from roles.kube.client import REQUESTS_IN_FLIGHT
 from roles.kube.resources import NODES
+from schemas.core import AGENT_VERSION_ANNOTATION, HUB_ANNOTATION
+from tests.unit.hub_doubles import PREPULLS, MemoryApi, edge_nodes, prepull_job, running_hub
 
+T = TypeVar("T", bound=msgspec.Struct)
 NODE = b'{"metadata": {"name": "n1"}}'
 
 
@@ -199,3 +211,121 @@ async def test_stuck_marks_are_logged_once_when_they_stick_and_once_when_they_fl
         ("node_marks_flowing", "info"),
     ]
     assert logs[0]["error"] == "Node marks stuck: 1 pending, the oldest for 70 s (markPendingLimit 60 s)"
+
+
+class FlakyNodes:
+    """A NodeStore whose first ``refusals`` merge patches fail with a 500; it records each patch's loop time."""
+
+    def __init__(self, refusals: float) -> None:
+        self.refusals = refusals
+        self.patched: list[float] = []
+
+    async def get(self, resource: Any, name: str, *, namespace: str = "") -> Any:
+        raise AssertionError("a mark reads nothing")
+
+    async def merge_patch(self, resource: Any, name: str, patch: dict[str, Any], **_: Any) -> Any:
+        await anyio.lowlevel.checkpoint()
+        self.patched.append(anyio.current_time())
+        if len(self.patched) <= self.refusals:
+            raise ApiError(500, "InternalError", "etcdserver: request timed out")
+        return None
+
+
+@contextlib.contextmanager
+def _never(_: str) -> Iterator[anyio.Event]:
+    yield anyio.Event()
+
+
+def _marks(api: Any, settled: list[str]) -> NodeMarks:
+    return NodeMarks(
+        api,
+        PendingMarks(anyio.current_time),
+        hub_id="h",
+        close_grace=2.0,
+        pending_limit=60.0,
+        seen=lambda _: None,
+        awaiting=_never,
+        settled=settled.append,
+        log=structlog.get_logger(),
+    )
+
+
+async def test_a_refused_mark_is_retried_with_backoff_until_it_lands(autojump_clock: trio.testing.MockClock) -> None:
+    """A refused mark is tried again, the pauses growing up to the cap, and counts as written once it lands; the
+    session goes on (``answered``) at the first refusal, which is logged once, as is the landing."""
+    api = FlakyNodes(refusals=8)
+    settled: list[str] = []
+    answered: list[float] = []
+    marks = _marks(api, settled)
+    with structlog.testing.capture_logs() as logs:
+        await marks.mark("n1", "v1", structlog.get_logger(), answered=lambda: answered.append(anyio.current_time()))
+    assert len(api.patched) == 9
+    assert settled == [WRITTEN]
+    assert answered == [api.patched[0]]
+    pauses = [later - earlier for earlier, later in itertools.pairwise(api.patched)]
+    assert all(RETRY_INITIAL / 2 <= pause <= RETRY_CAP for pause in pauses)
+    assert max(pauses) > RETRY_CAP / 4  # the pauses grew towards the cap
+    assert [(e["event"], e["log_level"]) for e in logs] == [
+        ("node_not_marked", "warning"),
+        *[("node_mark_retry_failed", "debug")] * 7,
+        ("node_marked", "info"),
+    ]
+    assert len(marks.pending) == 0
+
+
+async def test_a_mark_still_refused_when_its_session_ends_counts_as_failed_and_stops(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """The retries of a mark stop with its session, which counts it failed and sends nothing more."""
+    api = FlakyNodes(refusals=math.inf)
+    settled: list[str] = []
+    with anyio.move_on_after(600):
+        await _marks(api, settled).mark("n1", "v1", structlog.get_logger())
+    tried = len(api.patched)
+    await anyio.sleep(600)
+    assert len(api.patched) == tried > 5
+    assert settled == [FAILED]
+
+
+async def test_a_mark_answered_at_once_is_counted_once_and_not_logged(autojump_clock: trio.testing.MockClock) -> None:
+    """A mark that lands at the first try is written, answered once, and logs nothing."""
+    api = FlakyNodes(refusals=0)
+    settled: list[str] = []
+    answered: list[str] = []
+    with structlog.testing.capture_logs() as logs:
+        await _marks(api, settled).mark("n1", "v1", structlog.get_logger(), answered=lambda: answered.append("n1"))
+    assert (settled, answered, logs) == ([WRITTEN], ["n1"], [])
+
+
+class CountingApi(MemoryApi):
+    """The in-memory API server, counting merge patches tried (on missing objects too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.patch_tries = 0
+
+    async def merge_patch(self, resource: Resource[T], name: str, patch: dict[str, Any], **kwargs: Any) -> T:
+        self.patch_tries += 1
+        return await super().merge_patch(resource, name, patch, **kwargs)
+
+
+@pytest.mark.parametrize("cache_streams", [True, False], ids=["shared-node-watch", "own-node-watch"])
+async def test_a_mark_whose_node_does_not_exist_lands_when_the_node_appears(
+    autojump_clock: trio.testing.MockClock, cache_streams: bool
+) -> None:
+    """An edge connected before its Node exists is offered jobs at once, and its Node is marked once the Node watch
+    shows it, without polling for it meanwhile."""
+    api = CountingApi()
+    api.put(PREPULLS, prepull_job("job", "uid-job", [("late", NodeTaskPhase.PENDING)]))
+    async with running_hub(api, cache_streams=cache_streams, heartbeat_interval=3600.0) as (_, door):
+        edge = door.connect("late")
+        await edge.hello()
+        await edge.next_of(RunAction)
+        await anyio.sleep(600)
+        assert api.patch_tries == 2  # the first answer, and one more once the watch could tell of a creation
+        edge_nodes(api, "late")
+        await anyio.sleep(1)
+        marked = api.peek(NODES, "late").metadata.annotations
+        assert marked == {HUB_ANNOTATION: "hub-a", AGENT_VERSION_ANNOTATION: "v1"}
+        assert api.patch_tries == 3
+        await edge.close()
