@@ -50,49 +50,39 @@ def split(
     # objects, and last=false is the longer), so that no chunk can come out over the limit.
     envelope = len(encode(CacheChunk(kind=kind, replace=replace, seq=len(objects), resource_version=resource_version)))
     room = limit - envelope
-    chunks: list[CacheChunk] = []
-    parts: list[msgspec.Raw] = []
-    kept: list[CacheKey] = []
-    used = 0
-
-    def close() -> None:
-        nonlocal parts, kept, used
-        chunks.append(
-            CacheChunk(
-                kind=kind,
-                replace=replace,
-                seq=len(chunks),
-                objects=tuple(parts),
-                resource_version=resource_version,
-                kept=tuple(kept),
-            )
-        )
-        parts, kept, used = [], [], 0
-
-    def add(size: int, into: list[msgspec.Raw] | list[CacheKey]) -> None:
-        nonlocal used
-        more = size + (1 if into else 0)  # the comma before it
-        if used + more > room and (parts or kept):
-            close()
-            more = size
-        used += more
-
-    too_large: list[CacheKey] = []
+    items: list[tuple[msgspec.Raw | CacheKey, int]] = [(obj, len(obj)) for obj in objects if len(obj) <= room]
     for obj in objects:
         if len(obj) > room:
-            too_large.append(key_of(obj))
-            continue
-        add(len(obj), parts)
-        parts.append(obj)
-    for key in too_large:
-        size = len(_ENCODER.encode(key))
-        if size > room:
-            raise ValueError(f"a frame limit of {limit} bytes cannot name the {kind} {key.namespace}/{key.name}")
-        add(size, kept)
-        kept.append(key)
-    close()
-    chunks[-1] = msgspec.structs.replace(chunks[-1], last=True)
-    return tuple(chunks)
+            key = key_of(obj)
+            size = len(_ENCODER.encode(key))
+            if size > room:
+                raise ValueError(f"a frame limit of {limit} bytes cannot name the {kind} {key.namespace}/{key.name}")
+            items.append((key, size))
+    groups: list[tuple[list[msgspec.Raw], list[CacheKey]]] = [([], [])]
+    used = 0
+    for item, size in items:
+        # Each item is counted with a comma, which the first of its list does not have: a chunk's
+        # objects and names take less than ``used``, never more than ``room``.
+        if used and used + size + 1 > room:
+            groups.append(([], []))
+            used = 0
+        used += size + 1
+        if isinstance(item, CacheKey):
+            groups[-1][1].append(item)
+        else:
+            groups[-1][0].append(item)
+    return tuple(
+        CacheChunk(
+            kind=kind,
+            replace=replace,
+            seq=seq,
+            objects=tuple(parts),
+            last=seq == len(groups) - 1,
+            resource_version=resource_version,
+            kept=tuple(kept),
+        )
+        for seq, (parts, kept) in enumerate(groups)
+    )
 
 
 class Step(enum.Enum):

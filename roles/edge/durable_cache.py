@@ -221,7 +221,7 @@ class DurableCache:
 
     async def _stage(self, kind: str, rows: tuple[Row, ...], staging: _Staging, *, first: bool) -> None:
         if staging.broken:
-            await self.ledger.update(failed=_failed(kind, rows, staging.broken))
+            await self.ledger.update(failed={**_failed(kind, rows, staging.broken), **staging.failed})
             return
         try:
             await self._store.cache_stage(kind, rows, first=first)
