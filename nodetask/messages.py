@@ -34,6 +34,7 @@ from nodetask.route import Route, RouteError
 __all__ = [
     "ATTEMPTS_CAPABILITY",
     "CACHE_CAPABILITY",
+    "CACHE_CHUNKS_CAPABILITY",
     "CACHE_SECRETS_CAPABILITY",
     "PING_CAPABILITY",
     "TYPED_CREDENTIALS",
@@ -41,6 +42,7 @@ __all__ = [
     "ActionResult",
     "Autonomy",
     "AutonomyCondition",
+    "CacheChunk",
     "CacheDeleted",
     "CacheFetch",
     "CacheKey",
@@ -175,6 +177,9 @@ CACHE_CAPABILITY: Final = "cache.v1"
 """The cache and autonomy messages below."""
 CACHE_SECRETS_CAPABILITY: Final = "cache.secrets"
 """The edge keeps its node's Secrets (its config allows it); without it the hub never sends one."""
+CACHE_CHUNKS_CAPABILITY: Final = "cache.chunks"
+""":class:`CacheChunk`: a collection too large for one frame is sent as a replace in parts. Without it on
+both sides such a collection goes object by object, as upserts (what the edge holds beyond them stays)."""
 
 
 class CacheKey(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -191,13 +196,35 @@ class CacheObjects(Message, frozen=True, tag="cache_objects"):
     Without ``replace`` each object is an upsert (an older ``resourceVersion`` than the cached one is
     ignored). With ``replace`` they are the whole collection of ``kind`` as listed at
     ``resource_version``: the edge swaps its collection for them in one step, and keeps its
-    collection untouched when the hub could not list it (the hub then sends nothing).
+    collection untouched when the hub could not list it (the hub then sends nothing). A collection
+    too large for one frame goes as :class:`CacheChunk` parts to an edge listing
+    :data:`CACHE_CHUNKS_CAPABILITY`.
     """
 
     kind: str
     objects: tuple[msgspec.Raw, ...] = ()
     replace: bool = False
     resource_version: str = ""
+
+
+class CacheChunk(Message, frozen=True, tag="cache_chunk"):
+    """One part of a replace too large for one frame (:mod:`nodetask.cache_chunks`): the collection of
+    ``kind`` is the objects of every chunk of ``replace``, in ``seq`` order from 0 to the ``last`` one.
+
+    The edge swaps its collection only once the last chunk has come with every one before it in
+    order; a connection that ends before leaves the collection as it was.
+    """
+
+    kind: str
+    replace: str
+    """Names the replace: the same in each of its chunks, another for each replace of the session."""
+    seq: int
+    objects: tuple[msgspec.Raw, ...] = ()
+    last: bool = False
+    resource_version: str = ""
+    """The collection's, as listed (the same in each chunk)."""
+    kept: tuple[CacheKey, ...] = ()
+    """Objects of the collection too large for any frame: the edge keeps what it holds of them."""
 
 
 class CacheDeleted(Message, frozen=True, tag="cache_deleted"):
@@ -319,7 +346,17 @@ class AutonomyCondition(Message, frozen=True, tag="autonomy_condition"):
 
 
 Downstream = (
-    Welcome | RunAction | ReportAck | Confirm | Cancel | Heartbeat | Error | CacheObjects | CacheDeleted | Autonomy
+    Welcome
+    | RunAction
+    | ReportAck
+    | Confirm
+    | Cancel
+    | Heartbeat
+    | Error
+    | CacheObjects
+    | CacheChunk
+    | CacheDeleted
+    | Autonomy
 )
 Upstream = Hello | Ack | Report | Heartbeat | Error | CacheFetch | AutonomyCondition
 

@@ -6,11 +6,16 @@ session's other frames. A full queue means the edge has fallen behind: the feed 
 frames, forgets what it had sent, and the streams relist it (every collection sent again, after a
 pause that grows while the edge keeps falling behind), so that one slow edge never holds up the
 watches every other edge is fed from.
+
+A collection is sent whole (``CacheObjects`` with ``replace``) in one frame when it fits the edge's
+frame limit; otherwise, to an edge listing :data:`~nodetask.messages.CACHE_CHUNKS_CAPABILITY`, as a
+replace in chunks (:func:`nodetask.cache_chunks.split`), and to an older edge object by object.
 """
 
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
@@ -18,10 +23,10 @@ from typing import Final
 import msgspec
 import structlog
 
-from nodetask import messages
-from nodetask.messages import CacheObjects, Downstream
+from nodetask import cache_chunks, messages
+from nodetask.messages import CacheKey, CacheObjects, Downstream
 from nodetask.pod_references import PodReferences
-from roles.cloud.cache_objects import CONFIG_MAP, NODE, POD, SECRET, Key
+from roles.cloud.cache_objects import CONFIG_MAP, NODE, POD, SECRET, Key, raw_key
 from roles.cloud.sessions import Session
 from schemas.core import RawObject
 
@@ -49,6 +54,7 @@ class Feed:
         "_frame_limit",
         "_on_behind",
         "behinds",
+        "chunks",
         "failures",
         "fetches",
         "filling",
@@ -66,12 +72,21 @@ class Feed:
     )
 
     def __init__(
-        self, session: Session, *, secrets: bool, frame_limit: int, log: Log, on_behind: Callable[[Feed], None]
+        self,
+        session: Session,
+        *,
+        secrets: bool,
+        chunks: bool,
+        frame_limit: int,
+        log: Log,
+        on_behind: Callable[[Feed], None],
     ) -> None:
         self.session = session
         self.node = session.node
         self.secrets = secrets
         """Whether this edge gets Secrets (it lists ``cache.secrets`` and the hub caches them)."""
+        self.chunks = chunks
+        """Whether this edge takes a replace in chunks (it lists ``cache.chunks``)."""
         self.log = log
         self.sent = 0
         """The kinds (:data:`BITS`) whose collection this edge has been sent; changes follow only for those."""
@@ -122,14 +137,19 @@ class Feed:
         """Send ``kind``'s whole collection (a replace) and mark it sent.
 
         A collection too large for one frame would make the edge close the session, again at every
-        reconnect: its objects go one by one instead (without a replace, what the edge holds beyond
-        them stays until it is deleted), and any single object too large is left out, logged.
+        reconnect: it goes in chunks to an edge that takes them, each within the frame limit, and to
+        an older edge object by object instead (without a replace, what that edge holds beyond them
+        stays until it is deleted). A single object too large for any frame is left out, logged (in
+        chunks the edge is told to keep what it holds of it).
         """
         msg = CacheObjects(kind=kind, objects=tuple(objects), replace=True, resource_version=str(resource_version))
         frame = messages.encode(msg)
         if len(frame) <= self._frame_limit:
             if self._offer(frame, "cache_objects"):
                 self.sent |= BITS[kind]
+            return
+        if self.chunks:
+            self._push_chunks(kind, objects, str(resource_version))
             return
         self.log.warning("cache_collection_too_large", kind=kind, objects=len(objects), frame_bytes=len(frame))
         for obj in objects:
@@ -138,6 +158,31 @@ class Feed:
                 self.log.warning("cache_object_too_large", kind=kind, frame_bytes=len(one))
                 continue
             if not self._offer(one, "cache_objects"):
+                return
+        self.sent |= BITS[kind]
+
+    def _push_chunks(self, kind: str, objects: list[msgspec.Raw], resource_version: str) -> None:
+
+        def key_of(obj: msgspec.Raw) -> CacheKey:
+            key = raw_key(kind, obj)
+            self.log.warning("cache_object_too_large", kind=kind, name=key.name, object_bytes=len(obj))
+            return key
+
+        chunks = cache_chunks.split(
+            kind,
+            objects,
+            # Never one an edge saw before, from this hub or another: a late chunk of an earlier replace
+            # can then only be out of place.
+            replace=uuid.uuid4().hex,
+            resource_version=resource_version,
+            limit=self._frame_limit,
+            key_of=key_of,
+        )
+        self.log.info("cache_collection_chunked", kind=kind, objects=len(objects), chunks=len(chunks))
+        for chunk in chunks:
+            # Cut short (the edge fell behind): the relist sends a new replace, whose first chunk takes
+            # the place of what the edge staged of this one.
+            if not self._offer(messages.encode(chunk), "cache_chunk"):
                 return
         self.sent |= BITS[kind]
 

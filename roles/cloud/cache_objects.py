@@ -31,6 +31,7 @@ __all__ = [
     "cache_key",
     "head",
     "pod_spec",
+    "raw_key",
     "version",
     "wire",
 ]
@@ -68,7 +69,12 @@ class Head:
     annotations: dict[str, str]
 
 
+class _Named(msgspec.Struct, frozen=True):
+    metadata: _Meta = msgspec.field(default_factory=_Meta)
+
+
 _META: Final = msgspec.json.Decoder(_Meta)
+_NAMED: Final = msgspec.json.Decoder(_Named)
 _PARTS: Final = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _ENCODER: Final = msgspec.json.Encoder()
 _NO_SPEC: Final = PodSpecRefs()
@@ -105,6 +111,12 @@ def wire(obj: RawObject, kind: str) -> msgspec.Raw:
             metadata = parts
     fixed = msgspec.structs.replace(obj, api_version="v1", kind=kind, metadata=metadata)
     return msgspec.Raw(_ENCODER.encode(fixed))
+
+
+def raw_key(kind: str, obj: msgspec.Raw) -> CacheKey:
+    """The key of ``obj`` as :func:`wire` made it. Errors: ``msgspec.DecodeError``, ``msgspec.ValidationError``."""
+    meta = _NAMED.decode(obj).metadata
+    return CacheKey(kind=kind, namespace=meta.namespace, name=meta.name)
 
 
 def cache_key(key: Key) -> CacheKey:

@@ -2,7 +2,8 @@
 
 An edge listing :data:`~nodetask.messages.CACHE_CAPABILITY` in its Hello gets, after Welcome, whether
 its node asks for autonomy (:class:`~nodetask.messages.Autonomy`), then each collection of its node's
-objects whole (``CacheObjects`` with ``replace``): its Node, the Pods bound to it, and the ConfigMaps
+objects whole (``CacheObjects`` with ``replace``, or in chunks when too large for one frame:
+:mod:`~roles.cloud.cache_feed`): its Node, the Pods bound to it, and the ConfigMaps
 and Secrets those Pods reference (:mod:`nodetask.pod_references`; Secrets only to an edge that also
 lists ``cache.secrets``, and only when the hub's ``cacheSecrets`` is on). Then each change, as an
 upsert or a ``CacheDeleted`` - also when an object stops being the node's to see.
@@ -40,7 +41,14 @@ import structlog
 from anyio.streams.memory import MemoryObjectSendStream
 
 from nodetask.backoff import Backoff
-from nodetask.messages import CACHE_CAPABILITY, CACHE_SECRETS_CAPABILITY, CacheDeleted, CacheKey, CacheObjects
+from nodetask.messages import (
+    CACHE_CAPABILITY,
+    CACHE_CHUNKS_CAPABILITY,
+    CACHE_SECRETS_CAPABILITY,
+    CacheDeleted,
+    CacheKey,
+    CacheObjects,
+)
 from roles.cloud.api import CacheApi
 from roles.cloud.cache_feed import Feed
 from roles.cloud.cache_index import CacheIndex
@@ -132,7 +140,9 @@ class CacheStreams:
         them knows whether a relist of them is to come."""
         if not self.enabled:
             return ()
-        return (CACHE_CAPABILITY, CACHE_SECRETS_CAPABILITY) if self._secrets else (CACHE_CAPABILITY,)
+        if self._secrets:
+            return (CACHE_CAPABILITY, CACHE_CHUNKS_CAPABILITY, CACHE_SECRETS_CAPABILITY)
+        return (CACHE_CAPABILITY, CACHE_CHUNKS_CAPABILITY)
 
     def offered(self, session: Session) -> bool:
         """Whether ``session`` takes part: the hub has cache streams on and the edge listed them."""
@@ -147,7 +157,10 @@ class CacheStreams:
     def attach(self, session: Session, log: Log) -> None:
         """Start feeding ``session`` (after its Welcome): Autonomy, then each collection as it is listed."""
         secrets = self._secrets and CACHE_SECRETS_CAPABILITY in session.capabilities
-        feed = Feed(session, secrets=secrets, frame_limit=FRAME_LIMIT, log=log, on_behind=self._on_behind)
+        chunks = CACHE_CHUNKS_CAPABILITY in session.capabilities
+        feed = Feed(
+            session, secrets=secrets, chunks=chunks, frame_limit=FRAME_LIMIT, log=log, on_behind=self._on_behind
+        )
         self.index.attach(feed)
         for kind in (NODE, POD):
             self._jobs.put(_Fill(feed, kind))

@@ -38,11 +38,13 @@ from nodetask.link import OpenLink
 from nodetask.messages import (
     ATTEMPTS_CAPABILITY,
     CACHE_CAPABILITY,
+    CACHE_CHUNKS_CAPABILITY,
     CACHE_SECRETS_CAPABILITY,
     PING_CAPABILITY,
     TYPED_CREDENTIALS,
     Ack,
     Autonomy,
+    CacheChunk,
     CacheDeleted,
     CacheObjects,
     Cancel,
@@ -108,7 +110,13 @@ class EdgeAgent:
             capabilities=tuple(
                 sorted(
                     {f"{jt}/{action}" for jt, action in actions}
-                    | {ATTEMPTS_CAPABILITY, CACHE_CAPABILITY, PING_CAPABILITY, TYPED_CREDENTIALS}
+                    | {
+                        ATTEMPTS_CAPABILITY,
+                        CACHE_CAPABILITY,
+                        CACHE_CHUNKS_CAPABILITY,
+                        PING_CAPABILITY,
+                        TYPED_CREDENTIALS,
+                    }
                     | ({CACHE_SECRETS_CAPABILITY} if keep_secrets else set())
                 )
             ),
@@ -224,6 +232,8 @@ class EdgeAgent:
             case Cancel(job_uid=uid, attempt=attempt):
                 self._tasks.cancel(uid, attempt)
             case CacheObjects() | CacheDeleted() | Autonomy() if CACHE_CAPABILITY in session.capabilities:
+                await self.autonomy.handle(msg)
+            case CacheChunk() if {CACHE_CAPABILITY, CACHE_CHUNKS_CAPABILITY} <= session.capabilities:
                 await self.autonomy.handle(msg)
             case _:
                 pass

@@ -9,7 +9,8 @@
 * While a session with a hub that lists ``cache.v1`` lasts, every repair period the errored keys
   are asked for again (:class:`~nodetask.messages.CacheFetch`); the hub's answers are ordinary
   cache messages, whose successful writes take the keys out of the ledger.
-* After a reconnect the hub relists every kind (a ``replace`` each). Once every kind the edge
+* After a reconnect the hub relists every kind (a ``replace`` each, in chunks when too large for one
+  frame: what a session before staged of one is dropped as the session starts). Once every kind the edge
   takes has been relisted - or :data:`RELIST_GRACE_S` after the Welcome, when a kind never is
   (the hub could not list it) - ``relisted`` is called: the local API ends its watches, so that
   their clients list again and see what changed while the device was offline.
@@ -27,7 +28,15 @@ import structlog
 
 from nodetask.autonomy import AutonomyCheck, Verdict, check
 from nodetask.link import LinkClosed
-from nodetask.messages import Autonomy, AutonomyCondition, CacheDeleted, CacheFetch, CacheObjects, Upstream
+from nodetask.messages import (
+    Autonomy,
+    AutonomyCondition,
+    CacheChunk,
+    CacheDeleted,
+    CacheFetch,
+    CacheObjects,
+    Upstream,
+)
 from roles.edge.durable_cache import KINDS, SECRET, DurableCache
 from roles.edge.ledger import key_text
 
@@ -84,7 +93,7 @@ class AutonomyManager:
 
     # ---------------------------------------------------------------------------------- messages
 
-    async def handle(self, msg: CacheObjects | CacheDeleted | Autonomy) -> None:
+    async def handle(self, msg: CacheObjects | CacheChunk | CacheDeleted | Autonomy) -> None:
         """Apply one of the hub's cache or autonomy messages."""
         match msg:
             case CacheObjects(replace=True, kind=kind):
@@ -92,6 +101,9 @@ class AutonomyManager:
                 self._relist_seen(kind)
             case CacheObjects():
                 await self.cache.apply(msg)
+            case CacheChunk(kind=kind):
+                if await self.cache.apply_chunk(msg):
+                    self._relist_seen(kind)
             case CacheDeleted():
                 await self.cache.apply_deleted(msg)
             case Autonomy(requested=requested) if requested != self.cache.ledger.requested:
@@ -168,6 +180,7 @@ class AutonomyManager:
         """
         self._awaiting = set(self.expected_kinds(hub_sends_secrets=hub_sends_secrets))
         self._send = send
+        await self.cache.drop_staging()
         try:
             async with anyio.create_task_group() as tg:
                 task_status.started()

@@ -5,12 +5,18 @@ thread; each write is one transaction, so a failed one (a full disk) changes not
 :class:`roles.edge.cache_view.MemoryCache`'s: an older resource version never overwrites a newer
 one, and a deletion older than the cached object is ignored. Bodies are the JSON the API server
 sent, stored as received.
+
+A replace sent in chunks (:mod:`nodetask.cache_chunks`) is staged apart, in ``cache_staging``, one
+chunk per transaction, and only its last chunk swaps the collection (:func:`replace_staged`), in
+one transaction with the staged rows: until then the cached collection is untouched. A kind has at
+most one staged replace: its first chunk takes the place of whatever was staged, and any replace of
+the kind ends what was staged.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import msgspec
 
@@ -18,6 +24,7 @@ from roles.edge.store_schema import transaction
 
 __all__ = [
     "Deletion",
+    "Key",
     "Replacement",
     "Row",
     "Written",
@@ -27,8 +34,16 @@ __all__ = [
     "listing",
     "purge",
     "replace",
+    "replace_staged",
+    "stage",
+    "staged_keys",
+    "unstage",
     "upsert",
 ]
+
+
+Key = tuple[str, str]
+"""An object's ``(namespace, name)`` within its kind."""
 
 
 class Row(msgspec.Struct, frozen=True):
@@ -132,38 +147,102 @@ def delete(conn: sqlite3.Connection, kind: str, namespace: str, name: str, versi
         return Deletion(removed=current[1], stale=False, version=at)
 
 
-def replace(conn: sqlite3.Connection, kind: str, rows: Sequence[Row], version: int | None) -> Replacement:
+def replace(
+    conn: sqlite3.Connection, kind: str, rows: Sequence[Row], version: int | None, keep: Collection[Key] = ()
+) -> Replacement:
     """Make ``rows`` the collection of ``kind`` as listed at ``version``, in one transaction.
 
     As everywhere, a listed object older than the cached one does not overwrite it. An object not
     listed is removed, unless the cache holds it at a newer version than ``version`` (the list,
-    perhaps from a lagging cache, says nothing about it); without a ``version`` every one is.
+    perhaps from a lagging cache, says nothing about it) or it is in ``keep`` (listed, but not
+    sent); without a ``version`` every other one is. Whatever was staged for ``kind`` is dropped.
     """
     with transaction(conn):
-        old = {
-            (ns, name): (int(rv), bytes(body))
-            for ns, name, rv, body in conn.execute(
-                "SELECT namespace, name, resource_version, body FROM cache_objects WHERE kind = ?", (kind,)
-            )
-        }
-        fresh = {(row.namespace, row.name): row for row in rows}
-        newest = max((row.resource_version for row in rows), default=0)
-        at = max(version if version is not None else 0, newest, _kind_version(conn, kind))
-        removed: list[bytes] = []
-        for key, (rv, body) in old.items():
-            if key in fresh or (version is not None and rv > version):
-                continue
-            conn.execute("DELETE FROM cache_objects WHERE kind = ? AND namespace = ? AND name = ?", (kind, *key))
-            removed.append(body)
-        written: list[Written] = []
-        for key, row in fresh.items():
-            before = old.get(key)
-            if before is not None and (before[0] > row.resource_version or before[1] == row.body):
-                continue
-            _put(conn, kind, row)
-            written.append(Written(row, None if before is None else before[1]))
-        _advance(conn, kind, at)
-        return Replacement(removed=tuple(removed), written=tuple(written), version=at)
+        return _replace(conn, kind, rows, version, keep)
+
+
+def _replace(
+    conn: sqlite3.Connection, kind: str, rows: Sequence[Row], version: int | None, keep: Collection[Key]
+) -> Replacement:
+    old = {
+        (ns, name): (int(rv), bytes(body))
+        for ns, name, rv, body in conn.execute(
+            "SELECT namespace, name, resource_version, body FROM cache_objects WHERE kind = ?", (kind,)
+        )
+    }
+    fresh = {(row.namespace, row.name): row for row in rows}
+    newest = max((row.resource_version for row in rows), default=0)
+    at = max(version if version is not None else 0, newest, _kind_version(conn, kind))
+    removed: list[bytes] = []
+    for key, (rv, body) in old.items():
+        if key in fresh or key in keep or (version is not None and rv > version):
+            continue
+        conn.execute("DELETE FROM cache_objects WHERE kind = ? AND namespace = ? AND name = ?", (kind, *key))
+        removed.append(body)
+    written: list[Written] = []
+    for key, row in fresh.items():
+        before = old.get(key)
+        if before is not None and (before[0] > row.resource_version or before[1] == row.body):
+            continue
+        _put(conn, kind, row)
+        written.append(Written(row, None if before is None else before[1]))
+    _advance(conn, kind, at)
+    conn.execute("DELETE FROM cache_staging WHERE kind = ?", (kind,))
+    return Replacement(removed=tuple(removed), written=tuple(written), version=at)
+
+
+def stage(conn: sqlite3.Connection, kind: str, rows: Sequence[Row], *, first: bool) -> None:
+    """Stage ``rows``, a chunk of a replace of ``kind``, in one transaction: after those staged before
+    it, or, when it is the ``first`` chunk, in their place."""
+    with transaction(conn):
+        if first:
+            conn.execute("DELETE FROM cache_staging WHERE kind = ?", (kind,))
+        conn.executemany(
+            "INSERT OR REPLACE INTO cache_staging (kind, namespace, name, resource_version, body)"
+            " VALUES (?, ?, ?, ?, ?)",
+            [(kind, row.namespace, row.name, row.resource_version, row.body) for row in rows],
+        )
+
+
+def _staged(conn: sqlite3.Connection, kind: str) -> list[Row]:
+    return [
+        Row(ns, name, int(rv), bytes(body))
+        for ns, name, rv, body in conn.execute(
+            "SELECT namespace, name, resource_version, body FROM cache_staging WHERE kind = ?", (kind,)
+        )
+    ]
+
+
+def replace_staged(
+    conn: sqlite3.Connection,
+    kind: str,
+    rows: Sequence[Row],
+    version: int | None,
+    keep: Collection[Key] = (),
+    *,
+    first: bool = False,
+) -> Replacement:
+    """:func:`replace` with the rows staged for ``kind`` followed by ``rows`` (the last chunk's), in one
+    transaction; only ``rows`` when that chunk is also the ``first`` (what is staged is another replace's)."""
+    with transaction(conn):
+        staged = [] if first else _staged(conn, kind)
+        return _replace(conn, kind, [*staged, *rows], version, keep)
+
+
+def unstage(conn: sqlite3.Connection, kind: str | None = None) -> int:
+    """Drop what was staged for ``kind`` (None: for every kind); how many rows there were."""
+    with transaction(conn):
+        if kind is None:
+            return conn.execute("DELETE FROM cache_staging").rowcount
+        return conn.execute("DELETE FROM cache_staging WHERE kind = ?", (kind,)).rowcount
+
+
+def staged_keys(conn: sqlite3.Connection, kind: str) -> tuple[Key, ...]:
+    """``(namespace, name)`` of every row staged for ``kind``."""
+    return tuple(
+        (ns, name)
+        for ns, name in conn.execute("SELECT namespace, name FROM cache_staging WHERE kind = ? ORDER BY 1, 2", (kind,))
+    )
 
 
 def purge(conn: sqlite3.Connection, kind: str) -> int:

@@ -36,7 +36,7 @@ import msgspec
 import structlog
 
 from roles.edge import cache_rows
-from roles.edge.cache_rows import Deletion, Replacement, Row, Written
+from roles.edge.cache_rows import Deletion, Key, Replacement, Row, Written
 from roles.edge.store_schema import SCHEMA_VERSION, StoreError, StoreFault, connect, store_error, transaction
 
 __all__ = [
@@ -594,6 +594,25 @@ class EdgeStore:
     async def cache_replace(self, kind: str, rows: tuple[Row, ...], version: int | None) -> Replacement:
         """Swap the collection of ``kind`` for a fresh list in one transaction (:func:`cache_rows.replace`)."""
         return await self._call(lambda conn: cache_rows.replace(conn, kind, rows, version))
+
+    async def cache_stage(self, kind: str, rows: tuple[Row, ...], *, first: bool) -> None:
+        """Stage a chunk of a replace of ``kind`` in one transaction (:func:`cache_rows.stage`)."""
+        await self._call(lambda conn: cache_rows.stage(conn, kind, rows, first=first))
+
+    async def cache_replace_staged(
+        self, kind: str, rows: tuple[Row, ...], version: int | None, keep: frozenset[Key], *, first: bool
+    ) -> Replacement:
+        """Swap the collection of ``kind`` for the staged chunks and the last one, ``rows``, in one transaction
+        (:func:`cache_rows.replace_staged`)."""
+        return await self._call(lambda conn: cache_rows.replace_staged(conn, kind, rows, version, keep, first=first))
+
+    async def cache_unstage(self, kind: str | None = None) -> int:
+        """Drop what was staged for ``kind`` (None: every kind); how many rows there were."""
+        return await self._call(lambda conn: cache_rows.unstage(conn, kind))
+
+    async def cache_staged_keys(self, kind: str) -> tuple[Key, ...]:
+        """``(namespace, name)`` of every row staged for ``kind``."""
+        return await self._call(lambda conn: cache_rows.staged_keys(conn, kind))
 
     async def cache_purge(self, kind: str) -> int:
         """Forget every cached object of ``kind``; how many there were."""

@@ -152,6 +152,17 @@ _MIGRATIONS: Final = (
             "ALTER TABLE dropped_reports ADD COLUMN attempt INTEGER NOT NULL DEFAULT 0",
         ),
     ),
+    # The parts of a replace sent in chunks, staged until its last one (roles.edge.cache_rows). Additive:
+    # an agent from before it ignores the table.
+    _Migration(
+        version=4,
+        oldest_reader=1,
+        statements=(
+            """CREATE TABLE cache_staging (
+                kind TEXT NOT NULL, namespace TEXT NOT NULL, name TEXT NOT NULL,
+                resource_version INTEGER NOT NULL, body BLOB NOT NULL, PRIMARY KEY (kind, namespace, name))""",
+        ),
+    ),
 )
 
 SCHEMA_VERSION: Final = _MIGRATIONS[-1].version

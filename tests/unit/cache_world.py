@@ -8,7 +8,8 @@ from typing import Any
 import anyio
 import msgspec
 
-from nodetask.messages import Autonomy, CacheDeleted, CacheObjects, Downstream, Heartbeat
+from nodetask import cache_chunks
+from nodetask.messages import Autonomy, CacheChunk, CacheDeleted, CacheObjects, Downstream, Heartbeat
 from roles.kube import Resource
 from roles.kube.resources import NODES, SECRETS
 from schemas.core import Node, Secret
@@ -88,12 +89,14 @@ async def until(check: Callable[[], object], seconds: float = 10) -> None:
 
 
 class Mirror:
-    """What an edge's cache would hold, rebuilt from the frames it reads, and every frame kept."""
+    """What an edge's cache would hold, rebuilt from the frames it reads (over what it ``held`` before
+    them, if anything), and every frame kept."""
 
-    def __init__(self, edge: FakeEdge) -> None:
+    def __init__(self, edge: FakeEdge, held: dict[str, dict[tuple[str, str], dict[str, Any]]] | None = None) -> None:
         self.edge = edge
-        self.objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {}
+        self.objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {k: dict(v) for k, v in (held or {}).items()}
         self.frames: list[Downstream] = []
+        self._chunks: dict[str, list[CacheChunk]] = {}
         self.replaces: dict[str, int] = {}
         """Collections replaced, by kind: how many times."""
 
@@ -109,19 +112,32 @@ class Mirror:
         self.frames.append(msg)
         match msg:
             case CacheObjects(kind=kind, objects=objects, replace=replace):
-                kept = self.objects.setdefault(kind, {})
-                if replace:
-                    kept.clear()
-                    self.replaces[kind] = self.replaces.get(kind, 0) + 1
-                for raw in objects:
-                    obj = msgspec.json.decode(raw)
-                    meta = obj["metadata"]
-                    key = (meta.get("namespace", ""), meta["name"])
-                    old = kept.get(key)
-                    if old is None or int(old["metadata"]["resourceVersion"]) <= int(meta["resourceVersion"]):
-                        kept[key] = obj
+                self._store(kind, objects, replace)
+            case CacheChunk(kind=kind):
+                # The edge's rule (nodetask.cache_chunks): a replace counts once its chunks are all in.
+                chunks = self._chunks.setdefault(kind, [])
+                chunks.append(msg)
+                for done in cache_chunks.reassemble(chunks):
+                    chunks.clear()
+                    keep = {(k.namespace, k.name) for k in done.kept}
+                    kept = {key: obj for key, obj in self.objects.get(kind, {}).items() if key in keep}
+                    self._store(kind, done.objects, replace=True)
+                    self.objects[kind].update(kept)
             case CacheDeleted(key=key):
                 self.objects.get(key.kind, {}).pop((key.namespace, key.name), None)
+
+    def _store(self, kind: str, objects: tuple[msgspec.Raw, ...], replace: bool) -> None:
+        kept = self.objects.setdefault(kind, {})
+        if replace:
+            kept.clear()
+            self.replaces[kind] = self.replaces.get(kind, 0) + 1
+        for raw in objects:
+            obj = msgspec.json.decode(raw)
+            meta = obj["metadata"]
+            key = (meta.get("namespace", ""), meta["name"])
+            old = kept.get(key)
+            if old is None or int(old["metadata"]["resourceVersion"]) <= int(meta["resourceVersion"]):
+                kept[key] = obj
 
     def names(self, kind: str) -> set[str]:
         return {name for _, name in self.objects.get(kind, {})}

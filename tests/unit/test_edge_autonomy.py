@@ -14,12 +14,15 @@ import msgspec
 import pytest
 from trio.testing import MockClock
 
+from nodetask import cache_chunks
 from nodetask.autonomy import CACHE_FAILED, DISABLED, ENABLED
 from nodetask.messages import (
     CACHE_CAPABILITY,
+    CACHE_CHUNKS_CAPABILITY,
     CACHE_SECRETS_CAPABILITY,
     Autonomy,
     AutonomyCondition,
+    CacheChunk,
     CacheDeleted,
     CacheFetch,
     CacheKey,
@@ -225,6 +228,70 @@ async def test_an_edge_keeping_secrets_awaits_no_secret_relist_from_a_hub_that_s
         assert True not in by_relist(session)
         await relist(session, "Secret")
         assert by_relist(session) == [True]
+
+
+def pod_chunks(replace: str, version: str, *items: dict[str, Any]) -> tuple[CacheChunk, ...]:
+    """A Pod replace in chunks of one Pod each (each Pod a few hundred bytes)."""
+
+    def key_of(body: msgspec.Raw) -> CacheKey:
+        return pod_key(msgspec.json.decode(body)["metadata"]["name"])
+
+    raw = [msgspec.Raw(msgspec.json.encode(item)) for item in items]
+    return cache_chunks.split("Pod", raw, replace=replace, resource_version=version, limit=600, key_of=key_of)
+
+
+async def cached_pods(edge: Edge) -> dict[str, str]:
+    listing = await edge.agent.autonomy.cache.list("Pod", "default")
+    return {o["metadata"]["name"]: o["metadata"]["resourceVersion"] for o in listing.items}
+
+
+async def test_a_replace_in_chunks_cut_short_by_the_connection_leaves_the_pods_and_the_next_one_swaps_them(
+    tmp_path: Path, clock: MockClock
+) -> None:
+    """The Hello lists ``cache.chunks``. From a hub listing it too, a Pod replace in chunks cut short by the
+    connection leaves the cached Pods as they were; the next session's swaps them all at its last chunk
+    (a Pod deleted meanwhile is gone) and counts as the Pods' relist."""
+    ended: list[float] = []
+    async with running_edge(
+        tmp_path, capabilities=(*CACHE, CACHE_CHUNKS_CAPABILITY), relisted=lambda: ended.append(anyio.current_time())
+    ) as edge:
+        session = await welcomed(edge)
+        assert CACHE_CHUNKS_CAPABILITY in edge.hub.hellos[0].capabilities
+        await session.send(objects("Pod", pod("a", 3), pod("gone", 4), replace=True, version="5"))
+        fresh = [pod(name, 8, data="x" * 300) for name in ("a", "b", "c")]
+        parts = pod_chunks("1", "9", *fresh)
+        assert len(parts) == 3
+        for part in parts[:2]:
+            await session.send(part)
+        await session.send(Autonomy(requested=True))  # answered after the frames before it
+        assert (await next_of(session, AutonomyCondition)).reason == ENABLED
+        assert await cached_pods(edge) == {"a": "3", "gone": "4"}
+        await session.link.close()
+
+        second = await edge.hub.accept()
+        await next_of(second, AutonomyCondition)  # the current one, sent at the session's start
+        ended.clear()
+        await second.send(objects("Node", {"metadata": {"name": NODE, "resourceVersion": "2"}}, replace=True))
+        await second.send(objects("ConfigMap", replace=True))
+        await second.send(parts[2])  # the end of the first session's replace: out of place here
+        for part in pod_chunks("2", "9", *fresh):
+            await second.send(part)
+        await second.send(Autonomy(requested=False))
+        assert (await next_of(second, AutonomyCondition)).reason == DISABLED
+        assert await cached_pods(edge) == {"a": "8", "b": "8", "c": "8"}
+        assert [t - second.welcomed_at < RELIST_GRACE_S for t in ended] == [True]
+
+
+async def test_chunks_from_a_hub_that_did_not_list_them_are_ignored(tmp_path: Path, clock: MockClock) -> None:
+    """A hub whose Welcome lacks ``cache.chunks`` has agreed to none: its chunks change nothing."""
+    async with running_edge(tmp_path, capabilities=CACHE) as edge:
+        session = await welcomed(edge)
+        await session.send(objects("Pod", pod("a", 3), replace=True, version="5"))
+        for part in pod_chunks("1", "9", pod("b", 8)):
+            await session.send(part)
+        await session.send(Autonomy(requested=True))  # answered after the frames before it
+        assert (await next_of(session, AutonomyCondition)).reason == ENABLED
+        assert await cached_pods(edge) == {"a": "3"}
 
 
 async def test_keys_that_fail_to_store_go_unknown_on_the_fourth_check_and_are_repaired(

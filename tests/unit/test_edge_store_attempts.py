@@ -153,7 +153,7 @@ async def test_a_store_of_the_first_schema_is_migrated_in_place_and_its_tasks_ar
         assert (again, new) == (task, False)  # a re-delivered first attempt, as before the migration
 
     with sqlite3.connect(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
         assert conn.execute("SELECT value FROM store_meta WHERE key = 'oldest_reader'").fetchone()[0] == "1"
     conn.close()
 

@@ -7,11 +7,14 @@ import functools
 import anyio
 import trio.testing
 
+from nodetask import messages
 from nodetask.autonomy import AUTONOMY_ANNOTATION, DURATION_ANNOTATION
 from nodetask.messages import (
     CACHE_CAPABILITY,
+    CACHE_CHUNKS_CAPABILITY,
     CACHE_SECRETS_CAPABILITY,
     Autonomy,
+    CacheChunk,
     CacheDeleted,
     CacheFetch,
     CacheKey,
@@ -20,6 +23,7 @@ from nodetask.messages import (
     Heartbeat,
     Welcome,
 )
+from roles.cloud.cache_streams import FRAME_LIMIT
 from roles.cloud.hub import Hub
 from roles.cloud.sessions import OUTBOUND_QUEUE
 from tests.unit.cache_world import (
@@ -35,6 +39,10 @@ from tests.unit.hub_doubles import FakeEdge, MemoryApi, MemoryDoor, running_hub
 
 CACHE = (CACHE_CAPABILITY,)
 WITH_SECRETS = (CACHE_CAPABILITY, CACHE_SECRETS_CAPABILITY)
+CHUNKS = (CACHE_CAPABILITY, CACHE_CHUNKS_CAPABILITY)
+BIG_PODS = 6
+BIG_ENV = 250_000
+"""Five Pods this large are more than one frame holds."""
 
 
 def _cache_offered(welcome: Welcome) -> tuple[str, ...]:
@@ -73,7 +81,8 @@ async def _synced(hub_door: tuple[Hub, MemoryDoor], node: str, capabilities: tup
     hub, door = hub_door
     edge = door.connect(node)
     welcome = await edge.hello(capabilities=capabilities)
-    assert _cache_offered(welcome) == (WITH_SECRETS if hub.settings.cache_secrets else CACHE)
+    offered = (*CACHE, CACHE_CHUNKS_CAPABILITY, *((CACHE_SECRETS_CAPABILITY,) if hub.settings.cache_secrets else ()))
+    assert _cache_offered(welcome) == offered
     mirror = Mirror(edge)
     secrets = CACHE_SECRETS_CAPABILITY in capabilities and hub.settings.cache_secrets
     await mirror.until(lambda m: m.has(*((NODE, POD, CM, SECRET) if secrets else (NODE, POD, CM))))
@@ -216,6 +225,60 @@ async def test_reconnecting_replaces_each_collection_from_a_fresh_list(autojump_
     assert again.names(CM) == {"cm-a"}
     assert again.objects[CM][("default", "cm-a")]["data"] == {"v": "3"}
     assert again.replaces == {NODE: 1, POD: 1, CM: 1}
+
+
+async def test_pods_over_the_frame_limit_are_relisted_in_chunks_to_an_edge_that_takes_them(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Pods more than a frame holds go to an edge listing cache.chunks as a replace in chunks, each within
+    the edge's frame limit: a Pod deleted while it was away is gone from what it holds once they are in."""
+    api = _cluster()
+    for i in range(BIG_PODS):
+        put_pod(api, f"big{i}", "n0", env="x" * BIG_ENV)
+    async with running_hub(api) as hub:
+        first = await _synced(hub, "n0", CHUNKS)
+        await first.edge.close()
+        api.delete(POD_DOCS, "big0", "default")
+        edge = hub[1].connect("n0")
+        await edge.hello(capabilities=CHUNKS)
+        again = Mirror(edge, held=first.objects)
+        await again.until(lambda m: m.has(NODE, POD, CM))
+    chunks = [f for f in again.frames if isinstance(f, CacheChunk)]
+    assert len(chunks) > 1
+    assert {c.kind for c in chunks} == {POD}
+    assert all(len(messages.encode(c)) <= FRAME_LIMIT for c in chunks)
+    assert again.names(POD) == {"p1", "p2"} | {f"big{i}" for i in range(1, BIG_PODS)}
+    assert not any(isinstance(f, CacheObjects) and f.kind == POD for f in again.frames)
+
+
+async def test_pods_over_the_frame_limit_go_one_by_one_to_an_edge_without_chunks(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """An edge that does not list cache.chunks gets no chunk: Pods more than a frame holds come as upserts,
+    as before, so a Pod deleted while it was away stays in what it holds."""
+    api = _cluster()
+    pods = {"p1", "p2"} | {f"big{i}" for i in range(BIG_PODS)}
+    for i in range(BIG_PODS):
+        put_pod(api, f"big{i}", "n0", env="x" * BIG_ENV)
+    async with running_hub(api) as hub:
+        edge = hub[1].connect("n0")
+        await edge.hello(capabilities=CACHE)
+        first = Mirror(edge)
+        await first.until(lambda m: m.has(NODE, CM) and m.names(POD) == pods)
+        await edge.close()
+        api.delete(POD_DOCS, "big0", "default")
+        edge = hub[1].connect("n0")
+        await edge.hello(capabilities=CACHE)
+        again = Mirror(edge, held=first.objects)
+        upserts = len(pods) - 1  # all but the deleted one
+
+        def listed(m: Mirror) -> bool:
+            return m.has(NODE, CM) and sum(isinstance(f, CacheObjects) and f.kind == POD for f in m.frames) == upserts
+
+        await again.until(listed)
+    assert not any(isinstance(f, CacheChunk) for f in again.frames)
+    assert POD not in again.replaces
+    assert again.names(POD) == pods
 
 
 async def test_changes_the_watch_missed_reach_the_edge_once_it_lists_again(
