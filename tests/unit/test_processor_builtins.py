@@ -104,7 +104,7 @@ async def test_a_probe_of_a_target_that_does_not_answer_fails_the_task_by_defaul
     down = refused_port()
     request = {"network.probe.targets": f"localhost:{listening}, {LOOPBACK}:{down}"}
     with trio.fail_after(20):
-        outcome = await processors.run(builtin("network.probe"), request, make_env())
+        outcome = await processors.run(builtin("network.probe"), request, make_env(loopback_ports=(listening, down)))
     assert not outcome.succeeded
     assert outcome.reason == (
         f"1 of 2 targets answered (network.probe.require is all): {LOOPBACK}:{down}: connect failed: connection refused"
@@ -120,16 +120,17 @@ async def test_a_probe_of_a_target_that_does_not_answer_fails_the_task_by_defaul
 async def test_a_probe_with_require_any_succeeds_when_one_target_answers(listening: int) -> None:
     """require=any passes with one of two; require=none passes with none."""
     down = refused_port()
+    env = make_env(loopback_ports=(listening, down))
     with trio.fail_after(20):
         some = await processors.run(
             builtin("network.probe"),
             {"network.probe.targets": f"{LOOPBACK}:{listening},{LOOPBACK}:{down}", "network.probe.require": "any"},
-            make_env(),
+            env,
         )
         none = await processors.run(
             builtin("network.probe"),
             {"network.probe.targets": f"[::1]:{down}", "network.probe.require": "none"},
-            make_env(),
+            env,
         )
     assert some.succeeded, some.reason
     assert none.succeeded, none.reason
