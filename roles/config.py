@@ -283,7 +283,7 @@ class DiagnosisConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel",
 
     def __post_init__(self) -> None:
         for directory in self.tail_dirs:
-            if not directory.startswith("/"):
+            if not directory.startswith("/") or "\x00" in directory:
                 raise ValueError(f"diagnosis.tailDirs: {clip(directory)!r} is not an absolute path")
         for key, hosts in (("httpHosts", self.http_hosts), ("probeHosts", self.probe_hosts)):
             for host in hosts:

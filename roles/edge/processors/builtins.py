@@ -29,8 +29,10 @@ collector           request keys it reads                        results
                     does), ``.timeoutSeconds`` (1-60, default
                     3), ``.require`` (``all``, ``any``,
                     ``none``; default ``all``)
-``file.tail``       ``file.tail.path`` (required, absolute),     ``file.tail.path`` (resolved), ``.size``,
-                    ``file.tail.lines`` (1-10000, default 100)   ``.lineCount``, ``.content``
+``file.tail``       ``file.tail.path`` (required, absolute,      ``file.tail.path`` (resolved), ``.size``,
+                    under ``diagnosis.tailDirs``, one hard       ``.lineCount``, ``.content``
+                    link), ``file.tail.lines`` (1-10000,
+                    default 100)
 ``agent.status``    none                                         ``agent.status.<key>`` for each of the agent's
                                                                  own (version, store health, outbox depth, hub)
 =================== ============================================ ==============================================
