@@ -34,6 +34,7 @@ _NAMESPACE: Final = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
 Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
+LoopbackPort = Annotated[int, msgspec.Meta(ge=1, le=65535)]
 
 DEFAULT_TLS_RELOAD_INTERVAL: Final = 5.0
 """A rotation is served 5 to 10 seconds after it is on disk, well within the minute or so a kubelet
@@ -304,23 +305,39 @@ class DiagnosisConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel",
     scripts: ScriptsConfig = ScriptsConfig()
     http_hosts: tuple[str, ...] = ()
     """Hosts (names or IP addresses, spelt as in ``httpServer.address``) besides the device itself that an
-    ``httpServer`` processor may POST to. The device's loopback (absent address, ``127.0.0.0/8``,
-    ``::1``, ``localhost``) always may, as in KubeDiag, whose processors run on the node; any other
-    host is refused unless listed, so that whoever may create an Operation cannot make every device
-    send requests into its networks."""
+    ``httpServer`` processor may POST to, at any port. The device itself (absent address, ``127.0.0.0/8``,
+    ``::1``, ``localhost``) may be called only at the ports of ``loopbackPorts`` (KubeDiag allows any);
+    any other host is refused unless listed, so that whoever may create an Operation cannot make every
+    device send requests into its networks."""
+
+    probe_hosts: tuple[str, ...] = ()
+    """Hosts (names or IP addresses) besides the device itself that the ``network.probe`` collector may
+    resolve and connect to, at any port. None by default: a name nobody listed is not even resolved,
+    so that whoever may create an Operation can neither scan the device's networks nor use its
+    resolver as an oracle. Separate from ``httpHosts``: a probe only opens and closes a connection,
+    a POST sends a Task's data and takes the answer as its results."""
+
+    loopback_ports: tuple[LoopbackPort, ...] = ()
+    """The device's own TCP ports (on ``127.0.0.0/8``, ``::1``, ``localhost``, and ``0.0.0.0``/``::``,
+    which reach the device too) that an ``httpServer`` may POST to and ``network.probe`` may connect to.
+    None by default: a device's loopback is where etcd, an API server or a hub listen, and a Task
+    could otherwise find them or write into them. The agent's own ports (``localApi.port`` when the
+    local API is on) are refused even if listed."""
 
     tail_dirs: tuple[str, ...] = ()
     """Directories under which the ``file.tail`` collector may read files (absolute paths; a file's
     symbolic links are resolved before the check). None by default: a Task may not read the device's
-    files unless its owner lists where."""
+    files unless its owner lists where. Only root should be able to change these directories and
+    their parents: whoever can replace one with a link decides what it holds."""
 
     def __post_init__(self) -> None:
         for directory in self.tail_dirs:
-            if not directory.startswith("/"):
+            if not directory.startswith("/") or "\x00" in directory:
                 raise ValueError(f"diagnosis.tailDirs: {clip(directory)!r} is not an absolute path")
-        for host in self.http_hosts:
-            if not host or (any(c in host for c in "/ :@") and not _is_ipv6(host)):
-                raise ValueError(f"diagnosis.httpHosts: {host!r} is not a host name or IP address (no scheme or port)")
+        for key, hosts in (("httpHosts", self.http_hosts), ("probeHosts", self.probe_hosts)):
+            for host in hosts:
+                if not host or (any(c in host for c in "/ :@") and not _is_ipv6(host)):
+                    raise ValueError(f"diagnosis.{key}: {host!r} is not a host name or IP address (no scheme or port)")
 
 
 def _is_ipv6(text: str) -> bool:
@@ -389,6 +406,17 @@ class EdgeConfig(_Config, frozen=True, kw_only=True):
         socket = self.cri_endpoint.removeprefix("unix://")
         if self.cri_endpoint and not socket.startswith("/"):
             raise ValueError(f"criEndpoint {self.cri_endpoint!r} is not a unix socket (unix:///path or /path)")
+        for port in self.served_ports:
+            if port in self.diagnosis.loopback_ports:
+                raise ValueError(
+                    f"diagnosis.loopbackPorts lists {port}, the port of this agent's local API (localApi.port):"
+                    " no diagnosis Task may reach the agent's own ports"
+                )
+
+    @property
+    def served_ports(self) -> tuple[int, ...]:
+        """The TCP ports this agent itself listens on, on the device: no diagnosis Task may reach them."""
+        return (self.local_api.port,) if self.local_api.enabled else ()
 
 
 RoleConfig = ControllerConfig | CloudConfig | EdgeConfig

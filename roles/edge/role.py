@@ -117,6 +117,7 @@ async def _run(settings: AgentSettings, cfg: EdgeConfig, path: Path, clock: Cloc
             cri_endpoint=cfg.cri_endpoint,
             agent_status=agent_status,
             data_dir=settings.data_dir,
+            own_ports=cfg.served_ports,
             log=log,
             log_level=cfg.log_level,
             log_format=cfg.log_format,

@@ -198,11 +198,19 @@ async def scene(
     *,
     edge_options: Callable[[int], dict[str, object]] | None = None,
 ) -> AsyncIterator[Scene]:
-    """Start everything (agent ``i``'s config with ``edge_options(i)``), wait until both agents hold a session;
-    at the end delete what was made (the Diagnoses first, while the controller can still release their
-    Tasks), then check that every process not killed on purpose exited cleanly."""
+    """Start everything (agent ``i``'s config with ``edge_options(i)``, its ``diagnosis.loopbackPorts`` listing the
+    processors' server), wait until both agents hold a session; at the end delete what was made (the Diagnoses
+    first, while the controller can still release their Tasks), then check that every process not killed on
+    purpose exited cleanly."""
+
+    def options(index: int) -> dict[str, object]:
+        given = edge_options(index) if edge_options else {}
+        diagnosis = given.get("diagnosis", {})
+        assert isinstance(diagnosis, dict)
+        return {**given, "diagnosis": {**diagnosis, "loopbackPorts": [processors.port]}}
+
     with processors.serving():
-        async with admin(cp) as kube, fleet(cp, home, edges=2, hubs=1, edge_options=edge_options) as running:
+        async with admin(cp) as kube, fleet(cp, home, edges=2, hubs=1, edge_options=options) as running:
             nodes = sorted(running.edges)
             await polled(functools.partial(_connected, kube, nodes), bool, limit_s=60)
             made = Scene(cp, kube, running, processors, nodes)

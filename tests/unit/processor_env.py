@@ -7,6 +7,7 @@ from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import structlog
 import structlog.testing
 import trio
@@ -41,8 +42,10 @@ def make_env(
     data_dir: Path | None = None,
     cri_endpoint: str = "unix:///nonexistent/containerd.sock",
     agent_status: Mapping[str, str] | None = None,
+    loopback_ports: tuple[int, ...] = (),
+    own_ports: tuple[int, ...] = (),
 ) -> ProcessorEnv:
-    """An env whose log goes to ``events`` (dropped if None)."""
+    """An env whose log goes to ``events`` (dropped if None); ``loopback_ports`` are added to ``config``'s."""
     wrapper = structlog.make_filtering_bound_logger(logging.DEBUG)
     processors: list[Any] = [events] if events is not None else [_drop]
     log: structlog.typing.FilteringBoundLogger = structlog.wrap_logger(
@@ -53,12 +56,16 @@ def make_env(
     async def get_status() -> Mapping[str, str]:
         return status
 
+    config = config or DiagnosisConfig()
+    if loopback_ports:
+        config = msgspec.structs.replace(config, loopback_ports=(*config.loopback_ports, *loopback_ports))
     return ProcessorEnv(
         node="edge-1",
-        config=config or DiagnosisConfig(),
+        config=config,
         cri_endpoint=cri_endpoint,
         agent_status=get_status,
         data_dir=data_dir,
+        own_ports=own_ports,
         log=log,
     )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 
 from roles.config import DiagnosisConfig
 from roles.edge import processors
+from roles.edge.processors import tail
 from roles.edge.processors.node_collectors import ProcessSample, top_processes
 from roles.edge.processors.probe import Probe, parse_targets, probe_outcome
 from roles.edge.processors.request_keys import RequestError, json_list
@@ -104,7 +106,7 @@ async def test_a_probe_of_a_target_that_does_not_answer_fails_the_task_by_defaul
     down = refused_port()
     request = {"network.probe.targets": f"localhost:{listening}, {LOOPBACK}:{down}"}
     with trio.fail_after(20):
-        outcome = await processors.run(builtin("network.probe"), request, make_env())
+        outcome = await processors.run(builtin("network.probe"), request, make_env(loopback_ports=(listening, down)))
     assert not outcome.succeeded
     assert outcome.reason == (
         f"1 of 2 targets answered (network.probe.require is all): {LOOPBACK}:{down}: connect failed: connection refused"
@@ -120,16 +122,17 @@ async def test_a_probe_of_a_target_that_does_not_answer_fails_the_task_by_defaul
 async def test_a_probe_with_require_any_succeeds_when_one_target_answers(listening: int) -> None:
     """require=any passes with one of two; require=none passes with none."""
     down = refused_port()
+    env = make_env(loopback_ports=(listening, down))
     with trio.fail_after(20):
         some = await processors.run(
             builtin("network.probe"),
             {"network.probe.targets": f"{LOOPBACK}:{listening},{LOOPBACK}:{down}", "network.probe.require": "any"},
-            make_env(),
+            env,
         )
         none = await processors.run(
             builtin("network.probe"),
             {"network.probe.targets": f"[::1]:{down}", "network.probe.require": "none"},
-            make_env(),
+            env,
         )
     assert some.succeeded, some.reason
     assert none.succeeded, none.reason
@@ -233,6 +236,92 @@ async def test_file_tail_of_a_large_file_keeps_whole_lines_only(tmp_path: Path) 
     env = make_env(config=DiagnosisConfig(tail_dirs=(str(tmp_path),)))
     outcome = await processors.run(builtin("file.tail"), {"file.tail.path": str(tmp_path / "big.log")}, env)
     assert outcome.results["file.tail.content"] == "last"
+
+
+async def test_file_tail_refuses_a_file_with_more_than_one_hard_link(tmp_path: Path) -> None:
+    """A hard link in an allowed directory to a file elsewhere would carry that file in: such a file is not read."""
+    logs, private = tmp_path / "logs", tmp_path / "private"
+    logs.mkdir()
+    private.mkdir()
+    (private / "key").write_text("secret\n")
+    os.link(private / "key", logs / "app.log")
+    env = make_env(config=DiagnosisConfig(tail_dirs=(str(logs),)))
+    outcome = await processors.run(builtin("file.tail"), {"file.tail.path": str(logs / "app.log")}, env)
+    assert not outcome.succeeded
+    assert outcome.reason == (
+        f"file.tail.path '{logs / 'app.log'}' has 2 hard links: one of them may lie outside diagnosis.tailDirs,"
+        " so file.tail reads only files with a single link"
+    )
+    assert outcome.results == {}
+
+
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        ("/logs/app\x00.log", "holds a NUL byte, which no path can"),
+        ("/logs/\ud800.log", "is not a file name this device can spell"),
+    ],
+)
+async def test_file_tail_of_a_path_no_file_can_have_fails_naming_why(tmp_path: Path, path: str, why: str) -> None:
+    """A NUL byte or a lone surrogate in the path is a failed Task with a reason, not an error out of the collector."""
+    env = make_env(config=DiagnosisConfig(tail_dirs=(str(tmp_path),)))
+    outcome = await processors.run(builtin("file.tail"), {"file.tail.path": f"{tmp_path}{path}"}, env)
+    assert not outcome.succeeded
+    assert outcome.reason.startswith("file.tail: file.tail.path ")
+    assert outcome.reason.endswith(why)
+
+
+def test_a_directory_swapped_for_a_link_after_the_check_is_not_followed(tmp_path: Path) -> None:
+    """Resolved and checked, then a directory on the path becomes a link out: the open stops there, naming it."""
+    logs, private = tmp_path / "logs", tmp_path / "private"
+    (logs / "app").mkdir(parents=True)
+    private.mkdir()
+    (logs / "app" / "x.log").write_text("public\n")
+    (private / "x.log").write_text("secret\n")
+    resolved = os.path.realpath(logs / "app" / "x.log")
+    os.close(tail.open_resolved(resolved))
+    (logs / "app").rename(logs / "app.old")
+    (logs / "app").symlink_to(private)
+    with pytest.raises(tail.PathChanged) as raised:
+        tail.open_resolved(resolved)
+    assert raised.value.args == (str(logs / "app"),)
+    (logs / "app").unlink()
+    (logs / "app").symlink_to(private / "x.log")  # not a directory: a link where a directory was
+    with pytest.raises(tail.PathChanged):
+        tail.open_resolved(resolved)
+
+
+async def test_file_tail_racing_a_directory_swapped_for_a_link_never_reads_out_nor_raises(tmp_path: Path) -> None:
+    """While a thread keeps swapping a directory on the path for a link to a private one and back, every run ends
+    in the file's own lines or a failure with a reason: never the private file, never an exception."""
+    logs, private = tmp_path / "logs", tmp_path / "private"
+    (logs / "app").mkdir(parents=True)
+    private.mkdir()
+    (logs / "app" / "x.log").write_text("public\n")
+    (private / "x.log").write_text("secret\n")
+    env = make_env(config=DiagnosisConfig(tail_dirs=(str(logs),)))
+    stop = threading.Event()
+
+    def swap() -> None:
+        while not stop.is_set():
+            (logs / "app").rename(logs / "app.real")
+            (logs / "app").symlink_to(private)
+            (logs / "app").unlink()
+            (logs / "app.real").rename(logs / "app")
+
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    outcomes = []
+    request = {"file.tail.path": f"{logs}/app/x.log"}
+    try:
+        for _ in range(300):
+            outcomes.append(await processors.run(builtin("file.tail"), request, env))  # noqa: PERF401 (awaits)
+    finally:
+        stop.set()
+        swapper.join()
+    assert all(o.results.get("file.tail.content", "public") == "public" for o in outcomes)
+    assert all(o.succeeded or o.reason.startswith("file.tail.path ") for o in outcomes)
+    assert not any("secret" in o.reason for o in outcomes)
 
 
 line_text = st.text(alphabet=st.characters(blacklist_categories=("Cc", "Zl", "Zp", "Cs")), max_size=30)

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +18,7 @@ from hypothesis import strategies as st
 
 from roles.config import DiagnosisConfig, ScriptsConfig
 from roles.edge import processors
-from roles.edge.processors.scripts import DEFAULT_RESULT_KEY, SCRIPTS_DIR, refusal, script_argv
+from roles.edge.processors.scripts import DEFAULT_RESULT_KEY, REAPER, SCRIPTS_DIR, refusal, script_argv
 from schemas.processors import Processor, ScriptRunner
 from tests.unit.processor_env import make_env
 
@@ -162,6 +167,96 @@ async def test_what_a_successful_script_leaves_running_is_killed_with_it(tmp_pat
         await wait_dead(int(pid_file.read_text()))
     assert outcome.succeeded, outcome.reason
     assert outcome.results == {"operation.disk.output": "done\n"}
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` exists, a zombie included (a process reaped by its parent does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def kill_if_alive(pid: int) -> None:
+    """Tidy up after a run that let ``pid`` escape (a failing test must not leave it running)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+# Each starts `sleep 300` in a new session, which writes its pid to "$1" first, and waits until it has.
+LEFT_THE_GROUP = {
+    "setsid": 'setsid sh -c \'echo $$ > "$0"; exec sleep 300\' "$1" &\n',
+    "double fork": '(setsid sh -c \'echo $$ > "$0"; exec sleep 300\' "$1" &)\n',
+}
+WAIT_FOR_PID = 'while [ ! -s "$1" ]; do sleep 0.05; done\n'
+
+
+@pytest.mark.parametrize("how", sorted(LEFT_THE_GROUP))
+@pytest.mark.parametrize("ending", ["exit", "timeout"])
+async def test_a_process_that_left_the_script_group_is_dead_and_reaped_when_the_run_returns(
+    tmp_path: Path, how: str, ending: str
+) -> None:
+    """A daemon the script started with setsid (or a double fork) is no longer in its process group, yet it is
+    killed and reaped before run() returns, whether the script exited or timed out."""
+    text = LEFT_THE_GROUP[how] + WAIT_FOR_PID + ("echo started\n" if ending == "exit" else "sleep 300\n")
+    pid_file = tmp_path / "daemon.pid"
+    try:
+        with trio.fail_after(30):
+            outcome = await processors.run(
+                script(text, arg_keys=("p",), timeout=60 if ending == "exit" else 2),
+                {"p": str(pid_file)},
+                make_env(config=allowing(text), data_dir=tmp_path),
+            )
+        daemon = int(pid_file.read_text())
+        assert not alive(daemon)
+    finally:
+        if pid_file.exists():
+            kill_if_alive(int(pid_file.read_text()))
+    if ending == "exit":
+        assert outcome.results == {"operation.disk.output": "started\n"}
+    else:
+        assert outcome.reason == "timed out after 2 s (the operation's timeoutSeconds)"
+
+
+async def test_a_keeper_whose_agent_went_away_kills_the_run_and_exits(tmp_path: Path) -> None:
+    """The end of file on the keeper's socket (the agent closed it, or died) stops the run: the script and
+    the daemon it left are killed and reaped, and the keeper exits."""
+    text = LEFT_THE_GROUP["double fork"] + WAIT_FOR_PID + "echo waiting\nsleep 300\n"
+    pid_file = tmp_path / "daemon.pid"
+    agent, keeper_end = socket.socketpair()
+    with keeper_end:
+        keeper = await trio.lowlevel.open_process(
+            [sys.executable, "-I", "-S", str(REAPER), "/bin/sh", "-c", text, "sh", str(pid_file)],
+            stdin=keeper_end.fileno(),
+            stdout=subprocess.PIPE,
+        )
+    try:
+        with trio.fail_after(30):
+            assert keeper.stdout is not None
+            assert await keeper.stdout.receive_some() == b"waiting\n"
+            agent.close()
+            assert await keeper.wait() == 0
+        assert not alive(int(pid_file.read_text()))
+    finally:
+        agent.close()
+        kill_if_alive(int(pid_file.read_text()))
+        if keeper.returncode is None:
+            keeper.kill()
+            with trio.CancelScope(shield=True):
+                await keeper.wait()
+        assert keeper.stdout is not None
+        await keeper.stdout.aclose()
+
+
+async def test_a_script_reads_nothing_from_stdin_and_runs_with_default_signal_dispositions(tmp_path: Path) -> None:
+    """Its stdin is /dev/null (never the keeper's socket to the agent), and SIGPIPE is not ignored as in Python."""
+    text = "cat\nawk '/^SigIgn/ {print $2}' /proc/$$/status\n"
+    with trio.fail_after(30):
+        outcome = await processors.run(script(text), {}, make_env(config=allowing(text), data_dir=tmp_path))
+    assert outcome.succeeded, outcome.reason
+    ignored = int(outcome.results["operation.disk.output"], 16)
+    assert not ignored & (1 << (signal.SIGPIPE - 1))
 
 
 async def test_output_beyond_the_cap_is_dropped_and_the_result_says_so(tmp_path: Path) -> None:

@@ -281,8 +281,18 @@ class Demo:
     def start_edges(self, tokens: dict[str, str], cri_endpoint: str) -> None:
         assert self.api is not None
         ca_file = self.layout.hub_tls / "ca.crt"
+        # The diagnosis's world runs before the edges, whose configs list the ports their Tasks reach in it.
+        names = [e.name for e in self.edges]
+        self.directory = directory = diag.Directory(names, names[CANARIES : CANARIES + DOWN_APPS])
         for edge in self.edges:
-            config = edge_config(self.layout, edge, token=tokens[edge.name], ca_file=ca_file, cri_endpoint=cri_endpoint)
+            config = edge_config(
+                self.layout,
+                edge,
+                token=tokens[edge.name],
+                ca_file=ca_file,
+                cri_endpoint=cri_endpoint,
+                loopback_ports=directory.loopback_ports(edge.name),
+            )
             self.procs.start(edge.name, edge_launcher(config), log=self.layout.log(edge.name))
         self.record()
         full = next(e.name for e in self.edges if e.full_disk)
@@ -421,13 +431,13 @@ class Demo:
         """Apply the diagnosis samples (pipeline first, then the run) and follow the run to its end."""
         assert self.api is not None
         assert self.cp is not None
+        assert self.directory is not None
         api = self.api
-        names = [e.name for e in self.edges]
-        down = names[CANARIES : CANARIES + DOWN_APPS]
-        self.directory = directory = diag.Directory(names, down)
+        directory = self.directory
         self.say(
             f"diagnosis: the fleet's directory at http://127.0.0.1:{directory.port}/network gives each edge its app's"
-            f" address; the app of {', '.join(down)} refuses connections"
+            f" address; the app of {', '.join(directory.down)} refuses connections (each edge's config lists both"
+            " ports in diagnosis.loopbackPorts)"
         )
         listing = diag.render_operations(SAMPLES_DIR, directory_port=directory.port)
         out = self.cp.kubectl("apply", "-f", "-", input=json.dumps(listing)).stdout

@@ -7,6 +7,8 @@ Its first path probes an app each edge depends on; the demo plays the world arou
 - the *apps*: one TCP port per node, listening, except on the nodes given as down, whose port is
   bound but does not listen, so a connection to it is refused, as to an app that has crashed.
 
+Both run before the edges start, so that each edge's config can list the two ports its Tasks reach
+(``diagnosis.loopbackPorts``: a device's ports are closed to Tasks unless listed).
 The edges' ``network.probe`` then fails for real on those nodes (connection refused), path 0 fails,
 and path 1 runs ``resources`` on every node. What the summary shows is read back from the Diagnosis
 and its Tasks: the failed path, the succeeded one, why the failed nodes failed, and a value that
@@ -89,6 +91,12 @@ class Directory:
         self.port: int = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="demo-directory", daemon=True)
         self._thread.start()
+
+    def loopback_ports(self, node: str) -> tuple[int, ...]:
+        """The ports ``node``'s Tasks must reach on loopback (the directory and its app), which its config lists
+        in ``diagnosis.loopbackPorts``: a device's ports are closed to Tasks otherwise."""
+        app = self._apps.get(node)
+        return (self.port, app.getsockname()[1]) if app is not None else (self.port,)
 
     def address(self, node: str) -> str:
         """Where ``node``'s app listens (or did, for a node whose app is down); empty for another node."""

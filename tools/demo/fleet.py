@@ -169,7 +169,15 @@ def hub_config(layout: Layout, hub: Hub, *, kubeconfig: Path, cert: Path, key: P
     )
 
 
-def edge_config(layout: Layout, edge: Edge, *, token: str, ca_file: Path, cri_endpoint: str) -> Path:
+def edge_config(
+    layout: Layout,
+    edge: Edge,
+    *,
+    token: str,
+    ca_file: Path,
+    cri_endpoint: str,
+    loopback_ports: Sequence[int] = (),
+) -> Path:
     home = layout.edge(edge.name)
     (home / "data").mkdir(parents=True, exist_ok=True)
     token_file = home / "token"
@@ -187,4 +195,6 @@ def edge_config(layout: Layout, edge: Edge, *, token: str, ca_file: Path, cri_en
         config["maxDiskUsage"] = FULL_DISK_THRESHOLD
     if edge.local_api_port:
         config["localApi"] = {"enabled": True, "port": edge.local_api_port}
+    if loopback_ports:
+        config["diagnosis"] = {"loopbackPorts": list(loopback_ports)}
     return write_yaml(home / "edge.yaml", config)

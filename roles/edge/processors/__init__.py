@@ -5,8 +5,8 @@
 lives in its own module, imported when first used: an agent that never runs a diagnosis does not
 pay for the HTTP client, the script runner or the collectors (the idle agent's memory budget).
 
-- :mod:`.http`: ``httpServer`` (KubeDiag's contract; other hosts than the device only if
-  ``diagnosis.httpHosts`` lists them).
+- :mod:`.http`: ``httpServer`` (KubeDiag's contract; the device's ports only if
+  ``diagnosis.loopbackPorts`` lists them, other hosts only if ``diagnosis.httpHosts`` does: :mod:`.reach`).
 - :mod:`.scripts`: ``scriptRunner`` (off unless ``diagnosis.scripts.enabled``, then only listed
   SHA-256s unless ``allowAny``; argv, never a shell string; the process group dies with the run).
 - :mod:`.builtins`: ``builtin`` collectors (``node.resources``, ``node.processes``,
@@ -76,9 +76,10 @@ async def _dispatch(
     # Each kind is imported here, on first use, not with the package: the agent imports this
     # package at start, and an idle agent must stay within its 40 MiB budget.
     if kind == "httpServer" and processor.http_server is not None:
-        from roles.edge.processors import http  # noqa: PLC0415 (deferred on purpose)
+        from roles.edge.processors import http, reach  # noqa: PLC0415 (deferred on purpose)
 
-        return await http.run_http(processor.http_server, request, env.config, deadline=deadline, log=env.logger)
+        allowed = reach.reach_of(env.config, own_ports=env.own_ports, hosts="http")
+        return await http.run_http(processor.http_server, request, allowed, deadline=deadline, log=env.logger)
     if kind == "scriptRunner" and processor.script_runner is not None:
         from roles.edge.processors import scripts  # noqa: PLC0415 (deferred on purpose)
 

@@ -23,11 +23,16 @@ collector           request keys it reads                        results
 ``images.list``     none                                         ``images.list.count``, ``.bytes``, ``.items``
                                                                  (JSON: id, tags, size), ``.shown``
 ``network.probe``   ``network.probe.targets`` (``host:port,...``,  per target ``network.probe.<target>.result``
-                    required), ``.timeoutSeconds`` (1-60,        (``ok`` or what failed), ``.addresses``,
-                    default 3), ``.require`` (``all``, ``any``,  ``.dnsMs``, ``.connectMs``; and
-                    ``none``; default ``all``)                   ``network.probe.reachable`` (``n/m``)
-``file.tail``       ``file.tail.path`` (required, absolute),     ``file.tail.path`` (resolved), ``.size``,
-                    ``file.tail.lines`` (1-10000, default 100)   ``.lineCount``, ``.content``
+                    required; the device's ports only if         (``ok`` or what failed), ``.addresses``,
+                    ``diagnosis.loopbackPorts`` lists them,      ``.dnsMs``, ``.connectMs``; and
+                    other hosts only if ``diagnosis.probeHosts`` ``network.probe.reachable`` (``n/m``)
+                    does), ``.timeoutSeconds`` (1-60, default
+                    3), ``.require`` (``all``, ``any``,
+                    ``none``; default ``all``)
+``file.tail``       ``file.tail.path`` (required, absolute,      ``file.tail.path`` (resolved), ``.size``,
+                    under ``diagnosis.tailDirs``, one hard       ``.lineCount``, ``.content``
+                    link), ``file.tail.lines`` (1-10000,
+                    default 100)
 ``agent.status``    none                                         ``agent.status.<key>`` for each of the agent's
                                                                  own (version, store health, outbox depth, hub)
 =================== ============================================ ==============================================
@@ -86,10 +91,10 @@ async def _images(_: Mapping[str, str], env: ProcessorEnv) -> ProcessorOutcome:
     return await runtime_lists.run_list("images", env)
 
 
-async def _network_probe(request: Mapping[str, str], _: ProcessorEnv) -> ProcessorOutcome:
-    from roles.edge.processors import probe
+async def _network_probe(request: Mapping[str, str], env: ProcessorEnv) -> ProcessorOutcome:
+    from roles.edge.processors import probe, reach
 
-    return await probe.run_probe(request)
+    return await probe.run_probe(request, reach.reach_of(env.config, own_ports=env.own_ports, hosts="probe"))
 
 
 async def _file_tail(request: Mapping[str, str], env: ProcessorEnv) -> ProcessorOutcome:

@@ -27,6 +27,9 @@ class ProcessorEnv:
     data_dir: Path | None = None
     """The agent's data directory: scripts are written under it (``diagnosis-scripts/``); None: the
     system's temporary directory."""
+    own_ports: tuple[int, ...] = ()
+    """The TCP ports the agent itself serves on the device (``EdgeConfig.served_ports``): no Task may
+    reach them, whatever ``diagnosis.loopbackPorts`` lists."""
     log: Log | None = None
     """Where processors log (bound with the Task's keys); None: structlog's default logger."""
     log_level: str = "info"

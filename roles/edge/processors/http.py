@@ -8,8 +8,10 @@ near; the answer itself is never retried. A body over :data:`MAX_BODY_BYTES` fai
 more of it is read.
 
 Unlike KubeDiag: certificates are verified against the system's trust store (KubeDiag turns
-verification off), and a host other than the device itself is refused unless the device's config
-lists it in ``diagnosis.httpHosts``.
+verification off), a host other than the device itself is refused unless the device's config lists
+it in ``diagnosis.httpHosts``, and the device itself only at the ports ``diagnosis.loopbackPorts``
+lists, never at the agent's own (:mod:`.reach`). A listed name that turns out to resolve to the
+device is caught on the connection's peer address, before a byte is sent.
 
 A small HTTP/1.1 client written with h11 over anyio sockets, which the base install already has
 (the server side is :mod:`roles.httpserver`): one request per connection, no redirects, no proxy.
@@ -17,7 +19,6 @@ A small HTTP/1.1 client written with h11 over anyio sockets, which the base inst
 
 from __future__ import annotations
 
-import ipaddress
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,17 +26,18 @@ from typing import Final
 
 import anyio
 import anyio.abc
+import anyio.streams.tls
 import h11
 import msgspec
 
 from nodetask.backoff import Backoff
 from nodetask.names import clip
-from roles.config import DiagnosisConfig
 from roles.edge.processors.env import Log
 from roles.edge.processors.outcome import REASON_CHARS, ProcessorOutcome, failed
+from roles.edge.processors.reach import Reach, address_refusal, host_refusal
 from schemas.processors import HTTPServer
 
-__all__ = ["DEVICE_ADDRESS", "MAX_BODY_BYTES", "Target", "host_allowed", "run_http", "target_of", "verdict"]
+__all__ = ["DEVICE_ADDRESS", "MAX_BODY_BYTES", "Target", "run_http", "target_of", "verdict"]
 
 DEVICE_ADDRESS: Final = "127.0.0.1"
 """Where an ``httpServer`` without ``address`` is: the device itself (KubeDiag: the node's agent)."""
@@ -57,33 +59,6 @@ class _TransportError(Exception):
 
 class _Refused(Exception):
     """The exchange cannot succeed by trying again (a bad certificate, a malformed or oversized answer)."""
-
-
-def _normal_host(host: str) -> str:
-    return host.strip("[]").rstrip(".").lower()
-
-
-def host_allowed(host: str, allowed: tuple[str, ...]) -> bool:
-    """Whether an ``httpServer`` may call ``host``: the device's loopback always, any other host if listed."""
-    name = _normal_host(host)
-    if name == "localhost":
-        return True
-    try:
-        address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(name)
-    except ValueError:
-        address = None
-    if address is not None and address.is_loopback:
-        return True
-    for entry in allowed:
-        other = _normal_host(entry)
-        try:
-            if address is not None and ipaddress.ip_address(other) == address:
-                return True
-        except ValueError:
-            pass
-        if other == name:
-            return True
-    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,12 +109,13 @@ def verdict(url: str, status: int, body: bytes) -> ProcessorOutcome:
 async def run_http(
     server: HTTPServer,
     request: Mapping[str, str],
-    config: DiagnosisConfig,
+    reach: Reach,
     *,
     deadline: float,
     log: Log,
 ) -> ProcessorOutcome:
-    """POST ``request`` to ``server``; retry transport errors with backoff while ``deadline`` (loop time) allows.
+    """POST ``request`` to ``server`` if ``reach`` allows it; retry transport errors with backoff while
+    ``deadline`` (loop time) allows.
 
     Cancellation: the caller's scope (the operation's timeout) ends the attempt under way.
     """
@@ -147,19 +123,16 @@ async def run_http(
         target = target_of(server)
     except ValueError as exc:
         return failed(str(exc))
-    if not host_allowed(target.host, config.http_hosts):
-        return failed(
-            f"httpServer.address {target.host!r} is not the device itself, and diagnosis.httpHosts of this"
-            " device's config does not list it"
-        )
     url = target.url
+    if (why := host_refusal(target.host, target.port, reach)) is not None:
+        return failed(f"POST {url} refused: {why}")
     body = _ENCODER.encode(dict(request))
     backoff = Backoff(initial=_RETRY_INITIAL, cap=_RETRY_CAP)
     attempts = 0
     while True:
         attempts += 1
         try:
-            status, answer = await _post(target, body)
+            status, answer = await _post(target, body, reach)
         except _Refused as exc:
             return failed(f"POST {url}: {exc}")
         except _TransportError as exc:
@@ -173,16 +146,37 @@ async def run_http(
         return verdict(url, status, answer)
 
 
-async def _connect(host: str, port: int, *, tls: bool) -> anyio.abc.ByteStream:
+async def _connect(target: Target, reach: Reach) -> anyio.abc.ByteStream:
     try:
-        if not tls:
-            return await anyio.connect_tcp(host, port)
-        # Answers are framed by h11 (length or chunks), so a peer closing without close_notify is fine.
-        return await anyio.connect_tcp(
-            host, port, tls=True, ssl_context=ssl.create_default_context(), tls_standard_compatible=False
-        )
+        stream: anyio.abc.ByteStream = await anyio.connect_tcp(target.host, target.port)
+    except OSError as exc:
+        raise _TransportError(_describe(exc)) from None
+    try:
+        # A listed name may resolve to the device: judged on the address actually connected to,
+        # which no later answer of the resolver can change, before anything is sent.
+        peer = str(stream.extra(anyio.abc.SocketAttribute.remote_address)[0])
+        if (why := address_refusal(target.host, peer, target.port, reach)) is not None:
+            raise _Refused(f"refused: {why}")
+        if target.tls:
+            # Answers are framed by h11 (length or chunks), so a peer closing without close_notify is fine.
+            stream = await anyio.streams.tls.TLSStream.wrap(
+                stream, hostname=target.host, ssl_context=ssl.create_default_context(), standard_compatible=False
+            )
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await anyio.aclose_forcefully(stream)
+        raise
+    return stream
+
+
+async def _handshaken(target: Target, reach: Reach) -> anyio.abc.ByteStream:
+    """A connection to ``target`` that ``reach`` allows, TLS done when asked for."""
+    try:
+        return await _connect(target, reach)
     except ssl.SSLCertVerificationError as exc:
         raise _Refused(f"TLS certificate verification failed: {exc.verify_message or exc}") from None
+    except anyio.EndOfStream:
+        raise _TransportError("the server closed the connection during the TLS handshake") from None
     except (OSError, anyio.BrokenResourceError) as exc:
         cause = exc.__cause__
         if isinstance(cause, ssl.SSLCertVerificationError):
@@ -201,7 +195,7 @@ def _describe(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-async def _post(target: Target, body: bytes) -> tuple[int, bytes]:
+async def _post(target: Target, body: bytes, reach: Reach) -> tuple[int, bytes]:
     """One exchange on a fresh connection: the answer's status and body."""
     conn = h11.Connection(h11.CLIENT)
     authority = f"[{target.host}]" if ":" in target.host else target.host
@@ -220,7 +214,7 @@ async def _post(target: Target, body: bytes) -> tuple[int, bytes]:
         )
     except h11.LocalProtocolError as exc:
         raise _Refused(f"httpServer.path {target.path!r} cannot be sent: {exc}") from None
-    stream = await _connect(target.host, target.port, tls=target.tls)
+    stream = await _handshaken(target, reach)
     async with stream:
         try:
             await stream.send((conn.send(head) or b"") + (conn.send(h11.Data(data=body)) or b""))

@@ -4,6 +4,11 @@ An unreachable target is a finding, not an error: each target gets its own resul
 Task succeeds is the request's ``network.probe.require``: ``all`` (the default: every target must
 answer, so a diagnosis path that depends on a service fails over to the next one when it does not),
 ``any`` (at least one), or ``none`` (a pure measurement, success whatever was found).
+
+What a probe may reach is the device's (:mod:`.reach`): the device itself only at the ports of
+``diagnosis.loopbackPorts``, other hosts only if ``diagnosis.probeHosts`` lists them. A Task naming
+any other target fails before a single name is resolved or a connection made, naming the targets
+and the settings; a listed name that resolves to the device gets the device's rules.
 """
 
 from __future__ import annotations
@@ -15,10 +20,11 @@ from typing import Final
 
 import anyio
 
-from roles.edge.processors.outcome import ProcessorOutcome
+from roles.edge.processors.outcome import ProcessorOutcome, failed
+from roles.edge.processors.reach import Reach, address_refusal, host_refusal
 from roles.edge.processors.request_keys import RequestError, choice_key, int_key, required_key
 
-__all__ = ["Probe", "parse_targets", "probe_outcome", "run_probe"]
+__all__ = ["Probe", "parse_targets", "probe_outcome", "refused_targets", "run_probe"]
 
 TARGETS_KEY: Final = "network.probe.targets"
 TIMEOUT_KEY: Final = "network.probe.timeoutSeconds"
@@ -104,7 +110,18 @@ def _error(exc: OSError) -> str:
     return (exc.strerror or str(exc)).lower()
 
 
-async def _probe(host: str, port: int, limit_s: float) -> Probe:
+def refused_targets(targets: tuple[tuple[str, int], ...], reach: Reach) -> str | None:
+    """Why some of ``targets`` may not be probed (each named, with the setting that would allow it), or None."""
+    refusals = [
+        f"{_label(host, port)}: {why}" for host, port in targets if (why := host_refusal(host, port, reach)) is not None
+    ]
+    if not refusals:
+        return None
+    noun = "target" if len(refusals) == 1 else "targets"
+    return f"{TARGETS_KEY} names {len(refusals)} {noun} this device does not allow: {'; '.join(refusals)}"
+
+
+async def _probe(host: str, port: int, limit_s: float, reach: Reach) -> Probe:
     target = _label(host, port)
     addresses: tuple[str, ...] = ()
     dns_ms: float | None = None
@@ -117,6 +134,9 @@ async def _probe(host: str, port: int, limit_s: float) -> Probe:
         resolved = anyio.current_time()
         addresses = tuple(dict.fromkeys(str(info[4][0]) for info in infos))
         dns_ms = (resolved - started) * 1000
+        refusal = next((why for a in addresses if (why := address_refusal(host, a, port, reach)) is not None), None)
+        if refusal is not None:
+            return Probe(target=target, addresses=addresses, dns_ms=dns_ms, error=f"refused: {refusal}")
         try:
             stream = await anyio.connect_tcp(addresses[0], port)
         except OSError as exc:
@@ -133,15 +153,20 @@ async def _probe(host: str, port: int, limit_s: float) -> Probe:
     )
 
 
-async def run_probe(request: Mapping[str, str]) -> ProcessorOutcome:
-    """Probe the request's targets concurrently. Errors: :class:`RequestError` for bad request keys."""
+async def run_probe(request: Mapping[str, str], reach: Reach) -> ProcessorOutcome:
+    """Probe the request's targets concurrently, if ``reach`` allows every one of them.
+
+    Errors: :class:`RequestError` for bad request keys.
+    """
     targets = parse_targets(required_key(request, TARGETS_KEY))
     timeout = int_key(request, TIMEOUT_KEY, default=3, low=1, high=60)
     require = choice_key(request, REQUIRE_KEY, ("all", "any", "none"))
+    if (why := refused_targets(targets, reach)) is not None:
+        return failed(why)
     probes: list[Probe | None] = [None] * len(targets)
 
     async def one(index: int, host: str, port: int) -> None:
-        probes[index] = await _probe(host, port, timeout)
+        probes[index] = await _probe(host, port, timeout, reach)
 
     async with anyio.create_task_group() as tg:
         for index, (host, port) in enumerate(targets):

@@ -14,8 +14,14 @@ How it runs (KubeDiag runs ``timeout <N>s /bin/sh <file> <args>`` and always rep
   file is never executed itself (no exec bit needed, no ``noexec`` mount trouble) and no argument
   goes through a shell string. A key of ``argKeys`` that the request lacks fails the run (KubeDiag
   drops it silently, shifting the other arguments).
-- It leads its own process group; the timeout, a cancellation, or its own exit kills the whole
-  group (SIGKILL), so nothing it started outlives the run; the script itself is reaped.
+- It runs under a keeper process (:mod:`.reaper`, a child subreaper): when the script exits, or the
+  timeout or a cancellation stops the run, every process the script started is killed (SIGKILL)
+  and reaped, those that called ``setsid`` or double-forked included, so nothing it started
+  outlives the run. A keeper that does not finish within :data:`STOP_GRACE` is killed with its
+  process group.
+- Arguments arrive as argv, but the script decides how to use them: it must quote them (``"$1"``,
+  never ``$1``, which the shell splits and globs) and end options before them (``cmd -- "$1"``), or
+  a parameter can still add options to the commands it runs (README, Security).
 - Exit status 0 is success, with stdout (at most ``maxOutputBytes``, the rest read and dropped)
   under ``operation.<operationResultKey>.output`` (KubeDiag's key; ``script.output`` without an
   ``operationResultKey``). Any other status is failure, with the status and the tail of stderr.
@@ -28,7 +34,9 @@ import hashlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
+import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -53,7 +61,11 @@ SCRIPTS_DIR: Final = "diagnosis-scripts"
 STDERR_TAIL: Final = 4 << 10
 """How many bytes of the end of stderr are kept for a failure's reason."""
 DRAIN_GRACE: Final = 1.0
-"""Seconds the pipes may stay open after the group is killed (held by a process that left the group)."""
+"""Seconds the pipes may stay open once the keeper has exited (nothing of the run holds them by then)."""
+STOP_GRACE: Final = 5.0
+"""Seconds the keeper has to kill and reap the run after being told to stop, before it is killed itself."""
+REAPER: Final = Path(__file__).with_name("reaper.py")
+"""The keeper, run by the agent's interpreter, isolated (``-I -S``: standard library only)."""
 _SHELL: Final = "/bin/sh"
 
 
@@ -176,58 +188,69 @@ class _Output:
 
 
 def _kill_group(process: anyio.abc.Process) -> None:
-    # The script leads its group (start_new_session): its pid is the group's id, and stays so
-    # while it is unreaped (a zombie included), so the group is always killed before the reaping wait.
+    # The keeper leads its group (start_new_session), and stays unreaped until waited for below.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
 
 
-async def _exited(process: anyio.abc.Process) -> None:
-    """Return once the script has exited, leaving it unreaped (a pidfd turns readable then)."""
-    try:
-        pidfd = os.pidfd_open(process.pid)
-    except OSError:  # pragma: no cover - kernels before 5.3: the group is killed after the reaping
-        await process.wait()
-        return
-    try:
-        await anyio.wait_readable(pidfd)
-    finally:
-        os.close(pidfd)
+def _status(control: socket.socket) -> str:
+    """The keeper's report, read once it has exited (so all of it is there); empty if it wrote none."""
+    control.setblocking(False)
+    report = bytearray()
+    with contextlib.suppress(BlockingIOError, ConnectionError):
+        while chunk := control.recv(4096):
+            report += chunk
+    return report.decode(errors="replace").strip()
 
 
 async def _execute(argv: list[str], *, cwd: Path, runner: ScriptRunner, max_output: int, log: Log) -> ProcessorOutcome:
-    try:
-        process = await anyio.open_process(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=cwd,
-            start_new_session=True,
-        )
-    except OSError as exc:
-        return failed(f"the script could not be started ({argv[0]}): {exc.strerror or exc}")
-    stdout = _Output(max_output, keep_tail=False)
-    stderr = _Output(STDERR_TAIL, keep_tail=True)
-    assert process.stdout is not None
-    assert process.stderr is not None
-    try:
-        async with anyio.create_task_group() as readers:
-            readers.start_soon(stdout.drain, process.stdout)
-            readers.start_soon(stderr.drain, process.stderr)
-            await _exited(process)
-            # Whatever it left running goes too. A process that left the group (setsid) and holds
-            # the pipes open gets DRAIN_GRACE before they are closed on it.
-            _kill_group(process)
-            code = await process.wait()
-            readers.cancel_scope.deadline = anyio.current_time() + DRAIN_GRACE
-    finally:
-        with anyio.CancelScope(shield=True):
-            if process.returncode is None:
-                log.info("diagnosis_script_killed", pid=process.pid)
-                _kill_group(process)
-                await process.wait()
-            await process.aclose()
+    control, keeper_end = socket.socketpair()
+    with control:
+        try:
+            with keeper_end:
+                process = await anyio.open_process(
+                    [sys.executable, "-I", "-S", str(REAPER), *argv],
+                    stdin=keeper_end.fileno(),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    cwd=cwd,
+                    start_new_session=True,
+                )
+        except OSError as exc:
+            return failed(f"the script's keeper could not be started ({sys.executable}): {exc.strerror or exc}")
+        stdout = _Output(max_output, keep_tail=False)
+        stderr = _Output(STDERR_TAIL, keep_tail=True)
+        assert process.stdout is not None
+        assert process.stderr is not None
+        try:
+            async with anyio.create_task_group() as readers:
+                readers.start_soon(stdout.drain, process.stdout)
+                readers.start_soon(stderr.drain, process.stderr)
+                # The keeper exits once the script has, and everything it started is killed and reaped.
+                keeper_code = await process.wait()
+                readers.cancel_scope.deadline = anyio.current_time() + DRAIN_GRACE
+            report = _status(control)
+        finally:
+            with anyio.CancelScope(shield=True):
+                if process.returncode is None:
+                    # Timed out or cancelled: the end of file on its socket tells the keeper to stop.
+                    with contextlib.suppress(OSError):
+                        control.shutdown(socket.SHUT_RDWR)
+                    log.info("diagnosis_script_stopping", pid=process.pid)
+                    with anyio.move_on_after(STOP_GRACE):
+                        await process.wait()
+                    if process.returncode is None:
+                        log.warning("diagnosis_script_keeper_killed", pid=process.pid, grace_s=STOP_GRACE)
+                        _kill_group(process)
+                        await process.wait()
+                await process.aclose()
+    verb, _, detail = report.partition(" ")
+    if verb == "unstarted":
+        return failed(f"the script could not be started ({argv[0]}): {detail}")
+    if verb not in ("exited", "signalled") or not detail.lstrip("-").isdigit():
+        tail = clip(stderr.text().strip()[-REASON_CHARS:], REASON_CHARS) or "(nothing on stderr)"
+        return failed(f"the script's keeper failed (exit status {keeper_code}, report {report[:80]!r}): {tail}")
+    code = int(detail) if verb == "exited" else -int(detail)
     log.debug("diagnosis_script_exited", code=code, stdout_bytes=stdout.total, stderr_bytes=stderr.total)
     if code == 0:
         return ProcessorOutcome(succeeded=True, results={result_key(runner): stdout.text()})
