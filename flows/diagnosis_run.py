@@ -18,8 +18,9 @@ waits forever; a stage whose Operation does not exist fails at once, without Tas
 
 The checkpoint is KubeDiag's: ``pathIndex`` and ``nodeIndex`` name the stage (the first path
 through it and its depth), ``desired`` is the number of target nodes, ``succeeded`` and ``failed``
-count the stage's ended Tasks, each once (its name goes into ``synchronizedTasks`` in the same
-write), and ``active`` is the rest. Since the checkpoint and the counts are written together,
+count the stage's ended Tasks, each once (its node's bit goes into ``synchronizedNodes`` in the same
+write, :mod:`flows.diagnosis_counted`), and ``active`` is the rest. Since the checkpoint and the
+counts are written together,
 conditionally on the object's version, a controller that restarts or takes over mid-run resumes
 exactly there: Task names are deterministic, so it finds the stage's Tasks instead of creating
 them again, and never counts one twice. Each succeeded Task's results go to
@@ -44,6 +45,7 @@ import msgspec
 
 from flows.diagnosis_conditions import find_condition, set_condition
 from flows.diagnosis_context import MAX_CONTEXT_BYTES, ContextBudget
+from flows.diagnosis_counted import CountedNodes, InvalidCountError, counted_nodes
 from flows.diagnosis_paths import Stage
 from flows.diagnosis_pipeline import HASH_LABEL, BrokenGraph, Pipeline
 from flows.diagnosis_targets import Resolution
@@ -283,9 +285,12 @@ class _Run:
                 message = f"{_stage_name(stage, cp)}: Operation {stage.operation} is not found"
                 self.notices.append(Notice("Warning", DiagnosisConditionType.OPERATION_NOT_FOUND.value, message))
             else:
-                self._synchronize(stage)
+                try:
+                    counted = self._synchronize(stage)
+                except InvalidCountError as exc:
+                    return self._finish(DiagnosisPhase.FAILED, INVALID_CHECKPOINT, str(exc))
                 if self.checkpoint.active > 0:
-                    return self._wait(stage, operation)
+                    return self._wait(stage, operation, counted)
                 ok = self._passes()
                 self._tell_verdict(stage, ok)
             following = self.plan.flow.next(action, ok)
@@ -306,19 +311,21 @@ class _Run:
             self.succeeded_path = self.pipeline.paths[after.first_path][: after.depth]
         raise AssertionError("a run visits each stage at most once")
 
-    def _synchronize(self, stage: Stage) -> None:
-        """Count the stage's Tasks that ended since the last write, each once, and keep their results."""
+    def _synchronize(self, stage: Stage) -> CountedNodes:
+        """Count the stage's Tasks that ended since the last write, each once, and keep their results.
+
+        Returns the nodes whose Task is now counted. Errors: :class:`InvalidCountError` for a
+        checkpoint whose record of them cannot be read.
+        """
         cp = self.checkpoint
-        synchronized = list(cp.synchronized_tasks)
-        seen = set(synchronized)
+        names = [task_name(self.diagnosis, node, stage) for node in self.nodes]
+        counted = counted_nodes(cp, names)
         succeeded, failed = cp.succeeded, cp.failed
-        for node in self.nodes:
-            name = task_name(self.diagnosis, node, stage)
+        for i, name in enumerate(names):
             task = self.world.tasks.get(name)
-            if name in seen or task is None or not is_final(task.status.phase):
+            if i in counted or task is None or not is_final(task.status.phase):
                 continue
-            synchronized.append(name)
-            seen.add(name)
+            counted.add(i)
             if task.status.phase is TaskPhase.SUCCEEDED:
                 succeeded += 1
                 self.budget.add(stage.operation, name, task.status.results, self.world.now)
@@ -332,8 +339,9 @@ class _Run:
             active=max(0, desired - succeeded - failed),
             succeeded=succeeded,
             failed=failed,
-            synchronized_tasks=tuple(synchronized),
+            synchronized_nodes=counted.encode(),
         )
+        return counted
 
     def _passes(self) -> bool:
         cp = self.checkpoint
@@ -363,7 +371,7 @@ class _Run:
             succeeded_path=self.succeeded_path,
         )
 
-    def _wait(self, stage: Stage, operation: Operation) -> Step:
+    def _wait(self, stage: Stage, operation: Operation, counted: CountedNodes) -> Step:
         """The stage runs: create its missing Tasks, expire silent ones, look again at the next deadline."""
         status = self._status()
         diagnosis = msgspec.structs.replace(self.diagnosis, status=status)
@@ -371,16 +379,15 @@ class _Run:
         now = self.world.now
         pods = _pods(self.diagnosis)
         results = _Results(self.world.tasks)
-        counted = set(self.checkpoint.synchronized_tasks)
         create: list[Task] = []
         expire: list[str] = []
         dues: list[datetime] = []
         cp = self.checkpoint
-        for node in self.nodes:
+        for i, node in enumerate(self.nodes):
             name = task_name(diagnosis, node, stage)
             task = self.world.tasks.get(name)
             if task is None:
-                if name not in counted:  # a counted Task deleted by hand is not run again
+                if i not in counted:  # a counted Task deleted by hand is not run again
                     create.append(
                         new_task(
                             diagnosis,
