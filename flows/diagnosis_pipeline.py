@@ -56,6 +56,8 @@ class Pipeline:
     hash: str
     paths: tuple[Path, ...]
     plan: PathFlow
+    paths_bytes: int = 0
+    """The paths as JSON: the most a run's failed and passed paths take in its status."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +85,7 @@ def pipeline_of(operation_set: OperationSet) -> Pipeline | BrokenGraph:
         plan = compile_paths(paths, name=operation_set.metadata.name or "diagnosis")
     except ValueError as exc:  # not for a graph problems() accepts; kept as data all the same
         return BrokenGraph(digest, (f"spec.adjacencyList: {exc}",))
-    return Pipeline(digest, paths, plan)
+    return Pipeline(digest, paths, plan, len(msgspec.json.encode(paths)))
 
 
 def operation_set_status(operation_set: OperationSet, *, now: datetime) -> tuple[str, OperationSetStatus]:

@@ -48,7 +48,17 @@ from flows.diagnosis_context import MAX_CONTEXT_BYTES, ContextBudget
 from flows.diagnosis_counted import CountedNodes, InvalidCountError, counted_nodes
 from flows.diagnosis_paths import Stage
 from flows.diagnosis_pipeline import HASH_LABEL, BrokenGraph, Pipeline
-from flows.diagnosis_targets import Resolution
+from flows.diagnosis_size import (
+    MAX_ANNOTATIONS_BYTES,
+    MAX_OBJECT_BYTES,
+    STATUS_TOO_LARGE,
+    context_room,
+    object_bytes,
+    reserve,
+    shrunk,
+    too_large_message,
+)
+from flows.diagnosis_targets import Resolution, listed
 from flows.diagnosis_tasks import deadline, is_final, new_task, task_name
 from nodetask.clock import format_time, parse_time
 from nodetask.flow import UnknownActionError
@@ -78,6 +88,7 @@ __all__ = [
     "World",
     "advance",
     "awaiting_operation_set",
+    "fail_too_large",
     "progress_only",
     "start",
 ]
@@ -118,7 +129,9 @@ class World:
     """The Diagnosis's Tasks by name (those it owns)."""
     now: datetime
     context_limit: int = MAX_CONTEXT_BYTES
-    """Bytes of results ``status.context`` keeps (:mod:`flows.diagnosis_context`)."""
+    """Bytes of results ``status.context`` keeps (:mod:`flows.diagnosis_context`), if the rest leaves room."""
+    object_limit: int = MAX_OBJECT_BYTES
+    """Bytes the Diagnosis may take with its status (:mod:`flows.diagnosis_size`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +195,7 @@ def start(diagnosis: Diagnosis, world: World, targets: Resolution) -> Step:
     count = len(targets.nodes)
     message = f"{count} target node{'' if count == 1 else 's'}"
     if targets.skipped:
-        message += f"; left out: {'; '.join(targets.skipped)}"
+        message += f"; left out: {listed(targets.skipped)}"
     accepted = Condition(type=ACCEPTED, status=ConditionStatus.TRUE, reason="TargetsResolved", message=message)
     status = DiagnosisStatus(
         phase=DiagnosisPhase.RUNNING,
@@ -194,12 +207,50 @@ def start(diagnosis: Diagnosis, world: World, targets: Resolution) -> Step:
     )
     pods = {PODS_ANNOTATION: msgspec.json.encode(dict(targets.pods)).decode()} if targets.pods else {}
     notices = [Notice("Normal", "DiagnosisRunning", f"OperationSet {diagnosis.spec.operation_set} on {message}")]
-    return Step(
+    step = Step(
         status=status,
         labels=MappingProxyType({HASH_LABEL: world.pipeline.hash}),
         annotations=MappingProxyType(pods),
         notices=tuple(notices),
     )
+    started = _stamped(diagnosis, step)
+    too_large = _start_too_large(started, world.pipeline, world.object_limit)
+    if too_large is not None:
+        refused = Condition(type=ACCEPTED, status=ConditionStatus.FALSE, reason=STATUS_TOO_LARGE, message=too_large)
+        base = msgspec.structs.replace(
+            diagnosis.status,
+            start_time=format_time(world.now),
+            conditions=set_condition(diagnosis.status.conditions, refused, world.now),
+        )
+        return _finish(diagnosis, base, DiagnosisPhase.FAILED, STATUS_TOO_LARGE, too_large, now=world.now)
+    return step
+
+
+def _stamped(diagnosis: Diagnosis, step: Step) -> Diagnosis:
+    """``diagnosis`` as ``step`` leaves it: its labels and annotations set, its status written."""
+    meta = diagnosis.metadata
+    if step.labels or step.annotations:
+        meta = msgspec.structs.replace(
+            meta, labels={**meta.labels, **step.labels}, annotations={**meta.annotations, **step.annotations}
+        )
+    return msgspec.structs.replace(diagnosis, metadata=meta, status=step.status)
+
+
+def _start_too_large(started: Diagnosis, pipeline: Pipeline, limit: int) -> str | None:
+    """Why a run cannot start on these targets for its size, or None: its status must fit with every path
+    failed and every node counted, and the pods it records must fit in the annotations Kubernetes allows."""
+    annotations = sum(len(k) + len(v) for k, v in started.metadata.annotations.items())
+    if annotations > MAX_ANNOTATIONS_BYTES:
+        pods = started.metadata.annotations.get(PODS_ANNOTATION, "")
+        return (
+            f"the pods of its {len(started.status.node_names)} target nodes take {len(pods)} bytes in the"
+            f" annotation {PODS_ANNOTATION}, and a Diagnosis's annotations may take at most"
+            f" {MAX_ANNOTATIONS_BYTES} bytes in all"
+        )
+    if context_room(started, paths_bytes=pipeline.paths_bytes, limit=limit) >= 0:
+        return None
+    size = object_bytes(started) + reserve(pipeline.paths_bytes, len(started.status.node_names))
+    return too_large_message(started, size=size, limit=limit)
 
 
 def advance(diagnosis: Diagnosis, world: World) -> Step:
@@ -233,7 +284,27 @@ def advance(diagnosis: Diagnosis, world: World) -> Step:
     nodes = status.node_names
     if not nodes:
         return _finish(diagnosis, status, DiagnosisPhase.FAILED, NO_TARGETS, "status.nodeNames is empty", now=world.now)
-    return _Run(diagnosis, world, pipeline).walk()
+    return _bounded(diagnosis, _Run(diagnosis, world, pipeline).walk(), world)
+
+
+def _bounded(diagnosis: Diagnosis, step: Step, world: World) -> Step:
+    """``step``, or the run ended by :func:`fail_too_large` if the status it writes would not fit.
+
+    The run's bounds keep the status within ``world.object_limit``; this is the check that they did.
+    """
+    if step.status == diagnosis.status:
+        return step
+    after = _stamped(diagnosis, step)
+    size = object_bytes(after)
+    if size <= world.object_limit:
+        return step
+    return fail_too_large(after, too_large_message(after, size=size, limit=world.object_limit), now=world.now)
+
+
+def fail_too_large(diagnosis: Diagnosis, message: str, *, now: datetime) -> Step:
+    """``diagnosis`` ends Failed with ``StatusTooLarge`` and ``message``: its status as it is but without
+    what made it too large (:func:`flows.diagnosis_size.shrunk`), so that this one can be written."""
+    return _finish(diagnosis, shrunk(diagnosis.status), DiagnosisPhase.FAILED, STATUS_TOO_LARGE, message, now=now)
 
 
 def progress_only(status: DiagnosisStatus, step: Step) -> bool:
@@ -265,7 +336,8 @@ class _Run:
         self.nodes = status.node_names
         self.checkpoint = status.checkpoint or Checkpoint(desired=len(self.nodes), active=len(self.nodes))
         context = status.context or DiagnosisContext(parameters=dict(diagnosis.spec.parameters))
-        self.budget = ContextBudget(context, status.conditions, limit=world.context_limit)
+        room = context_room(diagnosis, paths_bytes=pipeline.paths_bytes, limit=world.object_limit)
+        self.budget = ContextBudget(context, status.conditions, limit=max(0, min(world.context_limit, room)))
         self.failed_paths: tuple[Path, ...] = status.failed_paths
         self.succeeded_path: Path = status.succeeded_path
         self.notices: list[Notice] = []

@@ -596,3 +596,23 @@ async def test_tasks_ending_one_by_one_are_counted_in_the_write_that_decides_the
             assert controller.progress_held >= 2
         finally:
             await made.cleanup()
+
+
+async def test_a_diagnosis_whose_status_would_pass_etcds_limit_fails_saying_so(
+    objects: Objects, admin_kube: Kube
+) -> None:
+    """8,000 target nodes of 100 characters named in the spec (800 KB): their copy in status.nodeNames would
+    take the Diagnosis past etcd's 1.5 MiB, so it ends Failed with StatusTooLarge, saying what is too large,
+    instead of its status write being refused and retried forever; no Task is created."""
+    (probe,) = await objects.operations("probe")
+    opset = await objects.operation_set([[1], []], [probe])
+    prefix = unique("edge")
+    nodes = tuple(f"{prefix}-{i:05d}-" + "n" * (100 - len(prefix) - 7) for i in range(8000))
+    diagnosis = await objects.diagnosis(opset.metadata.name, TargetSelector(node_names=nodes))
+    done = await diagnosis_when(admin_kube, diagnosis.metadata.name, finished)
+    assert done.status.phase is DiagnosisPhase.FAILED
+    [complete] = [c for c in done.status.conditions if c.type == "Complete"]
+    assert (complete.status, complete.reason) == ("False", "StatusTooLarge")
+    assert "the names of its 8000 target nodes" in complete.message
+    assert done.status.node_names == ()
+    assert await tasks_of(admin_kube, diagnosis) == []

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flows.diagnosis_counted import CountedNodes, InvalidCountError, counted_nodes
-from flows.diagnosis_pipeline import pipeline_of
+from flows.diagnosis_paths import PathFlow
+from flows.diagnosis_pipeline import Pipeline, pipeline_of
 from flows.diagnosis_run import FINAL_PHASES, World, advance, start
 from flows.diagnosis_targets import Resolution
 from flows.diagnosis_tasks import task_name
@@ -104,7 +105,7 @@ class Stage:
         cp = status.checkpoint
         if cp is None or status.phase in FINAL_PHASES:
             return
-        plan = pipeline_of(operation_set(CHAIN)).plan
+        plan = _plan()
         stage = plan.stage(plan.action_at(cp.path_index, cp.node_index))
         every = [task_name(self.diagnosis, n, stage) for n in status.node_names]
         counted = counted_nodes(cp, every)
@@ -117,7 +118,7 @@ class Stage:
         status = self.diagnosis.status
         cp = status.checkpoint
         assert cp is not None
-        plan = pipeline_of(operation_set(CHAIN)).plan
+        plan = _plan()
         stage = plan.stage(plan.action_at(cp.path_index, cp.node_index))
         names = [task_name(self.diagnosis, n, stage) for n in status.node_names]
         counted = counted_nodes(cp, names)
@@ -131,6 +132,12 @@ class Stage:
 
 
 Action = tuple[str, int, frozenset[int]]
+
+
+def _plan() -> PathFlow:
+    pipeline = pipeline_of(operation_set(CHAIN))
+    assert isinstance(pipeline, Pipeline)
+    return pipeline.plan
 
 
 def actions() -> st.SearchStrategy[list[Action]]:
