@@ -9,8 +9,9 @@ results do not fit sets the ``ContextClipped`` condition, naming it, and from th
 are copied: each Task keeps its own in ``status.results``, and the next stages' request data is
 read from there (:func:`flows.diagnosis_tasks.request_data`), so what the run passes on is whole.
 
-The budget, with the target names and ``synchronizedTasks`` (a stage's Task names), keeps a
-Diagnosis of a few thousand nodes under etcd's limit.
+The budget, with the target names, keeps a Diagnosis of a few thousand nodes under etcd's limit;
+the run also gives the context less when the rest of the Diagnosis leaves less room
+(:mod:`flows.diagnosis_size`).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from typing import Final
 
 import msgspec
 
-from flows.diagnosis_conditions import set_condition
+from flows.diagnosis_conditions import find_condition, set_condition
 from flows.diagnosis_paths import PathFlow, compile_paths
 from nodetask.phases import ConditionStatus
 from schemas import diagnosis_graph
@@ -31,16 +31,21 @@ from schemas.diagnosis import AdjacencyNode, Condition, OperationSet, OperationS
 __all__ = [
     "HASH_LABEL",
     "READY_CONDITION",
+    "STATUS_TOO_LARGE",
     "BrokenGraph",
     "Pipeline",
     "adjacency_hash",
     "operation_set_status",
     "pipeline_of",
+    "refused_as_too_large",
+    "too_large_status",
 ]
 
 HASH_LABEL: Final = "diagnosis.kubediag.org/adjacency-list-hash"
 """On an OperationSet: the hash of its graph; on a Diagnosis: the hash of the graph its run started on."""
 READY_CONDITION: Final = "Ready"
+STATUS_TOO_LARGE: Final = "StatusTooLarge"
+"""The reason an OperationSet is not ready when the API server refused its paths for their size."""
 
 
 def adjacency_hash(nodes: Sequence[AdjacencyNode]) -> str:
@@ -56,6 +61,8 @@ class Pipeline:
     hash: str
     paths: tuple[Path, ...]
     plan: PathFlow
+    paths_bytes: int = 0
+    """The paths as JSON: the most a run's failed and passed paths take in its status."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +90,7 @@ def pipeline_of(operation_set: OperationSet) -> Pipeline | BrokenGraph:
         plan = compile_paths(paths, name=operation_set.metadata.name or "diagnosis")
     except ValueError as exc:  # not for a graph problems() accepts; kept as data all the same
         return BrokenGraph(digest, (f"spec.adjacencyList: {exc}",))
-    return Pipeline(digest, paths, plan)
+    return Pipeline(digest, paths, plan, len(msgspec.json.encode(paths)))
 
 
 def operation_set_status(operation_set: OperationSet, *, now: datetime) -> tuple[str, OperationSetStatus]:
@@ -112,3 +119,26 @@ def operation_set_status(operation_set: OperationSet, *, now: datetime) -> tuple
             paths=pipeline.paths, ready=True, conditions=set_condition(current.conditions, condition, now)
         )
     return pipeline.hash, status
+
+
+def too_large_status(operation_set: OperationSet, message: str, *, now: datetime) -> OperationSetStatus:
+    """The status of an OperationSet whose paths the API server refused to store: not ready, saying why.
+
+    The graph's own checks bound its paths (:data:`schemas.diagnosis_graph.MAX_PATHS_BYTES`); this is
+    for a status refused all the same (a spec so large that little room is left beside it).
+    """
+    condition = Condition(type=READY_CONDITION, status=ConditionStatus.FALSE, reason=STATUS_TOO_LARGE, message=message)
+    return OperationSetStatus(
+        paths=(), ready=False, conditions=set_condition(operation_set.status.conditions, condition, now)
+    )
+
+
+def refused_as_too_large(operation_set: OperationSet, digest: str) -> bool:
+    """Whether the status of ``operation_set``, whose graph has hash ``digest``, was refused for its size:
+    the same graph's status would be refused again, so it is not written again."""
+    ready = find_condition(operation_set.status.conditions, READY_CONDITION)
+    return (
+        ready is not None
+        and ready.reason == STATUS_TOO_LARGE
+        and operation_set.metadata.labels.get(HASH_LABEL) == digest
+    )

@@ -18,8 +18,9 @@ waits forever; a stage whose Operation does not exist fails at once, without Tas
 
 The checkpoint is KubeDiag's: ``pathIndex`` and ``nodeIndex`` name the stage (the first path
 through it and its depth), ``desired`` is the number of target nodes, ``succeeded`` and ``failed``
-count the stage's ended Tasks, each once (its name goes into ``synchronizedTasks`` in the same
-write), and ``active`` is the rest. Since the checkpoint and the counts are written together,
+count the stage's ended Tasks, each once (its node's bit goes into ``synchronizedNodes`` in the same
+write, :mod:`flows.diagnosis_counted`), and ``active`` is the rest. Since the checkpoint and the
+counts are written together,
 conditionally on the object's version, a controller that restarts or takes over mid-run resumes
 exactly there: Task names are deterministic, so it finds the stage's Tasks instead of creating
 them again, and never counts one twice. Each succeeded Task's results go to
@@ -44,9 +45,20 @@ import msgspec
 
 from flows.diagnosis_conditions import find_condition, set_condition
 from flows.diagnosis_context import MAX_CONTEXT_BYTES, ContextBudget
+from flows.diagnosis_counted import CountedNodes, InvalidCountError, counted_nodes
 from flows.diagnosis_paths import Stage
 from flows.diagnosis_pipeline import HASH_LABEL, BrokenGraph, Pipeline
-from flows.diagnosis_targets import Resolution
+from flows.diagnosis_size import (
+    MAX_ANNOTATIONS_BYTES,
+    MAX_OBJECT_BYTES,
+    STATUS_TOO_LARGE,
+    context_room,
+    object_bytes,
+    reserve,
+    shrunk,
+    too_large_message,
+)
+from flows.diagnosis_targets import Resolution, listed
 from flows.diagnosis_tasks import deadline, is_final, new_task, task_name
 from nodetask.clock import format_time, parse_time
 from nodetask.flow import UnknownActionError
@@ -76,6 +88,7 @@ __all__ = [
     "World",
     "advance",
     "awaiting_operation_set",
+    "fail_too_large",
     "progress_only",
     "start",
 ]
@@ -116,7 +129,9 @@ class World:
     """The Diagnosis's Tasks by name (those it owns)."""
     now: datetime
     context_limit: int = MAX_CONTEXT_BYTES
-    """Bytes of results ``status.context`` keeps (:mod:`flows.diagnosis_context`)."""
+    """Bytes of results ``status.context`` keeps (:mod:`flows.diagnosis_context`), if the rest leaves room."""
+    object_limit: int = MAX_OBJECT_BYTES
+    """Bytes the Diagnosis may take with its status (:mod:`flows.diagnosis_size`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +195,7 @@ def start(diagnosis: Diagnosis, world: World, targets: Resolution) -> Step:
     count = len(targets.nodes)
     message = f"{count} target node{'' if count == 1 else 's'}"
     if targets.skipped:
-        message += f"; left out: {'; '.join(targets.skipped)}"
+        message += f"; left out: {listed(targets.skipped)}"
     accepted = Condition(type=ACCEPTED, status=ConditionStatus.TRUE, reason="TargetsResolved", message=message)
     status = DiagnosisStatus(
         phase=DiagnosisPhase.RUNNING,
@@ -192,12 +207,50 @@ def start(diagnosis: Diagnosis, world: World, targets: Resolution) -> Step:
     )
     pods = {PODS_ANNOTATION: msgspec.json.encode(dict(targets.pods)).decode()} if targets.pods else {}
     notices = [Notice("Normal", "DiagnosisRunning", f"OperationSet {diagnosis.spec.operation_set} on {message}")]
-    return Step(
+    step = Step(
         status=status,
         labels=MappingProxyType({HASH_LABEL: world.pipeline.hash}),
         annotations=MappingProxyType(pods),
         notices=tuple(notices),
     )
+    started = _stamped(diagnosis, step)
+    too_large = _start_too_large(started, world.pipeline, world.object_limit)
+    if too_large is not None:
+        refused = Condition(type=ACCEPTED, status=ConditionStatus.FALSE, reason=STATUS_TOO_LARGE, message=too_large)
+        base = msgspec.structs.replace(
+            diagnosis.status,
+            start_time=format_time(world.now),
+            conditions=set_condition(diagnosis.status.conditions, refused, world.now),
+        )
+        return _finish(diagnosis, base, DiagnosisPhase.FAILED, STATUS_TOO_LARGE, too_large, now=world.now)
+    return step
+
+
+def _stamped(diagnosis: Diagnosis, step: Step) -> Diagnosis:
+    """``diagnosis`` as ``step`` leaves it: its labels and annotations set, its status written."""
+    meta = diagnosis.metadata
+    if step.labels or step.annotations:
+        meta = msgspec.structs.replace(
+            meta, labels={**meta.labels, **step.labels}, annotations={**meta.annotations, **step.annotations}
+        )
+    return msgspec.structs.replace(diagnosis, metadata=meta, status=step.status)
+
+
+def _start_too_large(started: Diagnosis, pipeline: Pipeline, limit: int) -> str | None:
+    """Why a run cannot start on these targets for its size, or None: its status must fit with every path
+    failed and every node counted, and the pods it records must fit in the annotations Kubernetes allows."""
+    annotations = sum(len(k) + len(v) for k, v in started.metadata.annotations.items())
+    if annotations > MAX_ANNOTATIONS_BYTES:
+        pods = started.metadata.annotations.get(PODS_ANNOTATION, "")
+        return (
+            f"the pods of its {len(started.status.node_names)} target nodes take {len(pods)} bytes in the"
+            f" annotation {PODS_ANNOTATION}, and a Diagnosis's annotations may take at most"
+            f" {MAX_ANNOTATIONS_BYTES} bytes in all"
+        )
+    if context_room(started, paths_bytes=pipeline.paths_bytes, limit=limit) >= 0:
+        return None
+    size = object_bytes(started) + reserve(pipeline.paths_bytes, len(started.status.node_names))
+    return too_large_message(started, size=size, limit=limit)
 
 
 def advance(diagnosis: Diagnosis, world: World) -> Step:
@@ -231,7 +284,27 @@ def advance(diagnosis: Diagnosis, world: World) -> Step:
     nodes = status.node_names
     if not nodes:
         return _finish(diagnosis, status, DiagnosisPhase.FAILED, NO_TARGETS, "status.nodeNames is empty", now=world.now)
-    return _Run(diagnosis, world, pipeline).walk()
+    return _bounded(diagnosis, _Run(diagnosis, world, pipeline).walk(), world)
+
+
+def _bounded(diagnosis: Diagnosis, step: Step, world: World) -> Step:
+    """``step``, or the run ended by :func:`fail_too_large` if the status it writes would not fit.
+
+    The run's bounds keep the status within ``world.object_limit``; this is the check that they did.
+    """
+    if step.status == diagnosis.status:
+        return step
+    after = _stamped(diagnosis, step)
+    size = object_bytes(after)
+    if size <= world.object_limit:
+        return step
+    return fail_too_large(after, too_large_message(after, size=size, limit=world.object_limit), now=world.now)
+
+
+def fail_too_large(diagnosis: Diagnosis, message: str, *, now: datetime) -> Step:
+    """``diagnosis`` ends Failed with ``StatusTooLarge`` and ``message``: its status as it is but without
+    what made it too large (:func:`flows.diagnosis_size.shrunk`), so that this one can be written."""
+    return _finish(diagnosis, shrunk(diagnosis.status), DiagnosisPhase.FAILED, STATUS_TOO_LARGE, message, now=now)
 
 
 def progress_only(status: DiagnosisStatus, step: Step) -> bool:
@@ -263,7 +336,8 @@ class _Run:
         self.nodes = status.node_names
         self.checkpoint = status.checkpoint or Checkpoint(desired=len(self.nodes), active=len(self.nodes))
         context = status.context or DiagnosisContext(parameters=dict(diagnosis.spec.parameters))
-        self.budget = ContextBudget(context, status.conditions, limit=world.context_limit)
+        room = context_room(diagnosis, paths_bytes=pipeline.paths_bytes, limit=world.object_limit)
+        self.budget = ContextBudget(context, status.conditions, limit=max(0, min(world.context_limit, room)))
         self.failed_paths: tuple[Path, ...] = status.failed_paths
         self.succeeded_path: Path = status.succeeded_path
         self.notices: list[Notice] = []
@@ -283,9 +357,12 @@ class _Run:
                 message = f"{_stage_name(stage, cp)}: Operation {stage.operation} is not found"
                 self.notices.append(Notice("Warning", DiagnosisConditionType.OPERATION_NOT_FOUND.value, message))
             else:
-                self._synchronize(stage)
+                try:
+                    counted = self._synchronize(stage)
+                except InvalidCountError as exc:
+                    return self._finish(DiagnosisPhase.FAILED, INVALID_CHECKPOINT, str(exc))
                 if self.checkpoint.active > 0:
-                    return self._wait(stage, operation)
+                    return self._wait(stage, operation, counted)
                 ok = self._passes()
                 self._tell_verdict(stage, ok)
             following = self.plan.flow.next(action, ok)
@@ -306,19 +383,21 @@ class _Run:
             self.succeeded_path = self.pipeline.paths[after.first_path][: after.depth]
         raise AssertionError("a run visits each stage at most once")
 
-    def _synchronize(self, stage: Stage) -> None:
-        """Count the stage's Tasks that ended since the last write, each once, and keep their results."""
+    def _synchronize(self, stage: Stage) -> CountedNodes:
+        """Count the stage's Tasks that ended since the last write, each once, and keep their results.
+
+        Returns the nodes whose Task is now counted. Errors: :class:`InvalidCountError` for a
+        checkpoint whose record of them cannot be read.
+        """
         cp = self.checkpoint
-        synchronized = list(cp.synchronized_tasks)
-        seen = set(synchronized)
+        names = [task_name(self.diagnosis, node, stage) for node in self.nodes]
+        counted = counted_nodes(cp, names)
         succeeded, failed = cp.succeeded, cp.failed
-        for node in self.nodes:
-            name = task_name(self.diagnosis, node, stage)
+        for i, name in enumerate(names):
             task = self.world.tasks.get(name)
-            if name in seen or task is None or not is_final(task.status.phase):
+            if i in counted or task is None or not is_final(task.status.phase):
                 continue
-            synchronized.append(name)
-            seen.add(name)
+            counted.add(i)
             if task.status.phase is TaskPhase.SUCCEEDED:
                 succeeded += 1
                 self.budget.add(stage.operation, name, task.status.results, self.world.now)
@@ -332,8 +411,9 @@ class _Run:
             active=max(0, desired - succeeded - failed),
             succeeded=succeeded,
             failed=failed,
-            synchronized_tasks=tuple(synchronized),
+            synchronized_nodes=counted.encode(),
         )
+        return counted
 
     def _passes(self) -> bool:
         cp = self.checkpoint
@@ -363,7 +443,7 @@ class _Run:
             succeeded_path=self.succeeded_path,
         )
 
-    def _wait(self, stage: Stage, operation: Operation) -> Step:
+    def _wait(self, stage: Stage, operation: Operation, counted: CountedNodes) -> Step:
         """The stage runs: create its missing Tasks, expire silent ones, look again at the next deadline."""
         status = self._status()
         diagnosis = msgspec.structs.replace(self.diagnosis, status=status)
@@ -371,16 +451,15 @@ class _Run:
         now = self.world.now
         pods = _pods(self.diagnosis)
         results = _Results(self.world.tasks)
-        counted = set(self.checkpoint.synchronized_tasks)
         create: list[Task] = []
         expire: list[str] = []
         dues: list[datetime] = []
         cp = self.checkpoint
-        for node in self.nodes:
+        for i, node in enumerate(self.nodes):
             name = task_name(diagnosis, node, stage)
             task = self.world.tasks.get(name)
             if task is None:
-                if name not in counted:  # a counted Task deleted by hand is not run again
+                if i not in counted:  # a counted Task deleted by hand is not run again
                     create.append(
                         new_task(
                             diagnosis,

@@ -20,13 +20,30 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Final
 
 from nodetask.names import is_object_name
 from schemas.core import Node, Pod
 from schemas.diagnosis import PodReference, Targets
 from schemas.meta import LabelSelector
 
-__all__ = ["Resolution", "resolve"]
+__all__ = ["Resolution", "listed", "resolve"]
+
+_SHOWN: Final = 10
+"""Reasons a message lists; it counts the rest, so that a condition stays small whatever the targets."""
+_CLIP: Final = 200
+"""Characters of a name or selector a message shows."""
+
+
+def listed(reasons: Sequence[str]) -> str:
+    """The first few ``reasons``, separated by semicolons, and how many more there are."""
+    shown = "; ".join(reasons[:_SHOWN])
+    more = len(reasons) - _SHOWN
+    return f"{shown}; and {more} more" if more > 0 else shown
+
+
+def _clipped(text: str) -> str:
+    return text if len(text) <= _CLIP else f"{text[:_CLIP]}... ({len(text)} characters)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,8 +78,9 @@ def resolve(
         return Resolution(names, empty_reason="" if names else f"the node selector {_shown(selector)} matched no node")
     if targets.node_names:
         names = tuple(n for n in dict.fromkeys(targets.node_names) if is_object_name(n))
-        skipped = tuple(f"{n!r} is not a node name" for n in dict.fromkeys(targets.node_names) if not is_object_name(n))
-        return Resolution(names, skipped=skipped, empty_reason="" if names else f"no target node: {'; '.join(skipped)}")
+        unnamed = (n for n in dict.fromkeys(targets.node_names) if not is_object_name(n))
+        skipped = tuple(f"{_clipped(repr(n))} is not a node name" for n in unnamed)
+        return Resolution(names, skipped=skipped, empty_reason="" if names else f"no target node: {listed(skipped)}")
     if targets.pod_selector is not None:
         selector = targets.pod_selector
         selected = sorted(
@@ -84,17 +102,17 @@ def _by_pods(refs: Sequence[PodReference], found: Mapping[tuple[str, str], Pod],
     for ref in refs:
         pod = found.get((ref.namespace, ref.name))
         if pod is None:
-            skipped.append(f"pod {ref.namespace}/{ref.name} does not exist")
+            skipped.append(f"pod {_clipped(f'{ref.namespace}/{ref.name}')} does not exist")
         elif not pod.spec.node_name:
-            skipped.append(f"pod {ref.namespace}/{ref.name} is not on a node yet")
+            skipped.append(f"pod {_clipped(f'{ref.namespace}/{ref.name}')} is not on a node yet")
         else:
             on_node.setdefault(pod.spec.node_name, ref)
     if on_node:
         return Resolution(tuple(on_node), MappingProxyType(on_node), tuple(skipped))
-    reason = "; ".join(skipped) if refs else what
+    reason = listed(skipped) if refs else what
     return Resolution((), skipped=tuple(skipped), empty_reason=f"no target node: {reason}")
 
 
 def _shown(selector: LabelSelector) -> str:
     query = selector.to_query()
-    return repr(query) if query else "{} (everything)"
+    return _clipped(repr(query)) if query else "{} (everything)"

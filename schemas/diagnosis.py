@@ -202,7 +202,13 @@ class Checkpoint(ApiStruct, frozen=True, omit_defaults=False):
     active: int = 0
     succeeded: int = 0
     failed: int = 0
-    synchronized_tasks: tuple[str, ...] = ()
+    synchronized_tasks: tuple[str, ...] | msgspec.UnsetType = msgspec.UNSET
+    """KubeDiag's record of the counted Tasks, their names: read from a status an older controller wrote,
+    never written (it grows with the targets past what etcd stores). Unset, it is left out, as by Go's
+    omitempty."""
+    synchronized_nodes: str | msgspec.UnsetType = msgspec.UNSET
+    """The counted Tasks as one bit per target node, in base64 (:mod:`flows.diagnosis_counted`); left out
+    while none is counted."""
 
 
 class DiagnosisContext(ApiStruct, frozen=True):

@@ -6,8 +6,13 @@ writes no condition and retries forever); reachability is checked as such rather
 above 0" (the two agree only on acyclic graphs, so an unreachable cycle was reported as a cycle);
 a node leading to itself, to a node that does not exist, or to one node twice is an error here
 (gonum panics on the first, KubeDiag indexes past its list on the second); the number of nodes,
-paths and stages is bounded (KubeDiag's enumeration is exponential in the worst case, and its
-status, a copy of every path, can outgrow what etcd stores).
+paths and stages, and the bytes of the paths' copies, are bounded (KubeDiag's enumeration is
+exponential in the worst case, and its status, a copy of every path, can outgrow what etcd stores).
+
+What the problems say is bounded as well, since the controller writes it into the OperationSet's
+status, where a graph stored without the validating webhook must not make it too large to write: a
+node listing one successor many times is one problem, at most :data:`MAX_PROBLEMS` are listed (and
+the rest counted), and an operation's name is shown only in part when long.
 
 Path order: KubeDiag's builder (a Kahn-style walk over gonum's map-backed adjacency) finds the same
 set of paths in an order that changes between runs, and its own test compares them as sets. Here the
@@ -17,6 +22,7 @@ adjacent: that is what lets a shared prefix run once (``flows/diagnosis_paths.py
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -28,9 +34,12 @@ from schemas.diagnosis import AdjacencyNode, Path
 __all__ = [
     "MAX_NODES",
     "MAX_PATHS",
+    "MAX_PATHS_BYTES",
+    "MAX_PROBLEMS",
     "MAX_STAGES",
     "GraphProblem",
     "count_paths",
+    "count_paths_bytes",
     "count_stages",
     "enumerate_paths",
     "problems",
@@ -43,6 +52,14 @@ MAX_PATHS: Final = 128
 MAX_STAGES: Final = 2048
 """Stages of all paths together: ``status.paths`` holds a copy of each (about 60 bytes), and the
 compiled flow an action each at most."""
+MAX_PATHS_BYTES: Final = 256 * 1024
+"""Bytes of JSON of the paths' copies of their nodes: what ``status.paths`` of an OperationSet, and at
+most ``failedPaths`` of a Diagnosis, hold. A copy carries the node's successors and ``dependences``,
+which only this bounds."""
+MAX_PROBLEMS: Final = 20
+"""Problems :func:`problems` lists; it counts the rest."""
+_NAME_SHOWN: Final = 64
+"""Characters of an operation's name a problem shows."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,38 +84,59 @@ class GraphProblem:
         return self.message
 
 
+def _shown(operation: str) -> str:
+    if len(operation) <= _NAME_SHOWN:
+        return operation
+    return f"{operation[:_NAME_SHOWN]}... ({len(operation)} characters)"
+
+
 def _name(nodes: Sequence[AdjacencyNode], i: int) -> str:
-    return f"node {i} ({nodes[i].operation})" if nodes[i].operation else f"node {i}"
+    return f"node {i} ({_shown(nodes[i].operation)})" if nodes[i].operation else f"node {i}"
 
 
 def _node_problems(nodes: Sequence[AdjacencyNode]) -> list[GraphProblem]:
     out: list[GraphProblem] = []
-    n = len(nodes)
     for i, node in enumerate(nodes):
         if node.id is not None and node.id != i:
             out.append(GraphProblem(i, "id", f"node {i} has id {node.id}: ids are list positions, so {i} or none"))
         if i == 0 and node.operation:
-            out.append(GraphProblem(0, "operation", f"the start node 0 has no operation, got {node.operation!r}"))
+            out.append(
+                GraphProblem(0, "operation", f"the start node 0 has no operation, got {_shown(node.operation)!r}")
+            )
         if i == 0 and node.dependences:
             out.append(GraphProblem(0, "dependences", "the start node 0 has no dependences"))
         if i > 0 and not node.operation:
             out.append(GraphProblem(i, "operation", f"node {i} has no operation (only the start node 0 has none)"))
-        seen: set[int] = set()
-        for k, target in enumerate(node.to):
-            field = f"to[{k}]"
-            if not 0 <= target < n:
-                message = f"{_name(nodes, i)} leads to node {target}, which does not exist (ids are 0 to {n - 1})"
-            elif target == i:
-                message = f"{_name(nodes, i)} leads to itself"
-            elif target == 0:
-                message = f"{_name(nodes, i)} leads back to the start node 0, which must have no incoming edge"
-            elif target in seen:
-                message = f"{_name(nodes, i)} lists node {target} twice"
-            else:
-                seen.add(target)
-                continue
-            out.append(GraphProblem(i, field, message))
+        out.extend(_edge_problems(nodes, i))
     return out
+
+
+def _edge_problems(nodes: Sequence[AdjacencyNode], i: int) -> list[GraphProblem]:
+    """What is wrong with node ``i``'s successors, each bad successor said once however often it is listed."""
+    n = len(nodes)
+    mentions: dict[int, list[int]] = {}  # a successor's first two positions in ``to``
+    counts = Counter(nodes[i].to)
+    for k, target in enumerate(nodes[i].to):
+        at = mentions.setdefault(target, [])
+        if len(at) < 2:
+            at.append(k)
+    found: list[tuple[int, str]] = []
+    for target, at in mentions.items():
+        times = counts[target]
+        listed = "" if times == 1 else f" ({times} times)"
+        if not 0 <= target < n:
+            message = f"leads to node {target}{listed}, which does not exist (ids are 0 to {n - 1})"
+        elif target == i:
+            message = f"leads to itself{listed}"
+        elif target == 0:
+            message = f"leads back to the start node 0{listed}, which must have no incoming edge"
+        elif times > 1:
+            found.append((at[1], f"lists node {target} {'twice' if times == 2 else f'{times} times'}"))
+            continue
+        else:
+            continue
+        found.append((at[0], message))
+    return [GraphProblem(i, f"to[{k}]", f"{_name(nodes, i)} {message}") for k, message in sorted(found)]
 
 
 def _valid_edges(nodes: Sequence[AdjacencyNode]) -> list[list[int]]:
@@ -106,10 +144,7 @@ def _valid_edges(nodes: Sequence[AdjacencyNode]) -> list[list[int]]:
     n = len(nodes)
     edges: list[list[int]] = []
     for i, node in enumerate(nodes):
-        kept: list[int] = []
-        for target in node.to:
-            if 0 < target < n and target != i and target not in kept:
-                kept.append(target)
+        kept = [t for t in dict.fromkeys(node.to) if 0 < t < n and t != i]
         edges.append(kept)
     return edges
 
@@ -188,7 +223,52 @@ def problems(nodes: Sequence[AdjacencyNode]) -> tuple[GraphProblem, ...]:
         elif stages > MAX_STAGES:
             message = f"the {paths} paths have {stages} stages in all; at most {MAX_STAGES} are allowed"
             out.append(GraphProblem(None, "", message))
+        else:
+            out.extend(_size_problems(nodes, edges))
+    if len(out) > MAX_PROBLEMS:
+        rest = len(out) - MAX_PROBLEMS + 1
+        out[MAX_PROBLEMS - 1 :] = [GraphProblem(None, "", f"and {rest} more problems, not listed")]
     return tuple(out)
+
+
+def _size_problems(nodes: Sequence[AdjacencyNode], successors: Sequence[Sequence[int]]) -> list[GraphProblem]:
+    """The paths' copies of their nodes (``status.paths``) over :data:`MAX_PATHS_BYTES`, as a problem."""
+    total, copies = _paths_bytes(nodes, successors)
+    if total <= MAX_PATHS_BYTES:
+        return []
+    largest = max(copies, key=lambda i: copies[i])
+    message = (
+        f"the paths would take {total} bytes in status.paths (a copy of each node on each path, {_name(nodes, largest)}"
+        f" {copies[largest]} bytes a copy); at most {MAX_PATHS_BYTES} are allowed"
+    )
+    return [GraphProblem(None, "", message)]
+
+
+def _paths_bytes(nodes: Sequence[AdjacencyNode], successors: Sequence[Sequence[int]]) -> tuple[int, dict[int, int]]:
+    """The bytes of :func:`status_paths` as JSON, and of each node's copy, counted without building them:
+    each node's copy times the paths through it, and the brackets and commas."""
+    order = _order_from_start(successors)  # each node after its successors
+    onward: dict[int, int] = {}  # paths from a node to a last node
+    for node in order:
+        targets = successors[node]
+        onward[node] = sum(onward[t] for t in targets) if targets else 1
+    leading = dict.fromkeys(order, 0)  # paths from the start to a node
+    leading[0] = 1
+    for node in reversed(order):
+        for target in successors[node]:
+            leading[target] += leading[node]
+    copies = {i: len(msgspec.json.encode(msgspec.structs.replace(nodes[i], id=i))) for i in order if i}
+    if not successors[0]:
+        return 2, copies  # no path: []
+    # [path,path,...], each path [copy,copy,...]: a comma or closing bracket after each copy.
+    total = 1 + 2 * onward[0] + sum(leading[i] * onward[i] * (size + 1) for i, size in copies.items())
+    return total, copies
+
+
+def count_paths_bytes(nodes: Sequence[AdjacencyNode]) -> int:
+    """The bytes of JSON :func:`status_paths` of ``nodes`` takes, in linear time. Errors as
+    :func:`enumerate_paths`; call it on a graph without edge problems."""
+    return _paths_bytes(nodes, [node.to for node in nodes])[0]
 
 
 def _order_from_start(successors: Sequence[Sequence[int]]) -> list[int]:

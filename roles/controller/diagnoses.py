@@ -31,12 +31,14 @@ import structlog
 
 from flows.diagnosis_pipeline import BrokenGraph, Pipeline, pipeline_of
 from flows.diagnosis_run import (
+    FINAL_PHASES,
     PODS_ANNOTATION,
     Notice,
     Step,
     World,
     advance,
     awaiting_operation_set,
+    fail_too_large,
     progress_only,
     start,
 )
@@ -48,6 +50,7 @@ from roles.controller.operationsets import reconcile_operation_set, report_undec
 from roles.controller.watches import Watch, follow
 from roles.events import object_event, record_event
 from roles.kube import ApiError, Conflict, Deleted, Invalid, Kube, NotFound, Relisted, Upserted, WatchEvent
+from roles.kube.errors import too_large
 from roles.kube.following import mirror_by_name
 from roles.kube.resources import DIAGNOSES, NODES, OPERATION_SETS, OPERATIONS, PODS, TASKS
 from roles.kube.versions import revision
@@ -311,6 +314,11 @@ class DiagnosisController:
                 diagnosis = await self._kube.merge_patch(DIAGNOSES, meta.name, patch, namespace=meta.namespace)
             except Conflict:
                 return None
+            except ApiError as exc:
+                if not too_large(exc):
+                    raise
+                await self._fail_too_large(diagnosis, exc, now, log)
+                return None
         decided: list[Step] = []
 
         def mutate(fresh: Diagnosis) -> Diagnosis | None:
@@ -321,9 +329,15 @@ class DiagnosisController:
             decided.append(start(fresh, self._world(fresh, now), resolution))
             return msgspec.structs.replace(fresh, status=decided[0].status)
 
-        written = await self._kube.update_status(
-            DIAGNOSES, meta.name, mutate, namespace=meta.namespace, current=diagnosis
-        )
+        try:
+            written = await self._kube.update_status(
+                DIAGNOSES, meta.name, mutate, namespace=meta.namespace, current=diagnosis
+            )
+        except ApiError as exc:
+            if not too_large(exc):
+                raise
+            await self._fail_too_large(diagnosis, exc, now, log)
+            return None
         if written is None or not decided:
             return None
         self._status_written[(meta.namespace, meta.name)] = anyio.current_time()
@@ -373,9 +387,15 @@ class DiagnosisController:
                 decided.append(fresh_step)
                 return msgspec.structs.replace(fresh, status=fresh_step.status)
 
-            written = await self._kube.update_status(
-                DIAGNOSES, meta.name, mutate, namespace=meta.namespace, current=diagnosis
-            )
+            try:
+                written = await self._kube.update_status(
+                    DIAGNOSES, meta.name, mutate, namespace=meta.namespace, current=diagnosis
+                )
+            except ApiError as exc:
+                if not too_large(exc):
+                    raise
+                await self._fail_too_large(diagnosis, exc, now, log)
+                return None
             if written is None:
                 return None
             if decided:
@@ -401,6 +421,38 @@ class DiagnosisController:
         # No deadline: nothing happens until something changes, whose event starts a worker again.
         due = None if step.due is None else self._clock.loop_time(step.due)
         return held if due is None or (held is not None and held < due) else due
+
+    async def _fail_too_large(self, diagnosis: Diagnosis, error: ApiError, now: datetime, log: Log) -> None:
+        """The API server refused the Diagnosis's next status for its size: end the run Failed, saying so.
+
+        The run's own bound (:mod:`flows.diagnosis_size`) should have kept it from this; if it did not,
+        the same write would be refused again at every retry. The failed status leaves out the node
+        names and results; if even that is refused, nothing more can be written, which is logged.
+        """
+        meta = diagnosis.metadata
+        message = f"the API server refused to store its status: {error.message}"
+        decided: list[Step] = []
+
+        def mutate(fresh: Diagnosis) -> Diagnosis | None:
+            decided.clear()
+            if fresh.status.phase in FINAL_PHASES:
+                return None
+            decided.append(fail_too_large(fresh, message, now=now))
+            return msgspec.structs.replace(fresh, status=decided[0].status)
+
+        log.error("diagnosis_status_too_large", error=str(error))
+        try:
+            written = await self._kube.update_status(
+                DIAGNOSES, meta.name, mutate, namespace=meta.namespace, current=diagnosis
+            )
+        except ApiError as exc:
+            if not too_large(exc):
+                raise
+            log.error("diagnosis_failure_too_large", error=str(exc))
+            return
+        if written is not None and decided:
+            self._status_written[(meta.namespace, meta.name)] = anyio.current_time()
+            await self._tell(written, decided[0].notices, now, log)
 
     def _held(self, key: Key, diagnosis: Diagnosis, step: Step) -> float | None:
         """Until when the status ``step`` decided is held back (None: write it now).

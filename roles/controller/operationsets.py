@@ -13,10 +13,17 @@ import msgspec
 import structlog
 
 from flows.diagnosis_conditions import find_condition
-from flows.diagnosis_pipeline import HASH_LABEL, READY_CONDITION, operation_set_status
+from flows.diagnosis_pipeline import (
+    HASH_LABEL,
+    READY_CONDITION,
+    operation_set_status,
+    refused_as_too_large,
+    too_large_status,
+)
 from nodetask.clock import format_time
 from roles.events import object_event, record_event
 from roles.kube import ApiError, Conflict, Kube
+from roles.kube.errors import too_large
 from roles.kube.resources import OPERATION_SETS
 from schemas.diagnosis import API_VERSION, OperationSet
 
@@ -27,16 +34,25 @@ COMPONENT = "nodetaskd-controller"
 
 
 async def reconcile_operation_set(kube: Kube, operation_set: OperationSet, *, now: datetime, log: Log) -> None:
-    """Write ``operation_set``'s status and hash label where they differ from what its spec says."""
+    """Write ``operation_set``'s status and hash label where they differ from what its spec says.
+
+    A status the API server refuses for its size is replaced by a small one saying so (not ready),
+    and not tried again until the graph changes: the same write would be refused at every retry.
+    """
     name = operation_set.metadata.name
     digest, status = operation_set_status(operation_set, now=now)
-    if status != operation_set.status:
+    if status != operation_set.status and not refused_as_too_large(operation_set, digest):
 
         def mutate(fresh: OperationSet) -> OperationSet | None:
             new = operation_set_status(fresh, now=now)[1]
             return None if new == fresh.status else msgspec.structs.replace(fresh, status=new)
 
-        written = await kube.update_status(OPERATION_SETS, name, mutate, current=operation_set)
+        try:
+            written = await kube.update_status(OPERATION_SETS, name, mutate, current=operation_set)
+        except ApiError as exc:
+            if not too_large(exc):
+                raise
+            written = await _refused(kube, operation_set, exc, now=now, log=log)
         if written is not None and written.status != operation_set.status:
             operation_set = written
             log.info("operation_set_status", ready=written.status.ready, paths=len(written.status.paths))
@@ -50,6 +66,28 @@ async def reconcile_operation_set(kube: Kube, operation_set: OperationSet, *, no
             await kube.merge_patch(OPERATION_SETS, name, patch)
         except Conflict:
             return  # changed meanwhile: the change's own pass labels it
+
+
+async def _refused(
+    kube: Kube, operation_set: OperationSet, error: ApiError, *, now: datetime, log: Log
+) -> OperationSet | None:
+    """Write the small status of an OperationSet whose paths were refused for their size; None if even that
+    is refused (logged: nothing more can be written)."""
+    name = operation_set.metadata.name
+    message = f"the API server refused to store its status: {error.message}"
+    log.error("operation_set_status_too_large", operation_set=name, error=str(error))
+
+    def mutate(fresh: OperationSet) -> OperationSet | None:
+        new = too_large_status(fresh, message, now=now)
+        return None if new == fresh.status else msgspec.structs.replace(fresh, status=new)
+
+    try:
+        return await kube.update_status(OPERATION_SETS, name, mutate, current=operation_set)
+    except ApiError as exc:
+        if not too_large(exc):
+            raise
+        log.error("operation_set_failure_too_large", operation_set=name, error=str(exc))
+        return None
 
 
 async def report_undecodable(kube: Kube, name: str, error: str, *, now: datetime, log: Log) -> None:

@@ -8,18 +8,19 @@ import json
 import operator
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import msgspec
 import pytest
 import structlog
 
+from flows.diagnosis_counted import CountedNodes
 from flows.diagnosis_pipeline import HASH_LABEL
 from flows.diagnosis_tasks import TASK_FINALIZER
 from nodetask.clock import Clock
 from roles.controller.diagnoses import DiagnosisController
-from roles.kube import Kube, NotFound
+from roles.kube import ApiError, Kube, NotFound
 from roles.kube.resources import DIAGNOSES, NODES, OPERATION_SETS, OPERATIONS, TASKS
 from schemas.core import Node
 from schemas.diagnosis import (
@@ -357,7 +358,8 @@ async def _restart_mid_diagnosis(made: Objects, controller_kube: Kube, admin_kub
     cp = done.status.checkpoint
     assert cp is not None
     assert (cp.node_index, cp.desired, cp.succeeded, cp.failed, cp.active) == (1, 3, 2, 1, 0)
-    assert sorted(cp.synchronized_tasks) == sorted(t.metadata.name for t in later)
+    assert cp.synchronized_tasks is msgspec.UNSET
+    assert all(i in CountedNodes.decode(cp.synchronized_nodes, 3) for i in range(3))
     after = {t.metadata.name: t.metadata.uid for t in await tasks_of(admin_kube, diagnosis)}
     assert after == before
     assert len(after) == 6
@@ -593,4 +595,130 @@ async def test_tasks_ending_one_by_one_are_counted_in_the_write_that_decides_the
             assert counted <= {(0, 3), (3, 0)}, counted
             assert controller.progress_held >= 2
         finally:
+            await made.cleanup()
+
+
+async def test_a_diagnosis_whose_status_would_pass_etcds_limit_fails_saying_so(
+    objects: Objects, admin_kube: Kube
+) -> None:
+    """8,000 target nodes of 100 characters named in the spec (800 KB): their copy in status.nodeNames would
+    take the Diagnosis past etcd's 1.5 MiB, so it ends Failed with StatusTooLarge, saying what is too large,
+    instead of its status write being refused and retried forever; no Task is created."""
+    (probe,) = await objects.operations("probe")
+    opset = await objects.operation_set([[1], []], [probe])
+    prefix = unique("edge")
+    nodes = tuple(f"{prefix}-{i:05d}-" + "n" * (100 - len(prefix) - 7) for i in range(8000))
+    diagnosis = await objects.diagnosis(opset.metadata.name, TargetSelector(node_names=nodes))
+    done = await diagnosis_when(admin_kube, diagnosis.metadata.name, finished)
+    assert done.status.phase is DiagnosisPhase.FAILED
+    [complete] = [c for c in done.status.conditions if c.type == "Complete"]
+    assert (complete.status, complete.reason) == ("False", "StatusTooLarge")
+    assert "the names of its 8000 target nodes" in complete.message
+    assert done.status.node_names == ()
+    assert await tasks_of(admin_kube, diagnosis) == []
+
+
+async def test_an_operation_set_stored_without_the_webhook_gets_a_status_that_can_be_written(
+    objects: Objects, admin_kube: Kube
+) -> None:
+    """Without the validating webhook, an OperationSet listing one edge 200,000 times (13 MB of problems, one
+    per repeat, refused and retried forever) gets one problem saying how many times; one whose path would copy
+    a node with an operation name of 800,000 characters (its status as large as its spec, together past etcd's
+    limit) is refused for the paths' size. Both are not ready with a short condition, and a Diagnosis of the
+    first fails saying why."""
+    (a,) = await objects.operations("a")
+    repeated = (AdjacencyNode(to=(1,) * 200_000), AdjacencyNode(operation=a))
+    heavy = (AdjacencyNode(to=(1,)), AdjacencyNode(operation="x" * 800_000))
+    names = []
+    for nodes in (repeated, heavy):
+        name = f"{objects.prefix}-set-{len(objects.cluster_scoped)}"
+        obj = OperationSet(metadata=ObjectMeta(name=name), spec=OperationSetSpec(adjacency_list=nodes))
+        await admin_kube.create(OPERATION_SETS, obj)
+        objects.cluster_scoped.append((OPERATION_SETS, name))
+        names.append(name)
+
+    async def status(name: str) -> OperationSet:
+        return await polled(
+            functools.partial(admin_kube.get, OPERATION_SETS, name), lambda s: bool(s.status.conditions)
+        )
+
+    first, second = [await status(name) for name in names]
+    [ready] = first.status.conditions
+    assert (first.status.ready, ready.status, ready.reason) == (False, "False", "InvalidGraph")
+    assert ready.message == "spec.adjacencyList[0].to[1]: node 0 lists node 1 200000 times"
+    [ready] = second.status.conditions
+    assert (second.status.ready, second.status.paths) == (False, ())
+    assert ready.message.startswith("spec.adjacencyList: the paths would take ")
+    assert len(ready.message) < 1024
+
+    diagnosis = await objects.diagnosis(names[0], TargetSelector(node_names=(unique("e"),)))
+    failed = await diagnosis_when(admin_kube, diagnosis.metadata.name, finished)
+    [not_ready] = [c for c in failed.status.conditions if c.type == "OperationSetNotReady"]
+    assert not_ready.message.endswith("node 0 lists node 1 200000 times")
+
+
+class Refusing:
+    """The controller's client, but a status write whose status takes more than ``limit`` bytes of JSON is
+    refused as etcd refuses an object over its limit: what a status the controller's own bounds let through
+    would meet (their estimate wrong, or an etcd of a smaller limit)."""
+
+    def __init__(self, kube: Kube, limit: int) -> None:
+        self._kube = kube
+        self._limit = limit
+        self.refused = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._kube, name)
+
+    async def update_status(self, resource: Any, name: str, mutate: Callable[[Any], Any], **options: Any) -> Any:
+        def bounded(obj: Any) -> Any:
+            changed = mutate(obj)
+            if changed is not None and len(msgspec.json.encode(changed.status)) > self._limit:
+                self.refused += 1
+                raise ApiError(500, "InternalError", "etcdserver: request is too large")
+            return changed
+
+        return await self._kube.update_status(resource, name, bounded, **options)
+
+
+async def test_a_status_the_api_server_refuses_for_its_size_ends_the_run_and_the_graph_saying_so(
+    crds: ControlPlane, controller_kube: Kube, admin_kube: Kube
+) -> None:
+    """Statuses refused as too large (here, over 4 KiB) although the controller's bounds let them through: the
+    Diagnosis of 300 nodes ends Failed with StatusTooLarge in a status without its node names, and the
+    OperationSet whose path copies a node of 3,000 dependences is not ready with StatusTooLarge, instead of
+    either write being refused and retried forever."""
+    refusing = Refusing(controller_kube, 4096)
+    made = Objects(crds, admin_kube)
+    try:
+        async with running(cast("Kube", refusing)):
+            (probe,) = await made.operations("probe")
+            small = await made.operation_set([[1], []], [probe])
+            heavy = (AdjacencyNode(to=(1,)), AdjacencyNode(operation=probe, dependences=(1,) * 3000))
+            name = f"{made.prefix}-set-heavy"
+            await admin_kube.create(
+                OPERATION_SETS, OperationSet(metadata=ObjectMeta(name=name), spec=OperationSetSpec(heavy))
+            )
+            made.cluster_scoped.append((OPERATION_SETS, name))
+            nodes = tuple(f"edge-{i:03d}-{'n' * 12}" for i in range(300))
+            diagnosis = await made.diagnosis(small.metadata.name, TargetSelector(node_names=nodes))
+
+            done = await diagnosis_when(admin_kube, diagnosis.metadata.name, finished)
+            refused = await polled(
+                functools.partial(admin_kube.get, OPERATION_SETS, name),
+                lambda s: bool(s.status.conditions) and HASH_LABEL in s.metadata.labels,
+            )
+            assert done.status.phase is DiagnosisPhase.FAILED
+            [complete] = [c for c in done.status.conditions if c.type == "Complete"]
+            assert (complete.reason, complete.message) == (
+                "StatusTooLarge",
+                "the API server refused to store its status: etcdserver: request is too large",
+            )
+            assert done.status.node_names == ()
+            assert (refused.status.ready, refused.status.paths) == (False, ())
+            [ready] = refused.status.conditions
+            assert (ready.status, ready.reason) == ("False", "StatusTooLarge")
+            assert refusing.refused >= 2
+    finally:
+        async with running(controller_kube):
             await made.cleanup()

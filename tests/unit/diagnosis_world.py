@@ -84,6 +84,7 @@ class Run:
     results: Callable[[int, str], dict[str, str]] | None = None
     """The results of a Task that succeeds (default ``{"v": "<g>@<n>"}``)."""
     context_limit: int | None = None
+    object_limit: int | None = None
     hold_progress: bool = False
     """Never write a status that only counts more ended Tasks of a stage (the controller's longest hold)."""
     writes: int = 0
@@ -96,6 +97,8 @@ class Run:
         world = World(pipeline=pipeline_of(self.opset), operations=self.ops, tasks=dict(self.tasks), now=self.now)
         if self.context_limit is not None:
             world = dataclasses.replace(world, context_limit=self.context_limit)
+        if self.object_limit is not None:
+            world = dataclasses.replace(world, object_limit=self.object_limit)
         return world
 
     def begin(self) -> Step:

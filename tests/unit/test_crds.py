@@ -164,6 +164,7 @@ def test_diagnosis_crds_scope_names_and_columns() -> None:
         "succeeded",
         "failed",
         "synchronizedTasks",
+        "synchronizedNodes",
     ]
     operations = status["context"]["properties"]["operations"]
     assert operations["additionalProperties"]["additionalProperties"] == {

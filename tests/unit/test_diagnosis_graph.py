@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import itertools
 
+import msgspec
 import pytest
 from hypothesis import given
+from hypothesis import strategies as st
 
 from schemas.diagnosis import AdjacencyNode
 from schemas.diagnosis_graph import (
     MAX_PATHS,
+    MAX_PATHS_BYTES,
+    MAX_PROBLEMS,
     MAX_STAGES,
     GraphProblem,
     count_paths,
+    count_paths_bytes,
     count_stages,
     enumerate_paths,
     problems,
@@ -271,3 +276,75 @@ def test_random_reachable_dags_are_valid_graphs(successors: list[list[int]]) -> 
     else:
         assert {p.node for p in found} == unreachable
         assert all(p.field == "" and "is not reachable from the start node 0" in p.message for p in found)
+
+
+# ---------------------------------------------------------------------------------------------- bounded
+
+
+def _said(found: tuple[GraphProblem, ...]) -> int:
+    """The bytes of what the controller writes of ``found``: each problem's path and message."""
+    return len("; ".join(f"{p.path()}: {p.message}" for p in found).encode())
+
+
+def test_an_edge_listed_200000_times_is_one_problem() -> None:
+    """A node listing its successor 200,000 times (stored without the webhook) is one problem, at the second
+    mention, saying how many times: not 199,999 of them (13 MB in the OperationSet's status)."""
+    nodes = [AdjacencyNode(to=(1,) * 200_000), AdjacencyNode(operation="a")]
+    [problem] = problems(nodes)
+    assert (problem.node, problem.field) == (0, "to[1]")
+    assert problem.message == "node 0 lists node 1 200000 times"
+
+
+def test_a_bad_successor_listed_again_and_again_is_one_problem() -> None:
+    """A successor that does not exist, or is the node itself, is said once with how often it is listed."""
+    nodes = [AdjacencyNode(to=(1, 7, 7, 7)), AdjacencyNode(operation="a", to=(1, 1))]
+    assert [(p.node, p.field, p.message) for p in problems(nodes)] == [
+        (0, "to[1]", "node 0 leads to node 7 (3 times), which does not exist (ids are 0 to 1)"),
+        (1, "to[0]", "node 1 (a) leads to itself (2 times)"),
+    ]
+
+
+def test_problems_past_the_limit_are_counted_not_listed() -> None:
+    """200,000 successors that do not exist: the first problems are listed and the rest counted, so what the
+    controller writes stays a few kilobytes."""
+    nodes = [AdjacencyNode(to=(1, *range(2, 200_001))), AdjacencyNode(operation="a")]
+    found = problems(nodes)
+    assert len(found) == MAX_PROBLEMS
+    assert found[0].message == "node 0 leads to node 2, which does not exist (ids are 0 to 1)"
+    assert found[-1] == GraphProblem(None, "", f"and {200_000 - MAX_PROBLEMS} more problems, not listed")
+    assert _said(found) < 4096
+
+
+def test_a_long_operation_name_is_shown_in_part() -> None:
+    """An operation's name of a megabyte (no webhook checked it) is shown by its beginning and its length."""
+    name = "x" * 1_000_000
+    nodes = [AdjacencyNode(to=(1,), operation=name), AdjacencyNode(operation=name, to=(1,))]
+    first, second = problems(nodes)
+    shown = f"{'x' * 64}... (1000000 characters)"
+    assert first.message == f"the start node 0 has no operation, got {shown!r}"
+    assert second.message == f"node 1 ({shown}) leads to itself"
+
+
+def test_paths_whose_copies_would_take_too_many_bytes_are_refused() -> None:
+    """A valid graph whose node carries 150,000 dependences (KubeDiag's unused field, copied into every path)
+    would make status.paths hold 300 KB: refused, naming the node and its copy's size."""
+    nodes = [AdjacencyNode(to=(1,)), AdjacencyNode(operation="a", dependences=(1,) * 150_000)]
+    [problem] = problems(nodes)
+    assert problem.node is None
+    copy = len(msgspec.json.encode(msgspec.structs.replace(nodes[1], id=1)))
+    assert problem.message == (
+        f"the paths would take {copy + 4} bytes in status.paths (a copy of each node on each path, node 1 (a)"
+        f" {copy} bytes a copy); at most {MAX_PATHS_BYTES} are allowed"
+    )
+
+
+@given(dags(), st.lists(st.integers(min_value=0, max_value=3), min_size=9, max_size=9))
+def test_the_paths_bytes_are_counted_exactly(successors: list[list[int]], extra: list[int]) -> None:
+    """The bytes counted for status.paths, without building them, are the bytes of their JSON."""
+    nodes = [
+        AdjacencyNode(to=tuple(to), operation=f"op-{i}" if i else "", dependences=(0,) * extra[i] if i else ())
+        for i, to in enumerate(successors)
+    ]
+    if count_paths(successors) > MAX_PATHS:
+        return
+    assert count_paths_bytes(nodes) == len(msgspec.json.encode(status_paths(nodes)))
