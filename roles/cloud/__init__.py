@@ -20,6 +20,7 @@ from roles.gc_tuning import tune_gc
 from roles.http import health_routes, router, serve_http
 from roles.jobtypes import job_types
 from roles.kube import open_kube
+from roles.ports_file import address_text, check_ports_file, remove_ports_file, write_ports_file
 
 
 def settings_of(cfg: CloudConfig) -> HubSettings:
@@ -56,11 +57,18 @@ def server_tls(cfg: CloudConfig) -> ssl.SSLContext | None:
 
 
 async def run(cfg: RoleConfig, *, log: structlog.typing.FilteringBoundLogger, config_path: Path | None = None) -> None:
-    """Run one hub until cancelled."""
+    """Run one hub until cancelled.
+
+    Once it listens on both ``listen`` and ``httpListen`` and serves edges, it logs ``hub_listening``
+    with the addresses it bound (the ports a port 0 got) and writes them to ``portsFile``, if set.
+    """
     assert isinstance(cfg, CloudConfig)
     before, after = raise_fd_limit()
     if after != before:
         log.info("file_limit_raised", soft_before=before, soft=after)
+    ports_file = Path(cfg.ports_file) if cfg.ports_file else None
+    if ports_file is not None:
+        check_ports_file("portsFile", ports_file)
     tls = server_tls(cfg)
     if tls is None:
         log.warning("hub_without_tls", hint="set tlsCertFile and tlsKeyFile outside development")
@@ -94,6 +102,14 @@ async def run(cfg: RoleConfig, *, log: structlog.typing.FilteringBoundLogger, co
         )
         tune_gc()
         async with anyio.create_task_group() as tg:
-            await tg.start(serve)
-            await hub.run(host=host, port=port, ssl_context=tls)
-            tg.cancel_scope.cancel()
+            http_bound = await tg.start(serve)
+            edges_bound = await tg.start(functools.partial(hub.run, host=host, port=port, ssl_context=tls))
+            addresses = {"listen": address_text(host, edges_bound), "httpListen": address_text(http_host, http_bound)}
+            log.info("hub_listening", listen=addresses["listen"], http_listen=addresses["httpListen"])
+            if ports_file is not None:
+                write_ports_file(ports_file, addresses)
+            try:
+                await anyio.sleep_forever()
+            finally:
+                if ports_file is not None:
+                    remove_ports_file(ports_file)
