@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -22,14 +21,6 @@ from roles.kube import open_kube
 from schemas.kinds import KINDS
 from tests.integration.controlplane import ControlPlane
 from tools.doubles.lightedge import Interval, LightEdge
-
-
-def free_port() -> int:
-    """A TCP port free on loopback right now (a restarted hub binds the same one)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass(slots=True)

@@ -21,8 +21,8 @@ from roles.kube.resources import Resource
 from tests.integration.agents import write_agent_config
 from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import register_edges
-from tests.integration.hubs import free_port
 from tests.integration.objects import unique
+from tools.ports import free_ports, reported
 from tools.processes import terminate
 
 
@@ -65,6 +65,17 @@ class RoleProcess:
     @property
     def alive(self) -> bool:
         return self.process is not None and self.process.returncode is None
+
+    async def reported_ports(self, ports_file: Path, *, limit_s: float = 60) -> dict[str, int]:
+        """The ports this hub, started on port 0, wrote to its ``portsFile`` (``listen``, ``httpListen``)."""
+        with anyio.fail_after(limit_s):
+            while True:
+                assert self.process is not None, f"{self.name} was not started"
+                ports = reported(ports_file, pid=self.process.pid)
+                if ports is not None:
+                    return ports
+                assert self.alive, f"{self.name} exited before writing {ports_file}: {self.log.read_text()[-2000:]}"
+                await anyio.sleep(0.1)
 
 
 @dataclass(slots=True)
@@ -109,6 +120,8 @@ async def fleet(
     """
     nodes = [unique("fault") for _ in range(edges)]
     tokens = await register_edges(cp, nodes)
+    # Picked, not learned from a port 0: a hub stopped and started again comes back where its edges look.
+    ports = iter(free_ports(1 + 2 * hubs))
     controller = RoleProcess(
         "controller",
         _write(
@@ -120,7 +133,7 @@ async def fleet(
                 "leaseDuration": 3,
                 "listenHost": "127.0.0.1",
                 "webhookPort": 0,
-                "metricsPort": free_port(),
+                "metricsPort": next(ports),
             },
         ),
         "controller",
@@ -128,13 +141,13 @@ async def fleet(
     )
     hub_processes, urls = [], []
     for i in range(hubs):
-        port = free_port()
+        port = next(ports)
         urls.append(f"ws://127.0.0.1:{port}")
         config = {
             "kubeconfig": str(cp.kubeconfig("cloud")),
             "hubId": f"hub-{i}",
             "listen": f"127.0.0.1:{port}",
-            "httpListen": f"127.0.0.1:{free_port()}",
+            "httpListen": f"127.0.0.1:{next(ports)}",
             "heartbeatInterval": 1,
             "statusCoalesceWindow": 0.1,
             **(hub_options or {}),

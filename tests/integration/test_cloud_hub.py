@@ -26,7 +26,6 @@ from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import admin, register_edges
 from tests.integration.hubs import (
     eventually,
-    free_port,
     light_edge,
     peak_overlap,
     running_controller,
@@ -34,6 +33,7 @@ from tests.integration.hubs import (
     running_hub,
 )
 from tests.integration.objects import create_job, job_when, kubectl, unique
+from tools.ports import free_port
 
 pytestmark = pytest.mark.integration
 PREPULLS = job_resource(IMAGE_PRE_PULL_JOB)

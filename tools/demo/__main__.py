@@ -82,6 +82,7 @@ from tools.demo.view import (
     reasons,
     summary_table,
 )
+from tools.ports import free_ports
 from tools.processes import processes_in_sessions
 from tools.provision import controlplane as _cp
 from tools.provision.containerd import RuntimeServicesError
@@ -183,7 +184,7 @@ class Demo:
         return Api(server=cp.server, token=cp.tokens["admin"], context=cp.ssl_context())
 
     def register_fleet(self, api: Api, hubs: list[Hub]) -> dict[str, str]:
-        self.edges = plan_edges(self.args.nodes, hubs, local_api_port=_cp._free_ports(1)[0])
+        self.edges = plan_edges(self.args.nodes, hubs, local_api_port=free_ports(1)[0])
         tokens = {e.name: register_edge(api, e.name, {RING_LABEL: e.ring}) for e in self.edges}
         canaries = ", ".join(e.name for e in self.edges if e.ring == "canary")
         self.say(
@@ -220,7 +221,7 @@ class Demo:
         assert self.cp is not None
         layout = self.layout
         cert = generate_serving_certificate(layout.hub_tls, dns_names=["localhost"])
-        webhook_port, metrics_port = _cp._free_ports(2)
+        webhook_port, metrics_port = free_ports(2)
         config = controller_config(
             layout, kubeconfig=self.cp.kubeconfig("controller"), webhook_port=webhook_port, metrics_port=metrics_port
         )
@@ -742,7 +743,7 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 def run(demo: Demo) -> None:
     """The demo's steps, in order; raises on anything that stops it."""
     api = demo.api = demo.provision_cluster()
-    ports = _cp._free_ports(4)
+    ports = free_ports(4)
     hubs = [Hub("hub-a", ports[0], ports[1]), Hub("hub-b", ports[2], ports[3])]
     tokens = demo.register_fleet(api, hubs)
     cri_endpoint = demo.provision_runtime(sample_repositories())
