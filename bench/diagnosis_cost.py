@@ -127,7 +127,6 @@ async def run_diagnosis(
     log = structlog.get_logger()
     prefix = f"bench-diag-{nodes}-{index}-{int(time.time())}"
     operations, operation_set = _graph(prefix)
-    port = procs.free_port()
     async with (
         open_kube(kubeconfig=str(cp.kubeconfig("cloud")), log=log) as hub_kube,
         open_kube(kubeconfig=str(cp.kubeconfig("controller")), log=log) as ctl_kube,
@@ -140,7 +139,7 @@ async def run_diagnosis(
         fleet: procs.Fleet | None = None
         try:
             async with anyio.create_task_group() as hubs:
-                await hubs.start(functools.partial(hub.run, host="127.0.0.1", port=port, ssl_context=None))
+                port = await hubs.start(functools.partial(hub.run, host="127.0.0.1", port=0, ssl_context=None))
                 fleet = await procs.Fleet.spawn(
                     url=f"ws://127.0.0.1:{port}", seed=seed, count=nodes, delay=delay, jitter=jitter
                 )

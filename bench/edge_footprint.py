@@ -48,13 +48,13 @@ import trio_websocket
 
 from bench.cluster import REPO
 from bench.local_api import list_latency, realistic_pod
-from bench.procs import free_port
 from bench.waits import deadline
 from flows import imageprepulljob
 from nodetask import messages
 from nodetask.route import Route
 from roles.tls import generate_serving_certificate, server_ssl_context
 from schemas.v1alpha2 import API_VERSION, ImagePrePullJobSpec, ImagePrePullTemplate
+from tools.ports import free_port
 from tools.processes import terminate
 from tools.provision.containerd import Containerd, Registry, ensure_tools, start_containerd, start_registry
 
@@ -231,10 +231,9 @@ async def _serving(hub: _Hub, home: Path) -> AsyncIterator[tuple[int, Path]]:
     cert = generate_serving_certificate(home / "tls", dns_names=["localhost"])
     ca_file = home / "ca.pem"
     ca_file.write_bytes(cert.ca_bundle)
-    port = free_port()
     async with anyio.create_task_group() as tg:
-        await tg.start(trio_websocket.serve_websocket, hub.handle, "127.0.0.1", port, server_ssl_context(cert))
-        yield port, ca_file
+        server = await tg.start(trio_websocket.serve_websocket, hub.handle, "127.0.0.1", 0, server_ssl_context(cert))
+        yield server.port, ca_file
         tg.cancel_scope.cancel()
 
 

@@ -28,7 +28,7 @@ import msgspec
 
 from bench import procs
 from bench.cluster import REGISTER_PARALLEL, REPO, node_name
-from bench.hub_capacity import _config, _read_metrics, _ready, _wait_metric, psutil_nofile
+from bench.hub_capacity import _bound, _config, _read_metrics, _ready, _wait_metric, psutil_nofile
 from bench.waits import Stalled, deadline_for
 from roles.kube import Conflict, Kube, Resource
 from schemas.meta import ApiStruct, ObjectMeta
@@ -149,10 +149,9 @@ async def run_size(
     cp: ControlPlane, *, sessions: int, pods_per_node: int, seed: str, state_dir: Any, index: int
 ) -> CacheRun:
     """Start a hub process and a caching fleet of ``sessions`` edges, measure, stop both."""
-    port, http_port = procs.free_port(), procs.free_port()
     hub_id = f"bench-cache-{sessions}-{index}"
-    cfg = state_dir / f"{hub_id}.yaml"
-    _config(cp, cfg, hub_id=hub_id, port=port, http_port=http_port, cache_streams=True, log_level="warning")
+    cfg, ports_file = state_dir / f"{hub_id}.yaml", state_dir / f"{hub_id}.ports.json"
+    _config(cp, cfg, hub_id=hub_id, port=0, http_port=0, cache_streams=True, log_level="warning", ports_file=ports_file)
     argv = [sys.executable, "-m", "bench.hubproc", "--role=cloud", f"--config={cfg}"]
     started = time.perf_counter()
     log = state_dir / f"{hub_id}.log"
@@ -160,6 +159,8 @@ async def run_size(
         hub = await anyio.open_process(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
     fleet: procs.Fleet | None = None
     try:
+        bound = await _bound(ports_file, hub)
+        port, http_port = bound["listen"], bound["httpListen"]
         await _ready(http_port, hub)
         await _wait_metric("cache watches listed", http_port, "nodetaskd_hub_cache_watches_listed", WATCHED_KINDS, 600)
         listed_s = time.perf_counter() - started

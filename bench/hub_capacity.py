@@ -65,6 +65,7 @@ from roles.kube import Kube, NotFound, open_kube
 from roles.kube.resources import job_resource
 from schemas.kinds import IMAGE_PRE_PULL_JOB
 from schemas.v1alpha2 import API_VERSION
+from tools.ports import free_ports, reported
 from tools.processes import terminate
 from tools.provision.controlplane import ControlPlane
 
@@ -148,6 +149,17 @@ async def _read_metrics(port: int) -> dict[str, float]:
     return await anyio.to_thread.run_sync(_metrics, port)
 
 
+async def _bound(ports_file: Path, process: anyio.abc.Process) -> dict[str, int]:
+    """The ports a hub started on port 0 wrote to its ``portsFile``, by setting (``listen``, ``httpListen``)."""
+    with anyio.move_on_after(60):
+        while (bound := reported(ports_file, pid=process.pid)) is None:
+            if process.returncode is not None:
+                raise Stalled(f"the hub exited with status {process.returncode} before it wrote {ports_file}")
+            await anyio.sleep(0.2)
+        return bound
+    raise Stalled(f"waited 60 s for the hub to write its ports to {ports_file}")
+
+
 async def _ready(port: int, process: anyio.abc.Process) -> None:
     def probe() -> bool:
         try:
@@ -175,10 +187,12 @@ def _config(
     cache_streams: bool = False,
     log_level: str = "error",
     sessions: int = 0,
+    ports_file: Path | None = None,
 ) -> None:
     # This series measures sessions alone, as before cache streams existed (bench/hub_cache.py has them on).
+    ports = f"portsFile: {ports_file}\n" if ports_file else ""
     path.write_text(
-        _limits(sessions) + f"kubeconfig: {cp.kubeconfig('cloud')}\n"
+        _limits(sessions) + ports + f"kubeconfig: {cp.kubeconfig('cloud')}\n"
         f"hubId: {hub_id}\n"
         f"listen: 127.0.0.1:{port}\n"
         f"httpListen: 127.0.0.1:{http_port}\n"
@@ -239,7 +253,9 @@ async def run_size(
 
     ``sample``, when given, samples the hub process during each burst (see :mod:`bench.hub_profile`).
     """
-    port, http_port = procs.free_port(), procs.free_port()
+    # Picked, not learned from a port 0: the hub is killed and started again on them while the fleet's
+    # thousands of reconnects take local ports from the kernel's ephemeral range, which these are below.
+    port, http_port = free_ports(2)
     # Unique, so that no Node still carries this hub's mark from an earlier run: every first mark is written.
     hub_id = f"bench-cap-{sessions}-{index}-{int(time.time())}"
     cfg = state_dir / f"{hub_id}.yaml"
@@ -409,7 +425,6 @@ async def heap_profile(cp: ControlPlane, *, sessions: int, seed: str) -> dict[st
     and buffers allocated outside Python.
     """
     tracemalloc.start(1)
-    port = procs.free_port()
     log = structlog.get_logger()
     fleet: procs.Fleet | None = None
     try:
@@ -421,7 +436,7 @@ async def heap_profile(cp: ControlPlane, *, sessions: int, seed: str) -> dict[st
                 kube=kube, clock=Clock.start(), log=log, settings=settings, job_types=job_types(), metrics=metrics
             )
             async with anyio.create_task_group() as tg:
-                await tg.start(functools.partial(hub.run, host="127.0.0.1", port=port, ssl_context=None))
+                port = await tg.start(functools.partial(hub.run, host="127.0.0.1", port=0, ssl_context=None))
                 await anyio.sleep(1)
                 gc.collect()
                 before, rss0 = tracemalloc.take_snapshot(), procs.rss_bytes(os.getpid())

@@ -139,7 +139,6 @@ async def run_job(
     log = structlog.get_logger()
     name = f"bench-{nodes}-{'on' if window else 'off'}-{index}-{int(time.time())}"
     key = (IMAGE_PRE_PULL_JOB.plural, name)
-    port = procs.free_port()
     async with (
         open_kube(kubeconfig=str(cp.kubeconfig("cloud")), log=log) as hub_kube,
         open_kube(kubeconfig=str(cp.kubeconfig("controller")), log=log) as ctl_kube,
@@ -152,7 +151,7 @@ async def run_job(
         fleet: procs.Fleet | None = None
         try:
             async with anyio.create_task_group() as hubs:
-                await hubs.start(functools.partial(hub.run, host="127.0.0.1", port=port, ssl_context=None))
+                port = await hubs.start(functools.partial(hub.run, host="127.0.0.1", port=0, ssl_context=None))
                 fleet = await procs.Fleet.spawn(url=f"ws://127.0.0.1:{port}", seed=seed, count=nodes, delay=delay)
                 connected = await fleet.expect("connected", limit_s=deadline_for(nodes))
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -17,13 +16,6 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 from bench.cluster import REPO
 from bench.waits import Stalled
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def cpu_seconds(pids: Mapping[str, int]) -> dict[str, float]:

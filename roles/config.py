@@ -178,6 +178,8 @@ class CloudConfig(_Config, frozen=True, kw_only=True):
     hub_id: str = ""
     """This instance's name, recorded on the Nodes it holds; empty means the host name."""
     listen: str = "0.0.0.0:10004"
+    """Where edges connect (websockets). Port 0 binds a free port: give a single address as the host then
+    (each address a name resolves to would get its own port), and learn the port from ``portsFile``."""
     tls_cert_file: str = ""
     tls_key_file: str = ""
     """Serving certificate and key (PEM); without them the hub speaks plain ws:// (development only)."""
@@ -206,7 +208,13 @@ class CloudConfig(_Config, frozen=True, kw_only=True):
     longer than this, /readyz answers 503 naming the stuck marks: the hub's API writes are not getting
     through. A connect storm of 10,000 edges drains in about a minute on 2 cores."""
     http_listen: str = "0.0.0.0:10002"
-    """Health, readiness, metrics and KubeEdge's report endpoint (TLS when the hub has a certificate)."""
+    """Health, readiness, metrics and KubeEdge's report endpoint (TLS when the hub has a certificate).
+    Port 0 binds a free port, as for ``listen``."""
+    ports_file: str = ""
+    """Once the hub listens on both ``listen`` and ``httpListen`` (and serves edges), it writes the ports it
+    bound to this file, replacing it whole: ``{"pid": 4242, "listen": "127.0.0.1:43121", "httpListen":
+    "127.0.0.1:43122"}``, and removes it when it stops. How a supervisor that starts hubs on port 0 (the demo,
+    the tests) learns their ports, with no window in which another process could take one. Empty: none."""
     handshake_timeout: Seconds = 10.0
     """Seconds an edge has from connecting to finish its TLS and websocket handshake; then it is closed."""
     max_handshakes: Annotated[int, msgspec.Meta(ge=1)] | None = None

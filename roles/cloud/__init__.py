@@ -20,6 +20,7 @@ from roles.gc_tuning import tune_gc
 from roles.http import health_routes, router, serve_http
 from roles.jobtypes import job_types
 from roles.kube import open_kube
+from roles.ports_file import address_text, check_ports_file, remove_ports_file, write_ports_file
 from roles.tls import TlsError, load_serving_certificate
 
 
@@ -58,11 +59,18 @@ def server_tls(cfg: CloudConfig) -> ReloadingCertificate | None:
 
 
 async def run(cfg: RoleConfig, *, log: structlog.typing.FilteringBoundLogger, config_path: Path | None = None) -> None:
-    """Run one hub until cancelled."""
+    """Run one hub until cancelled.
+
+    Once it listens on both ``listen`` and ``httpListen`` and serves edges, it logs ``hub_listening``
+    with the addresses it bound (the ports a port 0 got) and writes them to ``portsFile``, if set.
+    """
     assert isinstance(cfg, CloudConfig)
     before, after = raise_fd_limit()
     if after != before:
         log.info("file_limit_raised", soft_before=before, soft=after)
+    ports_file = Path(cfg.ports_file) if cfg.ports_file else None
+    if ports_file is not None:
+        check_ports_file("portsFile", ports_file)
     tls = server_tls(cfg)
     if tls is None:
         log.warning("hub_without_tls", hint="set tlsCertFile and tlsKeyFile outside development")
@@ -98,6 +106,15 @@ async def run(cfg: RoleConfig, *, log: structlog.typing.FilteringBoundLogger, co
         async with anyio.create_task_group() as tg:
             if tls is not None:
                 tg.start_soon(functools.partial(tls.watch, interval=cfg.tls_reload_interval, log=log))
-            await tg.start(serve)
-            await hub.run(host=host, port=port, ssl_context=None if tls is None else tls.context)
-            tg.cancel_scope.cancel()
+            http_bound = await tg.start(serve)
+            edge_tls = None if tls is None else tls.context
+            edges_bound = await tg.start(functools.partial(hub.run, host=host, port=port, ssl_context=edge_tls))
+            addresses = {"listen": address_text(host, edges_bound), "httpListen": address_text(http_host, http_bound)}
+            log.info("hub_listening", listen=addresses["listen"], http_listen=addresses["httpListen"])
+            if ports_file is not None:
+                write_ports_file(ports_file, addresses)
+            try:
+                await anyio.sleep_forever()
+            finally:
+                if ports_file is not None:
+                    remove_ports_file(ports_file)

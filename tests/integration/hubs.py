@@ -4,7 +4,6 @@ that keeps what it sent."""
 from __future__ import annotations
 
 import functools
-import socket
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
@@ -27,14 +26,6 @@ from roles.kube.resources import JSON
 from schemas.kinds import KINDS
 from tests.integration.controlplane import ControlPlane
 from tools.doubles.lightedge import Interval, LightEdge
-
-
-def free_port() -> int:
-    """A TCP port free on loopback right now (a restarted hub binds the same one)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,8 +22,8 @@ from roles.kube.resources import Resource
 from tests.integration.agents import write_agent_config
 from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import register_edges
-from tests.integration.hubs import free_port
 from tests.integration.objects import unique
+from tools.ports import free_ports, reported
 from tools.processes import terminate
 
 READY_LIMIT_S = 180.0
@@ -86,6 +86,17 @@ class RoleProcess:
         state = "exited" if not self.alive else f"not ready after {limit_s:g} s"
         raise AssertionError(f"{self.name} {state}; its log ends:\n{tail}")
 
+    async def reported_ports(self, ports_file: Path, *, limit_s: float = READY_LIMIT_S) -> dict[str, int]:
+        """The ports this hub, started on port 0, wrote to its ``portsFile`` (``listen``, ``httpListen``)."""
+        with anyio.fail_after(limit_s):
+            while True:
+                assert self.process is not None, f"{self.name} was not started"
+                ports = reported(ports_file, pid=self.process.pid)
+                if ports is not None:
+                    return ports
+                assert self.alive, f"{self.name} exited before writing {ports_file}: {self.log.read_text()[-2000:]}"
+                await anyio.sleep(0.1)
+
 
 def _answers(url: str) -> bool:
     try:
@@ -137,7 +148,9 @@ async def fleet(
     """
     nodes = [unique("fault") for _ in range(edges)]
     tokens = await register_edges(cp, nodes)
-    metrics_port = free_port()
+    # Picked, not learned from a port 0: a hub stopped and started again comes back where its edges look.
+    ports = iter(free_ports(1 + 2 * hubs))
+    metrics_port = next(ports)
     controller = RoleProcess(
         "controller",
         _write(
@@ -160,7 +173,7 @@ async def fleet(
     )
     hub_processes, urls = [], []
     for i in range(hubs):
-        port, http_port = free_port(), free_port()
+        port, http_port = next(ports), next(ports)
         urls.append(f"ws://127.0.0.1:{port}")
         config = {
             "kubeconfig": str(cp.kubeconfig("cloud")),

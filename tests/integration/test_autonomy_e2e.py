@@ -35,10 +35,10 @@ from tests.integration.agents import write_agent_config
 from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import admin, register_edges
 from tests.integration.full_disk import fill
-from tests.integration.hubs import free_port
 from tests.integration.objects import kubectl, polled, unique
 from tests.integration.processes import fleet
 from tests.integration.tmpfs import on_tmpfs, seen_by, usable
+from tools.ports import free_port
 from tools.processes import terminate
 
 pytestmark = pytest.mark.integration

@@ -12,10 +12,10 @@ import pytest
 
 from roles.cloud.cache_streams import FRAME_LIMIT
 from tests.integration.controlplane import ControlPlane
-from tests.integration.hubs import free_port
 from tests.integration.objects import kubectl, polled, unique
 from tests.integration.processes import fleet
 from tests.integration.test_autonomy_e2e import NS, Device, apply, config_map_doc, local_api, pod_doc
+from tools.ports import free_port
 
 pytestmark = pytest.mark.integration
 

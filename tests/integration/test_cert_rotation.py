@@ -33,9 +33,9 @@ from nodetask.messages import Hello, Welcome
 from roles.tls import CA_FILE, CERT_FILE, KEY_FILE
 from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import register_edges
-from tests.integration.hubs import free_port
 from tests.integration.objects import kubectl, unique
 from tests.unit.secret_volume import Pem, SecretVolume, make_pem
+from tools.ports import free_port
 from tools.provision.controlplane import ControlPlaneError
 
 pytestmark = pytest.mark.integration

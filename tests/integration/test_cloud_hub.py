@@ -28,7 +28,6 @@ from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import admin, register_edges
 from tests.integration.hubs import (
     eventually,
-    free_port,
     light_edge,
     peak_overlap,
     running_controller,
@@ -36,6 +35,7 @@ from tests.integration.hubs import (
     running_hub,
 )
 from tests.integration.objects import create_job, job_when, kubectl, unique
+from tools.ports import free_port
 
 pytestmark = pytest.mark.integration
 PREPULLS = job_resource(IMAGE_PRE_PULL_JOB)

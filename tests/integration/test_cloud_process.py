@@ -16,8 +16,9 @@ import pytest
 from roles.tls import generate_serving_certificate
 from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import register_edges
-from tests.integration.hubs import eventually, free_port, light_edge, running_edges
+from tests.integration.hubs import eventually, light_edge, running_edges
 from tests.integration.objects import unique
+from tools.ports import reported
 
 pytestmark = pytest.mark.integration
 
@@ -30,17 +31,21 @@ def _ready(url: str, context: ssl.SSLContext) -> bool:
         return False
 
 
-async def test_cloud_process_serves_wss_and_exits_cleanly_on_sigterm(crds: ControlPlane, tmp_path: Path) -> None:
-    """The hub process serves edges over TLS, reports ready, and on SIGTERM sends 1001 and exits 0."""
+async def test_cloud_process_on_port_0_reports_its_ports_serves_wss_there_and_exits_cleanly_on_sigterm(
+    crds: ControlPlane, tmp_path: Path
+) -> None:
+    """The hub process, told to listen on port 0, writes the ports it bound to its portsFile and serves edges over
+    TLS and /readyz on them; on SIGTERM it sends 1001, removes the file and exits 0."""
     node = unique("proc")
     tokens = await register_edges(crds, [node])
     cert = generate_serving_certificate(tmp_path / "tls", dns_names=["localhost"])
-    ws_port, http_port = free_port(), free_port()
+    ports_file, log = tmp_path / "hub.ports.json", tmp_path / "hub.log"
     config = {
         "kubeconfig": str(crds.kubeconfig("cloud")),
         "hubId": "hub-process",
-        "listen": f"127.0.0.1:{ws_port}",
-        "httpListen": f"127.0.0.1:{http_port}",
+        "listen": "127.0.0.1:0",
+        "httpListen": "127.0.0.1:0",
+        "portsFile": str(ports_file),
         "tlsCertFile": str(cert.cert_file),
         "tlsKeyFile": str(cert.key_file),
         "heartbeatInterval": 1,
@@ -48,15 +53,21 @@ async def test_cloud_process_serves_wss_and_exits_cleanly_on_sigterm(crds: Contr
     (tmp_path / "cloud.yaml").write_bytes(msgspec.yaml.encode(config))
     client = ssl.create_default_context(cadata=cert.ca_bundle.decode())
     command = [sys.executable, "-m", "roles.cli", "--role=cloudhub", f"--config={tmp_path / 'cloud.yaml'}"]
-    process = await anyio.open_process(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    with log.open("wb") as out:
+        process = await anyio.open_process(command, stdout=out, stderr=subprocess.STDOUT)
     try:
         with anyio.fail_after(30):
-            while True:
-                if await anyio.to_thread.run_sync(_ready, f"https://127.0.0.1:{http_port}/readyz", client):
-                    break
-                await anyio.sleep(0.2)
+            while (bound := reported(ports_file, pid=process.pid)) is None:
+                assert process.returncode is None, log.read_text()
+                await anyio.sleep(0.1)
+        ws_port, http_port = bound["listen"], bound["httpListen"]
+        assert 0 not in (ws_port, http_port)
+        (said,) = [line.split() for line in log.read_text().splitlines() if "hub_listening" in line]
+        assert {f"listen=127.0.0.1:{ws_port}", f"http_listen=127.0.0.1:{http_port}"} <= set(said)
+        assert await anyio.to_thread.run_sync(_ready, f"https://127.0.0.1:{http_port}/readyz", client)
         edge = light_edge(node, f"wss://127.0.0.1:{ws_port}", tokens[node], ssl_context=client, reconnect_delay=60)
         async with running_edges([edge]):
+            await eventually(lambda: edge.connects == 1)
             process.send_signal(signal.SIGTERM)
             with anyio.fail_after(15):
                 code = await process.wait()
@@ -68,3 +79,4 @@ async def test_cloud_process_serves_wss_and_exits_cleanly_on_sigterm(crds: Contr
     assert code == 0
     assert edge.close_codes == [1001]
     assert edge.connects == 1
+    assert not ports_file.exists()

@@ -38,8 +38,8 @@ import pytest
 import trio
 
 from tests.integration.controlplane import ControlPlane
-from tests.integration.hubs import free_port
 from tests.integration.objects import unique
+from tools.ports import free_port
 from tools.processes import terminate
 
 pytestmark = pytest.mark.integration

@@ -17,8 +17,8 @@ from roles.kube import Kube
 from roles.kube.resources import job_resource
 from schemas.kinds import IMAGE_PRE_PULL_JOB
 from tests.integration.controlplane import ControlPlane
-from tests.integration.hubs import free_port
 from tests.integration.objects import create_job, kubectl, unique
+from tools.ports import free_ports
 from tools.provision.controlplane import ControlPlaneError
 
 pytestmark = pytest.mark.integration
@@ -52,7 +52,7 @@ async def test_controller_process_leads_validates_defaults_and_stops_on_sigterm(
     crds: ControlPlane, cloud_kube: Kube, tmp_path: Path
 ) -> None:
     """The process registers its webhooks, rejects a bad job, defaults a good one, reconciles it, exits 0."""
-    webhook_port, metrics_port = free_port(), free_port()
+    webhook_port, metrics_port = free_ports(2)
     config = {
         "kubeconfig": str(crds.kubeconfig("controller")),
         "identity": "process-test",

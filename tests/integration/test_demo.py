@@ -1,5 +1,5 @@
-"""``just demo`` end to end: a small fleet to its summary (jobs, a retry, a diagnosis and an edge cut off from
-its hub), Ctrl-C stopping everything, a clean second run."""
+"""``just demo`` end to end: a small fleet to its summary (hubs on the ports they bound, jobs, a retry, a diagnosis
+and an edge cut off from its hub, which comes back), Ctrl-C stopping everything, a clean second run."""
 
 from __future__ import annotations
 
@@ -115,6 +115,7 @@ def test_demo_stops_on_ctrl_c_then_a_second_run_reaches_its_summary(state: Path,
     assert "edge-04: attempt 1 Failure at Check: current disk usage is" in output
 
     _assert_autonomy(summary["autonomy"], output)
+    _assert_hubs(summary["hubs"], state, output)
 
     if summary["runtimeProblem"]:
         # No containerd here: every Pull fails on the runtime's absence, and the demo said so up front.
@@ -191,7 +192,9 @@ def _assert_diagnosis(diagnosis: dict[str, Any], output: str) -> None:
 
 def _assert_autonomy(autonomy: dict[str, Any], output: str) -> None:
     """edge-03 asked for autonomy and lists hub-a only: with hub-a stopped, kubectl on its local API still lists
-    its Pod; every Node shows its Autonomy condition, and only edge-03 the controller's approval label."""
+    its Pod; with hub-a started again, edge-03 reconnects, its cache is relisted and its local API serves the
+    ConfigMap as changed meanwhile; every Node shows its Autonomy condition, and only edge-03 the controller's
+    approval label."""
     cut = autonomy["cut"]
     assert (cut["node"], cut["hub"], cut["error"]) == ("edge-03", "hub-a", ""), cut
     assert cut["answer"].split()[:2] == ["default", "demo-app"], cut
@@ -202,10 +205,47 @@ def _assert_autonomy(autonomy: dict[str, Any], output: str) -> None:
     assert nodes["edge-03"] == {"status": "True", "reason": "autonomy enabled successfully", "label": "true"}
     for node in ("edge-01", "edge-02", "edge-04"):
         assert nodes[node] == {"status": "False", "reason": "autonomy disabled", "label": ""}, node
+    returned = cut["returned"]
+    assert returned["hub"] == "hub-a"
+    assert {"hub_connected", "hub=hub-a"} <= set(returned["reconnected"].split()), returned
+    assert "cache_relisted" in returned["relisted"].split(), returned
+    assert returned["greeting"] == "changed in the cloud while the device was cut off", returned
     shown = " ".join(output.split())
     for line in (
         f"autonomy: edge-03 answered with hub-a stopped: $ {cut['command']} {' '.join(cut['answer'].split())}",
+        f"autonomy: hub-a started again at {returned['url']} edge-03 reconnected: {returned['reconnected']}"
+        f" its cache relisted: {returned['relisted']}",
         "edge-03: Autonomy True (autonomy enabled successfully), node.autonomy.openyurt.io/status=true",
         "edge-01: Autonomy False (autonomy disabled), node.autonomy.openyurt.io/status=(none)",
     ):
         assert line in shown, line
+
+
+def _assert_hubs(hubs: list[dict[str, Any]], state: Path, output: str) -> None:
+    """Each hub was started on port 0 and said in its log which ports it bound: those the summary reports and the
+    edges were configured with. After the autonomy scene both run and answer ready, hub-a (stopped in it, started
+    again) on its first ports and holding edge-03 again, and every edge is held by a hub."""
+    by_name = {hub["name"]: hub for hub in hubs}
+    assert sorted(by_name) == ["hub-a", "hub-b"]
+    assert (by_name["hub-a"]["starts"], by_name["hub-b"]["starts"]) == (2, 1)
+    for name, hub in by_name.items():
+        assert (hub["running"], hub["ready"]) == (True, True), hub
+        address = hub["url"].removeprefix("wss://")
+        said = [
+            set(line.split())
+            for line in (state / "logs" / f"{name}.log").read_text(errors="replace").splitlines()
+            if "hub_listening" in line.split()
+        ]
+        assert len(said) == hub["starts"], said
+        assert all({f"listen={address}", f"http_listen=127.0.0.1:{hub['http_port']}"} <= words for words in said)
+    first = msgspec.yaml.decode((state / "config" / "hub-b.yaml").read_bytes())
+    assert (first["listen"], first["httpListen"]) == ("127.0.0.1:0", "127.0.0.1:0")
+    urls = {hub["url"] for hub in hubs}
+    for node in ("edge-01", "edge-02", "edge-03", "edge-04"):
+        edge = msgspec.yaml.decode((state / "edges" / node / "edge.yaml").read_bytes())
+        assert set(edge["hubUrls"]) <= urls, (node, edge["hubUrls"], urls)
+    assert "edge-03" in by_name["hub-a"]["edges"]
+    assert sorted(node for hub in hubs for node in hub["edges"]) == ["edge-01", "edge-02", "edge-03", "edge-04"]
+    shown = " ".join(output.split())
+    for hub in hubs:
+        assert f"{hub['name']}: running and ready at {hub['url']}" in shown, hub

@@ -29,8 +29,8 @@ import msgspec
 import pytest
 import yaml
 
-from tests.integration.hubs import free_port
 from tests.integration.processes import RoleProcess
+from tools.ports import free_ports
 from tools.provision.controlplane import ControlPlane, ensure_binaries, start
 
 pytestmark = pytest.mark.integration
@@ -315,15 +315,16 @@ async def test_controller_replicas_register_the_service_webhooks_with_the_one_mo
     settings = _config_map(deployed, "nodetaskd-controller", "controller.yaml")
     kubeconfig = _kubeconfig(deployed, "nodetaskd-controller")
     replicas, ports = [], []
+    picked = free_ports(4)
     for i in range(2):
-        ports.append(free_port())
+        ports.append(picked[2 * i])
         config = {
             **settings,
             "kubeconfig": str(kubeconfig),
             "identity": f"replica-{i}",
             "listenHost": "127.0.0.1",
             "webhookPort": ports[-1],
-            "metricsPort": free_port(),
+            "metricsPort": picked[2 * i + 1],
             "logFormat": "console",
             "tlsCertFile": str(tls / "tls.crt"),
             "tlsKeyFile": str(tls / "tls.key"),
@@ -392,13 +393,14 @@ async def test_a_hub_as_its_service_account_becomes_ready_with_the_mounted_certi
     """A hub with the cloud ServiceAccount, the ConfigMap's settings and the hub Secret syncs jobs, watches the
     token Secrets (allowed in kube-system) and answers /readyz over TLS the edges' CA verifies."""
     tls = _mounted(deployed, "nodetaskd-hub-tls", tmp_path / "tls")
-    http_port = free_port()
+    ports_file = tmp_path / "hub.ports.json"
     config = {
         **_config_map(deployed, "nodetaskd-cloud", "cloud.yaml"),
         "kubeconfig": str(_kubeconfig(deployed, "nodetaskd-cloud")),
         "hubId": "hub-under-test",
-        "listen": f"127.0.0.1:{free_port()}",
-        "httpListen": f"127.0.0.1:{http_port}",
+        "listen": "127.0.0.1:0",
+        "httpListen": "127.0.0.1:0",
+        "portsFile": str(ports_file),
         "logFormat": "console",
         "tlsCertFile": str(tls / "tls.crt"),
         "tlsKeyFile": str(tls / "tls.key"),
@@ -408,7 +410,7 @@ async def test_a_hub_as_its_service_account_becomes_ready_with_the_mounted_certi
     hub = RoleProcess("hub", path, "cloud", tmp_path / "hub.log")
     client = ssl.create_default_context(cafile=str(deployed.hub_ca))
 
-    def ready() -> int:
+    def ready(http_port: int) -> int:
         try:
             with urllib.request.urlopen(f"https://127.0.0.1:{http_port}/readyz", timeout=2, context=client) as answer:
                 return int(answer.status)
@@ -427,8 +429,9 @@ async def test_a_hub_as_its_service_account_becomes_ready_with_the_mounted_certi
 
     try:
         await hub.start()
+        http_port = (await hub.reported_ports(ports_file))["httpListen"]
         with anyio.fail_after(60):
-            while await anyio.to_thread.run_sync(ready) != 200 or not settled():
+            while await anyio.to_thread.run_sync(ready, http_port) != 200 or not settled():
                 assert hub.alive, hub.log.read_text()
                 await anyio.sleep(0.2)
     finally:

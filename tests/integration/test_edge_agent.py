@@ -23,8 +23,9 @@ from schemas.v1alpha2 import ImageStatus
 from tests.integration.agents import FakeRuntime, agent_command, running_agent, write_agent_config
 from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import register_edges
-from tests.integration.hubs import eventually, free_port, running_controller, running_hub
+from tests.integration.hubs import eventually, running_controller, running_hub
 from tests.integration.objects import create_job, job_when, unique
+from tools.ports import free_port
 
 pytestmark = pytest.mark.integration
 PREPULLS = job_resource(IMAGE_PRE_PULL_JOB)

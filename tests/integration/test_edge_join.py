@@ -26,7 +26,6 @@ from schemas.core import AGENT_VERSION_ANNOTATION, EDGE_ROLE_LABEL, HUB_ANNOTATI
 from schemas.meta import ObjectMeta
 from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import admin
-from tests.integration.hubs import free_port
 from tests.integration.objects import unique
 from tests.integration.processes import RoleProcess
 from tools.processes import terminate
@@ -74,12 +73,13 @@ async def test_token_create_then_edge_join_brings_a_real_agent_to_a_real_hub(
 
     cert = generate_serving_certificate(tmp_path / "hub-tls", dns_names=["localhost"], ip_addresses=["127.0.0.1"])
     ca_file = tmp_path / "hub-tls" / "ca.crt"
-    port, http_port = free_port(), free_port()
+    ports_file = tmp_path / "hub.ports.json"
     hub_config = {
         "kubeconfig": str(crds.kubeconfig("cloud")),
         "hubId": hub_id,
-        "listen": f"127.0.0.1:{port}",
-        "httpListen": f"127.0.0.1:{http_port}",
+        "listen": "127.0.0.1:0",
+        "httpListen": "127.0.0.1:0",
+        "portsFile": str(ports_file),
         "tlsCertFile": str(cert.cert_file),
         "tlsKeyFile": str(cert.key_file),
         "heartbeatInterval": 1,
@@ -93,6 +93,8 @@ async def test_token_create_then_edge_join_brings_a_real_agent_to_a_real_hub(
     await hub.start()
     launcher: anyio.abc.Process | None = None
     try:
+        bound = await hub.reported_ports(ports_file)
+        port, http_port = bound["listen"], bound["httpListen"]
         # The cloud side: the token Secret, and the line to run on the device.
         created = await _nodetaskd(
             "token",

@@ -5,19 +5,22 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from subprocess import DEVNULL
 from typing import Any
 
 import anyio
 import msgspec
+import pytest
 import structlog
 
 from nodetask.messages import CacheObjects
 from roles.edge.durable_cache import DurableCache
 from roles.edge.store import open_store
 from tests.integration.agents import agent_command, write_agent_config
-from tests.integration.hubs import eventually, free_port
+from tests.integration.hubs import eventually
+from tools.ports import free_port, held
 from tools.processes import terminate
 
 NODE = "edge-offline"
@@ -44,7 +47,14 @@ def _answers(port: int) -> bool:
     return True
 
 
-async def test_the_agent_serves_its_cache_on_the_local_api_with_no_hub(tmp_path: Path) -> None:
+@pytest.fixture
+def unreachable() -> Iterator[int]:
+    """A loopback port held, not listening, for the test: connecting to it is refused."""
+    with held() as port:
+        yield port
+
+
+async def test_the_agent_serves_its_cache_on_the_local_api_with_no_hub(tmp_path: Path, unreachable: int) -> None:
     """Objects cached before a restart are served by the restarted agent, whose hub is unreachable: get,
     list by field selector, and a 403 for a write."""
     data = tmp_path / "data"
@@ -61,7 +71,7 @@ async def test_the_agent_serves_its_cache_on_the_local_api_with_no_hub(tmp_path:
         tmp_path,
         node=NODE,
         token="t0ken",
-        hub_urls=[f"ws://127.0.0.1:{free_port()}"],  # nothing listens there
+        hub_urls=[f"ws://127.0.0.1:{unreachable}"],
         localApi={"enabled": True, "port": port},
     )
     process = await anyio.open_process(agent_command(config), stdout=DEVNULL, stderr=DEVNULL)

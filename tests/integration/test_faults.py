@@ -25,7 +25,6 @@ from roles.kube import Kube, NotFound
 from roles.kube.resources import job_resource
 from schemas.kinds import CONFIG_UPDATE_JOB
 from tests.integration.controlplane import ControlPlane
-from tests.integration.hubs import free_port
 from tests.integration.objects import create_job, job_when, kubectl, settled, unique
 from tests.integration.processes import Fleet, JobHistory, fleet, recording
 
@@ -181,7 +180,7 @@ class Blackhole:
                 tg.cancel_scope.cancel()
 
     async def serve(self, *, task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED) -> None:
-        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=free_port())
+        listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
         task_status.started(listener.extra(anyio.abc.SocketAttribute.local_port))
         await listener.serve(self._relay)
 

@@ -38,10 +38,11 @@ from schemas.v1alpha2 import API_VERSION
 from tests.integration.agents import agent_command, write_agent_config
 from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import admin, register_edges
-from tests.integration.hubs import eventually, free_port, light_edge, running_controller, running_edges, running_hub
+from tests.integration.hubs import eventually, light_edge, running_controller, running_edges, running_hub
 from tests.integration.objects import create_job, job_when, kubectl, polled, settled, unique
 from tests.integration.processes import RoleProcess, fleet
 from tests.integration.test_prepull_e2e import agents
+from tools.ports import free_port
 from tools.provision.containerd import Containerd, Registry
 
 pytestmark = pytest.mark.integration

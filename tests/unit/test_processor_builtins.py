@@ -23,6 +23,7 @@ from roles.edge.processors.request_keys import RequestError, json_list
 from roles.edge.processors.tail import allowed_path, last_lines
 from schemas.processors import BUILTIN_PROCESSORS, Builtin, Processor
 from tests.unit.processor_env import make_env
+from tools.ports import held
 
 LOOPBACK = "127.0.0.1"
 
@@ -95,18 +96,20 @@ def listening() -> Iterator[int]:
         yield int(sock.getsockname()[1])
 
 
-def refused_port() -> int:
-    with socket.socket() as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
+@pytest.fixture
+def refused() -> Iterator[int]:
+    """A loopback port held, not listening, for the test: connecting to it is refused."""
+    with held() as port:
+        yield port
 
 
-async def test_a_probe_of_a_target_that_does_not_answer_fails_the_task_by_default(listening: int) -> None:
+async def test_a_probe_of_a_target_that_does_not_answer_fails_the_task_by_default(listening: int, refused: int) -> None:
     """With require=all (the default) one refused target fails the Task; the results still say what was found."""
-    down = refused_port()
+    down = refused
     request = {"network.probe.targets": f"localhost:{listening}, {LOOPBACK}:{down}"}
     with trio.fail_after(20):
-        outcome = await processors.run(builtin("network.probe"), request, make_env(loopback_ports=(listening, down)))
+        env = make_env(loopback_ports=(listening, down))
+        outcome = await processors.run(builtin("network.probe"), request, env)
     assert not outcome.succeeded
     assert outcome.reason == (
         f"1 of 2 targets answered (network.probe.require is all): {LOOPBACK}:{down}: connect failed: connection refused"
@@ -119,9 +122,9 @@ async def test_a_probe_of_a_target_that_does_not_answer_fails_the_task_by_defaul
     assert results["network.probe.reachable"] == "1/2"
 
 
-async def test_a_probe_with_require_any_succeeds_when_one_target_answers(listening: int) -> None:
+async def test_a_probe_with_require_any_succeeds_when_one_target_answers(listening: int, refused: int) -> None:
     """require=any passes with one of two; require=none passes with none."""
-    down = refused_port()
+    down = refused
     env = make_env(loopback_ports=(listening, down))
     with trio.fail_after(20):
         some = await processors.run(

@@ -23,6 +23,7 @@ from roles.httpserver import Request, Response, Route, Send, router, serve_http
 from roles.tls import generate_serving_certificate, server_ssl_context
 from schemas.processors import HTTPServer, Processor
 from tests.unit.processor_env import Events, make_env
+from tools.ports import held
 
 LOOPBACK = "127.0.0.1"
 REQUEST = {"node": "edge-1", "task.name": "t1", "disk.path": "/var"}
@@ -52,11 +53,11 @@ def http(port: int, *, timeout: int = 10, scheme: str = "http") -> Processor:
     return Processor(http_server=HTTPServer(port=port, path="/diag", scheme=scheme), timeout_seconds=timeout)
 
 
-def free_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    with socket.socket() as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
+@pytest.fixture
+def refused() -> Iterator[int]:
+    """A loopback port held, not listening, for the test: connecting to it is refused until a server binds it."""
+    with held() as port:
+        yield port
 
 
 async def test_a_200_with_an_object_of_strings_succeeds_with_it_as_results() -> None:
@@ -127,9 +128,9 @@ async def test_an_oversized_body_fails_without_being_read_whole() -> None:
     assert f"the answer's body exceeds {MAX_BODY_BYTES} bytes" in second.reason
 
 
-async def test_a_refused_connection_is_retried_until_the_server_is_up() -> None:
+async def test_a_refused_connection_is_retried_until_the_server_is_up(refused: int) -> None:
     """Connection refused is a transport error: the processor backs off and tries again within the timeout."""
-    port = free_port()
+    port = refused
     events = Events()
     outcomes: list[processors.ProcessorOutcome] = []
     done = trio.Event()
@@ -152,11 +153,10 @@ async def test_a_refused_connection_is_retried_until_the_server_is_up() -> None:
     assert "connection refused" in events.named("diagnosis_http_retry")[0]["error"]
 
 
-async def test_a_server_that_never_comes_up_fails_before_the_timeout_with_the_last_error() -> None:
+async def test_a_server_that_never_comes_up_fails_before_the_timeout_with_the_last_error(refused: int) -> None:
     """Retries stop when the next one would pass the timeout; the reason has the error and the attempts."""
-    port = free_port()
     with trio.fail_after(20):
-        outcome = await processors.run(http(port, timeout=2), REQUEST, make_env(loopback_ports=(port,)))
+        outcome = await processors.run(http(refused, timeout=2), REQUEST, make_env(loopback_ports=(refused,)))
     assert not outcome.succeeded
     assert "connection refused (" in outcome.reason
     assert "attempts within timeoutSeconds)" in outcome.reason

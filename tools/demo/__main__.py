@@ -10,7 +10,9 @@ What runs, all on loopback and all owned by this process:
   also gets the controller's and hubs' image, built without a container engine (``tools/provision/image.py``),
   and its digest is printed;
 - ``nodetaskd --role=controller`` (admission webhooks registered), two ``--role=cloud`` hubs over TLS,
-  and N ``--role=edge`` agents split across the hubs, each with its own config, token and store.
+  and N ``--role=edge`` agents split across the hubs, each with its own config, token and store. The
+  hubs bind port 0 and write the ports they got to their ``portsFile``; the edges are configured with
+  those, so no port is chosen ahead of its bind.
 
 Then the sample jobs in ``containers/samples`` are applied and followed live until every job ends
 (or the time limit). The tolerant pre-pull fails on the node whose disk check cannot pass; the demo
@@ -19,11 +21,13 @@ then frees that node's disk threshold with a ConfigUpdateJob and retries the pre
 diagnosis runs over every edge (``tools/demo/diagnosis.py``: its first path fails on some nodes,
 whose app refuses connections, and its second succeeds). Then one edge, whose Node asks for
 autonomy, is cut off from its hub, and the demo's kubectl still reads that device's local API
-(``tools/demo/autonomy.py``). A summary says what happened and why, each retried node's two
-attempts, the diagnosis's paths and each Node's Autonomy condition and label included, and
-everything is stopped again - on Ctrl-C too. Whatever is not built yet in nodetaskd shows up as the
-reason the nodes report, never hidden. The state directory (default ``~/.cache/nodetaskd/demo``)
-keeps configs and logs until the next run wipes it.
+(``tools/demo/autonomy.py``); then the hub is started again on its ports, and the edge reconnects and
+relists its cache, a change made meanwhile in the cloud included. A summary says what happened and
+why, each retried node's two attempts, the diagnosis's paths, the cut-off edge's return, each Node's
+Autonomy condition and label and each hub's state included, and everything is stopped again - on
+Ctrl-C too. Whatever is not built yet in nodetaskd shows up as the reason the nodes report, never
+hidden. The state directory (default ``~/.cache/nodetaskd/demo``) keeps configs and logs until the
+next run wipes it.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ import ssl
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -50,9 +54,10 @@ from typing import Any, Final
 import msgspec
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 
 from nodetask.autonomy import AUTONOMY_ANNOTATION, STATUS_LABEL
-from roles.tls import generate_serving_certificate
+from roles.tls import ServingCertificate, generate_serving_certificate
 from schemas.core import RETRY_ANNOTATION
 from tools.demo import autonomy
 from tools.demo import diagnosis as diag
@@ -62,6 +67,7 @@ from tools.demo.fleet import (
     RING_LABEL,
     Edge,
     Hub,
+    HubState,
     Layout,
     controller_config,
     edge_config,
@@ -71,7 +77,7 @@ from tools.demo.fleet import (
     plan_edges,
 )
 from tools.demo.kube import Api, ApiFailure, JobView, hubs_of_nodes, list_jobs, recent_events, register_edge
-from tools.demo.procs import Supervisor, kill_recorded, write_record
+from tools.demo.procs import Child, Supervisor, kill_recorded, write_record
 from tools.demo.runtime import Runtime, start_runtime
 from tools.demo.view import (
     WAITING_CONFIRMATION,
@@ -82,6 +88,7 @@ from tools.demo.view import (
     reasons,
     summary_table,
 )
+from tools.ports import free_port, free_ports, held, reported
 from tools.processes import processes_in_sessions
 from tools.provision import controlplane as _cp
 from tools.provision.containerd import RuntimeServicesError
@@ -117,6 +124,10 @@ DOWN_APPS: Final = 2
 """Main-ring nodes (the first ones) whose app the diagnosis finds down."""
 LINGER_LIMIT: Final = 900.0
 """Longest the demo waits, after its summary, for Enter before stopping by itself."""
+HUB_NAMES: Final = ("hub-a", "hub-b")
+RETURN_LIMIT: Final = 90.0
+"""Longest the cut-off edge may take to reconnect to its returned hub and relist: its reconnect backoff
+reaches 30 s only after about a minute of refused attempts."""
 
 
 class DemoError(RuntimeError):
@@ -140,6 +151,10 @@ class Demo:
     runtime: Runtime | None = None
     runtime_problem: str = ""
     api: Api | None = None
+    hubs: list[Hub] = field(default_factory=list)
+    """The hubs started, with the ports each reported it bound."""
+    hub_starts: dict[str, int] = field(default_factory=dict)
+    hub_cert: ServingCertificate | None = None
     edges: list[Edge] = field(default_factory=list)
     job_names: list[str] = field(default_factory=list)
     updated_settings: dict[str, list[str]] = field(default_factory=dict)
@@ -153,6 +168,8 @@ class Demo:
     """What the autonomy step showed (:meth:`cut_off_edge`)."""
     nodes_autonomy: list[autonomy.NodeAutonomy] = field(default_factory=list)
     """Every Node's Autonomy condition and label, as the summary read them."""
+    hub_states: list[HubState] = field(default_factory=list)
+    """Every hub as the summary found it."""
     started: float = field(default_factory=time.monotonic)
 
     # ------------------------------------------------------------------------------ set-up
@@ -182,8 +199,9 @@ class Demo:
         self.say(f"CRDs from {CRD_DIR.relative_to(_cp.REPO_ROOT)} established, RBAC applied")
         return Api(server=cp.server, token=cp.tokens["admin"], context=cp.ssl_context())
 
-    def register_fleet(self, api: Api, hubs: list[Hub]) -> dict[str, str]:
-        self.edges = plan_edges(self.args.nodes, hubs, local_api_port=_cp._free_ports(1)[0])
+    def register_fleet(self, api: Api) -> dict[str, str]:
+        # The edge agent's local API cannot report a port it bound: its port is picked, just before it starts.
+        self.edges = plan_edges(self.args.nodes, self.hubs, local_api_port=free_port())
         tokens = {e.name: register_edge(api, e.name, {RING_LABEL: e.ring}) for e in self.edges}
         canaries = ", ".join(e.name for e in self.edges if e.ring == "canary")
         self.say(
@@ -216,20 +234,18 @@ class Demo:
         )
         return rt.containerd.endpoint
 
-    def start_control(self, hubs: list[Hub]) -> None:
+    def start_control(self, hub_names: Sequence[str]) -> None:
+        """Start the controller and the hubs (on port 0); return once each leads or serves, the hubs' ports known."""
         assert self.cp is not None
         layout = self.layout
-        cert = generate_serving_certificate(layout.hub_tls, dns_names=["localhost"])
-        webhook_port, metrics_port = _cp._free_ports(2)
+        self.hub_cert = cert = generate_serving_certificate(layout.hub_tls, dns_names=["localhost"])
+        # The controller registers its webhook's URL before it binds: its ports are picked, just before it starts.
+        webhook_port, metrics_port = free_ports(2)
         config = controller_config(
             layout, kubeconfig=self.cp.kubeconfig("controller"), webhook_port=webhook_port, metrics_port=metrics_port
         )
         self.procs.start("controller", nodetaskd("controller", config), log=layout.log("controller"))
-        for hub in hubs:
-            config = hub_config(
-                layout, hub, kubeconfig=self.cp.kubeconfig("cloud"), cert=cert.cert_file, key=cert.key_file
-            )
-            self.procs.start(hub.name, nodetaskd("cloud", config), log=layout.log(hub.name))
+        started = [self.start_hub(name) for name in hub_names]
         self.record()
         metrics = f"http://127.0.0.1:{metrics_port}/metrics"
         self.wait(
@@ -238,10 +254,47 @@ class Demo:
             limit=60,
         )
         self.say(f"controller leading, webhooks registered at https://127.0.0.1:{webhook_port} (log {layout.logs})")
-        client = ssl.create_default_context(cadata=cert.ca_bundle.decode())
-        for hub in hubs:
-            self.wait(f"{hub.name} to be ready", _answers_ok(hub.ready_url, client), limit=60)
-        self.say(f"hubs ready: {', '.join(f'{h.name} {h.url}' for h in hubs)} (TLS, CA {cert.cert_file.parent})")
+        self.hubs = [self.hub_bound(child) for child in started]
+        for hub in self.hubs:
+            self.wait(f"{hub.name} to be ready", _answers_ok(hub.ready_url, self.hub_client()), limit=60)
+        self.say(
+            f"hubs ready: {', '.join(f'{h.name} {h.url}' for h in self.hubs)} (TLS, CA {cert.cert_file.parent}); "
+            f"each bound port 0 and wrote the ports it got to {layout.run}/<hub>.ports.json"
+        )
+
+    def start_hub(self, name: str, *, port: int = 0, http_port: int = 0) -> Child:
+        """Start hub ``name``: on port 0, or on the ports of its previous run."""
+        assert self.cp is not None
+        assert self.hub_cert is not None
+        cert = self.hub_cert
+        config = hub_config(
+            self.layout,
+            name,
+            kubeconfig=self.cp.kubeconfig("cloud"),
+            cert=cert.cert_file,
+            key=cert.key_file,
+            port=port,
+            http_port=http_port,
+        )
+        self.hub_starts[name] = self.hub_starts.get(name, 0) + 1
+        return self.procs.start(name, nodetaskd("cloud", config), log=self.layout.log(name))
+
+    def hub_bound(self, child: Child) -> Hub:
+        """The hub ``child`` is, with the ports it reported, once it has (its pid in the file: not an old one)."""
+        path = self.layout.ports(child.name)
+        bound: dict[str, int] = {}
+
+        def reported_both() -> bool:
+            bound.update(reported(path, pid=child.pid) or {})
+            return {"listen", "httpListen"} <= bound.keys()
+
+        self.wait(f"{child.name} to report the ports it bound", reported_both, limit=60)
+        return Hub(child.name, bound["listen"], bound["httpListen"])
+
+    def hub_client(self) -> ssl.SSLContext:
+        """A TLS client trusting the hubs' CA."""
+        assert self.hub_cert is not None
+        return ssl.create_default_context(cadata=self.hub_cert.ca_bundle.decode())
 
     def _webhooks_registered(self) -> bool:
         assert self.api is not None
@@ -497,20 +550,105 @@ class Demo:
             limit=60,
         )
         self.procs.stop([hub.name])
-        self.say(f"{hub.name} stopped: {edge.name} lists no other hub, so it is cut off from the cloud")
-        args = ("get", "pods", "-A", "--field-selector", f"spec.nodeName={edge.name}")
-        command = f"kubectl --server=http://127.0.0.1:{port} {' '.join(args)}"
-        home = self.layout.edge(edge.name) / "kubectl"
-        result = autonomy.local_kubectl(cp.binaries.kubectl, port, home, *args)
-        answer = autonomy.pod_line(result.stdout) if result.returncode == 0 else ""
-        error = "" if answer else " ".join((result.stderr or result.stdout or f"exit {result.returncode}").split())
-        self.cut_off = autonomy.AutonomyView(
-            node=edge.name, hub=hub.name, port=port, command=command, answer=answer, error=error[:300]
+        with contextlib.ExitStack() as holding:
+            # Its ports stay bound, refusing connections as the stopped hub does, until it is back on them:
+            # nothing else (an outgoing connection's local port included) can take them meanwhile.
+            for kept in (hub.port, hub.http_port):
+                try:
+                    holding.enter_context(held(kept))
+                except OSError as exc:
+                    raise DemoError(f"{hub.name}'s port {kept} was taken as soon as the hub stopped: {exc}") from exc
+            self.say(f"{hub.name} stopped: {edge.name} lists no other hub, so it is cut off from the cloud")
+            args = ("get", "pods", "-A", "--field-selector", f"spec.nodeName={edge.name}")
+            command = f"kubectl --server=http://127.0.0.1:{port} {' '.join(args)}"
+            home = self.layout.edge(edge.name) / "kubectl"
+            result = autonomy.local_kubectl(cp.binaries.kubectl, port, home, *args)
+            answer = autonomy.pod_line(result.stdout) if result.returncode == 0 else ""
+            error = "" if answer else " ".join((result.stderr or result.stdout or f"exit {result.returncode}").split())
+            self.cut_off = autonomy.AutonomyView(
+                node=edge.name, hub=hub.name, port=port, command=command, answer=answer, error=error[:300]
+            )
+            if answer:
+                self.say(f"$ {command}\n    {answer}")
+            else:
+                self.say(f"{command} failed: {error[:300]}", "bold yellow")
+            returned = self.bring_back(edge, hub, holding)
+        self.cut_off = dataclasses.replace(self.cut_off, returned=returned)
+
+    def bring_back(self, edge: Edge, hub: Hub, holding: contextlib.ExitStack) -> autonomy.HubReturn:
+        """Change the app's ConfigMap in the cloud, start ``hub`` again on its ports (held by ``holding`` till then)
+        and follow the cut-off ``edge`` back: reconnected, relisted, serving the change."""
+        assert self.cp is not None
+        assert self.api is not None
+        api, port = self.api, edge.local_api_port
+        patch = ("patch", "configmap", autonomy.CONFIG_MAP, "-n", autonomy.NAMESPACE, "--type=merge")
+        self.cp.kubectl(*patch, "-p", autonomy.greeting_change())
+        self.say(
+            f"meanwhile, in the cloud: ConfigMap {autonomy.CONFIG_MAP} gets greeting {autonomy.CHANGED_GREETING!r}; "
+            f"{edge.name}'s local API still serves {autonomy.local_greeting(port)!r}"
         )
-        if answer:
-            self.say(f"$ {command}\n    {answer}")
-        else:
-            self.say(f"{command} failed: {error[:300]}", "bold yellow")
+        log = self.layout.log(edge.name)
+        offset = log.stat().st_size
+        back = self.hub_bound(self.start_hub(hub.name, port=hub.port, http_port=hub.http_port))
+        self.record()
+        if (back.port, back.http_port) != (hub.port, hub.http_port):
+            raise DemoError(f"{hub.name} came back on ports {back.port}, {back.http_port}, not its own")
+        holding.close()  # it listens on them now
+        self.wait(f"{hub.name} to be ready again", _answers_ok(hub.ready_url, self.hub_client()), limit=60)
+        self.say(f"{hub.name} started again on its ports ({hub.url}), which the demo kept bound while it was down")
+        reconnected = relisted = ""
+
+        def back_and_relisted() -> bool:
+            nonlocal reconnected, relisted
+            reconnected = reconnected or autonomy.log_line(log, offset, autonomy.RECONNECTED, f"hub={hub.name}")
+            relisted = relisted or autonomy.log_line(log, offset, autonomy.RELISTED)
+            # The cloud's side of the reconnect: the hub marks the Node as held by it again.
+            return bool(reconnected and relisted) and hubs_of_nodes(api).get(edge.name) == hub.name
+
+        self.wait(
+            f"{edge.name} to reconnect to {hub.name} and relist its cache",
+            back_and_relisted,
+            limit=RETURN_LIMIT,
+            fatal=False,
+        )
+        greeting = ""
+
+        def changed() -> bool:
+            nonlocal greeting
+            greeting = autonomy.local_greeting(port)
+            return greeting == autonomy.CHANGED_GREETING
+
+        self.wait(f"{edge.name}'s local API to serve the change", changed, limit=30, fatal=False)
+        returned = autonomy.HubReturn(
+            hub=hub.name, url=hub.url, reconnected=reconnected, relisted=relisted, greeting=greeting
+        )
+        for line in autonomy.return_lines(edge.name, returned):
+            self.say(escape(line), "" if returned.complete else "bold yellow")  # log lines hold [brackets]
+        return returned
+
+    def read_hubs(self) -> list[HubState]:
+        """Each hub's process, readiness and edges (by the Nodes' hub annotations), now."""
+        held_by: dict[str, str] = {}
+        if self.api is not None:
+            with contextlib.suppress(ApiFailure):
+                held_by = hubs_of_nodes(self.api)
+        states = []
+        for hub in self.hubs:
+            child = next((c for c in self.procs.children if c.name == hub.name), None)
+            running = child is not None and child.alive()
+            states.append(
+                HubState(
+                    name=hub.name,
+                    url=hub.url,
+                    http_port=hub.http_port,
+                    pid=child.pid if child is not None else 0,
+                    starts=self.hub_starts.get(hub.name, 0),
+                    running=running,
+                    ready=running and _answers_ok(hub.ready_url, self.hub_client())(),
+                    edges=tuple(sorted(node for node, name in held_by.items() if name == hub.name)),
+                )
+            )
+        return states
 
     def runtime_line(self) -> str:
         if self.runtime is None:
@@ -535,7 +673,12 @@ class Demo:
                 self.nodes_autonomy = autonomy.node_autonomy(self.api)
             self.console.print()
             for line in autonomy.summary_lines(self.cut_off, self.nodes_autonomy):
-                self.console.print(line, highlight=False)
+                self.console.print(line, highlight=False, markup=False)
+        self.hub_states = self.read_hubs()
+        if self.hub_states:
+            self.console.print("\nhubs (each bound port 0 at its first start and reported the ports it got):")
+            for hub in self.hub_states:
+                self.console.print(f"  {hub.line()}", highlight=False)
         kubeconfig = self.layout.cluster / "admin.kubeconfig"
         self.console.print(
             "\nTo look further (while the demo runs: in a terminal it waits for Enter here):", style="bold"
@@ -550,6 +693,7 @@ class Demo:
             "kubectl get events -n default --sort-by=.lastTimestamp",
             "kubectl get diagnosis edge-health -o yaml; kubectl get tasks",
             f"kubectl get nodes -L {STATUS_LABEL}; kubectl describe node <node>   # the Autonomy condition",
+            f"cat {self.layout.ports('hub-a')}   # the ports hub-a bound (it started on port 0)",
             *(
                 [f"kubectl --server=http://127.0.0.1:{self.cut_off.port} get pods,configmaps -A   # the cut-off edge"]
                 if self.cut_off
@@ -752,13 +896,12 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 def run(demo: Demo) -> None:
     """The demo's steps, in order; raises on anything that stops it."""
     api = demo.api = demo.provision_cluster()
-    ports = _cp._free_ports(4)
-    hubs = [Hub("hub-a", ports[0], ports[1]), Hub("hub-b", ports[2], ports[3])]
-    tokens = demo.register_fleet(api, hubs)
     cri_endpoint = demo.provision_runtime(sample_repositories())
     demo.publish_upgrade()
     demo.publish_image()
-    demo.start_control(hubs)
+    demo.start_control(HUB_NAMES)
+    # The edges are configured with the ports the hubs reported.
+    tokens = demo.register_fleet(api)
     demo.start_edges(tokens, cri_endpoint)
     registry = f"{demo.runtime.registry.host}/" if demo.runtime else NO_REGISTRY
     demo.apply_jobs(registry)
@@ -831,6 +974,7 @@ def _write_summary(path: Path, demo: Demo, status: int) -> None:
         "unfinished": demo.unfinished,
         "diagnosis": diag.as_json(demo.diagnosis),
         "autonomy": autonomy.as_json(demo.cut_off, demo.nodes_autonomy),
+        "hubs": [dataclasses.asdict(hub) for hub in demo.hub_states],
         "jobs": [
             {
                 "kind": j.kind,

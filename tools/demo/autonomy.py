@@ -5,11 +5,16 @@ its own hub, so stopping that hub cuts it off (the other edges of the hub move t
 The step asks autonomy for its Node, gives it a ConfigMap and a Pod bound to it (no kubelet runs:
 the Pod exists in the API server only), waits until the device's local API serves them and the
 controller has approved the Node, stops the hub, and runs the demo's kubectl against the device.
-The summary then shows every Node's ``Autonomy`` condition and approval label.
+Then it changes the ConfigMap in the cloud, which the device cannot hear of, and starts the hub
+again on its ports: the edge reconnects (its log says ``hub_connected``), the hub relists its
+node's objects (``cache_relisted``), and the device's local API serves the change.
+The summary then shows that return and every Node's ``Autonomy`` condition and approval label.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import subprocess
 import urllib.error
 import urllib.request
@@ -23,6 +28,12 @@ from tools.demo.kube import Api
 NAMESPACE: Final = "default"
 CONFIG_MAP: Final = "demo-app-config"
 POD: Final = "demo-app"
+GREETING: Final = "served from the device's cache"
+CHANGED_GREETING: Final = "changed in the cloud while the device was cut off"
+RECONNECTED: Final = "hub_connected"
+"""What the edge agent logs once a hub has welcomed it (``roles/edge/session.py``)."""
+RELISTED: Final = "cache_relisted"
+"""What it logs once the hub has relisted every kind its cache takes (``roles/edge/autonomy_manager.py``)."""
 
 
 def app_manifest(node: str) -> dict[str, Any]:
@@ -31,7 +42,7 @@ def app_manifest(node: str) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": CONFIG_MAP, "namespace": NAMESPACE},
-        "data": {"greeting": "served from the device's cache"},
+        "data": {"greeting": GREETING},
     }
     pod = {
         "apiVersion": "v1",
@@ -101,6 +112,38 @@ def local_status(port: int, path: str) -> int:
         return 0
 
 
+def local_greeting(port: int) -> str:
+    """The greeting in the app's ConfigMap as the device's local API serves it (empty: it does not)."""
+    url = f"http://127.0.0.1:{port}/api/v1/namespaces/{NAMESPACE}/configmaps/{CONFIG_MAP}"
+    try:
+        with urllib.request.urlopen(url, timeout=3) as answer:
+            config_map = json.loads(answer.read())
+    except (OSError, ValueError):
+        return ""
+    return str((config_map.get("data") or {}).get("greeting", ""))
+
+
+def greeting_change() -> str:
+    """The merge patch (``kubectl patch --type=merge -p``) that changes the app's greeting."""
+    return json.dumps({"data": {"greeting": CHANGED_GREETING}})
+
+
+def log_line(log: Path, offset: int, event: str, *fields: str) -> str:
+    """The first line past byte ``offset`` of a role's log (console format) that is ``event`` with each of
+    ``fields`` (``key=value``), whitespace squeezed; empty when there is none yet."""
+    try:
+        with log.open("rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        words = line.split()
+        if event in words and all(field in words for field in fields):
+            return " ".join(words)
+    return ""
+
+
 def app_cached(port: int) -> bool:
     """The device's local API serves the app's ConfigMap and Pod."""
     paths = (f"/api/v1/namespaces/{NAMESPACE}/configmaps/{CONFIG_MAP}", f"/api/v1/namespaces/{NAMESPACE}/pods/{POD}")
@@ -116,6 +159,22 @@ def local_kubectl(kubectl: Path, port: int, home: Path, *args: str) -> subproces
 
 
 @dataclass(frozen=True)
+class HubReturn:
+    """The cut-off edge once its hub was started again: the lines of its log that say it reconnected and
+    relisted (empty: not within the wait), and the greeting its local API then served."""
+
+    hub: str
+    url: str
+    reconnected: str
+    relisted: str
+    greeting: str
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.reconnected and self.relisted) and self.greeting == CHANGED_GREETING
+
+
+@dataclass(frozen=True)
 class AutonomyView:
     """What the step showed: which edge was cut off from which hub, and what kubectl read from it."""
 
@@ -126,6 +185,8 @@ class AutonomyView:
     answer: str
     """The line of kubectl's output about the app's Pod (empty: kubectl failed; ``error`` says why)."""
     error: str = ""
+    returned: HubReturn | None = None
+    """What followed when the hub was started again (None: it was not)."""
 
 
 def pod_line(output: str) -> str:
@@ -142,7 +203,22 @@ def summary_lines(view: AutonomyView | None, nodes: list[NodeAutonomy]) -> list[
             lines.append(f"  {view.answer}")
         else:
             lines.append(f"autonomy: {view.node} did not answer with {view.hub} stopped: {view.error}")
+        lines.extend(return_lines(view.node, view.returned))
     lines.extend(n.line() for n in nodes)
+    return lines
+
+
+def return_lines(node: str, back: HubReturn | None) -> list[str]:
+    """What followed the hub's return (none when it was not started again)."""
+    if back is None:
+        return []
+    lines = [f"autonomy: {back.hub} started again at {back.url}"]
+    lines.append(f"  {node} reconnected: {back.reconnected}" if back.reconnected else f"  {node} did NOT reconnect")
+    lines.append(f"  its cache relisted: {back.relisted}" if back.relisted else "  its cache was NOT relisted")
+    if back.greeting == CHANGED_GREETING:
+        lines.append(f"  its local API serves {CONFIG_MAP} as changed in the cloud meanwhile: {back.greeting!r}")
+    else:
+        lines.append(f"  its local API does NOT serve the change to {CONFIG_MAP}: greeting {back.greeting!r}")
     return lines
 
 
@@ -151,6 +227,13 @@ def as_json(view: AutonomyView | None, nodes: list[NodeAutonomy]) -> dict[str, A
     return {
         "cut": None
         if view is None
-        else {"node": view.node, "hub": view.hub, "command": view.command, "answer": view.answer, "error": view.error},
+        else {
+            "node": view.node,
+            "hub": view.hub,
+            "command": view.command,
+            "answer": view.answer,
+            "error": view.error,
+            "returned": None if view.returned is None else dataclasses.asdict(view.returned),
+        },
         "nodes": {n.name: {"status": n.status, "reason": n.reason, "label": n.label} for n in nodes},
     }

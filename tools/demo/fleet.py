@@ -8,6 +8,7 @@ can wipe it whole::
     <state>/tls/hub/            the hubs' serving certificate and the CA the edges trust
     <state>/tls/controller/     the webhook certificate the controller generates (certDir)
     <state>/config/             controller.yaml, hub-a.yaml, hub-b.yaml
+    <state>/run/<hub>.ports.json   the ports each hub bound (its portsFile), while it runs
     <state>/edges/<node>/       edge.yaml, token, data/ (the agent's SQLite store)
     <state>/logs/<name>.log     stdout + stderr of every nodetaskd process
 """
@@ -60,6 +61,14 @@ class Layout:
         return self.root / "config"
 
     @property
+    def run(self) -> Path:
+        return self.root / "run"
+
+    def ports(self, hub: str) -> Path:
+        """Where ``hub`` writes the ports it bound (its ``portsFile``): it starts on port 0."""
+        return self.run / f"{hub}.ports.json"
+
+    @property
     def record(self) -> Path:
         """PIDs of the processes this run started, for the next run should this one be killed."""
         return self.root / "pids"
@@ -77,6 +86,8 @@ class Layout:
 
 @dataclass(frozen=True)
 class Hub:
+    """A started hub, with the ports it reported it bound."""
+
     name: str
     port: int
     http_port: int
@@ -88,6 +99,29 @@ class Hub:
     @property
     def ready_url(self) -> str:
         return f"https://127.0.0.1:{self.http_port}/readyz"
+
+
+@dataclass(frozen=True)
+class HubState:
+    """A hub as the summary found it: its process, whether it answers ready, and the edges it holds."""
+
+    name: str
+    url: str
+    http_port: int
+    pid: int
+    starts: int
+    running: bool
+    ready: bool
+    edges: tuple[str, ...]
+    """The Nodes whose hub annotation names it."""
+
+    def line(self) -> str:
+        state = "running and ready" if self.ready else "running, NOT ready" if self.running else "NOT running"
+        starts = "once" if self.starts == 1 else f"{self.starts} times"
+        return (
+            f"{self.name}: {state} at {self.url} and https://127.0.0.1:{self.http_port} (pid {self.pid}, "
+            f"started {starts}), holding {', '.join(self.edges) or 'no edge'}"
+        )
 
 
 @dataclass(frozen=True)
@@ -155,14 +189,19 @@ def controller_config(layout: Layout, *, kubeconfig: Path, webhook_port: int, me
     )
 
 
-def hub_config(layout: Layout, hub: Hub, *, kubeconfig: Path, cert: Path, key: Path) -> Path:
+def hub_config(
+    layout: Layout, name: str, *, kubeconfig: Path, cert: Path, key: Path, port: int = 0, http_port: int = 0
+) -> Path:
+    """Hub ``name``'s config: on port 0 (a free port each, which it reports) unless given the ports of its last run."""
+    layout.run.mkdir(parents=True, exist_ok=True)
     return write_yaml(
-        layout.config / f"{hub.name}.yaml",
+        layout.config / f"{name}.yaml",
         {
             "kubeconfig": str(kubeconfig),
-            "hubId": hub.name,
-            "listen": f"127.0.0.1:{hub.port}",
-            "httpListen": f"127.0.0.1:{hub.http_port}",
+            "hubId": name,
+            "listen": f"127.0.0.1:{port}",
+            "httpListen": f"127.0.0.1:{http_port}",
+            "portsFile": str(layout.ports(name)),
             "tlsCertFile": str(cert),
             "tlsKeyFile": str(key),
         },

@@ -57,9 +57,11 @@ from pathlib import Path
 from typing import Final
 
 try:
+    from tools import ports
     from tools.provision import controlplane as _cp
 except ModuleNotFoundError:  # run as a script: tools/provision/ is on sys.path, the repository root is not
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tools import ports
     from tools.provision import controlplane as _cp
 
 STATE_FILE: Final = "runtime.json"
@@ -464,7 +466,7 @@ def start_registry(
         raise RuntimeServicesError("a registry takes basic credentials or token auth, not both")
     tools = tools or ensure_tools()
     state_dir = _prepare_dir(state_dir)
-    (port,) = _cp._free_ports(1)
+    port = ports.free_port()
     host = f"127.0.0.1:{port}"
     config: dict[str, object] = {
         "version": "0.1",

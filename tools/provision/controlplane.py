@@ -16,8 +16,8 @@ accepts empty strings under Go >= 1.16, builds ``cmd/kube-apiserver`` once with
 Debian's Go, and caches the binary outside the repository.  Everything comes from the
 Debian archive, so it works on machines that can only reach Debian and PyPI.
 
-This file is stdlib-only on purpose: it must run before (or without) the
-project's virtualenv.  Usage::
+This file is stdlib-only on purpose (like ``tools/ports.py``, which picks its
+servers' ports): it must run before (or without) the project's virtualenv.  Usage::
 
     python3 tools/provision/controlplane.py up      # build if needed, start, apply RBAC
     python3 tools/provision/controlplane.py status
@@ -45,14 +45,12 @@ import fcntl
 import functools
 import json
 import os
-import random
 import re
 import secrets
 import select
 import shlex
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -66,6 +64,12 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any, Final
+
+try:
+    from tools import ports
+except ModuleNotFoundError:  # run as a script: tools/provision/ is on sys.path, the repository root is not
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from tools import ports
 
 KUBERNETES_VERSION: Final = "1.20.2"
 """Upstream version inside Debian bookworm's ``kubernetes`` source package."""
@@ -555,41 +559,6 @@ def _stream_build(
 # --------------------------------------------------------------------------
 
 
-_LOWEST_CHOSEN_PORT = 10_000
-
-
-def _ephemeral_floor() -> int:
-    """The lowest port the kernel hands out on its own (to connect() and bind to port 0)."""
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32_768
-
-
-def _free_ports(count: int) -> list[int]:
-    """``count`` distinct, currently free loopback TCP ports, below the kernel's ephemeral range.
-
-    A port is chosen well before its server binds it (a hub's, half a minute later in the demo).
-    One from the ephemeral range could meanwhile become the local port of any outgoing loopback
-    connection (a registry push, an API call), and the server's bind then failed with EADDRINUSE;
-    below that range only an explicit bind takes a port. All the sockets are held open together so
-    that no port comes twice; a collision left shows up as a clear start-up error with the log tail."""
-    floor = _ephemeral_floor()
-    candidates = random.sample(range(_LOWEST_CHOSEN_PORT, floor), min(floor - _LOWEST_CHOSEN_PORT, 4 * count + 64))
-    with contextlib.ExitStack() as stack:
-        ports: list[int] = []
-        for port in candidates:
-            s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            ports.append(port)
-            if len(ports) == count:
-                return ports
-    raise RuntimeError(f"found only {len(ports)} of {count} free loopback ports below {floor}")
-
-
 def _proc_state(pid: int) -> str | None:
     """Kernel state letter of ``pid`` (``None`` if it does not exist)."""
     try:
@@ -1052,7 +1021,7 @@ def start(
     state_dir = state_dir.expanduser().resolve()
     _prepare_state_dir(state_dir)
 
-    etcd_port, peer_port, api_port = _free_ports(3)
+    etcd_port, peer_port, api_port = ports.free_ports(3)
     pki = state_dir / "pki"
     pki.mkdir(mode=0o700)
 
