@@ -5,11 +5,14 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+import msgspec
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from flows.binding_pace import Pace, paced
 from flows.toleration_binding import Binding
+from roles.config import ControllerConfig
 
 INTERVAL = 10.0
 BINDINGS = st.sampled_from([None, Binding(None), Binding(1), Binding(2), Binding(300)])
@@ -114,3 +117,10 @@ def test_a_change_back_before_the_interval_is_over_holds_nothing() -> None:
     assert (held, again) == (pace, INTERVAL)
     assert paced(held, Binding(30), now=2.0, interval=INTERVAL) == (pace, None)
 
+
+def test_the_interval_is_a_minute_unless_set_and_must_be_positive() -> None:
+    """``autonomyBindingInterval`` defaults to 60 s; zero (no pacing at all) is refused, naming the setting."""
+    assert ControllerConfig().autonomy_binding_interval == 60.0
+    assert msgspec.convert({"autonomyBindingInterval": 5}, ControllerConfig).autonomy_binding_interval == 5.0
+    with pytest.raises(msgspec.ValidationError, match=r"\$\.autonomyBindingInterval"):
+        msgspec.convert({"autonomyBindingInterval": 0}, ControllerConfig)
