@@ -10,6 +10,11 @@ whole seconds rounded up (OpenYurt truncates, so ``500ms`` would evict at once),
 longest duration. The seed's ``node.beta.openyurt.io/autonomy: "true"`` alone changes no Pod (the
 issue binds only nodes with a duration); with both, the seed's wins as in OpenYurt: forever.
 
+Unlike OpenYurt, only Pods whose namespace opts in (:func:`opted_in`) are bound: otherwise whoever
+may patch a Node would decide how long every other namespace's Pods on it survive an outage (a
+second, or for ever). A Pod in any other namespace is held to no binding, so one bound earlier gets
+its originals back and one never bound is never written.
+
 Each toleration's original seconds are saved first, once, in OpenYurt's Pod annotations
 (``apps.openyurt.io/original-not-ready-toleration-duration`` and ``...-unreachable-...``: whole
 seconds, or ``infinite`` for a toleration without seconds, which OpenYurt's first version
@@ -40,7 +45,7 @@ from typing import Any, Final
 
 import msgspec
 
-from nodetask.autonomy import DURATION_ANNOTATION, autonomy_request
+from nodetask.autonomy import BINDABLE_LABEL, DURATION_ANNOTATION, autonomy_request
 from nodetask.names import clip
 from schemas.core import Node, Pod, Toleration
 
@@ -57,6 +62,7 @@ __all__ = [
     "Refusal",
     "binding_for",
     "bound_pod",
+    "opted_in",
     "rebind",
     "whole_seconds",
 ]
@@ -105,6 +111,11 @@ def binding_for(node: Node | None) -> Binding | None:
     if not request.requested:
         return None
     return Binding(whole_seconds(request.duration))
+
+
+def opted_in(labels: Mapping[str, str]) -> bool:
+    """Whether a namespace with ``labels`` lets its Pods be bound: ``BINDABLE_LABEL`` is exactly ``"true"``."""
+    return labels.get(BINDABLE_LABEL) == "true"
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,6 +27,7 @@ from nodetask.phases import ConditionStatus
 
 __all__ = [
     "AUTONOMY_ANNOTATION",
+    "BINDABLE_LABEL",
     "CONDITION_TYPE",
     "DURATION_ANNOTATION",
     "FAILED_CHECKS_BEFORE_UNKNOWN",
@@ -43,6 +44,10 @@ AUTONOMY_ANNOTATION: Final = "node.beta.openyurt.io/autonomy"
 DURATION_ANNOTATION: Final = "node.openyurt.io/autonomy-duration"
 STATUS_LABEL: Final = "node.autonomy.openyurt.io/status"
 """The controller's approval, ``true`` or ``false`` from the condition (the seed's, never built upstream)."""
+BINDABLE_LABEL: Final = "nodetask.kubeedge.io/autonomy-bindable"
+"""On a Namespace, ``"true"``: its Pods' tolerations may be bound to their node's autonomy duration. Whoever
+may patch a Node then decides how long those Pods survive the node being unreachable, so a namespace
+has to say it accepts that (only this exact value does); Pods elsewhere are never bound."""
 CONDITION_TYPE: Final = "Autonomy"
 FAILED_CHECKS_BEFORE_UNKNOWN: Final = 3
 MAX_ERRORS_SHOWN: Final = 10

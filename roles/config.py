@@ -130,6 +130,11 @@ class ControllerConfig(_Config, frozen=True, kw_only=True):
     image_secret_namespaces: tuple[str, ...] = DEFAULT_IMAGE_SECRET_NAMESPACES
     """Namespaces whose Secrets an ImagePrePullJob's ``imageSecrets`` may name; the webhook refuses any
     other. Keep it equal to the hubs' setting (they refuse the rest too)."""
+    autonomy_binding_interval: Seconds = 60.0
+    """Seconds between two changes of the binding a Node's autonomy duration imposes on its Pods'
+    tolerations (``roles.controller.autonomy``): a change of the annotation within that time is held,
+    and the value it has when the time is up is applied. Whoever may patch the Node chooses the
+    duration; each change costs a patch of every bound Pod, so this bounds what flapping it costs."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -1,4 +1,4 @@
-"""The few built-in Kubernetes types nodetaskd reads or writes: Node, Pod, Lease, Event, Secret, Status.
+"""The few built-in Kubernetes types nodetaskd reads or writes: Node, Pod, Namespace, Lease, Event, Secret, Status.
 
 Only the fields used are typed; the rest of each object is ignored on decoding, so these are never
 written back whole (writes are patches or objects nodetaskd creates itself). :class:`RawObject` is
@@ -83,6 +83,14 @@ class Pod(ApiStruct, frozen=True):
     kind: str = "Pod"
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     spec: PodSpec = msgspec.field(default_factory=PodSpec)
+
+
+class Namespace(ApiStruct, frozen=True):
+    """A namespace: read for its labels (whether its Pods opt in to the autonomy binding)."""
+
+    api_version: str = "v1"
+    kind: str = "Namespace"
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
 
 
 class LeaseSpec(ApiStruct, frozen=True):

@@ -4,7 +4,8 @@ Selection, initial node entries, job phase, timeouts and Events are decided here
 instance holding the leader Lease; the hubs only execute. Under the same Lease it runs the
 diagnoses (``roles.controller.diagnoses``): OperationSets' paths, Diagnoses' stages and Tasks; and
 approves edge autonomy (``roles.controller.autonomy``): the approval label on the Nodes that ask
-for it, and their Pods' tolerations bound to the autonomy duration.
+for it, and their Pods' tolerations bound to the autonomy duration (in namespaces that opt in, and
+at most once per ``autonomyBindingInterval``).
 Every instance serves the admission webhooks and its health and metrics endpoints, leader or not,
 so admission never depends on the election. ``--feature-gates=disableNodeTaskV1alpha2`` turns the
 v1alpha2 node-job controllers off, as in KubeEdge.
@@ -65,7 +66,9 @@ async def run(cfg: RoleConfig, *, log: Log, config_path: Path | None = None) -> 
                 kube=kube, clock=Clock.start(), log=log, kinds=kinds, on_reconciled=metrics.observe_reconcile
             )
             diagnoses = DiagnosisController(kube=kube, clock=Clock.start(), log=log)
-            autonomy = AutonomyController(kube=kube, clock=Clock.start(), log=log)
+            autonomy = AutonomyController(
+                kube=kube, clock=Clock.start(), log=log, binding_interval=cfg.autonomy_binding_interval
+            )
             with metrics.tracking(reconciler):
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(diagnoses.run)

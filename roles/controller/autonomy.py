@@ -1,11 +1,17 @@
 """The controller's side of edge autonomy: the approval label on Nodes, and the pod binding.
 
-Nodes and the Pods bound to a node (``spec.nodeName`` set) are watched into caches; every event is
-decided at once by the pure rules (:mod:`flows.autonomy_approval`, :mod:`flows.toleration_binding`),
-and only an object with something to write gets a worker (one per object, serial), which decides
-again on the newest copy before writing. Nothing is written before both watches have listed, so no
-Pod is ever restored because its Node had not been seen yet, and a restarted controller that finds
-everything right writes nothing.
+Namespaces, Nodes and the Pods bound to a node (``spec.nodeName`` set) are watched into caches;
+every event is decided at once by the pure rules (:mod:`flows.autonomy_approval`,
+:mod:`flows.toleration_binding`, :mod:`flows.binding_pace`), and only an object with something to
+write gets a worker (one per object, serial), which decides again on the newest copy before writing.
+Nothing is written before every watch has listed, so no Pod is ever restored because its Node had
+not been seen yet, and a restarted controller that finds everything right writes nothing.
+
+A Node's binding reaches its Pods at most once per ``binding_interval`` (a change seen sooner is
+held, and the Node's binding when the interval ends is applied; a worker per node holding one looks
+again then), and only Pods in namespaces that opt in are held to it: a Pod anywhere else is held to
+no binding. So whoever may patch Nodes decides nothing about other namespaces' Pods, and flapping an
+annotation costs at most one patch of each bound Pod per node and interval.
 
 Writes are patches of what is owned: the one label (a merge patch of ``metadata.labels``), and a
 Pod's tolerations with the two saved-originals annotations (conditional on the Pod's
@@ -21,6 +27,7 @@ import anyio.abc
 import structlog
 
 from flows.autonomy_approval import label_change
+from flows.binding_pace import Pace, paced
 from flows.toleration_binding import (
     NOT_BOUND,
     NOT_RESTORED,
@@ -29,6 +36,7 @@ from flows.toleration_binding import (
     Refusal,
     binding_for,
     bound_pod,
+    opted_in,
     rebind,
 )
 from nodetask.clock import Clock
@@ -37,7 +45,7 @@ from roles.controller.keyed import KeyedWorkers
 from roles.controller.watches import Watch, follow
 from roles.events import object_event, record_event
 from roles.kube import ApiError, Conflict, Deleted, Invalid, Kube, Relisted, Upserted, WatchEvent
-from roles.kube.resources import NODES, PODS
+from roles.kube.resources import NAMESPACES, NODES, PODS
 from roles.kube.versions import revision
 from schemas.core import Node
 from schemas.meta import ObjectMeta
@@ -59,11 +67,16 @@ def _version(meta: ObjectMeta | BoundPod) -> int:
 class AutonomyController:
     """Labels the Nodes that ask for autonomy and binds their Pods' tolerations. Run :meth:`run` in a task group."""
 
-    def __init__(self, *, kube: Kube, clock: Clock, log: Log) -> None:
+    def __init__(self, *, kube: Kube, clock: Clock, log: Log, binding_interval: float) -> None:
         self._kube = kube
         self._clock = clock
         self._log = log.bind(controller="autonomy")
+        self._interval = binding_interval
+        self._bindable: set[str] = set()
+        """Namespaces whose Pods opt in to the binding."""
         self._nodes: dict[str, Node] = {}
+        self._paces: dict[str, Pace] = {}
+        """Per node (seen, or with Pods still bound to it), the binding its Pods are held to."""
         self._pods: dict[PodKey, BoundPod] = {}
         self._pods_on: dict[str, set[PodKey]] = {}
         """Pods by the node they are bound to."""
@@ -72,17 +85,26 @@ class AutonomyController:
         self._ready = anyio.Event()
         self._labels: KeyedWorkers[str]
         self._bindings: KeyedWorkers[PodKey]
+        self._held: KeyedWorkers[str]
+        """Per node with a change of binding held back, a worker that looks again when it may apply."""
         self.due = 0
         """Objects found with something to write (a worker started or poked), since start."""
         self.label_writes = 0
         self.pod_writes = 0
+        self.binding_changes = 0
+        """Changes of a node's applied binding, since start."""
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Watch and act until cancelled; ready once both watches' first lists have been taken in."""
+        """Watch and act until cancelled; ready once every watch's first list has been taken in."""
         async with anyio.create_task_group() as tg:
             self._labels = KeyedWorkers(tg, self._label_pass, ready=self._ready, log=self._log, what="autonomy label")
             self._bindings = KeyedWorkers(tg, self._pod_pass, ready=self._ready, log=self._log, what="pod binding")
-            watches = (Watch(NODES, self._on_node), Watch(PODS, self._on_pod, field_selector=BOUND_PODS))
+            self._held = KeyedWorkers(tg, self._held_pass, ready=self._ready, log=self._log, what="held binding")
+            watches = (
+                Watch(NAMESPACES, self._on_namespace),
+                Watch(NODES, self._on_node),
+                Watch(PODS, self._on_pod, field_selector=BOUND_PODS),
+            )
             await follow(tg, self._kube, watches, on_invalid=self._log_invalid)
             self._ready.set()
             task_status.started()
@@ -92,12 +114,41 @@ class AutonomyController:
 
     # ------------------------------------------------------------------------------------------ caches
 
+    def _on_namespace(self, event: WatchEvent) -> None:
+        match event:
+            case Relisted(objects=objects):
+                bindable = {ns.metadata.name for ns in objects if opted_in(ns.metadata.labels)}
+                changed, self._bindable = bindable ^ self._bindable, bindable
+                self._check_namespaces(changed)
+            case Upserted(obj=namespace):
+                self._opt(namespace.metadata.name, bindable=opted_in(namespace.metadata.labels))
+            case Deleted(obj=namespace):
+                self._opt(namespace.metadata.name, bindable=False)
+
+    def _opt(self, namespace: str, *, bindable: bool) -> None:
+        if bindable == (namespace in self._bindable):
+            return
+        if bindable:
+            self._bindable.add(namespace)
+        else:
+            self._bindable.discard(namespace)
+        self._check_namespaces({namespace})
+
+    def _check_namespaces(self, namespaces: set[str]) -> None:
+        # Rare (a namespace opting in or out): a walk over the cached Pods costs less than keeping an index.
+        if namespaces:
+            for key in [k for k in self._pods if k[0] in namespaces]:
+                self._check_pod(key)
+
     def _on_node(self, event: WatchEvent) -> None:
         match event:
             case Relisted(objects=objects):
+                seen = self._nodes.keys() | self._paces.keys()
                 self._nodes = {n.metadata.name: n for n in objects}
                 for node in self._nodes.values():
                     self._check_label(node)
+                for name in seen | self._nodes.keys():
+                    self._pace(name)
                 for key in self._pods:
                     self._check_pod(key)
             case Upserted(obj=node):
@@ -107,13 +158,10 @@ class AutonomyController:
                     return  # older than the copy a write of ours returned
                 self._nodes[name] = node
                 self._check_label(node)
-                if binding_for(before) != binding_for(node):
-                    for key in self._pods_on.get(name, ()):
-                        self._check_pod(key)
+                self._pace(name)
             case Deleted(obj=node):
                 self._nodes.pop(node.metadata.name, None)
-                for key in self._pods_on.get(node.metadata.name, ()):
-                    self._check_pod(key)
+                self._pace(node.metadata.name)
 
     def _on_pod(self, event: WatchEvent) -> None:
         match event:
@@ -124,6 +172,8 @@ class AutonomyController:
                 self._refused = {k: v for k, v in self._refused.items() if k in self._pods}
                 for key in self._pods:
                     self._check_pod(key)
+                for name in [n for n in self._paces if n not in self._nodes]:
+                    self._pace(name)  # deleted nodes whose Pods went unseen: their paces may go
             case Upserted(obj=pod):
                 stored = self._store_pod(bound_pod(pod))
                 if stored is not None:
@@ -136,6 +186,8 @@ class AutonomyController:
                     on_node.discard(gone)
                     if not on_node:
                         self._pods_on.pop(view.node, None)
+                        if view.node not in self._nodes:
+                            self._pace(view.node)  # the last Pod of a deleted node: its pace may go
                 self._refused.pop(gone, None)
 
     def _store_pod(self, pod: BoundPod) -> PodKey | None:
@@ -148,6 +200,43 @@ class AutonomyController:
         self._pods_on.setdefault(pod.node, set()).add(key)
         return key
 
+    def _pace(self, name: str) -> None:
+        if self._repace(name) is not None:
+            self._held.poke(name)
+
+    def _repace(self, name: str) -> float | None:
+        """Apply node ``name``'s binding if its pace allows, re-checking its Pods when the one they are held to
+        changes; the loop time to look again (a change held back), or None."""
+        before = self._paces.get(name)
+        wanted = binding_for(self._nodes.get(name))
+        pace, again = paced(before, wanted, now=anyio.current_time(), interval=self._interval)
+        if name not in self._nodes and pace.applied is None and again is None and name not in self._pods_on:
+            # A deleted node with no Pods left: nothing to hold to a pace (a Pod bound to the name later
+            # is written once, whatever the pace).
+            self._paces.pop(name, None)
+            return None
+        self._paces[name] = pace
+        held_to = None if before is None else before.applied
+        if pace.applied != held_to:
+            self.binding_changes += 1
+            if before is not None:  # a first sight (a start, a new Node) is no change worth a line per node
+                pods = len(self._pods_on.get(name, ()))
+                if pace.applied is None:
+                    self._log.info("autonomy_binding_withdrawn", node=name, pods=pods)
+                else:
+                    seconds = "forever" if pace.applied.seconds is None else pace.applied.seconds
+                    self._log.info("autonomy_binding_changed", node=name, seconds=seconds, pods=pods)
+            for key in self._pods_on.get(name, ()):
+                self._check_pod(key)
+        return again
+
+    def _binding(self, pod: BoundPod) -> Binding | None:
+        """What ``pod`` is held to: its node's applied binding when its namespace opts in, else none."""
+        if pod.namespace not in self._bindable:
+            return None
+        pace = self._paces.get(pod.node)
+        return None if pace is None else pace.applied
+
     def _check_label(self, node: Node) -> None:
         if label_change(node) is not None:
             self.due += 1
@@ -155,13 +244,16 @@ class AutonomyController:
 
     def _check_pod(self, key: PodKey) -> None:
         pod = self._pods[key]
-        binding = binding_for(self._nodes.get(pod.node))
+        binding = self._binding(pod)
         if self._refused.get(key) == (pod.resource_version, binding) or rebind(pod, binding) is None:
             return
         self.due += 1
         self._bindings.poke(key)
 
     # ------------------------------------------------------------------------------------------ passes
+
+    async def _held_pass(self, name: str) -> float | None:
+        return self._repace(name)
 
     async def _label_pass(self, name: str) -> float | None:
         node = self._nodes.get(name)
@@ -190,7 +282,7 @@ class AutonomyController:
         pod = self._pods.get(key)
         if pod is None:
             return None
-        binding = binding_for(self._nodes.get(pod.node))
+        binding = self._binding(pod)
         decision = rebind(pod, binding)
         if decision is None or self._refused.get(key) == (pod.resource_version, binding):
             return None

@@ -116,6 +116,7 @@ SECRETS: Resource[core.Secret] = Resource("v1", "secrets", core.Secret, namespac
 EVENTS: Resource[core.Event] = Resource("v1", "events", core.Event, namespaced=True)
 LEASES: Resource[core.Lease] = Resource("coordination.k8s.io/v1", "leases", core.Lease, namespaced=True)
 PODS: Resource[core.Pod] = Resource("v1", "pods", core.Pod, namespaced=True)
+NAMESPACES: Resource[core.Namespace] = Resource("v1", "namespaces", core.Namespace)
 
 # The kinds an edge's cache holds, kept whole (roles/cloud/cache_objects.py); a watch's snapshot of the
 # whole cluster keeps only each object's head, so that listing every Pod never holds them all at once,

@@ -1,7 +1,8 @@
 """The controller's autonomy approval and pod binding against the real API server, under the controller's RBAC.
 
 There is no kubelet and no hub here: the test creates Nodes, and Pods already bound to them
-(``spec.nodeName``), and writes each Node's ``Autonomy`` condition as a hub would.
+(``spec.nodeName``), and writes each Node's ``Autonomy`` condition as a hub would. The Pods' namespace
+(``default``) opts in to the binding while a test runs; ``CLOSED`` never does.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import pytest
 import structlog
 
 from flows.toleration_binding import FOREVER, NOT_READY, ORIGINAL_ANNOTATIONS, UNREACHABLE
-from nodetask.autonomy import AUTONOMY_ANNOTATION, CONDITION_TYPE, DURATION_ANNOTATION, STATUS_LABEL
+from nodetask.autonomy import AUTONOMY_ANNOTATION, BINDABLE_LABEL, CONDITION_TYPE, DURATION_ANNOTATION, STATUS_LABEL
 from nodetask.clock import Clock
 from roles.controller.autonomy import AutonomyController
 from roles.kube import ApiError, Kube, NotFound
@@ -32,6 +33,10 @@ from tests.integration.objects import kubectl, polled, unique
 
 pytestmark = pytest.mark.integration
 NS = "default"
+CLOSED = "autonomy-closed"
+"""A namespace that does not opt in to the binding."""
+INTERVAL = 0.2
+"""The controller's binding interval where pacing is not what a test is about: changes are held briefly."""
 SAVED_NOT_READY = ORIGINAL_ANNOTATIONS[NOT_READY]
 SAVED_UNREACHABLE = ORIGINAL_ANNOTATIONS[UNREACHABLE]
 DEFAULTS = [
@@ -48,7 +53,8 @@ class Cluster:
         self.cp = cp
         self.kube = kube
         self.nodes: list[str] = []
-        self.pods: list[str] = []
+        self.pods: dict[str, list[str]] = {}
+        """Names of the Pods made, by namespace."""
 
     async def node(self, **annotations: str) -> str:
         name = unique("edge")
@@ -65,7 +71,14 @@ class Cluster:
         condition["lastTransitionTime"] = Clock.start().stamp()
         await self.kube.merge_patch(NODES, node, {"status": {"conditions": [condition]}}, subresource="status")
 
-    async def pod(self, node: str, *, tolerations: list[dict[str, Any]] | None = None, **meta: Any) -> Pod:
+    async def opt(self, namespace: str, *, bindable: bool) -> None:
+        """Label ``namespace`` as opting in to the binding, or take the label off."""
+        label = f"{BINDABLE_LABEL}=true" if bindable else f"{BINDABLE_LABEL}-"
+        await kubectl(self.cp, "label", "namespace", namespace, label, "--overwrite")
+
+    async def pod(
+        self, node: str, *, tolerations: list[dict[str, Any]] | None = None, namespace: str = NS, **meta: Any
+    ) -> Pod:
         """A Pod bound to ``node``, as a scheduler binds one (admission adds the default tolerations it lacks)."""
         name = unique("pod")
         spec: dict[str, Any] = {
@@ -76,13 +89,14 @@ class Cluster:
         if tolerations is not None:
             spec["tolerations"] = tolerations
         doc = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, **meta}, "spec": spec}
-        created = await kubectl(self.cp, "create", "-n", NS, "-f", "-", "-o", "json", input=json.dumps(doc))
-        self.pods.append(name)
+        created = await kubectl(self.cp, "create", "-n", namespace, "-f", "-", "-o", "json", input=json.dumps(doc))
+        self.pods.setdefault(namespace, []).append(name)
         return msgspec.json.decode(created.stdout, type=Pod)  # as created: the controller may change it at once
 
     async def cleanup(self) -> None:
-        if self.pods:
-            await kubectl(self.cp, "delete", "pod", "-n", NS, "--grace-period=0", "--force", *self.pods)
+        for namespace, pods in self.pods.items():
+            await kubectl(self.cp, "delete", "pod", "-n", namespace, "--grace-period=0", "--force", *pods)
+        await self.opt(NS, bindable=False)
         for name in self.nodes:
             with contextlib.suppress(NotFound):
                 await self.kube.delete(NODES, name)
@@ -96,21 +110,26 @@ async def admin_kube(crds: ControlPlane) -> AsyncIterator[Kube]:
 
 @pytest.fixture
 async def cluster(crds: ControlPlane, admin_kube: Kube) -> AsyncIterator[Cluster]:
-    # Pod admission wants the namespace's default ServiceAccount, which no controller-manager makes here.
-    await anyio.to_thread.run_sync(
-        functools.partial(crds.kubectl, "create", "serviceaccount", "default", "-n", NS, check=False)
-    )
+    await anyio.to_thread.run_sync(functools.partial(crds.kubectl, "create", "namespace", CLOSED, check=False))
+    for namespace in (NS, CLOSED):
+        # Pod admission wants the namespace's default ServiceAccount, which no controller-manager makes here.
+        await anyio.to_thread.run_sync(
+            functools.partial(crds.kubectl, "create", "serviceaccount", "default", "-n", namespace, check=False)
+        )
     made = Cluster(crds, admin_kube)
     try:
+        await made.opt(NS, bindable=True)
         yield made
     finally:
         await made.cleanup()
 
 
 @asynccontextmanager
-async def running(kube: Kube) -> AsyncIterator[AutonomyController]:
-    """An autonomy controller, ready (both watches listed) on entry and stopped on exit."""
-    controller = AutonomyController(kube=kube, clock=Clock.start(), log=structlog.get_logger())
+async def running(kube: Kube, *, interval: float = INTERVAL) -> AsyncIterator[AutonomyController]:
+    """An autonomy controller, ready (every watch listed) on entry and stopped on exit."""
+    controller = AutonomyController(
+        kube=kube, clock=Clock.start(), log=structlog.get_logger(), binding_interval=interval
+    )
     async with anyio.create_task_group() as tg:
         await tg.start(controller.run)
         yield controller
@@ -125,8 +144,8 @@ async def node_when(kube: Kube, name: str, check: Callable[[Node], bool]) -> Nod
     return await polled(functools.partial(kube.get, NODES, name), check)
 
 
-async def pod_when(kube: Kube, name: str, check: Callable[[Pod], bool]) -> Pod:
-    return await polled(functools.partial(kube.get, PODS, name, namespace=NS), check)
+async def pod_when(kube: Kube, name: str, check: Callable[[Pod], bool], *, namespace: str = NS) -> Pod:
+    return await polled(functools.partial(kube.get, PODS, name, namespace=namespace), check)
 
 
 def tolerations(pod: Pod) -> list[dict[str, Any]]:
@@ -143,6 +162,11 @@ def saved(pod: Pod) -> dict[str, str]:
     return {k: v for k, v in pod.metadata.annotations.items() if k in ORIGINAL_ANNOTATIONS.values()}
 
 
+def bound_to(value: int | None) -> Callable[[Pod], bool]:
+    """The Pod's two tolerations have ``value`` seconds (None: none) and the originals are saved."""
+    return lambda pod: seconds(pod) == {NOT_READY: value, UNREACHABLE: value} and bool(saved(pod))
+
+
 async def writes(controller: AutonomyController, *, at_least: int) -> tuple[int, int]:
     """The controller's (label, pod) writes once they add up to ``at_least``: a write is counted when its
     answer is back, which can be after the test sees its effect."""
@@ -151,6 +175,15 @@ async def writes(controller: AutonomyController, *, at_least: int) -> tuple[int,
         return controller.label_writes, controller.pod_writes
 
     return await polled(fetch, lambda counts: sum(counts) >= at_least)
+
+
+async def pod_writes(controller: AutonomyController, *, at_least: int) -> int:
+    """The controller's Pod writes once they are ``at_least`` (counted when each answer is back)."""
+
+    async def fetch() -> int:
+        return controller.pod_writes
+
+    return await polled(fetch, lambda count: count >= at_least)
 
 
 async def event_reasons(cp: ControlPlane, uid: str, *, until: str) -> list[str]:
@@ -225,10 +258,6 @@ async def test_pods_on_a_node_with_a_duration_tolerate_it_and_get_their_own_tole
     elsewhere = await cluster.pod(other)
     originals = {p.metadata.name: tolerations(p) for p in (plain, forever)}
     assert originals[forever.metadata.name] == [no_seconds[0], DEFAULTS[1]]
-
-    def bound_to(value: int | None) -> Callable[[Pod], bool]:
-        return lambda pod: seconds(pod) == {NOT_READY: value, UNREACHABLE: value}
-
     async with running(controller_kube):
         first = await pod_when(admin_kube, plain.metadata.name, bound_to(90))
         assert saved(first) == {SAVED_NOT_READY: "300", SAVED_UNREACHABLE: "300"}
@@ -310,3 +339,58 @@ async def test_a_pod_the_binding_cannot_restore_exactly_is_left_alone_with_one_w
     reasons = await event_reasons(cluster.cp, refused.metadata.uid, until="TolerationsNotBound")
     assert reasons == ["TolerationsNotBound"]
     assert tolerations(await admin_kube.get(PODS, refused.metadata.name, namespace=NS))[:2] == mixed
+
+
+async def test_pods_in_a_namespace_that_does_not_opt_in_are_never_written(
+    cluster: Cluster, controller_kube: Kube, admin_kube: Kube
+) -> None:
+    """Whoever patches a Node decides nothing for a namespace without the opt-in label: its Pod on the node keeps
+    its resourceVersion through a 1s duration, forever and the withdrawal, while a Pod beside it in an opted-in
+    namespace is bound each time. Opting in binds it; opting out gives it back exactly what it had."""
+    node = await cluster.node(**{DURATION_ANNOTATION: "1s"})
+    closed = await cluster.pod(node, namespace=CLOSED)
+    sentinel = await cluster.pod(node)
+    name = closed.metadata.name
+    async with running(controller_kube):
+        await pod_when(admin_kube, sentinel.metadata.name, bound_to(1))
+        await cluster.annotate(node, {DURATION_ANNOTATION: "0"})
+        await pod_when(admin_kube, sentinel.metadata.name, bound_to(None))
+        await cluster.annotate(node, {DURATION_ANNOTATION: None})
+        await pod_when(admin_kube, sentinel.metadata.name, lambda pod: not saved(pod))
+        await cluster.annotate(node, {DURATION_ANNOTATION: "1s"})
+        await pod_when(admin_kube, sentinel.metadata.name, bound_to(1))
+        untouched = await admin_kube.get(PODS, name, namespace=CLOSED)
+        assert untouched.metadata.resource_version == closed.metadata.resource_version
+
+        await cluster.opt(CLOSED, bindable=True)
+        try:
+            await pod_when(admin_kube, name, bound_to(1), namespace=CLOSED)
+        finally:
+            await cluster.opt(CLOSED, bindable=False)
+        restored = await pod_when(admin_kube, name, lambda pod: not saved(pod), namespace=CLOSED)
+    assert tolerations(restored) == tolerations(closed)
+
+
+async def test_a_flapping_duration_costs_each_pod_one_patch_per_interval_and_ends_on_its_last_value(
+    cluster: Cluster, controller_kube: Kube, admin_kube: Kube
+) -> None:
+    """300 patches of one Node's duration (1s, forever, 2s, ..., then 45s) reach its Pods at most once per binding
+    interval, so each Pod is patched at most 1 + T / interval times over the T seconds from the first patch
+    to the last value seen on every Pod; that last value is the one they keep."""
+    interval = 3.0
+    node = await cluster.node(**{DURATION_ANNOTATION: "90s"})
+    pods = [await cluster.pod(node) for _ in range(3)]
+    async with running(controller_kube, interval=interval) as controller:
+        for pod in pods:
+            await pod_when(admin_kube, pod.metadata.name, bound_to(90))
+        before = await pod_writes(controller, at_least=len(pods))
+        start = anyio.current_time()
+        for i in range(299):
+            await cluster.annotate(node, {DURATION_ANNOTATION: ("1s", "0", "2s")[i % 3]})
+        await cluster.annotate(node, {DURATION_ANNOTATION: "45s"})
+        for pod in pods:
+            final = await pod_when(admin_kube, pod.metadata.name, bound_to(45))
+            assert saved(final) == {SAVED_NOT_READY: "300", SAVED_UNREACHABLE: "300"}
+        patched = await pod_writes(controller, at_least=before + len(pods)) - before
+        spent = anyio.current_time() - start
+    assert patched <= len(pods) * (1 + spent / interval), f"{patched} Pod patches in {spent:.1f}s"

@@ -137,6 +137,7 @@ ALLOWED = {
         "list pods -n default",
         "watch pods",
         "patch pods -n default",
+        "watch namespaces",  # which namespaces opt in to the toleration binding
         "patch nodes",
         "create events -n default",
         f"update leases.coordination.k8s.io -n {NAMESPACE}",
@@ -171,6 +172,7 @@ REFUSED = {
         "delete pods -n default",
         "create pods --subresource=eviction -n default",
         "patch pods --subresource=status -n default",
+        "patch namespaces",  # opting a namespace in to the binding is never the controller's decision
     ],
     CLOUD_SA: [
         "get secrets -n default",  # Secrets only in kube-system, never cluster-wide

@@ -23,10 +23,11 @@ from flows.toleration_binding import (
     Refusal,
     binding_for,
     bound_pod,
+    opted_in,
     rebind,
     whole_seconds,
 )
-from nodetask.autonomy import AUTONOMY_ANNOTATION, DURATION_ANNOTATION
+from nodetask.autonomy import AUTONOMY_ANNOTATION, BINDABLE_LABEL, DURATION_ANNOTATION
 from schemas.core import Node, Pod, PodSpec, Toleration
 from schemas.meta import ObjectMeta, OwnerReference
 
@@ -295,3 +296,19 @@ def test_the_binding_s_view_of_a_pod_knows_which_pods_to_leave_alone() -> None:
         assert view.exempt == exempt
         assert view.node == "edge-1"
     assert bound_pod(Pod(metadata=cases[""], spec=spec)).originals == {NOT_READY_SAVED: "300"}
+
+
+@pytest.mark.parametrize(
+    ("labels", "bindable"),
+    [
+        ({BINDABLE_LABEL: "true"}, True),
+        ({}, False),
+        ({BINDABLE_LABEL: "True"}, False),
+        ({BINDABLE_LABEL: ""}, False),
+        ({BINDABLE_LABEL: "false"}, False),
+        ({"kubernetes.io/metadata.name": "apps"}, False),
+    ],
+)
+def test_only_a_namespace_labelled_exactly_true_opts_in_to_the_binding(labels: dict[str, str], bindable: bool) -> None:
+    """The opt-in is closed by default: no label, an empty one or any spelling but ``true`` keeps Pods unbound."""
+    assert opted_in(labels) is bindable
