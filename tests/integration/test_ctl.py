@@ -85,7 +85,8 @@ async def test_watch_prints_a_line_per_change_off_a_terminal_and_exits_0_when_th
         watch = await anyio.open_process(_ctl(crds, "watch", name), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             lines = Lines(watch)
-            with anyio.fail_after(60):
+            # Three CLI processes start in here: on a loaded machine each takes seconds to import.
+            with anyio.fail_after(180):
                 first = await lines.next()  # the edges are not connected yet: nothing can move
                 async with running_edges(light_edge(n, hub.url, tokens[n], delay=0.2) for n in nodes):
                     seen = await lines.rest()
@@ -129,7 +130,8 @@ async def test_confirm_releases_paused_nodes_and_watch_exits_1_when_the_job_fail
         )
         try:
             lines = Lines(watch)
-            with anyio.fail_after(60):
+            # Three CLI processes start in here: on a loaded machine each takes seconds to import.
+            with anyio.fail_after(180):
                 opening = json.loads(await lines.next())
                 one = await _run_ctl(crds, "confirm", name, first)
                 annotated = (await cloud_kube.get(UPGRADES, name)).metadata.annotations.get(CONFIRM_ANNOTATION)

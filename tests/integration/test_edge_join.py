@@ -9,9 +9,12 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -62,8 +65,19 @@ async def _wait_for(check: object, limit_s: float = 60) -> None:
             await anyio.sleep(0.2)
 
 
+@pytest.fixture
+def device() -> Iterator[Path]:
+    """The device's directory, with a short path: the agent's control socket under it must fit in 107 bytes, and
+    pytest's tmp_path (longer still under a parallel run's worker) may not."""
+    root = Path(tempfile.mkdtemp(prefix="ntd-join-", dir="/tmp"))
+    try:
+        yield root / "device"  # made by the test, as an operator would
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 async def test_token_create_then_edge_join_brings_a_real_agent_to_a_real_hub(
-    crds: ControlPlane, cloud_kube: Kube, tmp_path: Path
+    crds: ControlPlane, cloud_kube: Kube, tmp_path: Path, device: Path
 ) -> None:
     """The token Secret is created, the join's files start the agent, the hub marks the Node, reset undoes the join."""
     node, hub_id = unique("joined"), unique("hub")
@@ -86,7 +100,7 @@ async def test_token_create_then_edge_join_brings_a_real_agent_to_a_real_hub(
     }
     (tmp_path / "hub.yaml").write_bytes(msgspec.yaml.encode(hub_config))
     hub = RoleProcess("hub", tmp_path / "hub.yaml", "cloud", tmp_path / "hub.log")
-    operator, device = tmp_path / "operator", tmp_path / "device"
+    operator = tmp_path / "operator"
     operator.mkdir()
     root = device / "root"
     admin_kubeconfig = f"--kubeconfig={crds.kubeconfig('admin')}"
@@ -124,14 +138,14 @@ async def test_token_create_then_edge_join_brings_a_real_agent_to_a_real_hub(
         assert workdir == layout.data_dir
 
         # The agent, started as the unit starts it.
-        with (device / "agent.log").open("wb") as log:
+        with (tmp_path / "agent.log").open("wb") as log:
             launcher = await anyio.open_process(
                 command, cwd=workdir, env=_this_checkout(), stdout=log, stderr=subprocess.STDOUT
             )
 
         async def marked() -> bool:
             assert launcher is not None
-            assert launcher.returncode is None, (device / "agent.log").read_text()
+            assert launcher.returncode is None, (tmp_path / "agent.log").read_text()
             annotations = (await cloud_kube.get(NODES, node)).metadata.annotations
             return annotations.get(HUB_ANNOTATION) == hub_id and bool(annotations.get(AGENT_VERSION_ANNOTATION))
 
