@@ -71,7 +71,8 @@ def device() -> Iterator[Path]:
     pytest's tmp_path (longer still under a parallel run's worker) may not."""
     root = Path(tempfile.mkdtemp(prefix="ntd-join-", dir="/tmp"))
     try:
-        yield root / "device"  # made by the test, as an operator would
+        (root / "device").mkdir()
+        yield root / "device"
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
@@ -127,7 +128,6 @@ async def test_token_create_then_edge_join_brings_a_real_agent_to_a_real_hub(
         (join_line,) = [line.strip() for line in output.splitlines() if line.strip().startswith("nodetaskd edge join")]
 
         # The device: the token file carried over, and the printed line run there (into a temporary root).
-        device.mkdir()
         (device / f"{node}.token").write_bytes((operator / f"{node}.token").read_bytes())
         argv = shlex.split(join_line)[1:]
         joined = await _nodetaskd(*argv, f"--root={root}", cwd=device)
