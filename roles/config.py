@@ -236,6 +236,12 @@ class CloudConfig(_Config, frozen=True, kw_only=True):
     cache_fetch_burst: Annotated[int, msgspec.Meta(ge=256)] = 1000
     """Keys one node's edge may ask for at once, before ``cacheFetchRate`` applies: ten of an agent's
     repair frames. At least 256, the most keys one frame may name."""
+    autonomy_condition_interval: Seconds = 10.0
+    """Seconds between writes of one Node's Autonomy condition (an edge's check changes it at most every
+    10 s): a condition an edge sends sooner waits, replaced by any it sends meanwhile, and the latest is
+    written when the interval is over. Each write costs a read and a patch of the Node, an Event when the
+    status changes, and the controller's approval label: an edge flapping its condition costs at most
+    that every interval."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -43,6 +43,7 @@ def settings_of(cfg: CloudConfig) -> HubSettings:
         cache_secrets=cfg.cache_secrets,
         cache_fetch_rate=cfg.cache_fetch_rate,
         cache_fetch_burst=cfg.cache_fetch_burst,
+        autonomy_condition_interval=cfg.autonomy_condition_interval,
     )
 
 

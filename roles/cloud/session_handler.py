@@ -12,8 +12,8 @@ links. A session:
    (and answered only after its write), anything unexpected answered with an Error frame; for an
    edge that listed ``cache.v1`` (and a hub offering it) its cache stream runs meanwhile
    (:mod:`~roles.cloud.cache_streams`), its fetches are answered (those beyond the node's rate of
-   keys with a ``rate_limited`` Error) and the Autonomy condition it reports written
-   (:mod:`~roles.cloud.autonomy_conditions`);
+   keys with a ``rate_limited`` Error) and the Autonomy condition it reports written, at most one
+   write per node every interval (:mod:`~roles.cloud.autonomy_conditions`);
 4. ends when the edge goes, when nothing came for ``missed_heartbeats`` intervals
    (:data:`~roles.cloud.sessions.HEARTBEAT_MISSED`), or when the hub ends it
    (:meth:`~roles.cloud.sessions.Session.end`: replaced, not reading, shutting down). The link is

@@ -41,3 +41,6 @@ class HubSettings:
     its sessions); a frame naming more than is left is refused whole with a ``rate_limited`` Error."""
     cache_fetch_burst: int = 1000
     """Keys a node's edge may fetch at once (at least ``MAX_FETCH_KEYS``, so that any frame can pass)."""
+    autonomy_condition_interval: float = 10.0
+    """Seconds between writes of one Node's Autonomy condition (each with its Event, if any): a condition
+    sent sooner waits, replaced by any sent after it, so that the latest one is written."""

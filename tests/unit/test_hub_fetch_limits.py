@@ -65,12 +65,12 @@ def test_a_bucket_gives_its_burst_at_once_then_its_rate_and_a_refusal_takes_noth
 
 
 def test_the_limits_are_cloud_settings_and_a_burst_smaller_than_one_frame_is_refused() -> None:
-    """cacheFetchRate and cacheFetchBurst reach the hub; a burst below 256 keys (one frame's most) would refuse
-    the largest frames for ever, and is a config error naming the key."""
-    cfg = load_config("cloud", None, {"cacheFetchRate": 5, "cacheFetchBurst": 300})
+    """cacheFetchRate, cacheFetchBurst and autonomyConditionInterval reach the hub; a burst below 256 keys (one
+    frame's most) would refuse the largest frames for ever, and is a config error naming the key."""
+    cfg = load_config("cloud", None, {"cacheFetchRate": 5, "cacheFetchBurst": 300, "autonomyConditionInterval": 30})
     assert isinstance(cfg, CloudConfig)
     settings = settings_of(cfg)
-    assert (settings.cache_fetch_rate, settings.cache_fetch_burst) == (5, 300)
+    assert (settings.cache_fetch_rate, settings.cache_fetch_burst, settings.autonomy_condition_interval) == (5, 300, 30)
     with pytest.raises(ConfigError, match="cacheFetchBurst"):
         load_config("cloud", None, {"cacheFetchBurst": MAX_FETCH_KEYS - 1})
 
