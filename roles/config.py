@@ -240,6 +240,21 @@ class CloudConfig(_Config, frozen=True, kw_only=True):
     cache_secrets: bool = False
     """Also send edges that ask (``cache.secrets``) the Secrets their Pods reference. Needs list and watch
     of Secrets in every namespace, which the base RBAC does not grant: add ``containers/deploy/cache-secrets``."""
+    cache_fetch_rate: Annotated[float, msgspec.Meta(gt=0)] = 20.0
+    """Keys a second one node's edge may ask for again (``CacheFetch``, the edge's repair loop), once
+    ``cacheFetchBurst`` is spent; a frame asking for more than is left is refused whole, with an Error
+    naming both settings (the edge asks again at its next repair). What is left outlives the session:
+    reconnecting does not refill it. Each key of the node's own Node or Pods costs the hub a read of the
+    API server; what the hub holds costs none."""
+    cache_fetch_burst: Annotated[int, msgspec.Meta(ge=256)] = 1000
+    """Keys one node's edge may ask for at once, before ``cacheFetchRate`` applies: ten of an agent's
+    repair frames. At least 256, the most keys one frame may name."""
+    autonomy_condition_interval: Seconds = 10.0
+    """Seconds between writes of one Node's Autonomy condition (an edge's check changes it at most every
+    10 s): a condition an edge sends sooner waits, replaced by any it sends meanwhile, and the latest is
+    written when the interval is over. Each write costs a read and a patch of the Node, an Event when the
+    status changes, and the controller's approval label: an edge flapping its condition costs at most
+    that every interval."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

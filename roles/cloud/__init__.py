@@ -42,6 +42,9 @@ def settings_of(cfg: CloudConfig) -> HubSettings:
         mark_pending_limit=cfg.mark_pending_limit,
         cache_streams=cfg.cache_streams,
         cache_secrets=cfg.cache_secrets,
+        cache_fetch_rate=cfg.cache_fetch_rate,
+        cache_fetch_burst=cfg.cache_fetch_burst,
+        autonomy_condition_interval=cfg.autonomy_condition_interval,
     )
 
 

@@ -11,10 +11,17 @@ list whole. (The hub's other Node writes, its session marks, are annotations: an
 path, so there is no write to share.) Writes are per node, one at a time, newest first: a condition
 sent while one is being written replaces any not yet begun. They belong to the hub, not to the
 session, so one under way when its edge disconnects still lands.
+
+An edge decides how often it sends its condition, and each write costs a read and a patch of the
+Node, an Event when the status changes and, in turn, the controller's write of the approval label.
+So the writes of one node begin at least ``interval`` seconds apart: a condition sent sooner waits,
+replaced by any sent after it (coalesced, never dropped: the latest one is written when the interval
+is over), so that an edge flapping its condition costs a bounded number of API writes a minute.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Final, Protocol
 
 import anyio
@@ -91,13 +98,17 @@ def with_autonomy(
 class AutonomyConditions:
     """Writes the Autonomy conditions edges send; run with :meth:`run`, hand each with :meth:`submit`."""
 
-    def __init__(self, api: ConditionApi, *, clock: Clock, metrics: HubMetrics, hub_id: str) -> None:
+    def __init__(self, api: ConditionApi, *, clock: Clock, metrics: HubMetrics, hub_id: str, interval: float) -> None:
+        """``interval``: the fewest seconds between two writes of one node's condition (see the module docstring)."""
         self._api = api
         self._clock = clock
         self._metrics = metrics
         self._hub_id = hub_id
+        self._interval = interval
         self._latest: dict[str, tuple[AutonomyCondition, Log]] = {}
         self._writing: set[str] = set()
+        self._begun: dict[str, float] = {}
+        """When each node's last write began (loop time); one entry per node that ever had a session."""
         self._tg: anyio.abc.TaskGroup | None = None
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -117,8 +128,13 @@ class AutonomyConditions:
 
     async def _writer(self, node: str) -> None:
         try:
-            while (item := self._latest.pop(node, None)) is not None:
-                await self._write(node, *item)
+            while node in self._latest:
+                wait = self._begun.get(node, -math.inf) + self._interval - anyio.current_time()
+                if wait > 0:
+                    await anyio.sleep(wait)  # what comes meanwhile replaces what waits
+                    continue
+                self._begun[node] = anyio.current_time()
+                await self._write(node, *self._latest.pop(node))
         finally:
             self._writing.discard(node)
 

@@ -56,7 +56,7 @@ class Feed:
         "behinds",
         "chunks",
         "failures",
-        "fetches",
+        "fetching",
         "filling",
         "last_behind",
         "log",
@@ -105,8 +105,9 @@ class Feed:
         """Consecutive failed lists for this node (the retry backoff's exponent)."""
         self.behinds = 0
         self.last_behind = -math.inf
-        self.fetches = 0
-        """CacheFetch answers waiting for a read of the API server."""
+        self.fetching: set[CacheKey] = set()
+        """Keys of CacheFetch answers waiting for (or under) a read of the API server: asked for again
+        meanwhile, they are not read again."""
         self._frame_limit = frame_limit
         self._on_behind = on_behind
         self._behind = False

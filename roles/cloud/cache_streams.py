@@ -24,6 +24,13 @@ How, and at what cost:
   (:mod:`~roles.cloud.cache_feed`).
 * ``CacheFetch`` (the edge's repair loop) is answered per key from the index, or for a Node or Pod
   of the node by reading it again; anything the node may not see is answered ``CacheDeleted``.
+  An edge chooses how often it asks, so what it may ask for is bounded: a token bucket of keys per
+  node (``cache_fetch_burst`` at once, then ``cache_fetch_rate`` a second; a frame naming more than
+  is left is refused whole, with an Error naming the settings), which outlives the session so that
+  reconnecting does not refill it, and a key whose read is still waiting or under way for the
+  session is not read again. (Reads cannot be shared between sessions: a Node or Pod
+  is only ever its own node's to see; the objects many nodes share, ConfigMaps and Secrets, are
+  answered from the one copy the hub holds, or once the one list of it under way ends.)
 """
 
 from __future__ import annotations
@@ -57,10 +64,11 @@ from roles.cloud.delay_queue import DelayQueue
 from roles.cloud.metrics import HubMetrics
 from roles.cloud.sessions import Session
 from roles.cloud.settings import HubSettings
+from roles.cloud.token_bucket import TokenBucket, level, take
 from roles.kube import ApiError, Relisted, WatchEvent
 from schemas.core import RawObject
 
-__all__ = ["FRAME_LIMIT", "MAX_FETCH_KEYS", "WORKERS", "CacheStreams"]
+__all__ = ["FRAME_LIMIT", "MAX_FETCH_KEYS", "RATE_LIMITED", "WORKERS", "CacheStreams", "Refusal"]
 
 Log = structlog.typing.FilteringBoundLogger
 
@@ -72,6 +80,8 @@ MAX_FETCH_KEYS: Final = 256
 """Keys in one CacheFetch; a longer one is refused (the repair loop asks again, in smaller steps)."""
 MAX_READS: Final = 256
 """CacheFetch answers per session waiting for a read of the API server; fetches beyond wait for later."""
+RATE_LIMITED: Final = "rate_limited"
+"""The Error code of a CacheFetch refused for the session's rate of keys."""
 RETRY: Final = Backoff(initial=1.0, cap=60.0)
 """Failed lists are retried after 1 s, doubling up to a minute."""
 BEHIND_FORGIVEN_S: Final = 300.0
@@ -98,6 +108,14 @@ class _Read:
 _Job = _Fill | _FillKey | _Read
 
 
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a CacheFetch is refused: the code and message of the Error frame that answers it."""
+
+    code: str
+    message: str
+
+
 def _retry_delay(failures: int) -> float:
     ceiling = min(RETRY.cap, RETRY.initial * 2.0 ** min(failures, 16))
     return Backoff(initial=ceiling, cap=ceiling).delay()
@@ -117,6 +135,10 @@ class CacheStreams:
     ) -> None:
         """``node_events`` also takes each event of the Node watch (the hub's one watch of Nodes); it must not raise."""
         self.enabled = settings.cache_streams
+        self._fetch_rate = settings.cache_fetch_rate
+        self._fetch_burst = settings.cache_fetch_burst
+        self._fetch_buckets: dict[str, TokenBucket] = {}
+        """What each node's edge may still fetch (kept past its session unless full again: one per node at most)."""
         self._node_events = node_events
         self._secrets = settings.cache_streams and settings.cache_secrets
         self._api = api
@@ -170,14 +192,29 @@ class CacheStreams:
         feed = self.index.feeds.get(session.node)
         if feed is not None and feed.session is session:
             self.index.detach(feed)
+            bucket = self._fetch_buckets.get(session.node)
+            if bucket is not None and level(bucket, anyio.current_time()) >= bucket.burst:
+                del self._fetch_buckets[session.node]  # as good as a new one
 
-    def fetch(self, session: Session, keys: tuple[CacheKey, ...]) -> str:
-        """Answer a CacheFetch (see the module docstring); a reason to refuse it, or empty."""
+    def fetch(self, session: Session, keys: tuple[CacheKey, ...]) -> Refusal | None:
+        """Answer a CacheFetch (see the module docstring); why it is refused, or None."""
         feed = self.index.feeds.get(session.node)
         if feed is None or feed.session is not session:
-            return "this session has no cache stream"
+            return Refusal("unexpected", "this session has no cache stream")
         if len(keys) > MAX_FETCH_KEYS:
-            return f"a fetch may name at most {MAX_FETCH_KEYS} keys, got {len(keys)}"
+            return Refusal("unexpected", f"a fetch may name at most {MAX_FETCH_KEYS} keys, got {len(keys)}")
+        now = anyio.current_time()
+        bucket = self._fetch_buckets.get(feed.node)
+        if bucket is None:
+            bucket = TokenBucket.full(rate=self._fetch_rate, burst=self._fetch_burst, now=now)
+        taken = take(bucket, len(keys), now)
+        if taken is None:
+            text = (
+                f"{len(keys)} keys refused: a node's edge may fetch {self._fetch_burst} keys at once, then"
+                f" {self._fetch_rate:g} a second (cacheFetchBurst, cacheFetchRate); ask again later"
+            )
+            return Refusal(RATE_LIMITED, text)
+        self._fetch_buckets[feed.node] = taken
         for key in keys:
             answer = self.index.answer(feed, key.kind, key.namespace, key.name)
             if answer.verdict == "send" and answer.raw is not None:
@@ -185,10 +222,10 @@ class CacheStreams:
             elif answer.verdict == "gone":
                 # Without a version (not the node's to see): the edge drops it whatever version it holds.
                 feed.push(CacheDeleted(key=key, resource_version=str(answer.rv) if answer.rv else ""))
-            elif answer.verdict == "read" and feed.fetches < MAX_READS:
-                feed.fetches += 1
+            elif answer.verdict == "read" and key not in feed.fetching and len(feed.fetching) < MAX_READS:
+                feed.fetching.add(key)
                 self._jobs.put(_Read(feed, key), first=True)
-        return ""
+        return None
 
     def _on_behind(self, feed: Feed) -> None:
         now = anyio.current_time()
@@ -254,7 +291,7 @@ class CacheStreams:
                     try:
                         await self._read(feed, key)
                     finally:
-                        feed.fetches -= 1
+                        feed.fetching.discard(key)
 
     async def _fill(self, feed: Feed, kind: str) -> None:
         if not self.index.needs_fill(feed, kind):

@@ -127,7 +127,9 @@ class Hub:
         self.cache: Final = CacheStreams(
             kube, settings=settings, metrics=metrics, log=self._log, node_events=self.marked_nodes.apply
         )
-        self.conditions: Final = AutonomyConditions(kube, clock=clock, metrics=metrics, hub_id=settings.hub_id)
+        self.conditions: Final = AutonomyConditions(
+            kube, clock=clock, metrics=metrics, hub_id=settings.hub_id, interval=settings.autonomy_condition_interval
+        )
         throttle = LogThrottle()
         self.websockets: Final = WebSocketDoor(
             settings=settings, tokens=self.tokens, metrics=metrics, throttle=throttle, log=self._log

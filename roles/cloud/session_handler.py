@@ -11,8 +11,9 @@ links. A session:
 3. serves frames: heartbeats are echoed, acks noted, each report applied in a task of its own
    (and answered only after its write), anything unexpected answered with an Error frame; for an
    edge that listed ``cache.v1`` (and a hub offering it) its cache stream runs meanwhile
-   (:mod:`~roles.cloud.cache_streams`), its fetches are answered and the Autonomy condition it
-   reports written (:mod:`~roles.cloud.autonomy_conditions`);
+   (:mod:`~roles.cloud.cache_streams`), its fetches are answered (those beyond the node's rate of
+   keys with a ``rate_limited`` Error) and the Autonomy condition it reports written, at most one
+   write per node every interval (:mod:`~roles.cloud.autonomy_conditions`);
 4. ends when the edge goes, when nothing came for ``missed_heartbeats`` intervals
    (:data:`~roles.cloud.sessions.HEARTBEAT_MISSED`), or when the hub ends it
    (:meth:`~roles.cloud.sessions.Session.end`: replaced, not reading, shutting down). The link is
@@ -301,8 +302,8 @@ class SessionHandler:
         if not self._cache.offered(session):
             await self._reject(session, "unexpected", _NOT_AGREED, log)
         elif isinstance(msg, CacheFetch):
-            if refused := self._cache.fetch(session, msg.keys):
-                await self._reject(session, "unexpected", refused, log)
+            if (refusal := self._cache.fetch(session, msg.keys)) is not None:
+                await self._reject(session, refusal.code, refusal.message, log)
         elif refused := condition_problem(msg):
             await self._reject(session, "bad_condition", refused, log)
         else:

@@ -36,3 +36,11 @@ class HubSettings:
     cache_secrets: bool = False
     """Also send the Secrets a node's Pods reference, to edges listing ``cache.secrets`` (needs the
     extra RBAC of ``containers/rbac/cache-secrets``: list and watch of Secrets in every namespace)."""
+    cache_fetch_rate: float = 20.0
+    """Keys a second one node's ``CacheFetch`` frames may name, after ``cache_fetch_burst`` at once (across
+    its sessions); a frame naming more than is left is refused whole with a ``rate_limited`` Error."""
+    cache_fetch_burst: int = 1000
+    """Keys a node's edge may fetch at once (at least ``MAX_FETCH_KEYS``, so that any frame can pass)."""
+    autonomy_condition_interval: float = 10.0
+    """Seconds between writes of one Node's Autonomy condition (each with its Event, if any): a condition
+    sent sooner waits, replaced by any sent after it, so that the latest one is written."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import anyio
@@ -149,3 +150,40 @@ async def test_a_condition_with_a_status_kubernetes_does_not_know_is_refused(
                 pass
     assert error.code == "bad_condition"
     assert _status_patches(api) == 0
+
+
+async def test_a_flapping_edge_costs_a_bounded_number_of_node_writes_and_the_last_condition_wins(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Ten conditions a second, True and Unknown in turn, for a minute: the Node is read and patched, and an
+    Event recorded, at most once per autonomyConditionInterval (the hub's session mark aside), and the last
+    condition sent is the one written."""
+    api = MemoryApi()
+    api.put(NODES, Node(metadata=ObjectMeta(name="n0"), status=NodeStatus(conditions=(READY,))))
+    interval, seconds, per_second = 10.0, 60, 10
+    async with running_hub(api, autonomy_condition_interval=interval) as (_, door):
+        edge = await _edge(door)
+        await anyio.sleep(1)  # the hub's mark on the Node (a read of its own) is done
+        reads = api.reads["nodes"]
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(edge.frames_within, math.inf)  # an edge reading its cache stream
+            for i in range(seconds * per_second):
+                unknown = AutonomyCondition(status="Unknown", reason="cache failed", message=f"flap {i}")
+                await edge.send(ENABLED if i % 2 else unknown)
+                await anyio.sleep(1 / per_second)
+            last = AutonomyCondition(status="False", reason="autonomy disabled", message="the last word")
+            await edge.send(last)
+            await until(
+                lambda: (c := _autonomy(api.peek(NODES, "n0"))) is not None and c.status == "False", 2 * interval
+            )
+            spent = (api.reads["nodes"] - reads, _status_patches(api), len(api.events))
+            tg.cancel_scope.cancel()
+    # One write at the first condition, then one per interval while they keep coming, and the last one's.
+    writes = math.ceil((seconds + interval) / interval) + 1
+    assert spent[0] <= writes
+    assert spent[1] <= writes
+    assert spent[2] <= writes
+    condition = _autonomy(api.peek(NODES, "n0"))
+    assert condition is not None
+    assert (condition.status, condition.reason, condition.message) == ("False", "autonomy disabled", "the last word")
+    assert api.events[-1].reason == "AutonomyDisabled"
