@@ -208,7 +208,6 @@ async def test_forty_slow_two_mib_answers_at_once_keep_the_agent_within_its_turn
             names = await edge.tasks(operation, 40, {"check": "disk"})
             tasks = await edge.ended(names, limit_s=600)
             peak = edge.memory_kib("VmHWM")
-    print(f"agent idle {idle} KiB, peak {peak} KiB, server peak {server.peak}")
     assert [t.status.phase for t in tasks] == [TaskPhase.SUCCEEDED] * 40, [t.status.conditions for t in tasks]
     assert server.answered == 40
     assert server.peak <= 4
