@@ -78,9 +78,9 @@ def test_a_devices_limits_on_tasks_load_into_the_agents_settings(tmp_path: Path)
 @pytest.mark.parametrize(
     ("entry", "named"),
     [
-        ("diagnosis: {maxConcurrentTasks: 0}", "maxConcurrentTasks"),
-        ("diagnosis: {maxRequestBytes: 1048576}", "maxRequestBytes"),
-        ("storeQuotaBytes: 4096", "storeQuotaBytes"),
+        ("diagnosis: {maxConcurrentTasks: 0}", "Expected `int` >= 1 - at `$.diagnosis.maxConcurrentTasks`"),
+        ("diagnosis: {maxRequestBytes: 1048576}", "Expected `int` <= 786432 - at `$.diagnosis.maxRequestBytes`"),
+        ("storeQuotaBytes: 4096", "Expected `int` >= 1048576 - at `$.storeQuotaBytes`"),
     ],
 )
 def test_a_devices_limit_out_of_range_is_refused_at_start_naming_it(tmp_path: Path, entry: str, named: str) -> None:
