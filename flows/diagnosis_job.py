@@ -50,7 +50,8 @@ it stays under the hub's default frame limit of 1 MiB, and a Task's status stays
 1.5 MiB with its request data."""
 MAX_REQUEST_BYTES: Final = 768 * 1024
 """Longest :class:`TaskRun` a hub sends: a RunAction carries it as it is, and an edge takes frames of
-at most 1 MiB."""
+at most 1 MiB. Each edge takes far less request data by default (its ``diagnosis.maxRequestBytes``,
+:mod:`roles.edge.task_limits`) and fails a Task with more, naming that setting."""
 
 
 class TaskRun(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

@@ -358,6 +358,16 @@ class DiagnosisConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel",
     files unless its owner lists where. Only root should be able to change these directories and
     their parents: whoever can replace one with a link decides what it holds."""
 
+    max_concurrent_tasks: Annotated[int, msgspec.Meta(ge=1, le=64)] = 4
+    """Tasks whose processors run at once on this device; the others wait their turn (holding none of their
+    data in memory meanwhile), each for at most its operation's ``timeoutSeconds``, then fail naming this
+    setting. Bounds what answers, scripts and collectors in flight take of the device's memory."""
+    max_request_bytes: Annotated[int, msgspec.Meta(ge=1 << 10, le=768 << 10)] = 128 << 10
+    """The most bytes (as JSON) of a Task's request data this device takes: its parameters, with what
+    earlier stages passed on and the names the cloud adds. A Task with more fails naming this setting,
+    and nothing of its data is stored. The default takes a Diagnosis's parameters at the controller's
+    64 KiB bound and one earlier result at its 64 KiB bound; a hub sends up to 768 KiB."""
+
     def __post_init__(self) -> None:
         for directory in self.tail_dirs:
             if not directory.startswith("/") or "\x00" in directory:
@@ -422,6 +432,9 @@ class EdgeConfig(_Config, frozen=True, kw_only=True):
 
     diagnosis: DiagnosisConfig = DiagnosisConfig()
     """What diagnosis processors may do here; closed by default. Not updatable by a ConfigUpdateJob."""
+    store_quota_bytes: Annotated[int, msgspec.Meta(ge=1 << 20)] = 64 << 20
+    """Once the agent's store holds this many bytes, new diagnosis Tasks fail naming this setting, and
+    nothing of their data is stored; results, reports, the cache and node jobs go on (up to the disk)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -9,6 +9,10 @@
   outbox in ``seq`` order and only when the hub acknowledges them (or refuses them for good), so
   an agent restart or an outage loses nothing: the outbox is flushed first on every connection.
 * Tasks interrupted by an agent restart resume at their first unrecorded action.
+* A new diagnosis Task whose request data is over ``diagnosis.maxRequestBytes``, or that arrives while
+  the store holds ``storeQuotaBytes``, is stored already failed, without its data, and reported like
+  any result (:mod:`roles.edge.task_limits`). A finished task's spec leaves the store with its last
+  acknowledged report.
 * The connection loop tries the hub URLs in turn with capped, jittered backoff; three silent
   heartbeat intervals count as a dead session.
 
@@ -32,6 +36,7 @@ import anyio
 import anyio.abc
 import structlog
 
+from flows import diagnosis_job
 from flows.jobtype import EdgeJobType
 from nodetask.clock import Clock
 from nodetask.link import OpenLink
@@ -56,6 +61,7 @@ from nodetask.messages import (
     RunAction,
     Welcome,
 )
+from roles.edge import task_limits
 from roles.edge.autonomy_manager import AutonomyManager
 from roles.edge.context import Actions
 from roles.edge.control import serve_control
@@ -97,6 +103,7 @@ class EdgeAgent:
         ``end_watches``)."""
         self.settings = settings
         self._store = store
+        self._clock = clock
         self._log = log.bind(node=settings.node)
         self._credentials: dict[str, tuple[Mapping[str, RegistryAuth], str]] = {}
         self._outbox = Outbox(store)
@@ -258,15 +265,19 @@ class EdgeAgent:
             credentials = credentials_of(run)
         # The attempt this one replaces forgets its credentials as it ends: only then are these kept.
         await self._tasks.end_before(run.job_uid, attempt)
+        spec = bytes(run.spec)
         try:
+            refusal = await self._refusal(run, spec)
             task, new = await self._store.add_task(
                 job_uid=run.job_uid,
                 route=str(run.route),
                 job_type=run.route.job_type,
-                spec=bytes(run.spec),
+                spec=spec,
                 run_action_id=run.id,
                 action=run.action,
                 attempt=attempt,
+                refusal=refusal,
+                finish_time=self._clock.stamp() if refusal else "",
             )
         except StoreError as exc:
             # Not acknowledged (the hub re-sends it after the next reconnect), but the reason is reported.
@@ -277,8 +288,23 @@ class EdgeAgent:
         if credentials is not None and task.attempt == attempt and task.state is not TaskState.FINISHED:
             self._credentials[run.job_uid] = credentials
         await session.send(Ack(id=run.id))
-        if new:
+        if new and refusal:
+            self._log.warning("task_refused", job=str(run.route), attempt=attempt, reason=refusal)
+            self._outbox.grew()
+        elif new:
             self._log.info("task_received", job=str(run.route), action=run.action, attempt=attempt)
             self._tasks.start(task.job_uid, task.attempt)
         elif not self._tasks.running(task.job_uid):
             await self._outbox.resend_latest(task)
+
+    async def _refusal(self, run: RunAction, spec: bytes) -> str:
+        """Why a diagnosis Task is refused if it is new (:mod:`roles.edge.task_limits`), or "" when it is not.
+
+        Errors: :class:`StoreError` when the store cannot say how much it holds."""
+        if run.route.job_type != diagnosis_job.RESOURCE_TYPE:
+            return ""
+        refusal = task_limits.request_refusal(spec, self.settings.max_request_bytes)
+        if not refusal:
+            used = await self._store.used_bytes()
+            refusal = task_limits.quota_refusal(used, self.settings.store_quota_bytes)
+        return refusal

@@ -38,6 +38,12 @@ class AgentSettings(msgspec.Struct, frozen=True):
     """How often errored cache keys are asked for again (``autonomy.repairPeriod``)."""
     task_retention: float = 7 * 24 * 3600.0
     """Seconds a finished task is kept after it was received, once its reports are acknowledged."""
+    store_quota_bytes: int = 64 << 20
+    """Bytes the store may hold before new diagnosis Tasks are refused (``storeQuotaBytes``)."""
+    max_request_bytes: int = 128 << 10
+    """The most bytes of request data a diagnosis Task may carry (``diagnosis.maxRequestBytes``)."""
+    max_concurrent_tasks: int = 4
+    """Diagnosis Tasks walked at once; the others wait their turn (``diagnosis.maxConcurrentTasks``)."""
 
 
 def edge_ssl_context(ca_file: str) -> ssl.SSLContext | None:
@@ -97,4 +103,7 @@ def settings_of(cfg: EdgeConfig, *, config_file: Path | None = None) -> AgentSet
         health_deadline=cfg.config_update_health_deadline,
         cache_secrets=cfg.local_api.serve_secrets,
         repair_period=cfg.autonomy.repair_period,
+        store_quota_bytes=cfg.store_quota_bytes,
+        max_request_bytes=cfg.diagnosis.max_request_bytes,
+        max_concurrent_tasks=cfg.diagnosis.max_concurrent_tasks,
     )

@@ -59,6 +59,8 @@ T = TypeVar("T")
 
 _DROPPED_KEPT: Final = 1000
 """How many dropped reports are kept for inspection; older ones are pruned as new ones arrive."""
+_NO_SPEC: Final = b""
+"""The spec of a task refused on arrival, and of a finished one once its reports have left the outbox."""
 
 
 # ------------------------------------------------------------------------------------------ records
@@ -91,7 +93,8 @@ class NodeTask(_Record, frozen=True):
     route: str
     job_type: str
     spec: bytes
-    """The job's spec as the hub sent it (JSON)."""
+    """The job's spec as the hub sent it (JSON); empty for a task refused on arrival, and for a finished one
+    once its reports have left the outbox."""
     run_action_id: str
     received_at: datetime
     state: TaskState
@@ -236,6 +239,47 @@ def _insert_report(conn: sqlite3.Connection, report: OutboxReport) -> OutboxRepo
     return msgspec.structs.replace(report, seq=cursor.lastrowid)
 
 
+def _insert_result(conn: sqlite3.Connection, task: NodeTask, progress: ActionProgress) -> OutboxReport:
+    """Record an action's result of ``task`` (replacing an earlier one of that action) and queue its report."""
+    conn.execute(
+        "INSERT INTO action_progress (job_uid, action, succ, finish_time, reason, extend)"
+        " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (job_uid, action) DO UPDATE SET succ = excluded.succ,"
+        " finish_time = excluded.finish_time, reason = excluded.reason, extend = excluded.extend",
+        (progress.job_uid, progress.action, progress.succ, progress.finish_time, progress.reason, progress.extend),
+    )
+    return _insert_report(
+        conn,
+        OutboxReport(
+            seq=0,
+            route=task.route,
+            job_uid=progress.job_uid,
+            action=progress.action,
+            succ=progress.succ,
+            finish_time=progress.finish_time,
+            reason=progress.reason,
+            extend=progress.extend,
+            attempt=task.attempt,
+        ),
+    )
+
+
+def _report_left(conn: sqlite3.Connection, seq: int) -> None:
+    """Take report ``seq`` out of the outbox; once its task has finished and has no report left, forget its spec.
+
+    A finished task is never walked again: what answers its RunAction again (its state, attempt and
+    results) stays, but its spec (a Task's request data, up to a hub's 768 KiB) would only take room
+    until the task's retention ends.
+    """
+    row = conn.execute("SELECT job_uid FROM outbox WHERE seq = ?", (seq,)).fetchone()
+    conn.execute("DELETE FROM outbox WHERE seq = ?", (seq,))
+    if row is not None:
+        conn.execute(
+            "UPDATE node_tasks SET spec = ? WHERE job_uid = ? AND state = ? AND spec != ?"
+            " AND NOT EXISTS (SELECT 1 FROM outbox WHERE job_uid = ?)",
+            (_NO_SPEC, row[0], str(TaskState.FINISHED), _NO_SPEC, row[0]),
+        )
+
+
 @final
 class EdgeStore:
     """The agent's durable state. Make one with :func:`open_store`; all methods are safe to call concurrently.
@@ -288,6 +332,8 @@ class EdgeStore:
         run_action_id: str,
         action: str,
         attempt: int = 1,
+        refusal: str = "",
+        finish_time: str = "",
     ) -> tuple[NodeTask, bool]:
         """Store a received node task, starting at ``action``; returns the stored task and whether this call
         stored it.
@@ -295,7 +341,11 @@ class EdgeStore:
         A task already known by its job UID and ``attempt`` is left as it is (a re-delivered
         RunAction), as is one at a later attempt (this RunAction is stale). A later attempt (a retry)
         replaces the stored one: its results and any exclusive hold go with it, in the same
-        transaction. The caller stops walking the replaced attempt first."""
+        transaction. The caller stops walking the replaced attempt first.
+
+        With ``refusal``, a task this call stores is stored finished, without its spec: ``action``
+        failed with ``refusal`` as its reason (at ``finish_time``) and its report is queued, all in the
+        same transaction. What a refused task keeps is what answers its RunAction again."""
         received_at = self._now()
 
         def op(conn: sqlite3.Connection) -> tuple[NodeTask, bool]:
@@ -318,13 +368,15 @@ class EdgeStore:
                     conn.execute("DELETE FROM action_progress WHERE job_uid = ?", (job_uid,))
                     conn.execute("DELETE FROM exclusive_hold WHERE job_uid = ?", (job_uid,))
                     conn.execute("DELETE FROM node_tasks WHERE job_uid = ?", (job_uid,))
+                if refusal:
+                    task = msgspec.structs.replace(task, spec=_NO_SPEC, state=TaskState.FINISHED)
                 conn.execute(
                     f"INSERT INTO node_tasks ({_TASK_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         job_uid,
                         route,
                         job_type,
-                        spec,
+                        task.spec,
                         run_action_id,
                         _stamp(received_at),
                         str(task.state),
@@ -332,6 +384,11 @@ class EdgeStore:
                         attempt,
                     ),
                 )
+                if refusal:
+                    failure = ActionProgress(
+                        job_uid=job_uid, action=action, succ=False, finish_time=finish_time, reason=refusal
+                    )
+                    _insert_result(conn, task, failure)
                 return task, True
 
         return await self._call(op)
@@ -382,6 +439,12 @@ class EdgeStore:
 
         def op(conn: sqlite3.Connection) -> int:
             with transaction(conn):
+                # Also those a store from before specs were forgotten on acknowledgement still holds.
+                conn.execute(
+                    "UPDATE node_tasks SET spec = ? WHERE state = ? AND spec != ?"
+                    " AND job_uid NOT IN (SELECT job_uid FROM outbox)",
+                    (_NO_SPEC, str(TaskState.FINISHED), _NO_SPEC),
+                )
                 return conn.execute(
                     "DELETE FROM node_tasks WHERE state = ? AND received_at < ?"
                     " AND job_uid NOT IN (SELECT job_uid FROM outbox)"
@@ -414,33 +477,7 @@ class EdgeStore:
                     raise TaskNotFoundError(
                         f"the node task of job UID {progress.job_uid!r} is at attempt {task.attempt}, not {attempt}"
                     )
-                conn.execute(
-                    "INSERT INTO action_progress (job_uid, action, succ, finish_time, reason, extend)"
-                    " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (job_uid, action) DO UPDATE SET succ = excluded.succ,"
-                    " finish_time = excluded.finish_time, reason = excluded.reason, extend = excluded.extend",
-                    (
-                        progress.job_uid,
-                        progress.action,
-                        progress.succ,
-                        progress.finish_time,
-                        progress.reason,
-                        progress.extend,
-                    ),
-                )
-                report = _insert_report(
-                    conn,
-                    OutboxReport(
-                        seq=0,
-                        route=task.route,
-                        job_uid=progress.job_uid,
-                        action=progress.action,
-                        succ=progress.succ,
-                        finish_time=progress.finish_time,
-                        reason=progress.reason,
-                        extend=progress.extend,
-                        attempt=task.attempt,
-                    ),
-                )
+                report = _insert_result(conn, task, progress)
                 conn.execute(
                     "UPDATE node_tasks SET state = ?, current_action = ? WHERE job_uid = ?",
                     (str(state), current_action or progress.action, progress.job_uid),
@@ -505,13 +542,32 @@ class EdgeStore:
 
         return await self._call(op)
 
+    async def used_bytes(self) -> int:
+        """Bytes of the store's file in use, free pages not counted: what ``storeQuotaBytes`` is measured against."""
+
+        def op(conn: sqlite3.Connection) -> int:
+            pages: int = conn.execute("PRAGMA page_count").fetchone()[0]
+            free: int = conn.execute("PRAGMA freelist_count").fetchone()[0]
+            size: int = conn.execute("PRAGMA page_size").fetchone()[0]
+            return (pages - free) * size
+
+        return await self._call(op)
+
     async def outbox_depth(self) -> int:
         """How many reports wait for a hub's acknowledgement."""
         return await self._call(lambda conn: int(conn.execute("SELECT COUNT(*) FROM outbox").fetchone()[0]))
 
     async def acknowledge(self, seq: int) -> bool:
-        """Forget a report a hub has durably applied; False if it was not pending (a repeated ack)."""
-        return await self._call(lambda conn: conn.execute("DELETE FROM outbox WHERE seq = ?", (seq,)).rowcount == 1)
+        """Forget a report a hub has durably applied; False if it was not pending (a repeated ack). The last
+        report of a finished task takes the task's spec with it."""
+
+        def op(conn: sqlite3.Connection) -> bool:
+            with transaction(conn):
+                pending = conn.execute("SELECT 1 FROM outbox WHERE seq = ?", (seq,)).fetchone() is not None
+                _report_left(conn, seq)
+            return pending
+
+        return await self._call(op)
 
     async def drop(self, seq: int, reason: str) -> bool:
         """Give up on a report a hub refused for good; it moves to the dropped reports. False if not pending."""
@@ -524,7 +580,7 @@ class EdgeStore:
                     f" SELECT {_REPORT_COLUMNS}, ?, ? FROM outbox WHERE seq = ?",
                     (reason, dropped_at, seq),
                 ).rowcount
-                conn.execute("DELETE FROM outbox WHERE seq = ?", (seq,))
+                _report_left(conn, seq)
                 conn.execute(
                     "DELETE FROM dropped_reports WHERE seq NOT IN"
                     " (SELECT seq FROM dropped_reports ORDER BY seq DESC LIMIT ?)",

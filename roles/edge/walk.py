@@ -9,6 +9,8 @@
 * Tasks interrupted by an agent restart resume at their first unrecorded action; which action
   comes next, and whether to pause for confirmation, is :mod:`flows.jobtype`'s pure decision.
 * An action raising anything but a restart request or a store failure fails its task only.
+* Diagnosis Tasks take turns: at most ``diagnosis.maxConcurrentTasks`` are walked at once, the others
+  wait without holding their data (:class:`roles.edge.task_limits.Turns`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import anyio
 import anyio.abc
 import structlog
 
+from flows import diagnosis_job
 from flows.jobtype import EdgeJobType, NextStep, next_step, resume_at
 from nodetask.clock import Clock
 from nodetask.messages import Report, Upstream
@@ -30,6 +33,7 @@ from roles.edge.context import Actions, Outcome, TaskContext
 from roles.edge.outbox import Outbox
 from roles.edge.settings import AgentSettings
 from roles.edge.store import ActionProgress, EdgeStore, NodeTask, StoreError, TaskState
+from roles.edge.task_limits import Turns, diagnosis_turns
 from roles.restart import RestartRequested
 
 __all__ = ["TaskRunner"]
@@ -89,6 +93,9 @@ class TaskRunner:
         self._ended = ended
         self._work: anyio.abc.TaskGroup | None = None
         self._running: dict[str, _Walk] = {}
+        self._turns: Mapping[str, Turns] = {
+            diagnosis_job.RESOURCE_TYPE: diagnosis_turns(settings.max_concurrent_tasks),
+        }
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Resume the stored running tasks, then keep walking the started ones until cancelled."""
@@ -218,17 +225,40 @@ class TaskRunner:
         )
 
     async def _walk_task(self, job_uid: str) -> bool:
-        """Walk the task until it ends (True) or pauses for a confirmation (False)."""
+        """Walk the task, in its turn if its job type takes turns, until it ends (True) or pauses for a
+        confirmation (False)."""
         task = await self._store.get_task(job_uid)
         if task is None:
             return True
+        turns = self._turns.get(task.job_type)
+        patience = turns.patience(task.spec) if turns is not None else None
+        if turns is None or patience is None:
+            return await self._walk_from(task)
+        # Waiting, a task holds none of its data: however many wait, they cost the device next to nothing.
+        del task
+        with anyio.move_on_after(patience) as waiting:
+            await turns.acquire()
+        if waiting.cancelled_caught:
+            missed = await self._store.get_task(job_uid)
+            if missed is not None:
+                self._log.warning("task_missed_its_turn", job=missed.route, waited_s=patience, turns=turns.limit)
+                await self._record(missed, missed.current_action, Outcome(False, turns.missed(patience)))
+            return True
+        try:
+            task = await self._store.get_task(job_uid)
+            return True if task is None else await self._walk_from(task)
+        finally:
+            turns.release()
+
+    async def _walk_from(self, task: NodeTask) -> bool:
+        """Walk ``task`` from its first unrecorded action: :meth:`_walk_task` without the turn."""
         log = self._log.bind(job=task.route, attempt=task.attempt)
         jt = self._types.get(task.job_type)
         if jt is None:
             await self._record(task, task.current_action, Outcome(False, f"unknown job type {task.job_type}"))
             return True
         spec, problem = jt.read_spec(task.spec)
-        done = {p.action: p.succ for p in await self._store.progress(job_uid)}
+        done = {p.action: p.succ for p in await self._store.progress(task.job_uid)}
         action = resume_at(jt, task.current_action, done)
         while action is not None:
             action_fn = self._actions.get((task.job_type, action))

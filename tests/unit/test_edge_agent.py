@@ -235,6 +235,8 @@ class FakeActions:
     processed: list[tuple[Processor, Mapping[str, str]]] = field(default_factory=list)
     """What the diagnosis processor was asked to run, in order."""
     processor_outcome: ProcessorOutcome = field(default_factory=lambda: ProcessorOutcome(True, {"open": "yes"}))
+    diagnosis: DiagnosisConfig = field(default_factory=DiagnosisConfig)
+    """The device's diagnosis config, as processors see it."""
 
     async def process(self, processor: Processor, request: Mapping[str, str], env: ProcessorEnv) -> ProcessorOutcome:
         self.processed.append((processor, request))
@@ -259,7 +261,7 @@ class FakeActions:
         async def no_status() -> Mapping[str, str]:
             return {}
 
-        env = ProcessorEnv(node=NODE, config=DiagnosisConfig(), cri_endpoint="", agent_status=no_status)
+        env = ProcessorEnv(node=NODE, config=self.diagnosis, cri_endpoint="", agent_status=no_status)
         return {
             (PREPULL, imageprepulljob.CHECK): check,
             (PREPULL, imageprepulljob.PULL): pull,
@@ -287,9 +289,13 @@ async def running_edge(
     relisted: Callable[[], object] | None = None,
     refuse: int = 0,
     task_retention: float = 7 * 24 * 3600.0,
+    store_quota_bytes: int = 64 << 20,
+    max_request_bytes: int = 128 << 10,
+    max_concurrent_tasks: int = 4,
+    actions: FakeActions | None = None,
 ) -> AsyncIterator[Edge]:
     """An agent with its store in ``tmp_path``, connected to a fake hub (whose Welcome lists ``capabilities``),
-    under a guard of :data:`GUARD` seconds."""
+    under a guard of :data:`GUARD` seconds; its actions are ``actions`` (default: :class:`FakeActions`)."""
     settings = AgentSettings(
         node=NODE,
         version="v0.1.0",
@@ -299,8 +305,11 @@ async def running_edge(
         thresholds=Thresholds(),
         cache_secrets=cache_secrets,
         task_retention=task_retention,
+        store_quota_bytes=store_quota_bytes,
+        max_request_bytes=max_request_bytes,
+        max_concurrent_tasks=max_concurrent_tasks,
     )
-    actions = FakeActions(block_pull=block_pull)
+    actions = actions or FakeActions(block_pull=block_pull)
     async with anyio.create_task_group() as tg:
         tg.start_soon(_tick)
         with anyio.fail_after(GUARD):

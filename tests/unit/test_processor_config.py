@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from roles.config import ConfigError, EdgeConfig, load_config
+from roles.edge.settings import settings_of
 
 
 def test_the_diagnosis_section_is_closed_by_default() -> None:
@@ -51,6 +52,41 @@ def test_a_bad_diagnosis_entry_is_refused_at_start_naming_it(tmp_path: Path, sec
     """A typo fails the agent's start with the setting's name, never a silently open or closed door."""
     path = tmp_path / "edge.yaml"
     path.write_text(f"diagnosis: {{{section}}}\n")
+    with pytest.raises(ConfigError) as raised:
+        load_config("edge", path, {})
+    assert named in str(raised.value)
+
+
+def test_a_devices_limits_on_tasks_load_into_the_agents_settings(tmp_path: Path) -> None:
+    """``diagnosis.maxConcurrentTasks``, ``diagnosis.maxRequestBytes`` and ``storeQuotaBytes`` reach the agent;
+    left out, they are 4 Tasks, 128 KiB and 64 MiB."""
+    (tmp_path / "token").write_text("t0ken")
+    base = f"nodeName: edge-1\nhubUrls: [ws://hub.test]\ntokenFile: {tmp_path / 'token'}\n"
+    path = tmp_path / "edge.yaml"
+    path.write_text(base)
+    defaults = load_config("edge", path, {})
+    assert isinstance(defaults, EdgeConfig)
+    limits = settings_of(defaults)
+    assert (limits.max_concurrent_tasks, limits.max_request_bytes, limits.store_quota_bytes) == (4, 128 << 10, 64 << 20)
+    path.write_text(base + "storeQuotaBytes: 2097152\ndiagnosis: {maxConcurrentTasks: 1, maxRequestBytes: 4096}\n")
+    config = load_config("edge", path, {})
+    assert isinstance(config, EdgeConfig)
+    settings = settings_of(config)
+    assert (settings.max_concurrent_tasks, settings.max_request_bytes, settings.store_quota_bytes) == (1, 4096, 2 << 20)
+
+
+@pytest.mark.parametrize(
+    ("entry", "named"),
+    [
+        ("diagnosis: {maxConcurrentTasks: 0}", "Expected `int` >= 1 - at `$.diagnosis.maxConcurrentTasks`"),
+        ("diagnosis: {maxRequestBytes: 1048576}", "Expected `int` <= 786432 - at `$.diagnosis.maxRequestBytes`"),
+        ("storeQuotaBytes: 4096", "Expected `int` >= 1048576 - at `$.storeQuotaBytes`"),
+    ],
+)
+def test_a_devices_limit_out_of_range_is_refused_at_start_naming_it(tmp_path: Path, entry: str, named: str) -> None:
+    """No Task at a time, more request data than a hub sends, or a quota under 1 MiB: the start fails naming it."""
+    path = tmp_path / "edge.yaml"
+    path.write_text(entry + "\n")
     with pytest.raises(ConfigError) as raised:
         load_config("edge", path, {})
     assert named in str(raised.value)
