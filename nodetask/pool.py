@@ -8,10 +8,15 @@ from the upstream handler, twice on some paths, and never on timeout).
 
 A pool belongs to one job *UID*: a job deleted and re-created under the same name gets a fresh pool,
 and the old one has unwound completely before :meth:`JobPool.interrupt` returns.
+
+A node task waiting for something outside the pool (a hub's Pending node waiting for the job to have
+a free slot, which another hub's nodes hold) lends its token meanwhile (:meth:`JobPool.token_lent`):
+holding it, it would keep a node already dispatched, queued behind it, from running at all.
 """
 
 from __future__ import annotations
 
+import contextvars
 import enum
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -30,6 +35,9 @@ OnEnd = Callable[[str, "NodeTaskEnd"], None]
 """Told once per node task how it ended; synchronous so it also runs while being cancelled."""
 
 _Queued = tuple[str, NodeWork, float, OnEnd | None]
+
+_HOLDING: contextvars.ContextVar[list[bool]] = contextvars.ContextVar("nodetask_pool_holding")
+"""In a node task: whether it holds its token now (one mutable cell per task, set where the task starts)."""
 
 
 class NodeTaskEnd(enum.StrEnum):
@@ -125,26 +133,52 @@ class JobPool:
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         end = NodeTaskEnd.INTERRUPTED
+        holding = [False]
+        _HOLDING.set(holding)
         try:
-            async with self._limiter:
-                task_status.started()
-                self._in_flight += 1
-                self.peak_in_flight = max(self.peak_in_flight, self._in_flight)
-                try:
-                    with anyio.move_on_after(limit_s) as scope:
-                        await work()
-                        end = NodeTaskEnd.FINISHED
-                    if scope.cancelled_caught:
-                        end = NodeTaskEnd.TIMED_OUT
-                except anyio.get_cancelled_exc_class():
-                    raise
-                except BaseException:
-                    end = NodeTaskEnd.FAILED
-                    raise
-                finally:
-                    self._in_flight -= 1
+            await self._take(holding)
+            task_status.started()
+            try:
+                with anyio.move_on_after(limit_s) as scope:
+                    await work()
+                    end = NodeTaskEnd.FINISHED
+                if scope.cancelled_caught:
+                    end = NodeTaskEnd.TIMED_OUT
+            except anyio.get_cancelled_exc_class():
+                raise
+            except BaseException:
+                end = NodeTaskEnd.FAILED
+                raise
         finally:
+            self._give(holding)
             self._end(node, end, on_end)
+
+    async def _take(self, holding: list[bool]) -> None:
+        await self._limiter.acquire()
+        holding[0] = True
+        self._in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self._in_flight)
+
+    def _give(self, holding: list[bool]) -> None:
+        if holding[0]:
+            holding[0] = False
+            self._in_flight -= 1
+            self._limiter.release()
+
+    @asynccontextmanager
+    async def token_lent(self) -> AsyncIterator[None]:
+        """Inside this block the calling node task gives its token to the next one queued, and takes one again
+        (in turn, behind those already waiting) on leaving; cancelled meanwhile, it leaves without one.
+
+        Only for a node task of this pool waiting on something outside it: the timeout still counts.
+        """
+        holding = _HOLDING.get()
+        self._give(holding)
+        try:
+            yield
+        finally:
+            if not holding[0]:
+                await self._take(holding)
 
     def interrupt(self) -> None:
         """Cancel every node task of the job; see :meth:`wait_closed` to wait for the unwinding."""

@@ -224,9 +224,14 @@ class JobRunner:
                     # Most changes of a job free no slot (reports of its running nodes, another hub's
                     # claims, this claim's own fresh read): trying again on each would cost a read of
                     # the job every time. At least one change, then one that may have freed a slot.
-                    await changed.wait()
-                    while not self._may_claim(node):
-                        await self._changed.wait()
+                    # Meanwhile the pool's token goes to the next node: when other hubs' nodes hold the
+                    # slots, that may be one of theirs adopted here (its hub gone), which must run to
+                    # free a slot at all.
+                    assert self._pool is not None  # node tasks run in it
+                    async with self._pool.token_lent():
+                        await changed.wait()
+                        while not self._may_claim(node):
+                            await self._changed.wait()
                 case _:
                     log.info("node_not_claimed", outcome=outcome)
                     return False

@@ -281,6 +281,30 @@ async def test_a_report_for_a_job_deleted_mid_run_is_answered_job_gone(autojump_
         assert (gone.code, gone.ref) == ("job_gone", "3")
 
 
+async def test_nodes_adopted_from_a_dead_hub_run_while_this_hubs_pending_nodes_wait_for_a_slot(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Another hub claimed both slots and died; its nodes reconnect here after this hub's Pending ones began
+    waiting for a slot, and still get their RunActions (the waiting claims hold no token of the pool)."""
+    api = MemoryApi()
+    edge_nodes(api, "n0", "n1", "n2", "n3")
+    entries = [("n0", IN_PROGRESS), ("n1", IN_PROGRESS), ("n2", PENDING), ("n3", PENDING)]
+    api.put(PREPULLS, prepull_job("adopt", "uid-adopt", entries, concurrency=2))
+    async with running_hub(api) as (_, door):
+        waiting = {node: door.connect(node) for node in ("n2", "n3")}
+        for edge in waiting.values():
+            await edge.hello()
+        await anyio.sleep(5)  # both claims came back full and wait
+        adopted = {node: door.connect(node) for node in ("n0", "n1")}
+        with anyio.fail_after(60):
+            for node, edge in adopted.items():
+                await edge.hello()
+                run = await edge.next_of(RunAction)
+                assert (run.route.job, run.route.node) == ("adopt", node)
+        for edge in waiting.values():
+            assert not [f for f in await edge.frames_within(1) if isinstance(f, RunAction)]
+
+
 async def test_a_report_meeting_an_unserved_resource_is_retried_not_answered_job_gone(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

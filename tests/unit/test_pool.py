@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -202,3 +203,66 @@ def test_pool_matches_the_fifo_model(program: Program) -> None:
     assert {n: (e, t) for n, (e, t, _) in expected.items()} == rec.ended
     assert {n: d for n, (_, _, d) in expected.items() if d is not None} == rec.dispatched
     assert rec.max_in_flight <= max(program.concurrency, 1)
+
+
+async def test_a_task_waiting_outside_the_pool_lends_its_token_to_the_next_and_takes_one_back_in_turn(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """With concurrency 1, a task lending its token lets the one queued behind it run; it then resumes holding one."""
+    order: list[str] = []
+    slot_free = anyio.Event()
+
+    async with open_job_pool(uid="u", concurrency=1) as pool:
+
+        async def waiting() -> None:
+            order.append("waiting: has token")
+            async with pool.token_lent():
+                order.append("waiting: lent")
+                await slot_free.wait()
+            order.append(f"waiting: has token again ({pool.in_flight} in flight)")
+
+        async def adopted() -> None:
+            order.append(f"adopted: runs ({pool.in_flight} in flight)")
+            await anyio.sleep(1)
+            slot_free.set()
+            await anyio.sleep(1)
+            order.append("adopted: done")
+
+        pool.start("pending", waiting, timeout=math.inf)
+        pool.start("adopted", adopted, timeout=math.inf)
+    assert order == [
+        "waiting: has token",
+        "waiting: lent",
+        "adopted: runs (1 in flight)",
+        "adopted: done",
+        "waiting: has token again (1 in flight)",
+    ]
+    assert pool.peak_in_flight == 1
+    assert pool.ended == {"adopted": NodeTaskEnd.FINISHED, "pending": NodeTaskEnd.FINISHED}
+
+
+async def test_a_task_cancelled_while_lending_its_token_leaves_without_giving_one_back(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A timeout inside the lent block ends the task; the pool's tokens stay balanced for the next one."""
+    ran: list[str] = []
+
+    async with open_job_pool(uid="u", concurrency=1) as pool:
+
+        async def stuck() -> None:
+            async with pool.token_lent():
+                await anyio.sleep_forever()
+
+        async def holder() -> None:
+            await anyio.sleep(10)  # holds the token when the stuck one times out and would take it back
+            ran.append("holder")
+
+        async def after() -> None:
+            ran.append(f"after ({pool.in_flight} in flight)")
+
+        pool.start("stuck", stuck, timeout=5)
+        pool.start("holder", holder, timeout=math.inf)
+        pool.start("after", after, timeout=math.inf)
+    assert ran == ["holder", "after (1 in flight)"]
+    assert pool.ended["stuck"] is NodeTaskEnd.TIMED_OUT
+    assert pool.peak_in_flight == 1
