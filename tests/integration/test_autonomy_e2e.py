@@ -371,9 +371,13 @@ async def test_a_full_disk_turns_autonomy_unknown_on_the_fourth_failing_check_an
             changes = condition_changes(agent_log(log))
             assert [status for status, _ in changes] == ["False", "True", "Unknown"]
             assert changes[-1] == ("Unknown", 4)
-            events, _, _ = await kube.list(EVENTS, namespace=NS, field_selector=f"involvedObject.name={node}")
-            warnings = [(e.reason, e.type) for e in events if e.reason == "AutonomyUnknown"]
-            assert warnings == [("AutonomyUnknown", "Warning")]
+
+            # The hub records the Event after the condition's write, so it may land a moment after it.
+            async def warnings() -> list[tuple[str, str]]:
+                events, _, _ = await kube.list(EVENTS, namespace=NS, field_selector=f"involvedObject.name={node}")
+                return [(e.reason, e.type) for e in events if e.reason == "AutonomyUnknown"]
+
+            assert await polled(warnings, bool) == [("AutonomyUnknown", "Warning")]
 
             # A crash on the full disk: the launcher starts the agent again, which finds the keys it lost.
             killed = await agent_of(launcher)
