@@ -11,15 +11,23 @@ hub URLs, the token, the CA), each file is written atomically, and a record of w
 that failed half-way. Base install only: this runs on the device.
 
 Security defaults: a hub URL must be ``wss://`` (the token crosses the network), unless
-``--allow-plain-ws``; an existing join is never overwritten without ``--force``.
+``--allow-plain-ws``; an existing join is never overwritten without ``--force``. The token and CA
+files must be regular files of a bounded size (a FIFO would hang the join, ``/dev/zero`` fill its
+memory), and the token must look like one (:mod:`roles.token_format`), so that no other file is
+installed and sent to the hubs as the node's token. The root may hold no control characters, and
+the paths written into the unit are quoted by systemd's rules, so no path can add a line to it.
+
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import ssl
+import stat
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -28,13 +36,21 @@ from typing import Final
 import msgspec
 
 from roles.config import EdgeConfig
+from roles.edge.config_pending import pending_path
 from roles.edge.control import control_socket
 from roles.files import write_atomically
+from roles.token_format import token_problem
 
-__all__ = ["JoinError", "Layout", "join", "render_unit", "reset"]
+__all__ = ["JoinError", "Layout", "join", "render_unit", "reset", "systemd_command", "systemd_path"]
 
 UNIT_NAME: Final = "nodetaskd-edge.service"
 DEFAULT_DATA_DIR: Final = "/var/lib/nodetaskd"
+MAX_TOKEN_FILE_BYTES: Final = 4096
+"""A token file holds one line of at most 1,024 characters (``roles.token_format``); anything larger is not one."""
+MAX_CA_FILE_BYTES: Final = 1 << 20
+"""A CA bundle of a few hundred certificates; a file larger than this is not the hubs' CA."""
+_SAFE_WORD: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_./+:,=-")
+"""Characters a word of a unit's command line may hold unquoted."""
 
 
 class JoinError(ValueError):
@@ -75,6 +91,21 @@ class Layout:
     def unit(self) -> Path:
         return self.root / "etc" / "systemd" / "system" / UNIT_NAME
 
+    @property
+    def files(self) -> tuple[Path, ...]:
+        """Every file join writes, and the one the agent leaves beside its configuration during an update."""
+        return (self.config, self.token, self.ca, self.unit, pending_path(self.config))
+
+    @property
+    def parents(self) -> tuple[Path, ...]:
+        """The directories above the config and data directories and the unit, up to (not including) the root."""
+        found: list[Path] = []
+        for top in (self.config_dir, self.data_dir, self.unit.parent):
+            for directory in (top, *top.parents):
+                if self.root in directory.parents and directory not in (self.config_dir, self.data_dir, *found):
+                    found.append(directory)
+        return tuple(found)
+
 
 class JoinRecord(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """What a join created: reset removes these and nothing else."""
@@ -87,18 +118,68 @@ class JoinRecord(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """Directories above those that the join created; reset removes them when they are empty."""
 
 
+def path_problem(path: str) -> str:
+    """What keeps ``path`` out of a systemd unit or a configuration line; empty if nothing.
+
+    A control character (a newline above all) would start a new line of the unit, and a path that is
+    not UTF-8 cannot be written into it at all.
+    """
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in path):
+        return "holds a control character (a newline would add a line to the systemd unit)"
+    try:
+        path.encode()
+    except UnicodeEncodeError:
+        return "is not valid UTF-8"
+    return ""
+
+
+def systemd_command(argv: Sequence[str]) -> str:
+    """``argv`` as the value of a unit's ``ExecStart``, each word quoted by systemd's rules when it needs it.
+
+    Inside double quotes systemd undoes C escapes (so ``\\`` and ``"`` are escaped) and ``%`` starts
+    a specifier (``%%`` is one ``%``); in the arguments, not the program, ``$`` starts an environment
+    variable (``$$`` is one ``$``).
+    """
+    words = []
+    for index, word in enumerate(argv):
+        if word and set(word) <= _SAFE_WORD:
+            words.append(word)
+            continue
+        escaped = word.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+        if index:
+            escaped = escaped.replace("$", "$$")
+        words.append(f'"{escaped}"')
+    return " ".join(words)
+
+
+def systemd_path(path: Path) -> str:
+    """An absolute ``path`` as a unit's ``WorkingDirectory``: systemd expands only specifiers there."""
+    return str(path).replace("%", "%%")
+
+
 def render_unit(template: str, *, python: str, config: Path, data_dir: Path) -> str:
     """The packaged unit with this installation's interpreter, configuration and data directory.
 
     ``StateDirectory`` (which makes systemd create ``/var/lib/nodetaskd``) stays only when the data
     directory is that one.
+
+    Errors: :class:`JoinError` naming a path that holds a control character (checked again here,
+    whoever the caller: a newline would add a line to the unit).
     """
+    for what, path in (("the interpreter's path", python), ("the configuration's path", str(config))):
+        if problem := path_problem(path) or ("" if path.startswith("/") else "is not absolute"):
+            raise JoinError(f"{what} {path!r} {problem}")
+    if any(c in python for c in "\"'\\"):
+        raise JoinError(f"the interpreter's path {python!r} holds a quote or backslash: systemd starts no such program")
+    if problem := path_problem(str(data_dir)):
+        raise JoinError(f"the data directory {str(data_dir)!r} {problem}")
     lines = []
     for line in template.splitlines():
         if line.startswith("ExecStart="):
-            lines.append(f"ExecStart={python} -m roles.edge.launcher --config {config}")
+            command = (python, "-m", "roles.edge.launcher", "--config", str(config))
+            lines.append(f"ExecStart={systemd_command(command)}")
         elif line.startswith("WorkingDirectory="):
-            lines.append(f"WorkingDirectory={data_dir}")
+            lines.append(f"WorkingDirectory={systemd_path(data_dir)}")
         elif not (line.startswith("StateDirectory") and str(data_dir) != DEFAULT_DATA_DIR):
             lines.append(line)
     return "\n".join(lines) + "\n"
@@ -119,24 +200,74 @@ def _check_hubs(hubs: tuple[str, ...], *, allow_plain_ws: bool) -> None:
             )
 
 
-def _read_token(path: Path) -> bytes:
+def _kind(mode: int) -> str:
+    kinds = {
+        stat.S_ISFIFO: "a FIFO",
+        stat.S_ISCHR: "a character device",
+        stat.S_ISBLK: "a block device",
+        stat.S_ISDIR: "a directory",
+        stat.S_ISSOCK: "a socket",
+    }
+    return next((name for test, name in kinds.items() if test(mode)), "not a regular file")
+
+
+def _read_input(path: Path, what: str, limit: int) -> bytes:
+    """The content of the regular file ``path`` (``what`` names it in errors), at most ``limit`` bytes.
+
+    Opened without blocking (a FIFO with no writer would otherwise hang here) and looked at before
+    a byte is read, so that a device, FIFO or directory is refused however much it could give.
+    """
     try:
-        token = path.read_bytes().strip()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as exc:
-        raise JoinError(f"cannot read the token file {path}: {exc.strerror or exc}") from None
-    if not token:
+        raise JoinError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise JoinError(f"{what} {path} is {_kind(info.st_mode)}: give a regular file")
+        if info.st_size > limit:
+            raise JoinError(f"{what} {path} is {info.st_size} bytes; it cannot be more than {limit}")
+        with os.fdopen(os.dup(fd), "rb") as file:
+            data = file.read(limit + 1)
+    except OSError as exc:
+        raise JoinError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:  # it grew after it was looked at
+        raise JoinError(f"{what} {path} is more than {limit} bytes")
+    return data
+
+
+def _read_token(path: Path) -> bytes:
+    data = _read_input(path, "the token file", MAX_TOKEN_FILE_BYTES)
+    try:
+        token = data.decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise JoinError(
+            f"the token file {path} does not hold a node token: it holds bytes that are not ASCII"
+        ) from None
+    if token == "":
         raise JoinError(f"the token file {path} is empty (`nodetaskd token create NODE` writes one)")
-    return token + b"\n"
+    if problem := token_problem(token):
+        raise JoinError(f"the token file {path} does not hold a node token: it {problem} (`token create` writes one)")
+    return f"{token}\n".encode()
 
 
 def _read_ca(path: Path) -> bytes:
+    data = _read_input(path, "the CA file", MAX_CA_FILE_BYTES)
     try:
-        ssl.create_default_context(cafile=str(path))
-        return path.read_bytes()
-    except ssl.SSLError as exc:  # before OSError, which it is a subclass of
-        raise JoinError(f"the CA file {path} holds no usable PEM certificate ({exc.reason})") from None
-    except OSError as exc:
-        raise JoinError(f"cannot read the CA file {path}: {exc.strerror or exc}") from None
+        ssl.create_default_context(cadata=data.decode("ascii"))
+    except (ssl.SSLError, UnicodeDecodeError, ValueError) as exc:
+        reason = getattr(exc, "reason", None) or "not PEM text"
+        raise JoinError(f"the CA file {path} holds no usable PEM certificate ({reason})") from None
+    return data
+
+
+def _checked_root(root: Path) -> Path:
+    """``root`` as an absolute path with its links resolved; refused if a path under it cannot go into the unit."""
+    if problem := path_problem(str(root)):
+        raise JoinError(f"--root {str(root)!r} {problem}")
+    return root.resolve()
 
 
 def join(
@@ -154,7 +285,7 @@ def join(
 
     Errors: :class:`JoinError` naming the bad input or the existing join, before anything is written.
     """
-    layout = Layout(root)
+    layout = Layout(_checked_root(root))
     _check_hubs(hubs, allow_plain_ws=allow_plain_ws)
     token = _read_token(token_file)
     ca = _read_ca(ca_file) if ca_file is not None else None
@@ -172,18 +303,14 @@ def join(
         raise JoinError(f"the edge configuration would be invalid: {exc}") from None
     if (layout.record.exists() or layout.config.exists()) and not force:
         raise JoinError(
-            f"{root} already has an edge configuration ({layout.config}): run `nodetaskd edge reset` first,"
+            f"{layout.root} already has an edge configuration ({layout.config}): run `nodetaskd edge reset` first,"
             " or give --force to overwrite it (the data directory is kept)"
         )
+    unit = render_unit(_unit_template(), python=python, config=layout.config, data_dir=layout.data_dir)
 
     files = [layout.config, layout.token, layout.unit, *([layout.ca] if ca is not None else [])]
     created = [d for d in (layout.config_dir, layout.data_dir) if not d.exists()]
-    parents = [
-        d
-        for top in (layout.config_dir, layout.data_dir, layout.unit.parent)
-        for d in (top, *top.parents)
-        if d not in (layout.config_dir, layout.data_dir) and root in d.parents and not d.exists()
-    ]
+    parents = [d for d in layout.parents if not d.exists()]
     previous = _load_record(layout) if force else None
     record = JoinRecord(
         node=node,
@@ -205,7 +332,6 @@ def join(
     write_atomically(layout.config, msgspec.yaml.encode(config), mode=0o600)
     done.append(f"wrote the agent's configuration to {layout.config} (node {node}, hubs {', '.join(hubs)})")
     layout.unit.parent.mkdir(parents=True, exist_ok=True)
-    unit = render_unit(_unit_template(), python=python, config=layout.config, data_dir=layout.data_dir)
     write_atomically(layout.unit, unit.encode(), mode=0o644)
     done.append(f"wrote the systemd unit {layout.unit} (ExecStart: {python} -m roles.edge.launcher)")
     done.append("start it: systemctl daemon-reload && systemctl enable --now nodetaskd-edge")

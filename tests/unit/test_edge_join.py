@@ -2,29 +2,42 @@
 
 from __future__ import annotations
 
+import os
+import resource
+import shutil
 import socket
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from roles.cli import main
 from roles.config import EdgeConfig, load_config
 from roles.join import JoinError, Layout, join, render_unit, reset
 from roles.tls import generate_serving_certificate
 
+TOKEN = "0P2JxTsk7bWk4iJx1qkJd5Ql2m6vyUeXv2VYg8TnQ-E"
+"""Shaped as ``token create`` makes them (43 URL-safe characters)."""
 TEMPLATE = (Path(__file__).resolve().parents[2] / "containers" / "systemd" / "nodetaskd-edge.service").read_text()
 
 
 @pytest.fixture
 def token(tmp_path: Path) -> Path:
     path = tmp_path / "edge-1.token"
-    path.write_text("s3cret-token\n")
+    path.write_text(f"{TOKEN}\n")
     return path
 
 
 def _join(root: Path, token: Path, **options: object) -> list[str]:
-    arguments: dict[str, object] = {"node": "edge-1", "hubs": ("wss://hub.example:10004",), "token_file": token}
-    return join(root=root, python="/opt/nodetaskd/venv/bin/python", **{**arguments, **options})  # type: ignore[arg-type]
+    arguments: dict[str, object] = {
+        "node": "edge-1",
+        "hubs": ("wss://hub.example:10004",),
+        "token_file": token,
+        "python": "/opt/nodetaskd/venv/bin/python",
+    }
+    return join(root=root, **{**arguments, **options})  # type: ignore[arg-type]
 
 
 def _tree(root: Path) -> list[str]:
@@ -55,7 +68,7 @@ def test_join_writes_the_token_config_data_directory_and_unit_under_the_root(tmp
     ca = generate_serving_certificate(tmp_path / "ca", dns_names=["hub.example"]).cert_file.parent / "ca.crt"
     done = _join(root, token, ca_file=ca)
     layout = Layout(root)
-    assert layout.token.read_text() == "s3cret-token\n"
+    assert layout.token.read_text() == f"{TOKEN}\n"
     assert stat.S_IMODE(layout.token.stat().st_mode) == 0o600
     assert stat.S_IMODE(layout.config.stat().st_mode) == 0o600
     assert stat.S_IMODE(layout.data_dir.stat().st_mode) == 0o700
@@ -149,3 +162,125 @@ def test_reset_refuses_while_the_agent_answers_on_its_control_socket(tmp_path: P
         import shutil
 
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _cli(*args: str, limit_memory: bool = False) -> subprocess.CompletedProcess[str]:
+    """``nodetaskd ARGS`` in its own process (a hang or an exhausted memory then fails only it)."""
+
+    def cap_memory() -> None:  # 1 GiB of address space: this interpreter with the base install needs ~50 MiB
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    return subprocess.run(
+        [sys.executable, "-m", "roles.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        preexec_fn=cap_memory if limit_memory else None,
+    )
+
+
+def _join_args(root: Path, token: Path, *extra: str) -> list[str]:
+    return [
+        "edge",
+        "join",
+        "--hub=wss://hub.example:10004",
+        "--node=edge-1",
+        f"--token-file={token}",
+        f"--root={root}",
+        *extra,
+    ]
+
+
+def test_a_root_with_a_newline_is_refused_before_anything_is_written(tmp_path: Path, token: Path) -> None:
+    """A newline in --root would add lines to the unit (ExecStartPre=...): join refuses it and writes nothing."""
+    root = tmp_path / "root\nExecStartPre=/bin/sh -c id"
+    done = _cli(*_join_args(root, token))
+    assert done.returncode == 2, done.stderr
+    assert "holds a control character" in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["edge-1.token"]
+
+
+def test_the_unit_quotes_paths_as_systemd_reads_them() -> None:
+    """Spaces, quotes, backslashes, % and $ in the paths reach systemd as they are, never as words or specifiers."""
+    config = Path('/r 100%/$HOME/"q"\\/edge.yaml')
+    unit = render_unit(TEMPLATE, python="/opt/my env/bin/python", config=config, data_dir=Path("/r 100%/var/lib/x"))
+    expected = (
+        'ExecStart="/opt/my env/bin/python" -m roles.edge.launcher --config "/r 100%%/$$HOME/\\"q\\"\\\\/edge.yaml"\n'
+    )
+    assert expected in unit
+    assert "WorkingDirectory=/r 100%%/var/lib/x\n" in unit
+    with pytest.raises(JoinError, match="the interpreter's path 'python3' is not absolute"):
+        render_unit(TEMPLATE, python="python3", config=config, data_dir=Path("/d"))
+    with pytest.raises(JoinError, match="holds a quote or backslash: systemd starts no such program"):
+        render_unit(TEMPLATE, python="/o'brien/python3", config=config, data_dir=Path("/d"))
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
+def test_systemd_reads_the_unit_of_a_join_under_an_awkward_root(tmp_path: Path, token: Path) -> None:
+    """systemd-analyze verify takes the written unit, and finds its interpreter at a path with a space and a %."""
+    root = tmp_path / 'a root "with" 50% $PATH'
+    python = tmp_path / "venv 100%" / "python"
+    python.parent.mkdir()
+    python.symlink_to(sys.executable)
+    _join(root, token, python=str(python))
+    verified = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", str(Layout(root).unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert verified.returncode == 0, verified.stderr
+    assert verified.stderr == ""
+
+
+def test_a_token_file_that_is_a_fifo_is_refused_at_once(tmp_path: Path) -> None:
+    """Reading a FIFO nobody writes to would hang the join: it is refused as not a regular file."""
+    fifo = tmp_path / "token"
+    os.mkfifo(fifo)
+    done = _cli(*_join_args(tmp_path / "root", fifo))
+    assert done.returncode == 2, done.stderr
+    assert f"the token file {fifo} is a FIFO: give a regular file" in done.stderr
+    assert not (tmp_path / "root").exists()
+
+
+def test_a_token_file_that_is_dev_zero_is_refused_without_reading_it(tmp_path: Path) -> None:
+    """/dev/zero never ends: read whole it exhausts the process's memory; it is refused as a device."""
+    done = _cli(*_join_args(tmp_path / "root", Path("/dev/zero")), limit_memory=True)
+    assert done.returncode == 2, done.stderr
+    assert "the token file /dev/zero is a character device: give a regular file" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000::/home/user:/bin/sh\n", "holds more than one line"),
+        (b"-----BEGIN PRIVATE KEY-----", "holds characters a bearer token cannot"),
+        (b"short\n", "holds 5 characters, and a token has 16 to 1024"),
+        (b"\xff\xfe" * 20, "holds bytes that are not ASCII"),
+        (b"a" * 5000, "is 5000 bytes; it cannot be more than 4096"),
+    ],
+)
+def test_a_file_that_is_no_token_is_not_installed_as_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, says: str
+) -> None:
+    """Another file's secrets, a key, binary or an oversized file are refused, naming why; nothing is written."""
+    other = tmp_path / "not-a-token"
+    other.write_bytes(content)
+    assert main(_join_args(tmp_path / "root", other)) == 2
+    err = capsys.readouterr().err
+    assert f"the token file {other}" in err
+    assert says in err
+    assert "root:x" not in err  # the content is never shown
+    assert not (tmp_path / "root").exists()
+
+
+def test_a_ca_file_that_is_a_fifo_is_refused_at_once(tmp_path: Path, token: Path) -> None:
+    """The CA file is read the same way as the token: a FIFO is refused instead of hanging the join."""
+    fifo = tmp_path / "ca.crt"
+    os.mkfifo(fifo)
+    done = _cli(*_join_args(tmp_path / "root", token, f"--ca-file={fifo}"))
+    assert done.returncode == 2, done.stderr
+    assert f"the CA file {fifo} is a FIFO" in done.stderr
