@@ -130,10 +130,13 @@ def _edge_join(args: argparse.Namespace) -> int:
 
 
 def _edge_reset(args: argparse.Namespace) -> int:
-    from roles.join import JoinError, reset
+    from roles.join import JoinError, ResetError, reset
 
     try:
         done = reset(root=Path(args.root))
+    except ResetError as exc:
+        sys.stdout.write("".join(f"{line}\n" for line in exc.done))
+        return _fail(str(exc), EXIT_FAILED)
     except JoinError as exc:
         return _fail(str(exc), EXIT_FAILED)
     except OSError as exc:

@@ -17,6 +17,11 @@ memory), and the token must look like one (:mod:`roles.token_format`), so that n
 installed and sent to the hubs as the node's token. The root may hold no control characters, and
 the paths written into the unit are quoted by systemd's rules, so no path can add a line to it.
 
+Reset removes only the paths join writes, computed from the root it is given (resolved): the record
+says which of those the join created, never where they are, so a record naming any other path
+changes nothing. It looks at everything before it removes anything, never follows a symbolic link
+out of the root (a data directory that is a link loses the link, never its target), and removes
+the configuration directory only once nothing join did not write is left in it.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import socket
 import ssl
 import stat
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -41,7 +46,7 @@ from roles.edge.control import control_socket
 from roles.files import write_atomically
 from roles.token_format import token_problem
 
-__all__ = ["JoinError", "Layout", "join", "render_unit", "reset", "systemd_command", "systemd_path"]
+__all__ = ["JoinError", "Layout", "ResetError", "join", "render_unit", "reset", "systemd_command", "systemd_path"]
 
 UNIT_NAME: Final = "nodetaskd-edge.service"
 DEFAULT_DATA_DIR: Final = "/var/lib/nodetaskd"
@@ -55,6 +60,14 @@ _SAFE_WORD: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVW
 
 class JoinError(ValueError):
     """The join or reset cannot go ahead; the message names what is wrong and what would allow it."""
+
+
+class ResetError(JoinError):
+    """Reset removed what it could and failed on the rest (named); the record stays, so running it again retries."""
+
+    def __init__(self, message: str, done: list[str]) -> None:
+        super().__init__(message)
+        self.done = done
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,12 +121,12 @@ class Layout:
 
 
 class JoinRecord(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """What a join created: reset removes these and nothing else."""
+    """What a join created: reset removes these (those of them that are paths join writes) and nothing else."""
 
     node: str
     files: tuple[str, ...]
     directories: tuple[str, ...] = ()
-    """Created by the join, removed whole by reset (the data directory holds the agent's store)."""
+    """Created by the join, removed by reset (the data directory whole: it holds the agent's store)."""
     parents: tuple[str, ...] = ()
     """Directories above those that the join created; reset removes them when they are empty."""
 
@@ -359,36 +372,126 @@ def agent_running(data_dir: Path) -> bool:
     return True
 
 
-def reset(*, root: Path) -> list[str]:
-    """Remove what the join under ``root`` created; returns what was done, a line each.
+def _out_of(root: Path, path: Path) -> Path | None:
+    """Where ``path``'s directory really is, when a symbolic link on the way takes it out of ``root``; else None."""
+    real = path.parent.resolve()
+    return None if real == root or root in real.parents else real
 
-    Errors: :class:`JoinError` while the agent still runs (stop it first), or when the record is unreadable.
+
+def _spelt(record: tuple[str, ...], known: dict[str, Path]) -> tuple[list[Path], list[str]]:
+    """The known paths ``record`` names, and the entries that name none of them."""
+    named = [known[os.path.normpath(entry)] for entry in record if os.path.normpath(entry) in known]
+    return named, [entry for entry in record if os.path.normpath(entry) not in known]
+
+
+def _known(root: Path, resolved: Layout, paths: tuple[Path, ...]) -> dict[str, Path]:
+    """``paths`` (of ``resolved``'s layout) by how a record may spell them: under the root as given, or resolved."""
+    spellings = {str(p): p for p in paths}
+    given = Path(os.path.abspath(root))
+    if given != resolved.root:
+        spellings |= {str(given / p.relative_to(resolved.root)): p for p in paths}
+    return spellings
+
+
+@dataclass(slots=True)
+class _Removal:
+    """What reset did and what it failed to do, inside ``root`` only."""
+
+    root: Path
+    done: list[str]
+    failed: list[str]
+
+    def outside(self, path: Path) -> bool:
+        """Whether ``path`` is reached through a link out of the root (then it is kept, and said so)."""
+        if (real := _out_of(self.root, path)) is None:
+            return False
+        self.done.append(f"kept {path}: it lies in {real}, out of {self.root}, through a symbolic link")
+        return True
+
+    def remove(self, path: Path, action: str, remove: Callable[[Path], object]) -> None:
+        try:
+            remove(path)
+        except OSError as exc:
+            self.failed.append(f"{path}: {exc.strerror or exc}")
+        else:
+            self.done.append(action)
+
+    def file(self, path: Path) -> None:
+        if self.outside(path) or not (path.is_symlink() or path.exists()):
+            return
+        if path.is_dir() and not path.is_symlink():
+            self.done.append(f"kept {path}: a directory, where join wrote a file")
+        else:
+            self.remove(path, f"removed {path}", Path.unlink)
+
+    def data_dir(self, path: Path) -> None:
+        if self.outside(path):
+            return
+        if path.is_symlink():
+            target = os.readlink(path)
+            self.remove(path, f"removed the link {path} (kept {target}, which it points to)", Path.unlink)
+        elif path.is_dir():
+            self.remove(path, f"removed {path} and everything in it", shutil.rmtree)
+
+    def empty_dir(self, path: Path, *, say: bool) -> None:
+        """Remove the directory ``path`` if nothing is left in it (``say``: else say what is)."""
+        if _out_of(self.root, path) is not None or path.is_symlink() or not path.is_dir():
+            return
+        left = sorted(p.name for p in path.iterdir())
+        if not left:
+            self.remove(path, f"removed {path}", Path.rmdir)
+        elif say:
+            self.done.append(f"kept {path}: it holds what join did not write ({', '.join(left)})")
+
+
+def reset(*, root: Path) -> list[str]:
+    """Remove what the join under ``root`` created; returns what was done (and what was kept, and why), a line each.
+
+    Only the paths join writes under ``root`` are candidates, and only those the record says the
+    join created are removed: the data directory whole (it is the agent's), the configuration
+    directory once nothing else is in it. Nothing is followed out of the root: a file or directory
+    reached through a symbolic link that leads out of it is kept, and a data directory that is itself
+    a link loses the link only.
+
+    Errors: :class:`JoinError` while the agent still runs (stop it first), or when the record is
+    unreadable, before anything is removed; :class:`ResetError` when a removal failed (the others
+    are done, the record is kept, so running reset again retries).
     """
-    layout = Layout(root)
+    layout = Layout(root.resolve())
     record = _load_record(layout)
     if record is None:
-        return [f"nothing to reset: no join under {root} ({layout.record} does not exist)"]
-    data_dir = layout.data_dir
-    if agent_running(data_dir):
+        return [f"nothing to reset: no join under {layout.root} ({layout.record} does not exist)"]
+    if agent_running(layout.data_dir):
         raise JoinError(
-            f"the edge agent of {record.node} is running (it answers on its control socket in {data_dir}):"
+            f"the edge agent of {record.node} is running (it answers on its control socket in {layout.data_dir}):"
             " stop it first (systemctl disable --now nodetaskd-edge)"
         )
-    done: list[str] = []
-    for name in record.files:
-        path = Path(name)
-        if path.exists() or path.is_symlink():
-            path.unlink()
-            done.append(f"removed {path}")
-    for name in sorted(record.directories, key=len, reverse=True):
-        path = Path(name)
-        if path.is_dir():
-            shutil.rmtree(path)
-            done.append(f"removed {path} and everything in it")
+    files, stray_files = _spelt(record.files, _known(root, layout, layout.files))
+    if layout.config in files:
+        files.append(pending_path(layout.config))  # the agent's note beside the configuration join wrote
+    directories, stray = _spelt(record.directories, _known(root, layout, (layout.config_dir, layout.data_dir)))
+    parents, stray_parents = _spelt(record.parents, _known(root, layout, layout.parents))
+    removal = _Removal(
+        root=layout.root,
+        done=[
+            f"ignored {entry}: {layout.record} names it, but join writes nothing there"
+            for entry in (*stray_files, *stray, *stray_parents)
+        ],
+        failed=[],
+    )
+    for path in dict.fromkeys(files):
+        removal.file(path)
+    if layout.data_dir in directories:
+        removal.data_dir(layout.data_dir)
+    if removal.failed:
+        raise ResetError(
+            f"could not remove {'; '.join(removal.failed)}; {layout.record} is kept: run `nodetaskd edge reset` again",
+            removal.done,
+        )
     layout.record.unlink(missing_ok=True)
-    for name in sorted(record.parents, key=len, reverse=True):
-        path = Path(name)
-        if path.is_dir() and not any(path.iterdir()):
-            path.rmdir()
-    done.append(f"{record.node} is no longer joined here; run systemctl daemon-reload if the unit was loaded")
-    return done
+    if layout.config_dir in directories:
+        removal.empty_dir(layout.config_dir, say=True)
+    for path in sorted(parents, key=lambda p: len(p.parts), reverse=True):
+        removal.empty_dir(path, say=False)
+    removal.done.append(f"{record.node} is no longer joined here; run systemctl daemon-reload if the unit was loaded")
+    return removal.done

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import shutil
@@ -284,3 +285,86 @@ def test_a_ca_file_that_is_a_fifo_is_refused_at_once(tmp_path: Path, token: Path
     done = _cli(*_join_args(tmp_path / "root", token, f"--ca-file={fifo}"))
     assert done.returncode == 2, done.stderr
     assert f"the CA file {fifo} is a FIFO" in done.stderr
+
+
+def test_reset_removes_nothing_the_record_names_outside_the_join(tmp_path: Path, token: Path) -> None:
+    """A join.json naming other files and directories (edited, or forged) makes reset remove only the join's own."""
+    root = tmp_path / "root"
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "data").write_text("keep me\n")
+    (tmp_path / "precious.txt").write_text("keep me too\n")
+    _join(root, token)
+    record = Layout(root).record
+    entries = json.loads(record.read_text())
+    entries["files"].append(str(tmp_path / "precious.txt"))
+    entries["directories"].append(str(precious))
+    entries["parents"].append(str(tmp_path))
+    record.write_text(json.dumps(entries))
+    assert main(["edge", "reset", f"--root={root}"]) == 0
+    assert (precious / "data").read_text() == "keep me\n"
+    assert (tmp_path / "precious.txt").read_text() == "keep me too\n"
+    assert not root.exists() or _tree(root) == []
+
+
+def test_reset_keeps_what_an_admin_added_to_the_configuration_directory(
+    tmp_path: Path, token: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file join did not write stays, with the directory holding it, and reset says so."""
+    root = tmp_path / "root"
+    _join(root, token)
+    notes = Layout(root).config_dir / "site-notes.txt"
+    notes.write_text("the admin's\n")
+    assert main(["edge", "reset", f"--root={root}"]) == 0
+    assert notes.read_text() == "the admin's\n"
+    assert _tree(root) == ["etc", "etc/nodetaskd", "etc/nodetaskd/site-notes.txt"]
+    assert f"kept {notes.parent}: it holds what join did not write (site-notes.txt)" in capsys.readouterr().out
+
+
+def test_reset_of_a_linked_data_directory_removes_the_link_and_finishes(
+    tmp_path: Path, token: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A data directory moved elsewhere and linked back loses the link only; reset does everything else too."""
+    root = tmp_path / "root"
+    _join(root, token)
+    data_dir = Layout(root).data_dir
+    moved = tmp_path / "disk" / "nodetaskd"
+    moved.parent.mkdir()
+    data_dir.rename(moved)
+    (moved / "store.sqlite").write_bytes(b"state")
+    data_dir.symlink_to(moved)
+    assert main(["edge", "reset", f"--root={root}"]) == 0
+    assert (moved / "store.sqlite").read_bytes() == b"state"
+    assert not root.exists() or _tree(root) == []
+    assert f"removed the link {data_dir} (kept {moved}, which it points to)" in capsys.readouterr().out
+
+
+def test_reset_follows_no_link_out_of_the_root(tmp_path: Path, token: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Files reached through a link that leads out of the root are kept: reset removes only inside the root."""
+    root = tmp_path / "root"
+    _join(root, token)
+    elsewhere = tmp_path / "elsewhere-etc"
+    (root / "etc").rename(elsewhere)
+    (root / "etc").symlink_to(elsewhere)
+    assert main(["edge", "reset", f"--root={root}"]) == 0
+    assert (elsewhere / "nodetaskd" / "edge.yaml").exists()
+    assert (elsewhere / "nodetaskd" / "token").exists()
+    assert (elsewhere / "systemd" / "system" / "nodetaskd-edge.service").exists()
+    assert (
+        f"kept {root / 'etc' / 'nodetaskd' / 'token'}: it lies in {elsewhere / 'nodetaskd'}" in capsys.readouterr().out
+    )
+    assert not Layout(root).data_dir.exists()
+
+
+def test_reset_keeps_a_directory_found_where_join_wrote_a_file(
+    tmp_path: Path, token: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Reset removes files where join wrote files: a directory found there instead is kept, and reset says so."""
+    root = tmp_path / "root"
+    _join(root, token)
+    layout = Layout(root)
+    layout.unit.unlink()
+    layout.unit.mkdir()  # unlink() of a directory fails
+    (layout.unit / "x").write_text("x")
+    assert main(["edge", "reset", f"--root={root}"]) == 0
+    assert f"kept {layout.unit}: a directory, where join wrote a file" in capsys.readouterr().out
