@@ -6,6 +6,7 @@ the agent started exactly as the written systemd unit starts it, reaching a real
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shlex
@@ -66,7 +67,8 @@ async def _wait_for(check: object, limit_s: float = 60) -> None:
 async def test_token_create_then_edge_join_brings_a_real_agent_to_a_real_hub(
     crds: ControlPlane, cloud_kube: Kube, tmp_path: Path
 ) -> None:
-    """The token Secret is created, the join's files start the agent, the hub marks the Node, reset undoes the join."""
+    """The token Secret is created (its file never overwritten unforced), the join's files start the agent, the hub
+    marks the Node, reset undoes the join."""
     node, hub_id = unique("joined"), unique("hub")
     async with admin(crds) as kube:
         ready = NodeStatus(conditions=(NodeCondition(type="Ready", status="True", reason="Test", message="test"),))
@@ -109,6 +111,20 @@ async def test_token_create_then_edge_join_brings_a_real_agent_to_a_real_hub(
         secret = await cloud_kube.get(SECRETS, f"nodetaskd-edge-{node}", namespace="kube-system")
         assert "nodetask.kubeedge.io/edge-token" in secret.metadata.labels
         (join_line,) = [line.strip() for line in output.splitlines() if line.strip().startswith("nodetaskd edge join")]
+
+        # Asked again, it keeps the token file unless forced, and then the file holds the rotated token.
+        first = (operator / f"{node}.token").read_bytes()
+        again = await _nodetaskd("token", "create", node, admin_kubeconfig, cwd=operator)
+        assert again.returncode == 2
+        assert b"exists: give --force to overwrite it" in again.stderr
+        assert (operator / f"{node}.token").read_bytes() == first
+        unchanged = await cloud_kube.get(SECRETS, f"nodetaskd-edge-{node}", namespace="kube-system")
+        assert unchanged.data == secret.data  # refused before the API server was asked
+        forced = await _nodetaskd("token", "create", node, admin_kubeconfig, "--force", cwd=operator)
+        assert forced.returncode == 0, forced.stderr
+        assert b"rotated the token" in forced.stdout
+        rotated = await cloud_kube.get(SECRETS, f"nodetaskd-edge-{node}", namespace="kube-system")
+        assert base64.b64decode(rotated.data["token"]) + b"\n" == (operator / f"{node}.token").read_bytes() != first
 
         # The device: the token file carried over, and the printed line run there (into a temporary root).
         device.mkdir()
