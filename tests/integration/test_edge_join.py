@@ -10,6 +10,7 @@ import base64
 import json
 import os
 import shlex
+import stat
 import subprocess
 import sys
 import urllib.request
@@ -67,8 +68,8 @@ async def _wait_for(check: object, limit_s: float = 60) -> None:
 async def test_token_create_then_edge_join_brings_a_real_agent_to_a_real_hub(
     crds: ControlPlane, cloud_kube: Kube, tmp_path: Path
 ) -> None:
-    """The token Secret is created (its file never overwritten unforced), the join's files start the agent, the hub
-    marks the Node, reset undoes the join."""
+    """The token Secret is created (its file never overwritten unforced), the join's files start the agent, which
+    makes its data directory 0700, the hub marks the Node, and reset undoes the join."""
     node, hub_id = unique("joined"), unique("hub")
     async with admin(crds) as kube:
         ready = NodeStatus(conditions=(NodeCondition(type="Ready", status="True", reason="Test", message="test"),))
@@ -137,7 +138,9 @@ async def test_token_create_then_edge_join_brings_a_real_agent_to_a_real_hub(
         assert command[-2:] == ["--config", str(layout.config)]
         assert workdir == layout.data_dir
 
-        # The agent, started as the unit starts it.
+        # The agent, started as the unit starts it, on a data directory someone opened to others: it
+        # makes it its own again.
+        layout.data_dir.chmod(0o755)
         with (device / "agent.log").open("wb") as log:
             launcher = await anyio.open_process(
                 command, cwd=workdir, env=_this_checkout(), stdout=log, stderr=subprocess.STDOUT
@@ -150,6 +153,7 @@ async def test_token_create_then_edge_join_brings_a_real_agent_to_a_real_hub(
             return annotations.get(HUB_ANNOTATION) == hub_id and bool(annotations.get(AGENT_VERSION_ANNOTATION))
 
         await _wait_for(marked)
+        assert stat.S_IMODE(layout.data_dir.stat().st_mode) == 0o700
         listed = await _nodetaskd("ctl", "nodes", "-o", "json", admin_kubeconfig, cwd=operator)
         (row,) = [r for r in json.loads(listed.stdout) if r["name"] == node]
         assert (row["connected"], row["hub"]) == (True, hub_id)
