@@ -39,6 +39,8 @@ DEFAULT_TLS_RELOAD_INTERVAL: Final = 5.0
 """A rotation is served 5 to 10 seconds after it is on disk, well within the minute or so a kubelet
 takes to bring a changed Secret into a pod; a look is a few stat calls."""
 FEATURE_GATES: Final = frozenset({"disableNodeTaskV1alpha2"})
+DEFAULT_WEBHOOK_MAX_BODY_BYTES: Final = (3 << 20) + (64 << 10)
+"""Two objects of etcd's 1.5 MiB (an UPDATE's object and oldObject) and 64 KiB for the review around them."""
 DEFAULT_IMAGE_SECRET_NAMESPACES: Final = ("kube-system",)
 """Where registry Secrets for pre-pulls may live by default: the default ``tokenNamespace``, which
 only cluster administrators write to. Anyone who may create a job could otherwise have any registry
@@ -72,9 +74,37 @@ class ControllerConfig(_Config, frozen=True, kw_only=True):
     lease_duration: Seconds = 15.0
     timeout_sweep_interval: Seconds = 10.0
     listen_host: str = "0.0.0.0"
-    """Where the webhook and the health/metrics endpoints listen."""
+    """Where the health/metrics endpoint listens, and the webhook too unless ``webhookHost`` or the pod's
+    IP says otherwise."""
+    webhook_host: str = ""
+    """Where the webhook listens. Empty: the pod's own IP, from the environment variable ``POD_IP``
+    (``containers/deploy/controller.yaml`` sets it from the downward API), so that the webhook is not
+    served on the node's or any other interface of a host-network pod; without ``POD_IP`` (a run
+    outside Kubernetes), ``listenHost``."""
     webhook_port: Port = 9443
     """0 turns the admission webhooks off."""
+    webhook_max_body_bytes: Annotated[int, msgspec.Meta(ge=64 << 10)] = DEFAULT_WEBHOOK_MAX_BODY_BYTES
+    """Largest AdmissionReview taken (413 beyond: the API server then refuses the request, as the
+    validating webhook fails closed). An UPDATE's review carries the object twice (object and
+    oldObject), and etcd stores objects of up to 1.5 MiB, so the default takes two of those and the
+    review around them: a smaller limit would refuse every update of the largest jobs, their
+    finalizer's removal included. Request bodies held at once by the webhook server are limited to
+    four times this (503 beyond)."""
+    webhook_max_connections: Annotated[int, msgspec.Meta(ge=1)] = 256
+    """Connections to the webhook port at once; more are closed as soon as they are accepted. Each
+    idle TLS connection costs about 40 KiB until the header or idle timeout closes it."""
+    webhook_max_connections_per_peer: Annotated[int, msgspec.Meta(ge=1)] = 64
+    """Of ``webhookMaxConnections``, how many one address may hold (each API server is one address,
+    and opens a connection per admission call under way)."""
+    metrics_max_connections: Annotated[int, msgspec.Meta(ge=1)] = 64
+    """Connections to the health/metrics port at once; more are closed as soon as they are accepted."""
+    metrics_max_connections_per_peer: Annotated[int, msgspec.Meta(ge=1)] = 16
+    """Of ``metricsMaxConnections``, how many one address (a kubelet, a Prometheus) may hold."""
+    header_timeout: Seconds = 10.0
+    """Seconds a new connection to the webhook or metrics port has for its TLS handshake and its first
+    request's head; then it is closed."""
+    idle_timeout: Seconds = 30.0
+    """Seconds a connection to either port may sit between requests, or take to send a whole request."""
     webhook_url: str = ""
     """The HTTPS base URL the API server calls the webhooks at; when set, the controller registers them."""
     webhook_service: str = ""
@@ -108,6 +138,10 @@ class ControllerConfig(_Config, frozen=True, kw_only=True):
         _check_namespaces(self.image_secret_namespaces)
         if self.webhook_url and not self.webhook_url.startswith("https://"):
             raise ValueError(f"webhookUrl {self.webhook_url!r} must be an https:// URL")
+        if self.webhook_max_connections_per_peer > self.webhook_max_connections:
+            raise ValueError("webhookMaxConnectionsPerPeer must not be more than webhookMaxConnections")
+        if self.metrics_max_connections_per_peer > self.metrics_max_connections:
+            raise ValueError("metricsMaxConnectionsPerPeer must not be more than metricsMaxConnections")
         if self.webhook_service:
             _service_ref(self.webhook_service)
             if self.webhook_url:

@@ -4,9 +4,12 @@ The endpoints behind it are few, small and called by the API server, kubelets, P
 local clients, so this is deliberately minimal: whole request bodies in memory (bounded),
 keep-alive, no HTTP/2, and streamed responses (``Response.stream``, for watches).
 What it does take care of is the part that keeps a daemon alive: a malformed request gets 400, an
-oversized body 413, a slow or silent peer is dropped after an idle timeout, a failed TLS handshake
-ends only its own connection, a handler that raises answers 500 and is logged, never crashing
-the server, and connections beyond ``max_connections`` are closed as soon as they are accepted.
+oversized body 413, a body past what the server holds at once 503, a connection that has not sent
+its first request's head within the header timeout is closed, and so is one silent for the idle
+timeout, a failed TLS handshake ends only its own connection, a handler that raises answers 500 and
+is logged, never crashing the server, and connections beyond ``max_connections`` in all or
+``max_connections_per_peer`` from one address are closed as soon as they are accepted (the places
+are :mod:`roles.slots`', as the hub's front door counts its own).
 
 It needs only the base install (an edge device serves its local API with it); the health and
 metrics routes, which need Prometheus' client, are in :mod:`roles.http`.
@@ -33,8 +36,10 @@ import structlog
 import trio
 
 from roles.server_tls import ServerTls, connection_context
+from roles.slots import PeerSlots
 
 __all__ = [
+    "DEFAULT_HEADER_TIMEOUT",
     "DEFAULT_IDLE_TIMEOUT",
     "DEFAULT_MAX_BODY_BYTES",
     "Handler",
@@ -54,7 +59,11 @@ DEFAULT_MAX_BODY_BYTES: Final = 3 << 20
 DEFAULT_IDLE_TIMEOUT: Final = 30.0
 """Seconds a connection may take to hand over a whole request (or to sit idle between requests),
 and to take a response."""
+DEFAULT_HEADER_TIMEOUT: Final = 10.0
+"""Seconds a new connection has for its TLS handshake and its first request's head: a connection
+that sends nothing holds a place (and some 40 KiB with TLS) for this long, not the idle timeout."""
 _RECEIVE_CHUNK: Final = 64 << 10
+_UNLIMITED: Final = 1 << 62
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,18 +160,47 @@ def router(routes: Iterable[Route]) -> Handler:
 # ---------------------------------------------------------------------------------------------- server
 
 
+@dataclass(slots=True)
+class _Bodies:
+    """Request bodies held at once across the server's connections, from their first byte until answered."""
+
+    limit: float
+    held: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class _Limits:
     max_body_bytes: int
     idle_timeout: float
+    header_timeout: float
+    bodies: _Bodies
     on_error: Callable[[], object]
 
 
 @dataclass(slots=True)
+class _Hold:
+    """The body bytes one request holds of the server's :class:`_Bodies`."""
+
+    bodies: _Bodies
+    held: int = 0
+
+    def take(self, size: int) -> bool:
+        if self.bodies.held + size > self.bodies.limit:
+            return False
+        self.bodies.held += size
+        self.held += size
+        return True
+
+    def release(self) -> None:
+        self.bodies.held -= self.held
+        self.held = 0
+
+
+@dataclass(frozen=True, slots=True)
 class _Connections:
-    limit: float
+    places: PeerSlots
     on_refused: Callable[[], object]
-    open: int = 0
+    on_refused_per_peer: Callable[[], object]
 
 
 class _Reject(Exception):
@@ -181,10 +219,14 @@ async def serve_http(
     log: Log,
     ssl_context: ServerTls | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_buffered_bytes: int | None = None,
     idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT,
     max_connections: int | None = None,
+    max_connections_per_peer: int | None = None,
     on_error: Callable[[], object] = lambda: None,
     on_refused: Callable[[], object] = lambda: None,
+    on_refused_per_peer: Callable[[], object] = lambda: None,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> NoReturn:
     """Serve ``handler`` on ``host``:``port`` (HTTPS with ``ssl_context``) until cancelled.
@@ -197,8 +239,13 @@ async def serve_http(
     give ``host`` as a single address then (a name that resolves to several addresses binds each to
     its own free port, and only the first is reported).
 
-    At most ``max_connections`` connections are served at once (None: no limit); one more is
-    closed as soon as it is accepted, before any TLS work, and ``on_refused`` is called.
+    At most ``max_connections`` connections are served at once, and at most
+    ``max_connections_per_peer`` from one address (None: no limit); one more is closed as soon as it
+    is accepted, before any TLS work, and ``on_refused`` (or ``on_refused_per_peer``) is called.
+    A connection has ``header_timeout`` seconds from accept for its TLS handshake and its first
+    request's head, then ``idle_timeout`` for each whole request and between requests.
+    Request bodies are at most ``max_body_bytes`` each (413 beyond) and ``max_buffered_bytes`` in all
+    at once, counted until each is answered (None: no limit; a body that would pass it gets 503).
     ``on_error`` is called for each connection or handler that failed with an unexpected error.
 
     Cancellation: cancelling the caller's scope closes the listeners and every connection.
@@ -207,8 +254,21 @@ async def serve_http(
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound_port: int = listeners[0].socket.getsockname()[1]
     log = log.bind(host=host, port=bound_port, tls=ssl_context is not None)
-    limits = _Limits(max_body_bytes=max_body_bytes, idle_timeout=idle_timeout, on_error=on_error)
-    connections = _Connections(limit=math.inf if max_connections is None else max_connections, on_refused=on_refused)
+    limits = _Limits(
+        max_body_bytes=max_body_bytes,
+        idle_timeout=idle_timeout,
+        header_timeout=header_timeout,
+        bodies=_Bodies(limit=math.inf if max_buffered_bytes is None else max_buffered_bytes),
+        on_error=on_error,
+    )
+    connections = _Connections(
+        places=PeerSlots(
+            total=_UNLIMITED if max_connections is None else max_connections,
+            per_peer=_UNLIMITED if max_connections_per_peer is None else max_connections_per_peer,
+        ),
+        on_refused=on_refused,
+        on_refused_per_peer=on_refused_per_peer,
+    )
     serve = functools.partial(
         _admit, ssl_context=ssl_context, handler=handler, limits=limits, log=log, connections=connections
     )
@@ -230,6 +290,15 @@ def _peer(stream: trio.abc.Stream) -> str:
     return "?"
 
 
+def _peer_address(stream: trio.SocketStream) -> str:
+    """The address a connection came from, which its per-peer places are counted under."""
+    try:
+        host: str = stream.socket.getpeername()[0]
+    except (OSError, IndexError):
+        return "?"  # already gone: it shares one count with others like it, and ends at once anyway
+    return host
+
+
 async def _admit(
     stream: trio.SocketStream,
     *,
@@ -239,11 +308,12 @@ async def _admit(
     log: Log,
     connections: _Connections,
 ) -> None:
-    if connections.open >= connections.limit:
-        connections.on_refused()
+    peer = _peer_address(stream)
+    refused = connections.places.take(peer)
+    if refused is not None:
+        (connections.on_refused if refused == "total" else connections.on_refused_per_peer)()
         await stream.aclose()
         return
-    connections.open += 1
     try:
         # Spec-compliant TLS mode: closing sends close_notify, which strict clients (Python's ssl)
         # require; a peer that closes without one only breaks its own, finished, connection.
@@ -253,16 +323,19 @@ async def _admit(
             served = trio.SSLStream(stream, connection_context(ssl_context), server_side=True)
         await _serve_connection(served, handler=handler, limits=limits, log=log)
     finally:
-        connections.open -= 1
+        connections.places.give(peer)
 
 
 async def _serve_connection(stream: trio.abc.Stream, *, handler: Handler, limits: _Limits, log: Log) -> None:
     log = log.bind(peer=_peer(stream))
+    # The handshake and the first request's head share one deadline: a peer that connects and says
+    # nothing is gone after the header timeout, however it spreads out what little it sends.
+    first_head_by = trio.current_time() + limits.header_timeout
     try:
         if isinstance(stream, trio.SSLStream):
-            with trio.fail_after(limits.idle_timeout):
+            with trio.fail_at(first_head_by):
                 await stream.do_handshake()
-        await _serve_requests(stream, handler=handler, limits=limits, log=log)
+        await _serve_requests(stream, handler=handler, limits=limits, log=log, first_head_by=first_head_by)
     except trio.TooSlowError:
         log.debug("http_connection_timed_out")
     except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -277,52 +350,75 @@ async def _serve_connection(stream: trio.abc.Stream, *, handler: Handler, limits
             await stream.aclose()
 
 
-async def _serve_requests(stream: trio.abc.Stream, *, handler: Handler, limits: _Limits, log: Log) -> None:
+async def _serve_requests(
+    stream: trio.abc.Stream, *, handler: Handler, limits: _Limits, log: Log, first_head_by: float
+) -> None:
     conn = h11.Connection(h11.SERVER)
+    head_by = first_head_by
     while True:
+        hold = _Hold(limits.bodies)
         try:
-            with trio.fail_after(limits.idle_timeout):
-                request = await _receive_request(stream, conn, limits)
-        except _Reject as reject:
-            await _send(stream, conn, reject.response, close=True, head=False, limits=limits)
-            log.info("http_request_rejected", status=int(reject.response.status))
-            return
-        except trio.TooSlowError:
-            # A request under way gets told; a connection idle between requests is just closed.
-            if conn.their_state is h11.SEND_BODY:
-                await _send(
-                    stream,
-                    conn,
-                    Response.text(HTTPStatus.REQUEST_TIMEOUT, "request timed out"),
-                    close=True,
-                    head=False,
-                    limits=limits,
-                )
-            raise
-        if request is None:
-            return
-        started = trio.current_time()
-        try:
-            response = await handler(request)
-        except Exception:
-            limits.on_error()
-            log.exception("http_handler_failed", method=request.method, path=request.path)
-            response = Response.text(HTTPStatus.INTERNAL_SERVER_ERROR, "internal server error")
-        streamed = response.stream is not None
-        if streamed:
-            await _stream(stream, conn, response, head=request.method == "HEAD", limits=limits, log=log)
-        else:
-            await _send(stream, conn, response, close=False, head=request.method == "HEAD", limits=limits)
-        log.debug(
-            "http_request",
-            method=request.method,
-            path=request.path,
-            status=int(response.status),
-            duration_s=round(trio.current_time() - started, 4),
-        )
-        if streamed or conn.our_state is h11.MUST_CLOSE:
-            return
+            if not await _serve_one(stream, conn, hold, handler=handler, limits=limits, log=log, head_by=head_by):
+                return
+        finally:
+            hold.release()
+        head_by = math.inf  # later requests: the idle timeout alone
         conn.start_next_cycle()
+
+
+async def _serve_one(
+    stream: trio.abc.Stream,
+    conn: h11.Connection,
+    hold: _Hold,
+    *,
+    handler: Handler,
+    limits: _Limits,
+    log: Log,
+    head_by: float,
+) -> bool:
+    """Receive, handle and answer one request; whether the connection may carry another."""
+    try:
+        with trio.fail_after(limits.idle_timeout):
+            request = await _receive_request(stream, conn, limits, hold, head_by=head_by)
+    except _Reject as reject:
+        await _send(stream, conn, reject.response, close=True, head=False, limits=limits)
+        log.info("http_request_rejected", status=int(reject.response.status))
+        return False
+    except trio.TooSlowError:
+        # A request under way gets told; a connection idle between requests is just closed.
+        if conn.their_state is h11.SEND_BODY:
+            await _send(
+                stream,
+                conn,
+                Response.text(HTTPStatus.REQUEST_TIMEOUT, "request timed out"),
+                close=True,
+                head=False,
+                limits=limits,
+            )
+        raise
+    if request is None:
+        return False
+    started = trio.current_time()
+    try:
+        response = await handler(request)
+    except Exception:
+        limits.on_error()
+        log.exception("http_handler_failed", method=request.method, path=request.path)
+        response = Response.text(HTTPStatus.INTERNAL_SERVER_ERROR, "internal server error")
+    streamed = response.stream is not None
+    head = request.method == "HEAD"
+    if streamed:
+        await _stream(stream, conn, response, head=head, limits=limits, log=log)
+    else:
+        await _send(stream, conn, response, close=False, head=head, limits=limits)
+    log.debug(
+        "http_request",
+        method=request.method,
+        path=request.path,
+        status=int(response.status),
+        duration_s=round(trio.current_time() - started, 4),
+    )
+    return not streamed and conn.our_state is not h11.MUST_CLOSE
 
 
 async def _next_event(stream: trio.abc.Stream, conn: h11.Connection) -> h11.Event:
@@ -340,9 +436,15 @@ async def _next_event(stream: trio.abc.Stream, conn: h11.Connection) -> h11.Even
         conn.receive_data(bytes(await stream.receive_some(_RECEIVE_CHUNK)))
 
 
-async def _receive_request(stream: trio.abc.Stream, conn: h11.Connection, limits: _Limits) -> Request | None:
-    """The next whole request, or None when the peer closed the connection between requests."""
-    event = await _next_event(stream, conn)
+async def _receive_request(
+    stream: trio.abc.Stream, conn: h11.Connection, limits: _Limits, hold: _Hold, *, head_by: float
+) -> Request | None:
+    """The next whole request, its body held in ``hold``; None when the peer closed the connection between requests.
+
+    Its head must be in by ``head_by`` (the clock of :func:`trio.current_time`).
+    """
+    with trio.fail_at(head_by):
+        event = await _next_event(stream, conn)
     if isinstance(event, h11.ConnectionClosed):
         return None
     if not isinstance(event, h11.Request):
@@ -352,6 +454,9 @@ async def _receive_request(stream: trio.abc.Stream, conn: h11.Connection, limits
     # h11 has already checked that a content-length is a valid number.
     if length is not None and int(length) > limits.max_body_bytes:
         raise _Reject(_too_large(limits))
+    # A body announced is held whole before its first byte is read: refused now, it costs nothing.
+    if length is not None and not hold.take(int(length)):
+        raise _Reject(_busy(limits))
     if conn.they_are_waiting_for_100_continue:
         await stream.send_all(conn.send(h11.InformationalResponse(status_code=100, headers=[])) or b"")
     body = bytearray()
@@ -361,6 +466,8 @@ async def _receive_request(stream: trio.abc.Stream, conn: h11.Connection, limits
             body += part.data
             if len(body) > limits.max_body_bytes:  # chunked bodies have no length up front
                 raise _Reject(_too_large(limits))
+            if len(body) > hold.held and not hold.take(len(body) - hold.held):
+                raise _Reject(_busy(limits))
         elif isinstance(part, h11.EndOfMessage):
             break
         else:
@@ -372,6 +479,14 @@ async def _receive_request(stream: trio.abc.Stream, conn: h11.Connection, limits
 
 def _too_large(limits: _Limits) -> Response:
     return Response.text(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"request body exceeds {limits.max_body_bytes} bytes")
+
+
+def _busy(limits: _Limits) -> Response:
+    return Response.text(
+        HTTPStatus.SERVICE_UNAVAILABLE,
+        f"the server holds its limit of {limits.bodies.limit:.0f} bytes of request bodies at once; try again",
+        headers=(("retry-after", "1"),),
+    )
 
 
 async def _send(

@@ -145,6 +145,10 @@ def _check_operation_set(c: Checker, spec: Mapping[str, Any]) -> None:
         if spec.get("adjacencyList") is None:
             c.fail(path, "is required: the graph, node 0 first (the start, without an operation)")
         return
+    if len(nodes) > diagnosis_graph.MAX_NODES:
+        # Said before any node is read: the graph is refused whatever its nodes hold.
+        c.fail(path, f"has {len(nodes)} nodes; at most {diagnosis_graph.MAX_NODES} are allowed")
+        return
     before = len(c.errors)
     for i, node in enumerate(nodes):
         at = f"{path}[{i}]"
@@ -279,26 +283,29 @@ def _type_errors(obj: Mapping[str, Any], kind: DiagnosisKind) -> list[FieldError
 
 
 def validate_create(obj: object) -> tuple[FieldError, ...]:
-    """Every broken rule of an Operation, OperationSet, Diagnosis or Task; empty when it is valid.
+    """The broken rules of an Operation, OperationSet, Diagnosis or Task; empty when it is valid.
 
-    Never raises: any JSON value is a valid input, and garbage yields errors naming its fields.
+    At most :data:`~schemas.validation.MAX_ERRORS`, then :data:`~schemas.validation.STOPPED` if there
+    were more. Never raises: any JSON value is a valid input, and garbage yields errors naming its fields.
     """
-    c = Checker()
+    return Checker().run(_check_object, obj)
+
+
+def _check_object(c: Checker, obj: object) -> None:
     if not isinstance(obj, dict):
         c.fail("(object)", f"must be an object, got {json_type(obj)}")
-        return tuple(c.errors)
+        return
     kind = _identify(c, obj)
     if kind is None:
-        return tuple(c.errors)
+        return
     spec = c.typed(obj, "spec", "", dict, "an object")
     if spec is None:
         if obj.get("spec") is None:
             c.fail("spec", "is required")
-        return tuple(c.errors)
+        return
     _CHECKS[kind.kind](c, spec)
     if not c.errors:
         c.errors.extend(_type_errors(obj, kind))
-    return tuple(c.errors)
 
 
 def validate_update(new: object, old: object) -> tuple[FieldError, ...]:
@@ -349,7 +356,10 @@ def default_patch(obj: object) -> tuple[PatchOperation, ...]:
                 for key, value in (("scheme", "http"), ("path", "/")):
                     if server.get(key) is None:
                         ops.append(_add(f"/spec/processor/httpServer/{key}", value))
-        case OPERATION_SET.kind if isinstance(nodes := spec.get("adjacencyList"), list):
+        # A longer graph is refused by validation: a patch per node would only grow the answer.
+        case OPERATION_SET.kind if (
+            isinstance(nodes := spec.get("adjacencyList"), list) and len(nodes) <= diagnosis_graph.MAX_NODES
+        ):
             ops.extend(
                 _add(f"/spec/adjacencyList/{i}/id", i)
                 for i, node in enumerate(nodes)

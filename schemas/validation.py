@@ -18,13 +18,17 @@ What the deployment allows beyond the schemas comes in as an :class:`AdmissionPo
 default: which ``updateFields`` keys a ConfigUpdateJob may set (the edge configuration's allowlist,
 whose values are also converted to the edge configuration's type as the agent converts them), and
 which namespaces an ImagePrePullJob's ``imageSecrets`` may name.
+
+At most :data:`MAX_ERRORS` errors are named for one object, and checking stops at the next one:
+an object of a million bad list entries costs the checks as much as one of twenty-one, and its
+answer says there is more instead of listing it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -43,11 +47,14 @@ from schemas.version_rule import MAX_REFERENCE_LENGTH, is_version
 __all__ = [
     "CLOSED_POLICY",
     "IMMUTABLE_SPEC_MESSAGE",
+    "MAX_ERRORS",
     "MSGSPEC_PATH",
+    "STOPPED",
     "AdmissionPolicy",
     "Checker",
     "FieldError",
     "PatchOperation",
+    "capped",
     "default_patch",
     "is_image_reference",
     "is_upgrade_image",
@@ -88,15 +95,35 @@ _JSON_TYPES: Final = ((bool, "boolean"), (int, "integer"), (float, "number"), (s
 
 MSGSPEC_PATH: Final = re.compile(r"(?s)(?P<message>.*) - at `\$\.?(?P<path>.*)`")
 
+MAX_ERRORS: Final = 20
+"""Errors named for one object at most. A person fixes a handful at a time; past that, naming each
+bad entry of a long list only makes the answer (and the work) grow with whatever was sent."""
+
 
 class FieldError(msgspec.Struct, frozen=True, kw_only=True):
-    """One broken rule, at a JSON field path such as ``spec.version``."""
+    """One broken rule, at a JSON field path such as ``spec.version``; without a path, a remark on the
+    errors before it (that there are more)."""
 
     path: str
     message: str
 
     def __str__(self) -> str:
-        return f"{self.path}: {self.message}"
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+STOPPED: Final = FieldError(path="", message=f"and more: checking stops after the first {MAX_ERRORS} errors")
+"""Ends the errors of an object whose checking stopped at :data:`MAX_ERRORS`."""
+
+
+def capped(errors: Sequence[FieldError]) -> tuple[FieldError, ...]:
+    """The first :data:`MAX_ERRORS` of ``errors``, and how many more there were (unchanged if already capped)."""
+    if len(errors) <= MAX_ERRORS or (len(errors) == MAX_ERRORS + 1 and not errors[-1].path):
+        return tuple(errors)
+    return (*errors[:MAX_ERRORS], FieldError(path="", message=f"and {len(errors) - MAX_ERRORS} more"))
+
+
+class _Enough(Exception):
+    """Raised by :meth:`Checker.fail` past :data:`MAX_ERRORS`: the checks stop where they are."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -148,12 +175,31 @@ def json_type(value: object) -> str:
 
 
 class Checker:
-    """Collects the errors of one object; each ``check_*`` reads one field and never raises."""
+    """Collects the errors of one object; each ``check_*`` reads one field and never raises but to stop.
+
+    Run the checks through :meth:`run`: past :data:`MAX_ERRORS` errors, :meth:`fail` ends them (the
+    rest of the object is not read) and :meth:`result` says that there was more.
+    """
 
     def __init__(self) -> None:
         self.errors: list[FieldError] = []
+        self.stopped = False
+
+    def run(self, check: Callable[..., None], *args: Any) -> tuple[FieldError, ...]:
+        """``check(self, *args)``, then :meth:`result`."""
+        try:
+            check(self, *args)
+        except _Enough:
+            self.stopped = True
+        return self.result()
+
+    def result(self) -> tuple[FieldError, ...]:
+        """The errors found, with :data:`STOPPED` last if checking stopped early."""
+        return (*self.errors, STOPPED) if self.stopped else tuple(self.errors)
 
     def fail(self, path: str, message: str) -> None:
+        if len(self.errors) >= MAX_ERRORS:
+            raise _Enough
         self.errors.append(FieldError(path=path, message=message))
 
     def typed(self, obj: Mapping[str, Any], key: str, path: str, expected: type, name: str) -> Any:
@@ -317,30 +363,33 @@ def _type_errors(obj: Mapping[str, Any], kind: Kind, version: str) -> list[Field
 
 
 def validate_create(obj: object, *, policy: AdmissionPolicy = CLOSED_POLICY) -> tuple[FieldError, ...]:
-    """Every broken rule of a node job of any served kind and version; empty when it is valid.
+    """The broken rules of a node job of any served kind and version; empty when it is valid.
 
-    Never raises: any JSON value is a valid input, and garbage yields errors naming its fields.
-    ``policy`` says what the deployment allows (by default: no config update keys).
+    At most :data:`MAX_ERRORS`, then :data:`STOPPED` if there were more. Never raises: any JSON value
+    is a valid input, and garbage yields errors naming its fields. ``policy`` says what the
+    deployment allows (by default: no config update keys).
     """
-    c = Checker()
+    return Checker().run(_check_object, obj, policy)
+
+
+def _check_object(c: Checker, obj: object, policy: AdmissionPolicy) -> None:
     if not isinstance(obj, dict):
         c.fail("(object)", f"must be an object, got {json_type(obj)}")
-        return tuple(c.errors)
+        return
     identity = _identify(c, obj)
     if identity is None:
-        return tuple(c.errors)
+        return
     kind, version = identity
     spec = c.typed(obj, "spec", "", dict, "an object")
     if spec is None:
         if obj.get("spec") is None:
             c.fail("spec", "is required")
-        return tuple(c.errors)
+        return
     _CHECKS[kind.kind](c, spec, policy)
     if not c.errors:
         # The API server prunes nulls of non-nullable fields before admission; do the same here so
         # that null keeps meaning absent, as it does in the rules above.
         c.errors.extend(_type_errors(without_nulls(obj), kind, version))
-    return tuple(c.errors)
 
 
 def without_nulls(value: Any) -> Any:
@@ -370,7 +419,8 @@ def validate_update(new: object, old: object, *, policy: AdmissionPolicy = CLOSE
     errors = list(_spec_change_errors(str(kind), new, old, phase))
     errors.extend(_retry_errors(new, old, phase, node_phases))
     if errors:
-        return tuple(errors)
+        # A spec of a million made-up fields changes a million fields.
+        return capped(errors)
     if without_nulls(new.get("spec")) != without_nulls(old.get("spec")):
         return validate_create(new, policy=policy)
     return ()

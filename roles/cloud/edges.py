@@ -27,7 +27,7 @@ import trio
 from nodetask.link import LinkClosed
 from nodetask.names import clip, object_name_problem
 from roles.cloud.auth import AuthError, TokenBook, bearer_token
-from roles.cloud.ingress import Admission, LogThrottle, Slots, connection_limits, fd_limit, warn_throttled
+from roles.cloud.ingress import Admission, LogThrottle, connection_limits, fd_limit, warn_throttled
 from roles.cloud.listeners import open_listeners
 from roles.cloud.metrics import HubMetrics
 from roles.cloud.session_handler import ServeEdge
@@ -35,6 +35,7 @@ from roles.cloud.settings import HubSettings
 from roles.cloud.wire import Wire
 from roles.cloud.ws_server import ServerWebSocket, UpgradeRequest, read_upgrade
 from roles.server_tls import ServerTls, connection_context
+from roles.slots import Slots
 
 __all__ = ["EDGE_PATH_PREFIX", "WebSocketDoor"]
 

@@ -24,11 +24,12 @@ from typing import Final, final
 import anyio
 import structlog
 
+from roles.slots import Slots
+
 __all__ = [
     "Admission",
     "ConnectionLimits",
     "LogThrottle",
-    "Slots",
     "connection_limits",
     "fd_limit",
     "raise_fd_limit",
@@ -88,38 +89,6 @@ def fd_limit() -> int:
     """This process's soft RLIMIT_NOFILE."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     return UNLIMITED_FDS if soft == resource.RLIM_INFINITY else soft
-
-
-@final
-class Slots:
-    """``total`` places of one kind, taken without waiting; the accept loop may wait for one to be free."""
-
-    def __init__(self, total: int) -> None:
-        self.total = total
-        self.used = 0
-        self._freed: anyio.Event | None = None
-
-    def take(self) -> bool:
-        """Take a place if one is free."""
-        if self.used >= self.total:
-            return False
-        self.used += 1
-        return True
-
-    def give(self) -> None:
-        """Give back a place taken with :meth:`take`."""
-        assert self.used > 0, "a place given back that was never taken"
-        self.used -= 1
-        if self._freed is not None:
-            self._freed.set()
-            self._freed = None
-
-    async def wait_free(self) -> None:
-        """Return once a place is free (it is not taken: whoever comes next may take it)."""
-        while self.used >= self.total:
-            if self._freed is None:
-                self._freed = anyio.Event()
-            await self._freed.wait()
 
 
 @final

@@ -8,12 +8,16 @@ for it, and their Pods' tolerations bound to the autonomy duration.
 Every instance serves the admission webhooks and its health and metrics endpoints, leader or not,
 so admission never depends on the election. ``--feature-gates=disableNodeTaskV1alpha2`` turns the
 v1alpha2 node-job controllers off, as in KubeEdge.
+
+Both ports cap their connections, in all and per peer address, and close connections that send no
+request head within ``headerTimeout``; the webhook listens on the pod's IP only (:func:`webhook_host`).
 """
 
 from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Final
 
 import anyio
 import structlog
@@ -32,6 +36,9 @@ from roles.kube import open_kube
 from schemas.kinds import KINDS
 
 Log = structlog.typing.FilteringBoundLogger
+
+METRICS_MAX_BODY_BYTES: Final = 64 << 10
+"""The health and metrics routes are all GETs: a body is never needed."""
 
 
 async def run(cfg: RoleConfig, *, log: Log, config_path: Path | None = None) -> None:
@@ -66,12 +73,29 @@ async def run(cfg: RoleConfig, *, log: Log, config_path: Path | None = None) -> 
                     await reconciler.run()
                     tg.cancel_scope.cancel()
 
+        refused = metrics.connections_refused
         async with anyio.create_task_group() as tg:
             routes = list(health_routes(ready=lambda: True, registry=registry))
             if cfg.webhook_port:
-                await tg.start(functools.partial(serve_webhooks, cfg, kube=kube, registry=registry, log=log))
+                webhooks = functools.partial(
+                    serve_webhooks, cfg, kube=kube, registry=registry, refused=refused, log=log
+                )
+                await tg.start(webhooks)
             await tg.start(
-                functools.partial(serve_http, router(routes), host=cfg.listen_host, port=cfg.metrics_port, log=log)
+                functools.partial(
+                    serve_http,
+                    router(routes),
+                    host=cfg.listen_host,
+                    port=cfg.metrics_port,
+                    log=log,
+                    max_body_bytes=METRICS_MAX_BODY_BYTES,
+                    max_connections=cfg.metrics_max_connections,
+                    max_connections_per_peer=cfg.metrics_max_connections_per_peer,
+                    on_refused=refused.labels(port="metrics", limit="metricsMaxConnections").inc,
+                    on_refused_per_peer=refused.labels(port="metrics", limit="metricsMaxConnectionsPerPeer").inc,
+                    header_timeout=cfg.header_timeout,
+                    idle_timeout=cfg.idle_timeout,
+                )
             )
             log.info("controller_serving", webhook_port=cfg.webhook_port, metrics_port=cfg.metrics_port)
             await elector.lead(reconcile)

@@ -8,7 +8,14 @@ scheme and path, an OperationSet's node ids, a Diagnosis's ``stagePolicy``). Tas
 the mutating webhook: they have no defaults, and the controller creates one per node and stage.
 Both take and give ``admission.k8s.io/v1`` AdmissionReviews; a body that is not one gets 400 with
 the reason, as does one nested deeper than ``nesting.MAX_DEPTH`` (the rules walk the object
-recursively).
+recursively), or one whose uid, name or kind is longer than any the API server sends.
+
+What one review can cost is bounded, since anyone who can reach the port (or create objects, even
+as a dry run) chooses what is in it: the body is limited by the server (``webhookMaxBodyBytes``);
+it is decoded and checked in a worker thread, one review at a time, so the event loop goes on
+renewing the leader Lease meanwhile; the rules name at most ``MAX_ERRORS`` errors and stop there;
+a denial shows each error clipped to :data:`ERROR_CHARS` characters, and the log line of a decision
+clips its reason to :data:`LOGGED_REASON_CHARS`.
 
 Failure policies (see :func:`webhook_configurations`): validating is ``Fail``, so an invalid job is
 never stored while the controller is down (creation waits for it instead); mutating is ``Ignore``
@@ -21,13 +28,15 @@ version (Tasks: validating only), not the ``status`` subresource
 
 from __future__ import annotations
 
-from typing import Any, Final, TypeVar
+from typing import Annotated, Any, Final, TypeVar
 
+import anyio
 import msgspec
 import structlog
 from prometheus_client import CollectorRegistry, Counter
 
 from nodetask import nesting
+from nodetask.names import clip
 from roles.config import ControllerConfig, EdgeConfig
 from roles.http import Request, Response, Route
 from roles.kube import Conflict, Kube, Resource
@@ -36,15 +45,19 @@ from schemas.diagnosis_kinds import DIAGNOSIS_KINDS, DIAGNOSIS_TASK
 from schemas.kinds import GROUP, KINDS
 from schemas.meta import ApiStruct, LabelSelector, ObjectMeta
 from schemas.validation import (
+    MAX_ERRORS,
     AdmissionPolicy,
     FieldError,
     PatchOperation,
+    capped,
     default_patch,
     validate_create,
     validate_update,
 )
 
 __all__ = [
+    "ERROR_CHARS",
+    "LOGGED_REASON_CHARS",
     "MUTATE_PATH",
     "MUTATING_WEBHOOKS",
     "VALIDATE_PATH",
@@ -56,6 +69,7 @@ __all__ = [
     "ValidatingWebhookConfiguration",
     "admission_policy",
     "admission_routes",
+    "denial_message",
     "register_webhooks",
     "webhook_configurations",
 ]
@@ -70,25 +84,40 @@ MUTATING_WEBHOOK_NAME: Final = "mutate.nodetask.kubeedge.io"
 
 _INVALID: Final = 422
 """The HTTP status the API server answers a denied request with (``kubectl`` shows the message)."""
+ERROR_CHARS: Final = 512
+"""Characters of one error a denial shows: an error quoting a value sent (``got '...'``) shows its start."""
+LOGGED_REASON_CHARS: Final = 2048
+"""Characters of a denial's message in its log line."""
+_NAME_CHARS: Final = 253
+"""The longest object name, kind or resource name the API server sends (a DNS subdomain)."""
+_UID_CHARS: Final = 128
+"""Longer than any UID (36 characters): the uid is echoed in the answer, so it is bounded too."""
+_LOGGED_PATCHES: Final = MAX_ERRORS
+"""Patched paths named in a mutating decision's log line (the count is logged too)."""
+
+_Name = Annotated[str, msgspec.Meta(max_length=_NAME_CHARS)]
 
 
 # ---------------------------------------------------------------------------------------------- review
 
 
 class GroupVersionKind(msgspec.Struct, frozen=True, kw_only=True):
-    group: str = ""
-    version: str = ""
-    kind: str = ""
+    group: _Name = ""
+    version: _Name = ""
+    kind: _Name = ""
 
 
 class AdmissionRequest(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """The fields of an ``AdmissionRequest`` used here; objects stay raw JSON for the rules."""
+    """The fields of an ``AdmissionRequest`` used here; objects stay raw JSON for the rules.
 
-    uid: str
+    The strings that go into the answer and the log line are as long at most as the API server's.
+    """
+
+    uid: Annotated[str, msgspec.Meta(max_length=_UID_CHARS)]
     kind: GroupVersionKind
-    operation: str
-    name: str = ""
-    sub_resource: str = ""
+    operation: _Name
+    name: _Name = ""
+    sub_resource: _Name = ""
     object: Any = None
     old_object: Any = None
     dry_run: bool = False
@@ -124,17 +153,16 @@ _ENCODER: Final = msgspec.json.Encoder()
 _KNOWN_KINDS: Final = frozenset(k.kind for k in (*KINDS, *DIAGNOSIS_KINDS))
 
 
-def _read_review(request: Request) -> AdmissionRequest | Response:
+def _read_review(body: bytes) -> AdmissionRequest | Response:
     """The review's request, or the 400 response that says why there is none."""
     try:
-        nesting.check_json(request.body)
-        review = _REVIEW_DECODER.decode(request.body)
+        nesting.check_json(body)
+        review = _REVIEW_DECODER.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        return Response.text(400, f"not an AdmissionReview: {exc}")
+        return Response.text(400, f"not an AdmissionReview: {clip(str(exc), ERROR_CHARS)}")
     if review.api_version != ADMISSION_API_VERSION or review.kind != "AdmissionReview":
-        return Response.text(
-            400, f"expected {ADMISSION_API_VERSION} AdmissionReview, got {review.api_version} {review.kind}"
-        )
+        got = clip(f"{review.api_version} {review.kind}", ERROR_CHARS)
+        return Response.text(400, f"expected {ADMISSION_API_VERSION} AdmissionReview, got {got}")
     if review.request is None:
         return Response.text(400, "the AdmissionReview has no request")
     return review.request
@@ -155,12 +183,40 @@ def admission_policy(cfg: ControllerConfig) -> AdmissionPolicy:
     )
 
 
+def denial_message(errors: tuple[FieldError, ...]) -> str:
+    """What a denial says: the errors (at most ``MAX_ERRORS``, then how many more), each clipped."""
+    return "; ".join(clip(str(e), ERROR_CHARS) for e in capped(errors))
+
+
+def _validated(body: bytes, policy: AdmissionPolicy) -> tuple[AdmissionRequest, tuple[FieldError, ...]] | Response:
+    """The review in ``body`` and what the rules find wrong with its object; pure, so it runs in a thread."""
+    req = _read_review(body)
+    return req if isinstance(req, Response) else (req, _errors(req, policy))
+
+
+def _defaulted(body: bytes) -> tuple[AdmissionRequest, tuple[PatchOperation, ...]] | Response:
+    """The review in ``body`` and the defaults its object lacks; pure, so it runs in a thread."""
+    req = _read_review(body)
+    if isinstance(req, Response):
+        return req
+    # UPDATE too: a replace that leaves the defaults out gets them back, so its spec still equals
+    # the stored one and passes the immutability rule.
+    wanted = req.operation in ("CREATE", "UPDATE") and not req.sub_resource
+    return req, _defaults(req) if wanted else ()
+
+
 def admission_routes(*, policy: AdmissionPolicy, registry: CollectorRegistry, log: Log) -> tuple[Route, ...]:
     """The two webhook routes, admitting what ``policy`` allows and counting decisions in ``registry``.
 
     The counter ``nodetaskd_controller_admission_decisions_total`` has labels ``webhook`` (validating,
     mutating), ``kind`` (the job or diagnosis kind, ``other`` for anything else) and ``allowed``.
+    Reviews are decoded and checked in a worker thread, one at a time (both routes share it): the
+    checks are pure, and a large object must not hold up the event loop, whose Lease renewals are
+    due every few seconds.
     """
+    # One at a time: the loop's thread and this one share the GIL anyway, and a second decoded
+    # review would only double what the largest body costs in memory.
+    checking = anyio.CapacityLimiter(1)
     decisions = Counter(
         "nodetaskd_controller_admission_decisions",
         "Admission decisions on node jobs, by webhook, kind and outcome.",
@@ -186,27 +242,24 @@ def admission_routes(*, policy: AdmissionPolicy, registry: CollectorRegistry, lo
         )
 
     async def validate(request: Request) -> Response:
-        req = _read_review(request)
-        if isinstance(req, Response):
-            return req
-        errors = _errors(req, policy)
+        checked = await anyio.to_thread.run_sync(_validated, request.body, policy, limiter=checking)
+        if isinstance(checked, Response):
+            return checked
+        req, errors = checked
         if not errors:
             record("validating", req, allowed=True)
             return _answer(AdmissionResponse(uid=req.uid, allowed=True))
-        message = "; ".join(str(e) for e in errors)
-        record("validating", req, allowed=False, reason=message)
+        message = denial_message(errors)
+        record("validating", req, allowed=False, reason=clip(message, LOGGED_REASON_CHARS))
         status = StatusResult(code=_INVALID, reason="Invalid", message=message)
         return _answer(AdmissionResponse(uid=req.uid, allowed=False, status=status))
 
     async def mutate(request: Request) -> Response:
-        req = _read_review(request)
-        if isinstance(req, Response):
-            return req
-        # UPDATE too: a replace that leaves the defaults out gets them back, so its spec still equals
-        # the stored one and passes the immutability rule.
-        wanted = req.operation in ("CREATE", "UPDATE") and not req.sub_resource
-        ops = _defaults(req) if wanted else ()
-        record("mutating", req, allowed=True, patched=[op.path for op in ops])
+        defaulted = await anyio.to_thread.run_sync(_defaulted, request.body, limiter=checking)
+        if isinstance(defaulted, Response):
+            return defaulted
+        req, ops = defaulted
+        record("mutating", req, allowed=True, patched=[op.path for op in ops[:_LOGGED_PATCHES]], patches=len(ops))
         if not ops:
             return _answer(AdmissionResponse(uid=req.uid, allowed=True))
         return _answer(AdmissionResponse(uid=req.uid, allowed=True, patch_type="JSONPatch", patch=_ENCODER.encode(ops)))

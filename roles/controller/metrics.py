@@ -4,7 +4,8 @@ Job and node-task counts come from the job cache of the reconciler currently lea
 costs no API call and a follower (which has no cache) reports none, keeping sums across replicas
 right. API write and conflict counters come from :class:`~roles.kube.Kube`'s own counters, the
 leader gauge from the :class:`~roles.controller.leader.Elector`. Only reconcile latency is recorded
-as it happens, through the reconciler's ``on_reconciled`` hook.
+as it happens, through the reconciler's ``on_reconciled`` hook, and connections the webhook and
+metrics ports refused at their caps, through the servers' ``on_refused`` hooks.
 
 Nothing is registered globally: the role passes the registry it serves.
 """
@@ -17,6 +18,7 @@ from contextlib import contextmanager
 from typing import Any, Final, Protocol, final
 
 from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import Counter as MetricCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
@@ -80,6 +82,12 @@ class ControllerMetrics:
             f"{PREFIX}_reconcile_duration_seconds",
             "Time one reconcile pass over a job took, API calls included.",
             ["kind"],
+            registry=registry,
+        )
+        self.connections_refused = MetricCounter(
+            f"{PREFIX}_connections_refused",
+            "Connections closed as soon as accepted, by port (webhook, metrics) and the setting whose cap they met.",
+            ["port", "limit"],
             registry=registry,
         )
         registry.register(self)

@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import NoReturn
+from typing import Final, NoReturn
 from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
 import structlog
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter
 
 from roles.cert_reload import ReloadingCertificate
 from roles.config import ConfigError, ControllerConfig
@@ -38,10 +39,20 @@ from roles.http import router, serve_http
 from roles.kube import ApiError, Kube
 from roles.tls import ServingCertificate, TlsError, generate_serving_certificate, load_serving_certificate
 
-__all__ = ["serve_webhooks", "serving_certificate"]
+__all__ = ["POD_IP_ENV", "serve_webhooks", "serving_certificate", "webhook_host"]
 
 Log = structlog.typing.FilteringBoundLogger
 Configurations = Callable[[bytes], tuple[ValidatingWebhookConfiguration, MutatingWebhookConfiguration]]
+
+POD_IP_ENV: Final = "POD_IP"
+"""The environment variable the Deployment fills with the pod's IP (``status.podIP``)."""
+BUFFERED_REVIEWS: Final = 4
+"""Largest reviews the webhook server holds at once (its request bodies, until answered)."""
+
+
+def webhook_host(cfg: ControllerConfig, environ: Mapping[str, str]) -> str:
+    """Where the webhook listens: ``webhookHost``, else the pod's IP, else ``listenHost`` (outside Kubernetes)."""
+    return cfg.webhook_host or environ.get(POD_IP_ENV, "").strip() or cfg.listen_host
 
 
 def serving_certificate(cfg: ControllerConfig) -> ServingCertificate:
@@ -70,13 +81,15 @@ async def serve_webhooks(
     *,
     kube: Kube,
     registry: CollectorRegistry,
+    refused: Counter,
     log: Log,
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> NoReturn:
     """Serve the admission webhooks on ``cfg.webhook_port`` until cancelled, following the certificate's files.
 
     With ``webhookUrl`` or ``webhookService`` the configurations are registered before this reports
-    ready, and registered again whenever the certificate's CA changes.
+    ready, and registered again whenever the certificate's CA changes. Connections are capped in all and
+    per peer; ``refused`` (labelled by port and limit) counts the ones turned away.
 
     Errors: :class:`~roles.config.ConfigError` for a configured certificate that cannot be used, and
     what binding the port or the first registration raise; nothing once ready.
@@ -89,10 +102,18 @@ async def serve_webhooks(
             functools.partial(
                 serve_http,
                 webhooks,
-                host=cfg.listen_host,
+                host=webhook_host(cfg, os.environ),
                 port=cfg.webhook_port,
                 log=log,
                 ssl_context=certificate.context,
+                max_body_bytes=cfg.webhook_max_body_bytes,
+                max_buffered_bytes=BUFFERED_REVIEWS * cfg.webhook_max_body_bytes,
+                max_connections=cfg.webhook_max_connections,
+                max_connections_per_peer=cfg.webhook_max_connections_per_peer,
+                on_refused=refused.labels(port="webhook", limit="webhookMaxConnections").inc,
+                on_refused_per_peer=refused.labels(port="webhook", limit="webhookMaxConnectionsPerPeer").inc,
+                header_timeout=cfg.header_timeout,
+                idle_timeout=cfg.idle_timeout,
             )
         )
         if cfg.webhook_url or cfg.webhook_service:

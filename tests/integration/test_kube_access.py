@@ -343,7 +343,7 @@ async def test_merge_patch_events_and_leases(crds: ControlPlane, controller_kube
 
 
 async def test_forbidden_watch_logs_once_and_backs_off_without_busy_looping(crds: ControlPlane) -> None:
-    """A watch the identity may not make is logged as a warning once, then retried at debug level with growing delays."""
+    """A watch the identity may not make is logged as a warning once, then retried at debug level, ever slower."""
     with structlog.testing.capture_logs() as logs:
         async with open_kube(kubeconfig=str(crds.kubeconfig("edge")), log=structlog.get_logger()) as kube:
             send, receive = anyio.create_memory_object_stream[WatchEvent](max_buffer_size=math.inf)

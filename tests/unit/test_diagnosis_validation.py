@@ -11,9 +11,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas.diagnosis import Diagnosis, Operation, OperationSet, StagePolicy
+from schemas.diagnosis_graph import MAX_NODES
 from schemas.diagnosis_validation import default_patch, validate_create, validate_update
 from schemas.manifest import decode_diagnosis_object
-from schemas.validation import PatchOperation
+from schemas.validation import MAX_ERRORS, STOPPED, PatchOperation
 
 V1 = "diagnosis.kubediag.org/v1"
 
@@ -271,6 +272,21 @@ def _apply(obj: dict[str, Any], ops: tuple[PatchOperation, ...]) -> dict[str, An
             node = node[int(part)] if isinstance(node, list) else node[part]
         node[key] = op.value
     return out
+
+
+def test_a_million_empty_target_names_yield_the_first_errors_and_a_remark() -> None:
+    """Checking stops after MAX_ERRORS bad names, and the last error says there is more."""
+    errors = validate_create(diagnosis({"targetNodeNames": [""] * 1_000_000}))
+    assert [e.path for e in errors[:-1]] == [f"spec.targetSelector.targetNodeNames[{i}]" for i in range(MAX_ERRORS)]
+    assert errors[-1] == STOPPED
+
+
+def test_a_graph_too_large_is_refused_before_its_nodes_are_read_and_gets_no_defaults() -> None:
+    """100,000 nodes are one error naming the limit (not one per malformed node), and no patch per node."""
+    graph = operation_set(*([{"to": "x"}] * 100_000))
+    (error,) = validate_create(graph)
+    assert str(error) == f"spec.adjacencyList: has 100000 nodes; at most {MAX_NODES} are allowed"
+    assert default_patch(graph) == ()
 
 
 def test_defaults_are_kubediags() -> None:

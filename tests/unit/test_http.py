@@ -483,3 +483,84 @@ async def test_a_head_request_gets_a_streams_head_only() -> None:
             reply = await _raw(port, b"HEAD /stream HTTP/1.1\r\nhost: t\r\n\r\n")
     assert reply.startswith(b"HTTP/1.1 200 ")
     assert not ran
+
+
+async def test_connections_beyond_a_peers_share_are_closed_at_once_while_other_peers_are_served() -> None:
+    """One address past max_connections_per_peer is closed before a byte is read; another address is still served."""
+    refused: list[str] = []
+    with trio.fail_after(10):
+        async with serving(
+            max_connections=10,
+            max_connections_per_peer=2,
+            on_refused=lambda: refused.append("total"),
+            on_refused_per_peer=lambda: refused.append("per_peer"),
+        ) as port:
+            clients = [Client(await trio.open_tcp_stream(LOOPBACK, port, local_address="127.0.0.2")) for _ in range(2)]
+            for client in clients:
+                assert (await client.request("GET", "/echo"))[0] == 200
+            crowding = await trio.open_tcp_stream(LOOPBACK, port, local_address="127.0.0.2")
+            async with crowding:
+                assert await crowding.receive_some(100) == b""  # closed at once: no request was even sent
+            other = Client(await trio.open_tcp_stream(LOOPBACK, port, local_address="127.0.0.3"))
+            async with other.stream:
+                assert (await other.request("GET", "/echo"))[0] == 200
+            for client in clients:
+                await client.stream.aclose()
+    assert refused == ["per_peer"]
+
+
+async def test_a_connection_that_sends_no_request_head_is_closed_after_the_header_timeout(tmp_path: Path) -> None:
+    """A silent connection, a trickled head and a TLS connection that never handshakes are closed before the idle
+    timeout."""
+    cert = generate_serving_certificate(tmp_path, dns_names=["localhost"], ip_addresses=[LOOPBACK])
+    with trio.fail_after(20):  # the idle timeout is a minute: only the header timeout can close them in time
+        async with serving(header_timeout=0.2, idle_timeout=60) as port:
+            assert await _raw(port, b"") == b""
+            assert await _raw(port, b"GET /echo HTTP/1.1\r\nhost:") == b""
+        async with serving(ssl_context=server_ssl_context(cert), header_timeout=0.2, idle_timeout=60) as port:
+            assert await _raw(port, b"") == b""
+
+
+async def test_a_kept_alive_connection_waits_for_its_next_request_by_the_idle_timeout() -> None:
+    """The header timeout bounds only the first request: between requests a connection may idle longer."""
+    with trio.fail_after(20):
+        async with serving(header_timeout=0.1, idle_timeout=60) as port:
+            client = Client(await trio.open_tcp_stream(LOOPBACK, port))
+            async with client.stream:
+                assert (await client.request("GET", "/echo"))[0] == 200
+                await trio.sleep(0.5)
+                assert (await client.request("GET", "/echo"))[0] == 200
+
+
+async def test_request_bodies_past_what_the_server_holds_at_once_get_503_until_one_is_answered() -> None:
+    """Bodies held across connections are capped: one more gets 503 with retry-after, and room returns once answered."""
+    entered, release = trio.Event(), trio.Event()
+
+    async def hold(request: Request) -> Response:
+        entered.set()
+        await release.wait()
+        return Response.text(200, f"held {len(request.body)}")
+
+    handler = router((*ROUTES, Route("POST", "/hold", hold)))
+    with trio.fail_after(10):
+        async with serving(handler=handler, max_body_bytes=100, max_buffered_bytes=100) as port:
+            async with trio.open_nursery() as nursery:
+                holder = Client(await trio.open_tcp_stream(LOOPBACK, port))
+                answers: list[int] = []
+
+                async def held() -> None:
+                    answers.append((await holder.request("POST", "/hold", b"x" * 80))[0])
+
+                nursery.start_soon(held)
+                await entered.wait()
+                reply = await _raw(port, b"POST /echo HTTP/1.1\r\nhost: t\r\ncontent-length: 30\r\n\r\n" + b"y" * 30)
+                assert reply.startswith(b"HTTP/1.1 503 ")
+                assert b"retry-after: 1" in reply.lower()
+                chunked = b"POST /echo HTTP/1.1\r\nhost: t\r\ntransfer-encoding: chunked\r\n\r\n1e\r\n" + b"z" * 30
+                assert (await _raw(port, chunked + b"\r\n0\r\n\r\n")).startswith(b"HTTP/1.1 503 ")
+                release.set()
+            assert answers == [200]
+            await holder.stream.aclose()
+            client = Client(await trio.open_tcp_stream(LOOPBACK, port))
+            async with client.stream:
+                assert (await client.request("POST", "/echo", b"y" * 30))[0] == 200

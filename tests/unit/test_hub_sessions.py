@@ -242,7 +242,7 @@ async def test_a_report_for_a_job_deleted_mid_run_is_answered_job_gone(autojump_
 async def test_a_report_meeting_an_unserved_resource_is_retried_not_answered_job_gone(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """A plain "404 page not found" (a restarting API server not yet serving the CRD) delays the write; the report is acked."""
+    """A plain "404 page not found" (an API server not yet serving the CRD) delays the write; the report is acked."""
     api = _one_node_job("warming")
     async with running_hub(api) as (_, door):
         edge = door.connect("n0")

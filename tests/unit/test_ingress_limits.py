@@ -11,7 +11,8 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from roles.cloud.ingress import RESERVE_MIN, Admission, LogThrottle, Slots, connection_limits
+from roles.cloud.ingress import RESERVE_MIN, Admission, LogThrottle, connection_limits
+from roles.slots import Slots
 
 
 @given(st.integers(min_value=RESERVE_MIN + 64, max_value=1 << 22))

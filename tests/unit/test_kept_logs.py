@@ -32,7 +32,8 @@ def test_a_failed_tests_logs_are_kept_and_their_last_lines_reported(
     result.assert_outcomes(passed=1, failed=1)
     out = result.stdout.str()
     assert "hub said 403 Forbidden" in out
-    assert "agent line 99" in out and "agent line 39" not in out  # the last 60 lines only
+    assert "agent line 99" in out
+    assert "agent line 39" not in out  # the last 60 lines only
     (copied,) = [p for p in kept.iterdir() if "test_fails" in p.name]
     assert (copied / "edge" / "agent.log").read_text().startswith("agent line 0")
     assert (copied / "hub-0.log").read_text() == "hub said 403 Forbidden"

@@ -13,13 +13,23 @@ import pytest
 import structlog
 from hypothesis import given
 from hypothesis import strategies as st
+from structlog.testing import capture_logs
 
 from roles.config import ControllerConfig
-from roles.controller.admission import MUTATE_PATH, VALIDATE_PATH, admission_policy, admission_routes
+from roles.controller.admission import (
+    ERROR_CHARS,
+    LOGGED_REASON_CHARS,
+    MUTATE_PATH,
+    VALIDATE_PATH,
+    admission_policy,
+    admission_routes,
+)
 from roles.http import Request, Response, router
 from schemas.manifest import decode_job
 from schemas.validation import (
     IMMUTABLE_SPEC_MESSAGE,
+    MAX_ERRORS,
+    STOPPED,
     FieldError,
     default_patch,
     is_image_reference,
@@ -264,6 +274,26 @@ def test_several_errors_are_reported_together() -> None:
     """Every broken rule is reported, not only the first."""
     errors = validate_create(upgrade(version="x", image="y", concurrency=0, failureTolerate="2"))
     assert paths(errors) == ["spec.version", "spec.image", "spec.concurrency", "spec.failureTolerate"]
+
+
+def test_checking_stops_after_the_first_errors_and_says_there_is_more() -> None:
+    """A million bad node names yield the first MAX_ERRORS errors and a last one saying checking stopped."""
+    errors = validate_create(upgrade(nodeNames=[""] * 1_000_000))
+    assert paths(errors[:-1]) == [f"spec.nodeNames[{i}]" for i in range(MAX_ERRORS)]
+    assert errors[-1] == STOPPED
+    assert str(errors[-1]) == f"and more: checking stops after the first {MAX_ERRORS} errors"
+    assert len(validate_create(upgrade(nodeNames=[""] * MAX_ERRORS))) == MAX_ERRORS  # exactly the cap: no remark
+
+
+def test_an_update_changing_many_fields_names_the_first_and_counts_the_rest() -> None:
+    """A spec of many changed fields is refused naming MAX_ERRORS of them and how many more there are."""
+    old = upgrade()
+    new = copy.deepcopy(old)
+    new["spec"] |= {f"field{i:04}": i for i in range(1000)}
+    errors = validate_update(new, old)
+    assert len(errors) == MAX_ERRORS + 1
+    assert all(IMMUTABLE_SPEC_MESSAGE in e.message for e in errors[:-1])
+    assert str(errors[-1]) == f"and {1000 - MAX_ERRORS} more"
 
 
 def test_type_errors_the_rules_do_not_cover_are_reported_with_their_path() -> None:
@@ -637,6 +667,51 @@ async def test_deeply_nested_review_is_400_naming_the_limit(where: str) -> None:
         response = await hooks.post(path, body)
         assert response.status == 400
         assert response.body.decode().startswith("not an AdmissionReview: nested too deeply: more than 64 levels")
+
+
+async def test_a_denial_of_a_huge_object_is_short_and_so_is_its_log_line() -> None:
+    """100,000 empty node names get a denial under 16 KiB that says there is more, and a log line under 4 KiB."""
+    hooks = Webhooks()
+    with capture_logs() as logs:
+        review = await hooks.review(VALIDATE_PATH, _review("CREATE", upgrade(nodeNames=[""] * 100_000)))
+    message = review["response"]["status"]["message"]
+    assert len(msgspec.json.encode(review)) < 16 << 10
+    assert message.startswith("spec.nodeNames[0]: must be a non-empty node name")
+    assert message.endswith(str(STOPPED))
+    (decided,) = [e for e in logs if e["event"] == "admission_decided"]
+    assert len(decided["reason"]) <= LOGGED_REASON_CHARS
+    assert len(repr(decided)) < 4 << 10
+
+
+async def test_an_error_quoting_a_huge_value_is_clipped_in_the_denial() -> None:
+    """A megabyte image reference is quoted only in part: the denial stays short and says how long it was."""
+    review = await Webhooks().review(VALIDATE_PATH, _review("CREATE", upgrade(image="x" * 1_000_000)))
+    message = review["response"]["status"]["message"]
+    assert message.startswith("spec.image: must be an image repository")
+    assert len(message) <= ERROR_CHARS + 32
+    assert message.endswith("characters)")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("uid", "u" * 129), ("name", "n" * 254), ("subResource", "s" * 254), ("kind", {"kind": "K" * 254})],
+)
+async def test_a_review_with_identifiers_longer_than_the_api_servers_is_400(field: str, value: object) -> None:
+    """The strings echoed in the answer or logged are as long at most as the API server sends them."""
+    body = _review("CREATE", upgrade(), **{field: value})
+    for path in (VALIDATE_PATH, MUTATE_PATH):
+        response = await Webhooks().post(path, body)
+        assert response.status == 400
+        assert len(response.body) < 1 << 10
+
+
+async def test_a_review_of_another_version_is_400_quoting_only_the_start_of_what_it_says() -> None:
+    """A megabyte apiVersion is not echoed back whole."""
+    body = msgspec.json.encode({"apiVersion": "v" * 1_000_000, "kind": "AdmissionReview"})
+    response = await Webhooks().post(VALIDATE_PATH, body)
+    assert response.status == 400
+    assert response.body.startswith(b"expected admission.k8s.io/v1 AdmissionReview, got vvv")
+    assert len(response.body) < 1 << 10
 
 
 @pytest.mark.parametrize("api_version", [V1, V2])
