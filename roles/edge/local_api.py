@@ -11,6 +11,8 @@ whatever changed while the device was offline.
 Security: it listens on 127.0.0.1 only, answers only requests addressed to a loopback name (a web
 page cannot reach it through DNS rebinding), and is off unless ``localApi.enabled``. Any local
 process can read what it serves, so Secrets are refused unless ``localApi.serveSecrets`` allows them.
+A query parameter the API server reads as a number is read as it does, and anything else, however
+long, is a 400 naming the parameter.
 
 Import this module only when the local API is on: an agent with it off then loads none of it.
 """
@@ -31,7 +33,9 @@ import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from nodetask.field_selectors import FieldRequirement, check_fields, field_set, fields_match, parse_field_selector
+from nodetask.label_requirements import go_int
 from nodetask.label_selectors import Requirement, SelectorError, labels_match, parse_label_selector
+from nodetask.names import clip
 from roles.edge.cache_view import CacheView, Change, ChangeType, Object, resource_version
 from roles.edge.local_api_paths import (
     Resource,
@@ -57,6 +61,9 @@ _READS: Final = frozenset({"GET", "HEAD"})
 _WRITES: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "localhost", "[::1]"})
 _JSON: Final = "application/json"
+_SHOWN: Final = 64
+"""Characters of a refused query parameter's value quoted back."""
+_UINT64_DIGITS: Final = 20
 _encode = msgspec.json.Encoder().encode
 
 
@@ -139,7 +146,10 @@ class _Selection:
 
 def _selection(target: Target, query: dict[str, list[str]]) -> _Selection:
     """The request's selection; the label selector is read first, then the field selector, as the API
-    server does (so its first error is the one reported)."""
+    server does (so its first error is the one reported). ``limit`` is checked as the API server checks
+    it, and then not applied: a device's lists are small, so they come whole (with no ``continue``),
+    as the API server's watch cache answers a list at ``resourceVersion=0``."""
+    _int_parameter(query, "limit", "a number of objects")
     labels = parse_label_selector(query.get("labelSelector", [""])[0])
     fields = parse_field_selector(query.get("fieldSelector", [""])[0])
     check_fields(target.resource.kind, fields)
@@ -148,25 +158,38 @@ def _selection(target: Target, query: dict[str, list[str]]) -> _Selection:
     return _Selection(kind=target.resource.kind, namespace=target.namespace, labels=labels, fields=fields)
 
 
+def _int_parameter(query: dict[str, list[str]], name: str, what: str) -> int | None:
+    """Query parameter ``name`` read as the API server reads an int64 one (``strconv.ParseInt``); None if absent.
+
+    Errors: :class:`_BadRequest` naming the parameter (its value clipped) for anything else, however
+    long: it is never handed to ``int()`` whole, which refuses more than 4,300 digits with a ValueError.
+    """
+    text = query.get(name, [""])[0]
+    if not text:
+        return None
+    value = go_int(text)
+    if value is None:
+        raise _BadRequest(f"{name} {clip(text, _SHOWN)!r} is not {what} (a whole number from -2^63 to 2^63-1)")
+    return value
+
+
 def _watch_start(query: dict[str, list[str]]) -> int | None:
     """The resource version a watch starts after; None for ``""`` and ``"0"``: the current objects first."""
     text = query.get("resourceVersion", [""])[0]
-    if text in ("", "0"):
-        return None
-    if not (text.isascii() and text.isdecimal()):
-        raise _BadRequest(f"resourceVersion {text!r} is not one of this API's resource versions (decimal numbers)")
-    return int(text)
+    # The API server's resource versions are uint64s; checked by length before int() reads a digit.
+    digits = text.lstrip("0") or "0"
+    if text and not (text.isascii() and text.isdecimal() and len(digits) <= _UINT64_DIGITS and int(digits) < 2**64):
+        raise _BadRequest(
+            f"resourceVersion {clip(text, _SHOWN)!r} is not one of this API's resource versions"
+            " (decimal numbers below 2^64)"
+        )
+    since = int(digits)
+    return since or None
 
 
 def _watch_timeout(query: dict[str, list[str]]) -> float:
-    text = query.get("timeoutSeconds", [""])[0]
-    if not text:
-        return MAX_WATCH_S
-    try:
-        seconds = int(text)
-    except ValueError:
-        raise _BadRequest(f"timeoutSeconds {text!r} is not a whole number of seconds") from None
-    return float(seconds) if seconds > 0 else MAX_WATCH_S
+    seconds = _int_parameter(query, "timeoutSeconds", "a number of seconds")
+    return float(seconds) if seconds is not None and seconds > 0 else MAX_WATCH_S
 
 
 def watch_event(change: Change, selected: Callable[[Object], bool]) -> tuple[ChangeType, Object] | None:

@@ -226,6 +226,27 @@ async def test_selectors_are_refused_as_the_api_server_refuses_them(control_plan
         assert (local[0], local[1]["message"]) == (400, message), query
 
 
+@pytest.mark.parametrize(
+    ("query", "named"),
+    [
+        ({"watch": "1", "timeoutSeconds": "9" * 309}, "timeoutSeconds"),
+        ({"watch": "1", "timeoutSeconds": "soon"}, "timeoutSeconds"),
+        ({"limit": "9" * 309}, "limit"),
+        ({"labelSelector": f"a>{'9' * 5000}"}, "the value must be an integer"),
+    ],
+)
+async def test_numbers_the_api_server_refuses_are_a_400_naming_them(
+    control_plane: ControlPlane, query: dict[str, str], named: str
+) -> None:
+    """A number query parameter the API server refuses (309 digits, a word, past int64) is refused by the local
+    API too: a 400 whose message names the parameter, where it once was a 500."""
+    api = LocalApi(MemoryCache(), serve_secrets=True, log=structlog.get_logger())
+    real, local = await _both(control_plane, api, "/api/v1/pods", query)
+    assert real[0] == 400, real
+    assert (local[0], local[1]["reason"]) == (400, "BadRequest")
+    assert named in local[1]["message"]
+
+
 async def test_each_kinds_fields_are_accepted_as_by_the_api_server(control_plane: ControlPlane) -> None:
     """The fields the local API accepts for each kind are ones the API server accepts too."""
     api = LocalApi(MemoryCache(), serve_secrets=True, log=structlog.get_logger())

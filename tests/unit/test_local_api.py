@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import parse_qs
 
 import msgspec
 import pytest
@@ -13,9 +15,10 @@ import trio
 import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
+from structlog.testing import capture_logs
 
 from roles.edge.cache_view import Change, ChangeType, Listing, MemoryCache, Object
-from roles.edge.local_api import LocalApi, watch_event
+from roles.edge.local_api import LOOPBACK, LocalApi, Serving, _watch_start, serve_local_api, watch_event
 from roles.httpserver import Request, Response
 
 NODE = "edge-1"
@@ -451,3 +454,61 @@ async def test_response_to_a_watch_is_a_json_stream() -> None:
     """A watch is answered 200 with a streamed JSON body."""
     response: Response = await api_over(filled()).handle(request("/api/v1/pods", "watch=1"))
     assert (response.status, response.content_type, response.body) == (200, "application/json", b"")
+
+
+# ------------------------------------------------------------------------ over sockets: numbers in the query
+
+
+async def _answer(stream: trio.SocketStream) -> tuple[int, dict[str, Any]]:
+    """The status and JSON body of the one response on ``stream``, read until the server ends it; then closed."""
+    data = b""
+    async with stream:
+        while chunk := await stream.receive_some():
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), msgspec.json.decode(body)
+
+
+async def _get_over(stream: trio.SocketStream, target: str) -> tuple[int, dict[str, Any]]:
+    await stream.send_all(f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+    return await _answer(stream)
+
+
+@asynccontextmanager
+async def _serving(**options: Any) -> AsyncIterator[Serving]:
+    async with trio.open_nursery() as nursery:
+        serve = functools.partial(serve_local_api, filled(), port=0, log=structlog.get_logger(), **options)
+        yield await nursery.start(serve)
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    ("query", "named"),
+    [
+        (f"watch=1&timeoutSeconds={'9' * 309}", "timeoutSeconds '99999"),
+        ("watch=1&timeoutSeconds=soon", "timeoutSeconds 'soon' is not a number of seconds"),
+        ("watch=1&timeoutSeconds=1_000", "timeoutSeconds '1_000'"),
+        (f"watch=1&resourceVersion={'9' * 5000}", "resourceVersion '99999"),
+        ("watch=1&resourceVersion=18446744073709551616", "resourceVersion '18446744073709551616'"),
+        (f"limit={'9' * 309}", "limit '99999"),
+        (f"watch=1&limit={'9' * 5000}", "limit '99999"),
+        (f"labelSelector=a%3E{'9' * 5000}", "for 'Gt', 'Lt' operators, the value must be an integer"),
+    ],
+)
+async def test_numeric_query_parameters_too_long_or_malformed_are_a_400_naming_them(query: str, named: str) -> None:
+    """However many digits, a number the API server would refuse is a 400 Status naming the parameter, never a
+    500 with a traceback per request; the value is quoted clipped."""
+    with capture_logs() as logs, trio.fail_after(30):  # a watch that was let through would stream on
+        async with _serving() as serving:
+            stream = await trio.open_tcp_stream(LOOPBACK, serving.port)
+            status, body = await _get_over(stream, f"/api/v1/pods?{query}")
+    assert (status, body["reason"]) == (400, "BadRequest")
+    assert named in body["message"]
+    assert len(body["message"]) < 300
+    assert [e for e in logs if e["log_level"] in ("error", "critical")] == []
+
+
+@pytest.mark.parametrize(("query", "since"), [("resourceVersion=00", None), ("resourceVersion=0007", 7)])
+def test_a_resource_version_is_read_as_the_api_server_reads_it(query: str, since: int | None) -> None:
+    """Leading zeros are allowed (as by ParseUint): ``00`` is ``0``, the current objects first."""
+    assert _watch_start(parse_qs(query)) == since
