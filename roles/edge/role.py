@@ -114,7 +114,13 @@ async def _serve_local_api(
 
     async with anyio.create_task_group() as tg:
         serve = functools.partial(
-            serve_local_api, cache, port=cfg.local_api.port, serve_secrets=cfg.local_api.serve_secrets, log=log
+            serve_local_api,
+            cache,
+            port=cfg.local_api.port,
+            serve_secrets=cfg.local_api.serve_secrets,
+            max_connections=cfg.local_api.max_connections,
+            max_connections_per_client=cfg.local_api.max_connections_per_client,
+            log=log,
         )
         serving = await tg.start(serve)
         task_status.started(serving.api.end_watches)

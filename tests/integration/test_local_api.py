@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import socket
 import subprocess
 import urllib.error
 import urllib.parse
@@ -186,6 +188,52 @@ async def test_the_local_api_listens_on_loopback_only(device: Device) -> None:
         if c.status == psutil.CONN_LISTEN and c.laddr.port == device.serving.port
     ]
     assert [addr.ip for addr in listening] == ["127.0.0.1"]
+
+
+def _socket_as(uid: int) -> socket.socket:
+    """A TCP socket owned by ``uid`` (the kernel records who created it; connecting stays with this process)."""
+    os.seteuid(uid)
+    try:
+        return socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    finally:
+        os.seteuid(0)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="opening a socket as another user needs root")
+async def test_kubectl_is_answered_while_another_user_holds_every_connection_it_may(device: Device) -> None:
+    """A process of another user opening 100 watches (each holds its connection for as long as it streams)
+    gets 25 of them, the rest are told 503 naming localApi.maxConnectionsPerClient, and kubectl, run by
+    root, still gets the Node."""
+    told: list[bytes] = []
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            all_told = trio.Event()
+
+            async def hold() -> None:
+                sock = trio.socket.from_stdlib_socket(_socket_as(65534))
+                await sock.connect(("127.0.0.1", device.serving.port))
+                async with trio.SocketStream(sock) as stream:
+                    await stream.send_all(b"GET /api/v1/pods?watch=1 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                    answer = await stream.receive_some()
+                    if answer.startswith(b"HTTP/1.1 200 "):
+                        await trio.sleep_forever()  # watching, until the test ends
+                    while chunk := await stream.receive_some():
+                        answer += chunk
+                told.append(answer)
+                if len(told) == 75:
+                    all_told.set()
+
+            for _ in range(100):
+                nursery.start_soon(hold)
+            await all_told.wait()
+            result = await device.kubectl("get", "node")
+            assert result.returncode == 0, result.stderr
+            assert [row[0] for row in table(result.stdout)] == ["NAME", NODE]
+            assert (len(told), device.serving.api.watches) == (75, 25)
+            nursery.cancel_scope.cancel()
+    assert told[0].startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
+    assert b"limit of 25 connections from one client (uid 65534)" in told[0]
+    assert b"localApi.maxConnectionsPerClient" in told[0]
 
 
 # ------------------------------------------------------------------------- against the real API server

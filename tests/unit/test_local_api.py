@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -456,7 +459,24 @@ async def test_response_to_a_watch_is_a_json_stream() -> None:
     assert (response.status, response.content_type, response.body) == (200, "application/json", b"")
 
 
-# ------------------------------------------------------------------------ over sockets: numbers in the query
+# ------------------------------------------------------------------------ over sockets: what a client costs
+
+
+def _socket_as(uid: int) -> socket.socket:
+    """A TCP socket owned by ``uid`` (the kernel records who created it; connecting stays with this process)."""
+    os.seteuid(uid)
+    try:
+        return socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    finally:
+        os.seteuid(0)
+
+
+async def _connect(port: int, *, uid: int | None = None) -> trio.SocketStream:
+    if uid is None:
+        return await trio.open_tcp_stream(LOOPBACK, port)
+    sock = trio.socket.from_stdlib_socket(_socket_as(uid))
+    await sock.connect((LOOPBACK, port))
+    return trio.SocketStream(sock)
 
 
 async def _answer(stream: trio.SocketStream) -> tuple[int, dict[str, Any]]:
@@ -482,6 +502,77 @@ async def _serving(**options: Any) -> AsyncIterator[Serving]:
         nursery.cancel_scope.cancel()
 
 
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="opening a socket as another user needs root")
+
+
+@needs_root
+async def test_one_user_holding_connections_leaves_places_for_another_users_client() -> None:
+    """A process opening 100 connections that never finish a request holds 25 (its share) and is told 503
+    for the rest, naming localApi.maxConnectionsPerClient; a client of another user is still answered."""
+    async with _serving() as serving, trio.open_nursery() as nursery:
+        refused: list[tuple[int, dict[str, Any]]] = []
+        all_told = trio.Event()
+
+        async def hold(stream: trio.SocketStream) -> None:
+            await stream.send_all(b"GET /version HTTP/1.1\r\nHost: 127.0.0")  # a head begun, never finished
+            answer = await _answer(stream)
+            refused.append(answer)
+            if len(refused) == 75:
+                all_told.set()
+
+        held = [await _connect(serving.port) for _ in range(100)]
+        for stream in held:
+            nursery.start_soon(hold, stream)
+        with trio.fail_after(30):
+            await all_told.wait()
+            other = await _connect(serving.port, uid=65534)
+            status, version = await _get_over(other, "/version")
+        assert (status, version["gitVersion"]) == (200, "v1.20.2+nodetaskd-local")
+        assert len(refused) == 75  # the 25 admitted are still waiting for the rest of their heads
+        status, body = refused[0]
+        assert (status, body["reason"]) == (503, "ServiceUnavailable")
+        assert body["message"] == (
+            "the local API holds its limit of 25 connections from one client (uid 0):"
+            " close some, or raise localApi.maxConnectionsPerClient"
+        )
+        nursery.cancel_scope.cancel()
+
+
+@needs_root
+async def test_a_connection_past_the_total_is_told_503_naming_the_setting() -> None:
+    """Past localApi.maxConnections a client is refused at accept, even one holding none, with a Status that
+    says which limit."""
+    async with _serving(max_connections=2, max_connections_per_client=1) as serving:
+        first, second = await _connect(serving.port), await _connect(serving.port, uid=65534)
+        with trio.fail_after(30):
+            for held in (first, second):  # answered, so admitted, and kept alive
+                await held.send_all(b"GET /version HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                assert (await held.receive_some()).startswith(b"HTTP/1.1 200 ")
+            status, body = await _answer(await _connect(serving.port, uid=65533))
+        assert (status, body["message"]) == (
+            503,
+            "the local API holds its limit of 2 connections: raise localApi.maxConnections",
+        )
+        await first.aclose()
+        await second.aclose()
+
+
+async def test_a_connection_dripping_its_request_head_is_closed_at_the_header_timeout() -> None:
+    """A head sent a byte at a time never completes the request: the connection is closed, its place freed."""
+    async with _serving(header_timeout=0.5, max_connections=1, max_connections_per_client=1) as serving:
+        dripping = await _connect(serving.port)
+        await dripping.send_all(b"GET /version HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        with trio.fail_after(30):
+            with contextlib.suppress(trio.BrokenResourceError):
+                while True:
+                    await dripping.send_all(b"X")
+                    with trio.move_on_after(0.1):
+                        if await dripping.receive_some() == b"":
+                            break
+            status, _ = await _get_over(await _connect(serving.port), "/version")  # its place is free again
+        assert status == 200
+
+
 @pytest.mark.parametrize(
     ("query", "named"),
     [
@@ -500,8 +591,7 @@ async def test_numeric_query_parameters_too_long_or_malformed_are_a_400_naming_t
     500 with a traceback per request; the value is quoted clipped."""
     with capture_logs() as logs, trio.fail_after(30):  # a watch that was let through would stream on
         async with _serving() as serving:
-            stream = await trio.open_tcp_stream(LOOPBACK, serving.port)
-            status, body = await _get_over(stream, f"/api/v1/pods?{query}")
+            status, body = await _get_over(await _connect(serving.port), f"/api/v1/pods?{query}")
     assert (status, body["reason"]) == (400, "BadRequest")
     assert named in body["message"]
     assert len(body["message"]) < 300
