@@ -19,9 +19,10 @@ the paths written into the unit are quoted by systemd's rules, so no path can ad
 
 Reset removes only the paths join writes, computed from the root it is given (resolved): the record
 says which of those the join created, never where they are, so a record naming any other path
-changes nothing. It looks at everything before it removes anything, never follows a symbolic link
-out of the root (a data directory that is a link loses the link, never its target), and removes
-the configuration directory only once nothing join did not write is left in it.
+changes nothing. It never follows a symbolic link out of the root (a data directory that is a link
+loses the link, never its target), goes on past a removal that fails (naming it, and keeping the
+record for a second run), and removes the configuration directory only once nothing join did not
+write is left in it.
 """
 
 from __future__ import annotations
