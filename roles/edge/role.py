@@ -56,20 +56,15 @@ def private_data_dir(path: Path, log: Log) -> None:
     """Create the data directory, or make it the agent's alone (0700) if others may look into it.
 
     It holds the store (job specs, and the node's Secrets with ``localApi.serveSecrets``) and the
-    control socket; join makes it 0700, and so does every start, whoever made it or changed it since.
+    control socket; join makes it 0700, and so does every start, whoever made it or changed it since
+    (a filesystem mounted there, a tmpfs above all, starts out 1777).
 
-    Errors: :class:`ConfigError` naming ``dataDir`` when it cannot be made private, or is a directory
-    others may create files in (``/tmp``: making it 0700 would take it from them).
+    Errors: :class:`ConfigError` naming ``dataDir`` when it cannot be created or made private.
     """
     try:
         path.mkdir(mode=0o700, parents=True, exist_ok=True)
         mode = stat.S_IMODE(path.stat().st_mode)
-        if mode & stat.S_ISVTX and mode & stat.S_IWOTH:
-            raise ConfigError(
-                f"dataDir {path} is shared (mode {mode:o}: anyone may create files in it): give the agent a"
-                " directory of its own"
-            )
-        if mode & 0o077:
+        if mode & 0o7077:
             path.chmod(0o700)
             log.warning("data_dir_made_private", path=str(path), mode=f"{mode:o}")
     except OSError as exc:

@@ -1,4 +1,4 @@
-"""The agent makes its data directory its own (0700) at every start, and refuses a shared one."""
+"""The agent makes its data directory its own (0700) at every start."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import structlog
 from structlog.testing import capture_logs
 
 from roles.cli import main
-from roles.config import ConfigError
 from roles.edge.role import private_data_dir
 
 
@@ -39,30 +38,28 @@ def test_a_missing_data_directory_is_created_0700_and_a_private_one_left_alone(t
     assert logs == []
 
 
-def test_a_shared_data_directory_is_refused_and_kept_as_it_is(tmp_path: Path) -> None:
-    """Making /tmp (1777) 0700 would take it from everyone else: the agent refuses it, naming dataDir."""
-    shared = tmp_path / "tmp"
-    shared.mkdir()
-    shared.chmod(0o1777)
-    with pytest.raises(ConfigError, match=rf"dataDir {shared} is shared \(mode 1777"):
-        private_data_dir(shared, structlog.get_logger())
-    assert _mode(shared) == 0o1777
+def test_a_mount_point_left_1777_is_made_0700(tmp_path: Path) -> None:
+    """A filesystem mounted as the data directory (a tmpfs starts out 1777) becomes the agent's alone too."""
+    mounted = tmp_path / "data"
+    mounted.mkdir()
+    mounted.chmod(0o1777)
+    private_data_dir(mounted, structlog.get_logger())
+    assert _mode(mounted) == 0o700
 
 
-def test_the_agent_started_on_a_shared_data_directory_exits_2_naming_it(
+def test_a_data_directory_that_cannot_be_created_ends_the_agent_naming_data_dir(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Through the real entry point: one line on stderr naming dataDir, exit status 2, nothing changed."""
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    shared.chmod(0o1777)
+    """Through the real entry point: one line on stderr naming dataDir and why, exit status 2."""
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory\n")
     token = tmp_path / "token"
     token.write_text("0P2JxTsk7bWk4iJx1qkJd5Ql2m6vyUeXv2VYg8TnQ-E\n")
     cfg = tmp_path / "edge.yaml"
-    cfg.write_text(f"nodeName: e1\nhubUrls: [ws://127.0.0.1:1]\ntokenFile: {token}\ndataDir: {shared}\n")
+    cfg.write_text(f"nodeName: e1\nhubUrls: [ws://127.0.0.1:1]\ntokenFile: {token}\ndataDir: {blocked / 'data'}\n")
     try:
         assert main(["--role=edge", f"--config={cfg}"]) == 2
     finally:
         structlog.reset_defaults()
-    assert capsys.readouterr().err.startswith(f"nodetaskd: error: dataDir {shared} is shared (mode 1777")
-    assert _mode(shared) == 0o1777
+    said = f"nodetaskd: error: cannot make dataDir {blocked / 'data'} the agent's alone (0700): Not a directory\n"
+    assert capsys.readouterr().err == said
