@@ -28,6 +28,7 @@ write is left in it.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import ssl
@@ -55,6 +56,7 @@ MAX_TOKEN_FILE_BYTES: Final = 4096
 """A token file holds one line of at most 1,024 characters (``roles.token_format``); anything larger is not one."""
 MAX_CA_FILE_BYTES: Final = 1 << 20
 """A CA bundle of a few hundred certificates; a file larger than this is not the hubs' CA."""
+_PEM_CERTIFICATE: Final = re.compile(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re.DOTALL)
 _SAFE_WORD: Final = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_./+:,=-")
 """Characters a word of a unit's command line may hold unquoted."""
 
@@ -268,11 +270,17 @@ def _read_token(path: Path) -> bytes:
 
 
 def _read_ca(path: Path) -> bytes:
+    """The CA file's content, once its certificates load; copied whole, as the agent's TLS reads the copy."""
     data = _read_input(path, "the CA file", MAX_CA_FILE_BYTES)
+    # Only the certificate blocks are checked (a bundle's comments may be in any script): the
+    # ssl module takes PEM from memory only as ASCII text.
+    blocks = _PEM_CERTIFICATE.findall(data)
     try:
-        ssl.create_default_context(cadata=data.decode("ascii"))
+        if not blocks:
+            raise ValueError("no certificate block")
+        ssl.create_default_context(cadata=b"\n".join(blocks).decode("ascii"))
     except (ssl.SSLError, UnicodeDecodeError, ValueError) as exc:
-        reason = getattr(exc, "reason", None) or "not PEM text"
+        reason = getattr(exc, "reason", None) or exc
         raise JoinError(f"the CA file {path} holds no usable PEM certificate ({reason})") from None
     return data
 

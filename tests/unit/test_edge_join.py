@@ -114,6 +114,15 @@ def test_an_empty_token_or_a_ca_that_is_no_certificate_is_refused(tmp_path: Path
         _join(tmp_path / "root", token, ca_file=garbage)
 
 
+def test_a_ca_bundle_with_comments_in_any_script_is_copied_whole(tmp_path: Path, token: Path) -> None:
+    """A bundle's text around its certificates (names in any script, as curl's cacert.pem has) is kept."""
+    ca = generate_serving_certificate(tmp_path / "ca", dns_names=["hub.example"]).cert_file.parent / "ca.crt"
+    bundle = tmp_path / "bundle.pem"
+    bundle.write_bytes("## NetLock Arany (Class Gold) Főtanúsítvány\n".encode() + ca.read_bytes())
+    _join(tmp_path / "root", token, ca_file=bundle)
+    assert Layout(tmp_path / "root").ca.read_bytes() == bundle.read_bytes()
+
+
 def test_plain_ws_is_accepted_when_allowed(tmp_path: Path, token: Path) -> None:
     """--allow-plain-ws opens the door the refusal names."""
     _join(tmp_path / "root", token, hubs=("ws://127.0.0.1:10004",), allow_plain_ws=True)
