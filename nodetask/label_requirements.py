@@ -32,13 +32,21 @@ class Operator(enum.StrEnum):
 
 
 _INT64: Final = re.compile(r"[+-]?[0-9]+")
+_INT64_DIGITS: Final = 19
+"""Digits of the largest int64 (9223372036854775807)."""
 
 
 def go_int(text: str) -> int | None:
     """``strconv.ParseInt(text, 10, 64)``: ASCII digits with an optional sign, within int64; else None."""
     if not _INT64.fullmatch(text):
         return None
-    value = int(text)
+    # Counted before int() reads them: Python refuses (ValueError) strings of more than 4,300 digits,
+    # which a selector in a URL can hold; leading zeros count there too, though Go skips them.
+    digits = text.lstrip("+-").lstrip("0") or "0"
+    if len(digits) > _INT64_DIGITS:
+        return None
+    value = int(digits)
+    value = -value if text.startswith("-") else value
     return value if -(2**63) <= value < 2**63 else None
 
 

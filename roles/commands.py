@@ -130,10 +130,13 @@ def _edge_join(args: argparse.Namespace) -> int:
 
 
 def _edge_reset(args: argparse.Namespace) -> int:
-    from roles.join import JoinError, reset
+    from roles.join import JoinError, ResetError, reset
 
     try:
         done = reset(root=Path(args.root))
+    except ResetError as exc:
+        sys.stdout.write("".join(f"{line}\n" for line in exc.done))
+        return _fail(str(exc), EXIT_FAILED)
     except JoinError as exc:
         return _fail(str(exc), EXIT_FAILED)
     except OSError as exc:
@@ -149,6 +152,10 @@ def _edge_reset(args: argparse.Namespace) -> int:
 def _token_create(args: argparse.Namespace) -> int:
     from roles.tokens import create_token, join_command, write_token
 
+    token_file = Path(args.token_file or f"{args.node}.token")
+    if args.token_file != "-" and not args.force and (token_file.exists() or token_file.is_symlink()):
+        # Refused before the Secret changes: a rotated token that cannot be written would be lost.
+        return _fail(f"{token_file} exists: give --force to overwrite it, or another --token-file", EXIT_USAGE)
     created = _with_kube(args.kubeconfig, lambda kube: create_token(kube, args.node, namespace=args.namespace))
     what = "rotated the token in" if created.rotated else "created"
     lines = [f"{what} Secret {created.namespace}/{created.secret} (labelled for the hubs to watch)"]
@@ -160,8 +167,14 @@ def _token_create(args: argparse.Namespace) -> int:
         sys.stdout.write(f"{created.token}\n")
         sys.stderr.write("".join(f"{line}\n" for line in lines))
         return 0
-    token_file = Path(args.token_file or f"{created.node}.token")
-    write_token(token_file, created.token)
+    try:
+        write_token(token_file, created.token, overwrite=args.force)
+    except FileExistsError:
+        return _fail(
+            f"{token_file} appeared while the token was made and is kept; the new token is written nowhere:"
+            " run token create again, with --force to overwrite it",
+            EXIT_FAILED,
+        )
     lines.append(f"wrote the token to {token_file} (0600): copy it to the device, then run there:")
     command = join_command(created.node, hubs=tuple(args.hub), token_file=token_file.name, ca_file=args.ca_file)
     lines.append(f"  {command}")
@@ -314,6 +327,7 @@ def _cloud_parsers(commands: argparse._SubParsersAction[_Parser], kube: _Parser)
     create.add_argument("node", help="the edge's node name")
     create.add_argument("--namespace", default=DEFAULT_TOKEN_NAMESPACE, help="the hubs' tokenNamespace")
     create.add_argument("--token-file", help="where to write the token (default: NODE.token; - prints it)")
+    create.add_argument("--force", action="store_true", help="overwrite an existing token file")
     create.add_argument("--hub", action="append", default=[], help="the hubs' wss:// URL, for the join command")
     create.add_argument("--ca-file", default="", help="the hubs' CA file name, for the join command")
     create.set_defaults(handler=_token_create)

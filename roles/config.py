@@ -299,6 +299,18 @@ class LocalApiConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", 
     """Whether the device keeps its node's Secrets at all (in its store, readable by root only) and the
     local API serves them; off, the hub sends none, any cached before are purged at start, and the
     API refuses them with 403."""
+    max_connections: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 100
+    """Connections at once (a watch holds one); one more is answered 503 naming this setting and closed."""
+    max_connections_per_client: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 25
+    """Connections at once from one client, a client being the user owning the connecting socket (on
+    loopback every client has the same address): one user's programs leave the rest to the others'."""
+
+    def __post_init__(self) -> None:
+        if self.max_connections_per_client > self.max_connections:
+            raise ValueError(
+                f"localApi.maxConnectionsPerClient ({self.max_connections_per_client}) is more than"
+                f" localApi.maxConnections ({self.max_connections})"
+            )
 
 
 class AutonomyConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True):

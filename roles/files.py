@@ -18,17 +18,18 @@ NEW_FILE_MODE = 0o600
 """A new file's mode when the caller names none: private, since these files hold keys and configuration."""
 
 
-def write_atomically(path: Path, data: bytes, *, mode: int | None = None) -> None:
+def write_atomically(path: Path, data: bytes, *, mode: int | None = None, replace: bool = True) -> None:
     """Replace ``path`` with ``data``; ``mode`` None keeps the existing file's mode (0o600 for a new file).
 
     The mode is set before the data is written, so a key is never readable by others, even briefly.
+    Without ``replace`` an existing ``path`` is left as it is and :class:`FileExistsError` raised.
     """
     if mode is None:
         try:
             mode = path.stat().st_mode & 0o7777
         except FileNotFoundError:
             mode = NEW_FILE_MODE
-    with _replacing(path) as (fd, _), os.fdopen(fd, "wb") as out:
+    with _replacing(path, replace=replace) as (fd, _), os.fdopen(fd, "wb") as out:
         os.fchmod(out.fileno(), mode)
         out.write(data)
         out.flush()
@@ -45,12 +46,17 @@ def link_atomically(path: Path, target: str) -> None:
 
 
 @contextlib.contextmanager
-def _replacing(path: Path) -> Iterator[tuple[int, str]]:
-    """A fresh temporary file next to ``path``, renamed over it when the block ends without error."""
+def _replacing(path: Path, *, replace: bool = True) -> Iterator[tuple[int, str]]:
+    """A fresh temporary file next to ``path``, renamed over it when the block ends without error
+    (without ``replace``, linked to it: that fails if ``path`` exists, whatever made it in between)."""
     fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         yield fd, temporary
-        os.replace(temporary, path)
+        if replace:
+            os.replace(temporary, path)
+        else:
+            os.link(temporary, path)
+            os.unlink(temporary)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)

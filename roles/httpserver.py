@@ -8,8 +8,9 @@ oversized body 413, a body past what the server holds at once 503, a connection 
 its first request's head within the header timeout is closed, and so is one silent for the idle
 timeout, a failed TLS handshake ends only its own connection, a handler that raises answers 500 and
 is logged, never crashing the server, and connections beyond ``max_connections`` in all or
-``max_connections_per_peer`` from one address are closed as soon as they are accepted (the places
-are :mod:`roles.slots`', as the hub's front door counts its own).
+``max_connections_per_peer`` from one peer (its address, unless ``peer_key`` says otherwise) are
+closed as soon as they are accepted (the places are :mod:`roles.slots`', as the hub's front door
+counts its own), on plain HTTP with a response saying why when the server gives one.
 
 It needs only the base install (an edge device serves its local API with it); the health and
 metrics routes, which need Prometheus' client, are in :mod:`roles.http`.
@@ -36,13 +37,15 @@ import structlog
 import trio
 
 from roles.server_tls import ServerTls, connection_context
-from roles.slots import PeerSlots
+from roles.slots import PeerSlots, Refusal, Slots
 
 __all__ = [
     "DEFAULT_HEADER_TIMEOUT",
     "DEFAULT_IDLE_TIMEOUT",
     "DEFAULT_MAX_BODY_BYTES",
     "Handler",
+    "PeerKey",
+    "Refused",
     "Request",
     "Response",
     "Route",
@@ -64,6 +67,7 @@ DEFAULT_HEADER_TIMEOUT: Final = 10.0
 that sends nothing holds a place (and some 40 KiB with TLS) for this long, not the idle timeout."""
 _RECEIVE_CHUNK: Final = 64 << 10
 _UNLIMITED: Final = 1 << 62
+_TELL_REFUSED_S: Final = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +122,10 @@ class Response:
 
 
 Handler = Callable[[Request], Awaitable[Response]]
+PeerKey = Callable[[trio.SocketStream], str]
+"""Names the peer a connection's per-peer places are counted under (by default, its address)."""
+Refused = Callable[[Refusal, str], Response]
+"""The response a plain-HTTP connection refused at accept gets, given the cap it met and its peer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +207,11 @@ class _Hold:
 @dataclass(frozen=True, slots=True)
 class _Connections:
     places: PeerSlots
+    peer_key: PeerKey
+    refused: Refused | None
+    telling: Slots
+    """Refused connections told why at once: as many as there are places, since each holds a descriptor
+    while it is told (for half a second at most); more are closed without a word."""
     on_refused: Callable[[], object]
     on_refused_per_peer: Callable[[], object]
 
@@ -224,6 +237,8 @@ async def serve_http(
     header_timeout: float = DEFAULT_HEADER_TIMEOUT,
     max_connections: int | None = None,
     max_connections_per_peer: int | None = None,
+    peer_key: PeerKey | None = None,
+    refused: Refused | None = None,
     on_error: Callable[[], object] = lambda: None,
     on_refused: Callable[[], object] = lambda: None,
     on_refused_per_peer: Callable[[], object] = lambda: None,
@@ -240,8 +255,11 @@ async def serve_http(
     its own free port, and only the first is reported).
 
     At most ``max_connections`` connections are served at once, and at most
-    ``max_connections_per_peer`` from one address (None: no limit); one more is closed as soon as it
+    ``max_connections_per_peer`` from one peer (None: no limit); one more is closed as soon as it
     is accepted, before any TLS work, and ``on_refused`` (or ``on_refused_per_peer``) is called.
+    A peer is its address, or what ``peer_key`` names it (the local API: the user owning the client's
+    socket, since on loopback all share one address). On plain HTTP, ``refused`` gives the response
+    a refused connection gets first (so that it names the cap, and the setting that raises it).
     A connection has ``header_timeout`` seconds from accept for its TLS handshake and its first
     request's head, then ``idle_timeout`` for each whole request and between requests.
     Request bodies are at most ``max_body_bytes`` each (413 beyond) and ``max_buffered_bytes`` in all
@@ -266,6 +284,9 @@ async def serve_http(
             total=_UNLIMITED if max_connections is None else max_connections,
             per_peer=_UNLIMITED if max_connections_per_peer is None else max_connections_per_peer,
         ),
+        peer_key=_peer_address if peer_key is None else peer_key,
+        refused=None if ssl_context is not None else refused,
+        telling=Slots(_UNLIMITED if max_connections is None else max_connections),
         on_refused=on_refused,
         on_refused_per_peer=on_refused_per_peer,
     )
@@ -308,10 +329,15 @@ async def _admit(
     log: Log,
     connections: _Connections,
 ) -> None:
-    peer = _peer_address(stream)
+    peer = connections.peer_key(stream)
     refused = connections.places.take(peer)
     if refused is not None:
         (connections.on_refused if refused == "total" else connections.on_refused_per_peer)()
+        if connections.refused is not None and connections.telling.take():
+            try:
+                await _tell_refused(stream, connections.refused(refused, peer))
+            finally:
+                connections.telling.give()
         await stream.aclose()
         return
     try:
@@ -324,6 +350,27 @@ async def _admit(
         await _serve_connection(served, handler=handler, limits=limits, log=log)
     finally:
         connections.places.give(peer)
+
+
+async def _tell_refused(stream: trio.SocketStream, response: Response) -> None:
+    """Send ``response`` on a connection refused at accept, then end it, within half a second.
+
+    What the peer sent is read and dropped until it closes its end: closed with its request unread,
+    the connection would be reset, and a reset can discard the response before the peer reads it.
+    """
+    head = [f"HTTP/1.1 {int(response.status)} {_phrase(response.status).decode()}"]
+    head += [f"content-type: {response.content_type}", f"content-length: {len(response.body)}"]
+    head += [f"{name}: {value}" for name, value in response.headers]
+    head.append("connection: close")
+    data = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + response.body
+    with trio.move_on_after(_TELL_REFUSED_S):
+        try:
+            await stream.send_all(data)
+            await stream.send_eof()
+            while await stream.receive_some(_RECEIVE_CHUNK):
+                pass
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
 
 
 async def _serve_connection(stream: trio.abc.Stream, *, handler: Handler, limits: _Limits, log: Log) -> None:

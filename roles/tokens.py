@@ -15,7 +15,6 @@ import secrets
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
 
 import structlog
 
@@ -24,13 +23,11 @@ from roles.cloud.auth import TOKEN_KEY, TOKEN_LABEL, token_secret, token_secret_
 from roles.files import write_atomically
 from roles.kube import Conflict, Kube, NotFound
 from roles.kube.resources import NODES, SECRETS
+from roles.token_format import TOKEN_BYTES
 
 __all__ = ["TokenCreated", "create_token", "join_command", "write_token"]
 
 Log = structlog.typing.FilteringBoundLogger
-
-TOKEN_BYTES: Final = 32
-"""Random bytes in a token (43 URL-safe characters)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,9 +73,12 @@ async def create_token(kube: Kube, node: str, *, namespace: str) -> TokenCreated
     )
 
 
-def write_token(path: Path, token: str) -> None:
-    """The token, readable by its owner only, written whole or not at all."""
-    write_atomically(path, f"{token}\n".encode(), mode=0o600)
+def write_token(path: Path, token: str, *, overwrite: bool = False) -> None:
+    """The token, readable by its owner only, written whole or not at all.
+
+    Errors: :class:`FileExistsError` when ``path`` exists and not ``overwrite`` (``--force``).
+    """
+    write_atomically(path, f"{token}\n".encode(), mode=0o600, replace=overwrite)
 
 
 def join_command(node: str, *, hubs: tuple[str, ...], token_file: str, ca_file: str = "") -> str:

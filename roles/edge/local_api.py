@@ -11,6 +11,14 @@ whatever changed while the device was offline.
 Security: it listens on 127.0.0.1 only, answers only requests addressed to a loopback name (a web
 page cannot reach it through DNS rebinding), and is off unless ``localApi.enabled``. Any local
 process can read what it serves, so Secrets are refused unless ``localApi.serveSecrets`` allows them.
+Any local process can also open connections: it takes at most ``localApi.maxConnections`` (100) in
+all and ``localApi.maxConnectionsPerClient`` (25) from one client, a client being the user that owns
+the connecting socket (:mod:`roles.edge.local_api_peers`: on loopback every client has the same
+address), so one user's programs, opening connections or dripping their requests' heads, leave the
+rest to the others. A connection refused at accept is told why by a 503 ``Status`` naming the
+setting; one that sends no request head within 10 s is closed, as is one idle for 30 s
+(:mod:`roles.httpserver`). A query parameter the API server reads as a number is read as it does, and
+anything else, however long, is a 400 naming the parameter.
 
 Import this module only when the local API is on: an agent with it off then loads none of it.
 """
@@ -28,10 +36,13 @@ import anyio
 import anyio.abc
 import msgspec
 import structlog
+import trio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from nodetask.field_selectors import FieldRequirement, check_fields, field_set, fields_match, parse_field_selector
+from nodetask.label_requirements import go_int
 from nodetask.label_selectors import Requirement, SelectorError, labels_match, parse_label_selector
+from nodetask.names import clip
 from roles.edge.cache_view import CacheView, Change, ChangeType, Object, resource_version
 from roles.edge.local_api_paths import (
     Resource,
@@ -42,21 +53,29 @@ from roles.edge.local_api_paths import (
     parse_target,
     version_info,
 )
-from roles.httpserver import Request, Response, Send, serve_http
+from roles.edge.local_api_peers import client_name
+from roles.httpserver import DEFAULT_HEADER_TIMEOUT, Request, Response, Send, serve_http
+from roles.slots import Refusal
 
-__all__ = ["LOOPBACK", "LocalApi", "Serving", "serve_local_api", "watch_event"]
+__all__ = ["LOOPBACK", "LocalApi", "Serving", "refusal_status", "serve_local_api", "watch_event"]
 
 Log = structlog.typing.FilteringBoundLogger
 
 LOOPBACK: Final = "127.0.0.1"
 MAX_CONNECTIONS: Final = 100
-"""Connections at once (each watch holds one); more are closed as soon as they are accepted."""
+"""Connections at once (each watch holds one); more are refused as soon as they are accepted."""
+MAX_CONNECTIONS_PER_CLIENT: Final = 25
+"""Connections at once from one client (the user owning its socket): a quarter, so that one user's
+programs leave three quarters to the others'."""
 MAX_WATCH_S: Final = 1800.0
 """Longest a watch lasts without ``timeoutSeconds`` (the API server's default minRequestTimeout)."""
 _READS: Final = frozenset({"GET", "HEAD"})
 _WRITES: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "localhost", "[::1]"})
 _JSON: Final = "application/json"
+_SHOWN: Final = 64
+"""Characters of a refused query parameter's value quoted back."""
+_UINT64_DIGITS: Final = 20
 _encode = msgspec.json.Encoder().encode
 
 
@@ -139,7 +158,10 @@ class _Selection:
 
 def _selection(target: Target, query: dict[str, list[str]]) -> _Selection:
     """The request's selection; the label selector is read first, then the field selector, as the API
-    server does (so its first error is the one reported)."""
+    server does (so its first error is the one reported). ``limit`` is checked as the API server checks
+    it, and then not applied: a device's lists are small, so they come whole (with no ``continue``),
+    as the API server's watch cache answers a list at ``resourceVersion=0``."""
+    _int_parameter(query, "limit", "a number of objects")
     labels = parse_label_selector(query.get("labelSelector", [""])[0])
     fields = parse_field_selector(query.get("fieldSelector", [""])[0])
     check_fields(target.resource.kind, fields)
@@ -148,25 +170,38 @@ def _selection(target: Target, query: dict[str, list[str]]) -> _Selection:
     return _Selection(kind=target.resource.kind, namespace=target.namespace, labels=labels, fields=fields)
 
 
+def _int_parameter(query: dict[str, list[str]], name: str, what: str) -> int | None:
+    """Query parameter ``name`` read as the API server reads an int64 one (``strconv.ParseInt``); None if absent.
+
+    Errors: :class:`_BadRequest` naming the parameter (its value clipped) for anything else, however
+    long: it is never handed to ``int()`` whole, which refuses more than 4,300 digits with a ValueError.
+    """
+    text = query.get(name, [""])[0]
+    if not text:
+        return None
+    value = go_int(text)
+    if value is None:
+        raise _BadRequest(f"{name} {clip(text, _SHOWN)!r} is not {what} (a whole number from -2^63 to 2^63-1)")
+    return value
+
+
 def _watch_start(query: dict[str, list[str]]) -> int | None:
     """The resource version a watch starts after; None for ``""`` and ``"0"``: the current objects first."""
     text = query.get("resourceVersion", [""])[0]
-    if text in ("", "0"):
-        return None
-    if not (text.isascii() and text.isdecimal()):
-        raise _BadRequest(f"resourceVersion {text!r} is not one of this API's resource versions (decimal numbers)")
-    return int(text)
+    # The API server's resource versions are uint64s; checked by length before int() reads a digit.
+    digits = text.lstrip("0") or "0"
+    if text and not (text.isascii() and text.isdecimal() and len(digits) <= _UINT64_DIGITS and int(digits) < 2**64):
+        raise _BadRequest(
+            f"resourceVersion {clip(text, _SHOWN)!r} is not one of this API's resource versions"
+            " (decimal numbers below 2^64)"
+        )
+    since = int(digits)
+    return since or None
 
 
 def _watch_timeout(query: dict[str, list[str]]) -> float:
-    text = query.get("timeoutSeconds", [""])[0]
-    if not text:
-        return MAX_WATCH_S
-    try:
-        seconds = int(text)
-    except ValueError:
-        raise _BadRequest(f"timeoutSeconds {text!r} is not a whole number of seconds") from None
-    return float(seconds) if seconds > 0 else MAX_WATCH_S
+    seconds = _int_parameter(query, "timeoutSeconds", "a number of seconds")
+    return float(seconds) if seconds is not None and seconds > 0 else MAX_WATCH_S
 
 
 def watch_event(change: Change, selected: Callable[[Object], bool]) -> tuple[ChangeType, Object] | None:
@@ -372,6 +407,31 @@ class LocalApi:
                 await send(_event(event[0], _with_kind(event[1], resource)))
 
 
+def refusal_status(refusal: Refusal, client: str, *, total: int, per_client: int) -> Response:
+    """The 503 ``Status`` of a connection refused at accept, naming the cap it met and the setting that raises it.
+
+    client-go retries a 503 that carries Retry-After, so kubectl waits for a place rather than failing at once.
+    """
+    if refusal == "per_peer":
+        message = (
+            f"the local API holds its limit of {per_client} connections from one client ({client}):"
+            " close some, or raise localApi.maxConnectionsPerClient"
+        )
+    else:
+        message = f"the local API holds its limit of {total} connections: raise localApi.maxConnections"
+    status = _status(HTTPStatus.SERVICE_UNAVAILABLE, "ServiceUnavailable", message)
+    return Response(status=status.status, body=status.body, content_type=_JSON, headers=(("retry-after", "1"),))
+
+
+def _client(stream: trio.SocketStream) -> str:
+    """Who a connection's places count for: the user owning the client's socket."""
+    try:
+        local, remote = stream.socket.getsockname(), stream.socket.getpeername()
+    except OSError:
+        return "a client already gone"
+    return client_name((local[0], local[1]), (remote[0], remote[1]))
+
+
 @dataclass(frozen=True, slots=True)
 class Serving:
     """A running local API: where it listens, and how the agent ends its watches."""
@@ -386,23 +446,47 @@ async def serve_local_api(
     port: int,
     log: Log,
     serve_secrets: bool = False,
+    max_connections: int = MAX_CONNECTIONS,
+    max_connections_per_client: int = MAX_CONNECTIONS_PER_CLIENT,
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT,
     task_status: anyio.abc.TaskStatus[Serving] = anyio.TASK_STATUS_IGNORED,
 ) -> NoReturn:
     """Serve the local API over ``cache`` on 127.0.0.1:``port`` until cancelled.
 
     Reports a :class:`Serving` through ``task_status`` once listening (``port=0`` picks a free port).
+    At most ``max_connections`` connections at once, ``max_connections_per_client`` of them from one
+    client; ``header_timeout`` is the HTTP server's (tests shorten it).
 
     Cancellation: cancelling the caller's scope closes the listener and every connection, watches included.
     Errors: only binding errors (:class:`OSError`, e.g. the port is taken) escape.
     """
     log = log.bind(component="local_api")
     api = LocalApi(cache, serve_secrets=serve_secrets, log=log)
+
+    def refused(refusal: Refusal, client: str) -> Response:
+        log.debug("local_api_connection_refused", client=client, limit=refusal)
+        return refusal_status(refusal, client, total=max_connections, per_client=max_connections_per_client)
+
+    serve = functools.partial(
+        serve_http,
+        api.handle,
+        host=LOOPBACK,
+        port=port,
+        log=log,
+        max_connections=max_connections,
+        max_connections_per_peer=max_connections_per_client,
+        peer_key=_client,
+        refused=refused,
+        header_timeout=header_timeout,
+    )
     async with anyio.create_task_group() as tg:
-        bound: int = await tg.start(
-            functools.partial(
-                serve_http, api.handle, host=LOOPBACK, port=port, log=log, max_connections=MAX_CONNECTIONS
-            )
+        bound: int = await tg.start(serve)
+        log.info(
+            "local_api_listening",
+            port=bound,
+            serve_secrets=serve_secrets,
+            max_connections=max_connections,
+            max_connections_per_client=max_connections_per_client,
         )
-        log.info("local_api_listening", port=bound, serve_secrets=serve_secrets)
         task_status.started(Serving(port=bound, api=api))
     raise AssertionError("serve_http returned")  # pragma: no cover - it never does

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import structlog
 
 from nodetask.clock import Clock
 from nodetask.messages import RegistryAuth
-from roles.config import EdgeConfig, RoleConfig
+from roles.config import ConfigError, EdgeConfig, RoleConfig
 from roles.edge.actions import AuthFor, PullImages, build_actions
 from roles.edge.agent import EdgeAgent
 from roles.edge.durable_cache import DurableCache
@@ -36,6 +37,7 @@ async def run(cfg: RoleConfig, *, log: Log, config_path: Path | None = None) -> 
     """Run the edge agent until cancelled."""
     assert isinstance(cfg, EdgeConfig)
     settings = settings_of(cfg, config_file=config_path)
+    await anyio.to_thread.run_sync(private_data_dir, settings.data_dir, log)
     clock = Clock.start()
     path = settings.data_dir / STORE_FILE
     try:
@@ -48,6 +50,25 @@ async def run(cfg: RoleConfig, *, log: Log, config_path: Path | None = None) -> 
         moved = await quarantine_store(path, log=log)
         log.error("store_quarantined", path=str(path), moved_to=str(moved))
         await _run(settings, cfg, path, clock, log)
+
+
+def private_data_dir(path: Path, log: Log) -> None:
+    """Create the data directory, or make it the agent's alone (0700) if others may look into it.
+
+    It holds the store (job specs, and the node's Secrets with ``localApi.serveSecrets``) and the
+    control socket; join makes it 0700, and so does every start, whoever made it or changed it since
+    (a filesystem mounted there, a tmpfs above all, starts out 1777).
+
+    Errors: :class:`ConfigError` naming ``dataDir`` when it cannot be created or made private.
+    """
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & 0o7077:
+            path.chmod(0o700)
+            log.warning("data_dir_made_private", path=str(path), mode=f"{mode:o}")
+    except OSError as exc:
+        raise ConfigError(f"cannot make dataDir {path} the agent's alone (0700): {exc.strerror or exc}") from None
 
 
 def _puller(cfg: EdgeConfig, log: Log) -> PullImages:
@@ -88,7 +109,13 @@ async def _serve_local_api(
 
     async with anyio.create_task_group() as tg:
         serve = functools.partial(
-            serve_local_api, cache, port=cfg.local_api.port, serve_secrets=cfg.local_api.serve_secrets, log=log
+            serve_local_api,
+            cache,
+            port=cfg.local_api.port,
+            serve_secrets=cfg.local_api.serve_secrets,
+            max_connections=cfg.local_api.max_connections,
+            max_connections_per_client=cfg.local_api.max_connections_per_client,
+            log=log,
         )
         serving = await tg.start(serve)
         task_status.started(serving.api.end_watches)

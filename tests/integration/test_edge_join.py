@@ -6,10 +6,12 @@ the agent started exactly as the written systemd unit starts it, reaching a real
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -80,7 +82,8 @@ def device() -> Iterator[Path]:
 async def test_token_create_then_edge_join_brings_a_real_agent_to_a_real_hub(
     crds: ControlPlane, cloud_kube: Kube, tmp_path: Path, device: Path
 ) -> None:
-    """The token Secret is created, the join's files start the agent, the hub marks the Node, reset undoes the join."""
+    """The token Secret is created (its file never overwritten unforced), the join's files start the agent, which
+    makes its data directory 0700, the hub marks the Node, and reset undoes the join."""
     node, hub_id = unique("joined"), unique("hub")
     async with admin(crds) as kube:
         ready = NodeStatus(conditions=(NodeCondition(type="Ready", status="True", reason="Test", message="test"),))
@@ -127,6 +130,20 @@ async def test_token_create_then_edge_join_brings_a_real_agent_to_a_real_hub(
         assert "nodetask.kubeedge.io/edge-token" in secret.metadata.labels
         (join_line,) = [line.strip() for line in output.splitlines() if line.strip().startswith("nodetaskd edge join")]
 
+        # Asked again, it keeps the token file unless forced, and then the file holds the rotated token.
+        first = (operator / f"{node}.token").read_bytes()
+        again = await _nodetaskd("token", "create", node, admin_kubeconfig, cwd=operator)
+        assert again.returncode == 2
+        assert b"exists: give --force to overwrite it" in again.stderr
+        assert (operator / f"{node}.token").read_bytes() == first
+        unchanged = await cloud_kube.get(SECRETS, f"nodetaskd-edge-{node}", namespace="kube-system")
+        assert unchanged.data == secret.data  # refused before the API server was asked
+        forced = await _nodetaskd("token", "create", node, admin_kubeconfig, "--force", cwd=operator)
+        assert forced.returncode == 0, forced.stderr
+        assert b"rotated the token" in forced.stdout
+        rotated = await cloud_kube.get(SECRETS, f"nodetaskd-edge-{node}", namespace="kube-system")
+        assert base64.b64decode(rotated.data["token"]) + b"\n" == (operator / f"{node}.token").read_bytes() != first
+
         # The device: the token file carried over, and the printed line run there (into a temporary root).
         (device / f"{node}.token").write_bytes((operator / f"{node}.token").read_bytes())
         argv = shlex.split(join_line)[1:]
@@ -137,7 +154,9 @@ async def test_token_create_then_edge_join_brings_a_real_agent_to_a_real_hub(
         assert command[-2:] == ["--config", str(layout.config)]
         assert workdir == layout.data_dir
 
-        # The agent, started as the unit starts it.
+        # The agent, started as the unit starts it, on a data directory someone opened to others: it
+        # makes it its own again.
+        layout.data_dir.chmod(0o755)
         with (tmp_path / "agent.log").open("wb") as log:
             launcher = await anyio.open_process(
                 command, cwd=workdir, env=_this_checkout(), stdout=log, stderr=subprocess.STDOUT
@@ -150,6 +169,7 @@ async def test_token_create_then_edge_join_brings_a_real_agent_to_a_real_hub(
             return annotations.get(HUB_ANNOTATION) == hub_id and bool(annotations.get(AGENT_VERSION_ANNOTATION))
 
         await _wait_for(marked)
+        assert stat.S_IMODE(layout.data_dir.stat().st_mode) == 0o700
         listed = await _nodetaskd("ctl", "nodes", "-o", "json", admin_kubeconfig, cwd=operator)
         (row,) = [r for r in json.loads(listed.stdout) if r["name"] == node]
         assert (row["connected"], row["hub"]) == (True, hub_id)

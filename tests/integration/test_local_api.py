@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import socket
 import subprocess
 import urllib.error
 import urllib.parse
@@ -188,6 +190,52 @@ async def test_the_local_api_listens_on_loopback_only(device: Device) -> None:
     assert [addr.ip for addr in listening] == ["127.0.0.1"]
 
 
+def _socket_as(uid: int) -> socket.socket:
+    """A TCP socket owned by ``uid`` (the kernel records who created it; connecting stays with this process)."""
+    os.seteuid(uid)
+    try:
+        return socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    finally:
+        os.seteuid(0)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="opening a socket as another user needs root")
+async def test_kubectl_is_answered_while_another_user_holds_every_connection_it_may(device: Device) -> None:
+    """A process of another user opening 100 watches (each holds its connection for as long as it streams)
+    gets 25 of them, the rest are told 503 naming localApi.maxConnectionsPerClient, and kubectl, run by
+    root, still gets the Node."""
+    told: list[bytes] = []
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            all_told = trio.Event()
+
+            async def hold() -> None:
+                sock = trio.socket.from_stdlib_socket(_socket_as(65534))
+                await sock.connect(("127.0.0.1", device.serving.port))
+                async with trio.SocketStream(sock) as stream:
+                    await stream.send_all(b"GET /api/v1/pods?watch=1 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                    answer = await stream.receive_some()
+                    if answer.startswith(b"HTTP/1.1 200 "):
+                        await trio.sleep_forever()  # watching, until the test ends
+                    while chunk := await stream.receive_some():
+                        answer += chunk
+                told.append(answer)
+                if len(told) == 75:
+                    all_told.set()
+
+            for _ in range(100):
+                nursery.start_soon(hold)
+            await all_told.wait()
+            result = await device.kubectl("get", "node")
+            assert result.returncode == 0, result.stderr
+            assert [row[0] for row in table(result.stdout)] == ["NAME", NODE]
+            assert (len(told), device.serving.api.watches) == (75, 25)
+            nursery.cancel_scope.cancel()
+    assert told[0].startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
+    assert b"limit of 25 connections from one client (uid 65534)" in told[0]
+    assert b"localApi.maxConnectionsPerClient" in told[0]
+
+
 # ------------------------------------------------------------------------- against the real API server
 
 
@@ -224,6 +272,27 @@ async def test_selectors_are_refused_as_the_api_server_refuses_them(control_plan
         real, local = await _both(control_plane, api, f"/api/v1/{resource}", query)
         assert (real[0], real[1]["message"]) == (400, message), query
         assert (local[0], local[1]["message"]) == (400, message), query
+
+
+@pytest.mark.parametrize(
+    ("query", "named"),
+    [
+        ({"watch": "1", "timeoutSeconds": "9" * 309}, "timeoutSeconds"),
+        ({"watch": "1", "timeoutSeconds": "soon"}, "timeoutSeconds"),
+        ({"limit": "9" * 309}, "limit"),
+        ({"labelSelector": f"a>{'9' * 5000}"}, "the value must be an integer"),
+    ],
+)
+async def test_numbers_the_api_server_refuses_are_a_400_naming_them(
+    control_plane: ControlPlane, query: dict[str, str], named: str
+) -> None:
+    """A number query parameter the API server refuses (309 digits, a word, past int64) is refused by the local
+    API too: a 400 whose message names the parameter, where it once was a 500."""
+    api = LocalApi(MemoryCache(), serve_secrets=True, log=structlog.get_logger())
+    real, local = await _both(control_plane, api, "/api/v1/pods", query)
+    assert real[0] == 400, real
+    assert (local[0], local[1]["reason"]) == (400, "BadRequest")
+    assert named in local[1]["message"]
 
 
 async def test_each_kinds_fields_are_accepted_as_by_the_api_server(control_plane: ControlPlane) -> None:

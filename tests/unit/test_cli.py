@@ -142,3 +142,18 @@ def test_a_missing_module_that_is_not_the_cloud_extras_keeps_its_traceback() -> 
     assert done.returncode == 1, done.stderr
     assert "ModuleNotFoundError" in done.stderr
     assert "cloud extra" not in done.stderr
+
+
+def test_token_create_refuses_to_overwrite_a_token_file_without_force(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An existing file is refused before the API server is asked (a rotated token must not be lost), naming --force."""
+    existing = tmp_path / "edge-1.token"
+    existing.write_text("the previous token\n")
+    status = main(["token", "create", "edge-1", f"--token-file={existing}", "--kubeconfig=/nonexistent/kubeconfig"])
+    assert status == 2
+    assert (
+        capsys.readouterr().err
+        == f"nodetaskd: error: {existing} exists: give --force to overwrite it, or another --token-file\n"
+    )
+    assert existing.read_text() == "the previous token\n"

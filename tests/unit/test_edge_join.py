@@ -2,29 +2,43 @@
 
 from __future__ import annotations
 
+import json
+import os
+import resource
+import shutil
 import socket
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from roles.cli import main
 from roles.config import EdgeConfig, load_config
 from roles.join import JoinError, Layout, join, render_unit, reset
 from roles.tls import generate_serving_certificate
 
+TOKEN = "0P2JxTsk7bWk4iJx1qkJd5Ql2m6vyUeXv2VYg8TnQ-E"
+"""Shaped as ``token create`` makes them (43 URL-safe characters)."""
 TEMPLATE = (Path(__file__).resolve().parents[2] / "containers" / "systemd" / "nodetaskd-edge.service").read_text()
 
 
 @pytest.fixture
 def token(tmp_path: Path) -> Path:
     path = tmp_path / "edge-1.token"
-    path.write_text("s3cret-token\n")
+    path.write_text(f"{TOKEN}\n")
     return path
 
 
 def _join(root: Path, token: Path, **options: object) -> list[str]:
-    arguments: dict[str, object] = {"node": "edge-1", "hubs": ("wss://hub.example:10004",), "token_file": token}
-    return join(root=root, python="/opt/nodetaskd/venv/bin/python", **{**arguments, **options})  # type: ignore[arg-type]
+    arguments: dict[str, object] = {
+        "node": "edge-1",
+        "hubs": ("wss://hub.example:10004",),
+        "token_file": token,
+        "python": "/opt/nodetaskd/venv/bin/python",
+    }
+    return join(root=root, **{**arguments, **options})  # type: ignore[arg-type]
 
 
 def _tree(root: Path) -> list[str]:
@@ -55,7 +69,7 @@ def test_join_writes_the_token_config_data_directory_and_unit_under_the_root(tmp
     ca = generate_serving_certificate(tmp_path / "ca", dns_names=["hub.example"]).cert_file.parent / "ca.crt"
     done = _join(root, token, ca_file=ca)
     layout = Layout(root)
-    assert layout.token.read_text() == "s3cret-token\n"
+    assert layout.token.read_text() == f"{TOKEN}\n"
     assert stat.S_IMODE(layout.token.stat().st_mode) == 0o600
     assert stat.S_IMODE(layout.config.stat().st_mode) == 0o600
     assert stat.S_IMODE(layout.data_dir.stat().st_mode) == 0o700
@@ -98,6 +112,15 @@ def test_an_empty_token_or_a_ca_that_is_no_certificate_is_refused(tmp_path: Path
     garbage.write_text("not a certificate\n")
     with pytest.raises(JoinError, match=f"the CA file {garbage} holds no usable PEM certificate"):
         _join(tmp_path / "root", token, ca_file=garbage)
+
+
+def test_a_ca_bundle_with_comments_in_any_script_is_copied_whole(tmp_path: Path, token: Path) -> None:
+    """A bundle's text around its certificates (names in any script, as curl's cacert.pem has) is kept."""
+    ca = generate_serving_certificate(tmp_path / "ca", dns_names=["hub.example"]).cert_file.parent / "ca.crt"
+    bundle = tmp_path / "bundle.pem"
+    bundle.write_bytes("## NetLock Arany (Class Gold) Főtanúsítvány\n".encode() + ca.read_bytes())
+    _join(tmp_path / "root", token, ca_file=bundle)
+    assert Layout(tmp_path / "root").ca.read_bytes() == bundle.read_bytes()
 
 
 def test_plain_ws_is_accepted_when_allowed(tmp_path: Path, token: Path) -> None:
@@ -149,3 +172,208 @@ def test_reset_refuses_while_the_agent_answers_on_its_control_socket(tmp_path: P
         import shutil
 
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _cli(*args: str, limit_memory: bool = False) -> subprocess.CompletedProcess[str]:
+    """``nodetaskd ARGS`` in its own process (a hang or an exhausted memory then fails only it)."""
+
+    def cap_memory() -> None:  # 1 GiB of address space: this interpreter with the base install needs ~50 MiB
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    return subprocess.run(
+        [sys.executable, "-m", "roles.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        preexec_fn=cap_memory if limit_memory else None,
+    )
+
+
+def _join_args(root: Path, token: Path, *extra: str) -> list[str]:
+    return [
+        "edge",
+        "join",
+        "--hub=wss://hub.example:10004",
+        "--node=edge-1",
+        f"--token-file={token}",
+        f"--root={root}",
+        *extra,
+    ]
+
+
+def test_a_root_with_a_newline_is_refused_before_anything_is_written(tmp_path: Path, token: Path) -> None:
+    """A newline in --root would add lines to the unit (ExecStartPre=...): join refuses it and writes nothing."""
+    root = tmp_path / "root\nExecStartPre=/bin/sh -c id"
+    done = _cli(*_join_args(root, token))
+    assert done.returncode == 2, done.stderr
+    assert "holds a control character" in done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["edge-1.token"]
+
+
+def test_the_unit_quotes_paths_as_systemd_reads_them() -> None:
+    """Spaces, quotes, backslashes, % and $ in the paths reach systemd as they are, never as words or specifiers."""
+    config = Path('/r 100%/$HOME/"q"\\/edge.yaml')
+    unit = render_unit(TEMPLATE, python="/opt/my env/bin/python", config=config, data_dir=Path("/r 100%/var/lib/x"))
+    expected = (
+        'ExecStart="/opt/my env/bin/python" -m roles.edge.launcher --config "/r 100%%/$$HOME/\\"q\\"\\\\/edge.yaml"\n'
+    )
+    assert expected in unit
+    assert "WorkingDirectory=/r 100%%/var/lib/x\n" in unit
+    with pytest.raises(JoinError, match="the interpreter's path 'python3' is not absolute"):
+        render_unit(TEMPLATE, python="python3", config=config, data_dir=Path("/d"))
+    with pytest.raises(JoinError, match="holds a quote or backslash: systemd starts no such program"):
+        render_unit(TEMPLATE, python="/o'brien/python3", config=config, data_dir=Path("/d"))
+
+
+@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
+def test_systemd_reads_the_unit_of_a_join_under_an_awkward_root(tmp_path: Path, token: Path) -> None:
+    """systemd-analyze verify takes the written unit, and finds its interpreter at a path with a space and a %."""
+    root = tmp_path / 'a root "with" 50% $PATH'
+    python = tmp_path / "venv 100%" / "python"
+    python.parent.mkdir()
+    python.symlink_to(sys.executable)
+    _join(root, token, python=str(python))
+    verified = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", str(Layout(root).unit)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert verified.returncode == 0, verified.stderr
+    assert verified.stderr == ""
+
+
+def test_a_token_file_that_is_a_fifo_is_refused_at_once(tmp_path: Path) -> None:
+    """Reading a FIFO nobody writes to would hang the join: it is refused as not a regular file."""
+    fifo = tmp_path / "token"
+    os.mkfifo(fifo)
+    done = _cli(*_join_args(tmp_path / "root", fifo))
+    assert done.returncode == 2, done.stderr
+    assert f"the token file {fifo} is a FIFO: give a regular file" in done.stderr
+    assert not (tmp_path / "root").exists()
+
+
+def test_a_token_file_that_is_dev_zero_is_refused_without_reading_it(tmp_path: Path) -> None:
+    """/dev/zero never ends: read whole it exhausts the process's memory; it is refused as a device."""
+    done = _cli(*_join_args(tmp_path / "root", Path("/dev/zero")), limit_memory=True)
+    assert done.returncode == 2, done.stderr
+    assert "the token file /dev/zero is a character device: give a regular file" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (b"root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000::/home/user:/bin/sh\n", "holds more than one line"),
+        (b"-----BEGIN PRIVATE KEY-----", "holds characters a bearer token cannot"),
+        (b"short\n", "holds 5 characters, and a token has 16 to 1024"),
+        (b"\xff\xfe" * 20, "holds bytes that are not ASCII"),
+        (b"a" * 5000, "is 5000 bytes; it cannot be more than 4096"),
+    ],
+)
+def test_a_file_that_is_no_token_is_not_installed_as_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, says: str
+) -> None:
+    """Another file's secrets, a key, binary or an oversized file are refused, naming why; nothing is written."""
+    other = tmp_path / "not-a-token"
+    other.write_bytes(content)
+    assert main(_join_args(tmp_path / "root", other)) == 2
+    err = capsys.readouterr().err
+    assert f"the token file {other}" in err
+    assert says in err
+    assert "root:x" not in err  # the content is never shown
+    assert not (tmp_path / "root").exists()
+
+
+def test_a_ca_file_that_is_a_fifo_is_refused_at_once(tmp_path: Path, token: Path) -> None:
+    """The CA file is read the same way as the token: a FIFO is refused instead of hanging the join."""
+    fifo = tmp_path / "ca.crt"
+    os.mkfifo(fifo)
+    done = _cli(*_join_args(tmp_path / "root", token, f"--ca-file={fifo}"))
+    assert done.returncode == 2, done.stderr
+    assert f"the CA file {fifo} is a FIFO" in done.stderr
+
+
+def test_reset_removes_nothing_the_record_names_outside_the_join(tmp_path: Path, token: Path) -> None:
+    """A join.json naming other files and directories (edited, or forged) makes reset remove only the join's own."""
+    root = tmp_path / "root"
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "data").write_text("keep me\n")
+    (tmp_path / "precious.txt").write_text("keep me too\n")
+    _join(root, token)
+    record = Layout(root).record
+    entries = json.loads(record.read_text())
+    entries["files"].append(str(tmp_path / "precious.txt"))
+    entries["directories"].append(str(precious))
+    entries["parents"].append(str(tmp_path))
+    record.write_text(json.dumps(entries))
+    assert main(["edge", "reset", f"--root={root}"]) == 0
+    assert (precious / "data").read_text() == "keep me\n"
+    assert (tmp_path / "precious.txt").read_text() == "keep me too\n"
+    assert not root.exists() or _tree(root) == []
+
+
+def test_reset_keeps_what_an_admin_added_to_the_configuration_directory(
+    tmp_path: Path, token: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file join did not write stays, with the directory holding it, and reset says so."""
+    root = tmp_path / "root"
+    _join(root, token)
+    notes = Layout(root).config_dir / "site-notes.txt"
+    notes.write_text("the admin's\n")
+    assert main(["edge", "reset", f"--root={root}"]) == 0
+    assert notes.read_text() == "the admin's\n"
+    assert _tree(root) == ["etc", "etc/nodetaskd", "etc/nodetaskd/site-notes.txt"]
+    assert f"kept {notes.parent}: it holds what join did not write (site-notes.txt)" in capsys.readouterr().out
+
+
+def test_reset_of_a_linked_data_directory_removes_the_link_and_finishes(
+    tmp_path: Path, token: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A data directory moved elsewhere and linked back loses the link only; reset does everything else too."""
+    root = tmp_path / "root"
+    _join(root, token)
+    data_dir = Layout(root).data_dir
+    moved = tmp_path / "disk" / "nodetaskd"
+    moved.parent.mkdir()
+    data_dir.rename(moved)
+    (moved / "store.sqlite").write_bytes(b"state")
+    data_dir.symlink_to(moved)
+    assert main(["edge", "reset", f"--root={root}"]) == 0
+    assert (moved / "store.sqlite").read_bytes() == b"state"
+    assert not root.exists() or _tree(root) == []
+    assert f"removed the link {data_dir} (kept {moved}, which it points to)" in capsys.readouterr().out
+
+
+def test_reset_follows_no_link_out_of_the_root(tmp_path: Path, token: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Files reached through a link that leads out of the root are kept: reset removes only inside the root."""
+    root = tmp_path / "root"
+    _join(root, token)
+    elsewhere = tmp_path / "elsewhere-etc"
+    (root / "etc").rename(elsewhere)
+    (root / "etc").symlink_to(elsewhere)
+    assert main(["edge", "reset", f"--root={root}"]) == 0
+    assert (elsewhere / "nodetaskd" / "edge.yaml").exists()
+    assert (elsewhere / "nodetaskd" / "token").exists()
+    assert (elsewhere / "systemd" / "system" / "nodetaskd-edge.service").exists()
+    assert (
+        f"kept {root / 'etc' / 'nodetaskd' / 'token'}: it lies in {elsewhere / 'nodetaskd'}" in capsys.readouterr().out
+    )
+    assert not Layout(root).data_dir.exists()
+
+
+def test_reset_keeps_a_directory_found_where_join_wrote_a_file(
+    tmp_path: Path, token: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Reset removes files where join wrote files: a directory found there instead is kept, and reset says so."""
+    root = tmp_path / "root"
+    _join(root, token)
+    layout = Layout(root)
+    layout.unit.unlink()
+    layout.unit.mkdir()  # unlink() of a directory fails
+    (layout.unit / "x").write_text("x")
+    assert main(["edge", "reset", f"--root={root}"]) == 0
+    assert f"kept {layout.unit}: a directory, where join wrote a file" in capsys.readouterr().out

@@ -59,3 +59,19 @@ def test_a_link_replaces_a_link_or_a_file_in_place(tmp_path: Path) -> None:
     link_atomically(current, "versions/v3")
     assert os.readlink(current) == "versions/v3"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["current"]
+
+
+def test_without_replace_an_existing_file_is_kept_and_no_temporary_is_left(tmp_path: Path) -> None:
+    """``replace=False`` writes a new file whole, and leaves one that exists (a file or a link) as it was."""
+    target = tmp_path / "token"
+    write_atomically(target, b"first\n", replace=False)
+    assert target.read_bytes() == b"first\n"
+    with pytest.raises(FileExistsError):
+        write_atomically(target, b"second\n", replace=False)
+    assert target.read_bytes() == b"first\n"
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(FileExistsError):
+        write_atomically(link, b"second\n", replace=False)
+    assert not (tmp_path / "elsewhere").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "token"]

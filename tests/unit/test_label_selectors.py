@@ -144,6 +144,27 @@ def test_greater_and_less_than_compare_integers_only() -> None:
 
 
 @pytest.mark.parametrize(
+    ("selector", "labels", "selected"),
+    [
+        (f"n>{'9' * 5000}", None, None),  # Python's int() refuses more than 4,300 digits (a ValueError)
+        (f"n<{'0' * 50}12", {"n": "11"}, True),  # leading zeros, as ParseInt skips them
+        ("n>5", {"n": "0" * 5000 + "6"}, True),
+        ("n>5", {"n": "9" * 5000}, False),  # a label value past int64 is no integer
+    ],
+)
+def test_integers_of_any_length_are_read_as_go_reads_them(
+    selector: str, labels: dict[str, str] | None, selected: bool | None
+) -> None:
+    """However many digits, a ``gt``/``lt`` bound is an int64 or refused with a SelectorError, never a ValueError."""
+    if labels is None:
+        with pytest.raises(SelectorError, match="the value must be an integer"):
+            parse_label_selector(selector)
+        return
+    (requirement,) = parse_label_selector(selector)
+    assert requirement.matches(labels) is selected
+
+
+@pytest.mark.parametrize(
     ("text", "quoted"),
     [("plain", '"plain"'), ('a"b\\c', r'"a\"b\\c"'), ("é\n\x00\x7f", r'"é\n\x00\x7f"'), ("\u200b", r'"\u200b"')],
 )

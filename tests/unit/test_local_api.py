@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import os
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import parse_qs
 
 import msgspec
 import pytest
@@ -13,9 +18,10 @@ import trio
 import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
+from structlog.testing import capture_logs
 
 from roles.edge.cache_view import Change, ChangeType, Listing, MemoryCache, Object
-from roles.edge.local_api import LocalApi, watch_event
+from roles.edge.local_api import LOOPBACK, LocalApi, Serving, _watch_start, serve_local_api, watch_event
 from roles.httpserver import Request, Response
 
 NODE = "edge-1"
@@ -451,3 +457,148 @@ async def test_response_to_a_watch_is_a_json_stream() -> None:
     """A watch is answered 200 with a streamed JSON body."""
     response: Response = await api_over(filled()).handle(request("/api/v1/pods", "watch=1"))
     assert (response.status, response.content_type, response.body) == (200, "application/json", b"")
+
+
+# ------------------------------------------------------------------------ over sockets: what a client costs
+
+
+def _socket_as(uid: int) -> socket.socket:
+    """A TCP socket owned by ``uid`` (the kernel records who created it; connecting stays with this process)."""
+    os.seteuid(uid)
+    try:
+        return socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    finally:
+        os.seteuid(0)
+
+
+async def _connect(port: int, *, uid: int | None = None) -> trio.SocketStream:
+    if uid is None:
+        return await trio.open_tcp_stream(LOOPBACK, port)
+    sock = trio.socket.from_stdlib_socket(_socket_as(uid))
+    await sock.connect((LOOPBACK, port))
+    return trio.SocketStream(sock)
+
+
+async def _answer(stream: trio.SocketStream) -> tuple[int, dict[str, Any]]:
+    """The status and JSON body of the one response on ``stream``, read until the server ends it; then closed."""
+    data = b""
+    async with stream:
+        while chunk := await stream.receive_some():
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), msgspec.json.decode(body)
+
+
+async def _get_over(stream: trio.SocketStream, target: str) -> tuple[int, dict[str, Any]]:
+    await stream.send_all(f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+    return await _answer(stream)
+
+
+@asynccontextmanager
+async def _serving(**options: Any) -> AsyncIterator[Serving]:
+    async with trio.open_nursery() as nursery:
+        serve = functools.partial(serve_local_api, filled(), port=0, log=structlog.get_logger(), **options)
+        yield await nursery.start(serve)
+        nursery.cancel_scope.cancel()
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="opening a socket as another user needs root")
+
+
+@needs_root
+async def test_one_user_holding_connections_leaves_places_for_another_users_client() -> None:
+    """A process opening 100 connections that never finish a request holds 25 (its share) and is told 503
+    for the rest, naming localApi.maxConnectionsPerClient; a client of another user is still answered."""
+    async with _serving() as serving, trio.open_nursery() as nursery:
+        refused: list[tuple[int, dict[str, Any]]] = []
+        all_told = trio.Event()
+
+        async def hold(stream: trio.SocketStream) -> None:
+            await stream.send_all(b"GET /version HTTP/1.1\r\nHost: 127.0.0")  # a head begun, never finished
+            answer = await _answer(stream)
+            refused.append(answer)
+            if len(refused) == 75:
+                all_told.set()
+
+        held = [await _connect(serving.port) for _ in range(100)]
+        for stream in held:
+            nursery.start_soon(hold, stream)
+        with trio.fail_after(30):
+            await all_told.wait()
+            other = await _connect(serving.port, uid=65534)
+            status, version = await _get_over(other, "/version")
+        assert (status, version["gitVersion"]) == (200, "v1.20.2+nodetaskd-local")
+        assert len(refused) == 75  # the 25 admitted are still waiting for the rest of their heads
+        status, body = refused[0]
+        assert (status, body["reason"]) == (503, "ServiceUnavailable")
+        assert body["message"] == (
+            "the local API holds its limit of 25 connections from one client (uid 0):"
+            " close some, or raise localApi.maxConnectionsPerClient"
+        )
+        nursery.cancel_scope.cancel()
+
+
+@needs_root
+async def test_a_connection_past_the_total_is_told_503_naming_the_setting() -> None:
+    """Past localApi.maxConnections a client is refused at accept, even one holding none, with a Status that
+    says which limit."""
+    async with _serving(max_connections=2, max_connections_per_client=1) as serving:
+        first, second = await _connect(serving.port), await _connect(serving.port, uid=65534)
+        with trio.fail_after(30):
+            for held in (first, second):  # answered, so admitted, and kept alive
+                await held.send_all(b"GET /version HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                assert (await held.receive_some()).startswith(b"HTTP/1.1 200 ")
+            status, body = await _answer(await _connect(serving.port, uid=65533))
+        assert (status, body["message"]) == (
+            503,
+            "the local API holds its limit of 2 connections: raise localApi.maxConnections",
+        )
+        await first.aclose()
+        await second.aclose()
+
+
+async def test_a_connection_dripping_its_request_head_is_closed_at_the_header_timeout() -> None:
+    """A head sent a byte at a time never completes the request: the connection is closed, its place freed."""
+    async with _serving(header_timeout=0.5, max_connections=1, max_connections_per_client=1) as serving:
+        dripping = await _connect(serving.port)
+        await dripping.send_all(b"GET /version HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        with trio.fail_after(30):
+            with contextlib.suppress(trio.BrokenResourceError):
+                while True:
+                    await dripping.send_all(b"X")
+                    with trio.move_on_after(0.1):
+                        if await dripping.receive_some() == b"":
+                            break
+            status, _ = await _get_over(await _connect(serving.port), "/version")  # its place is free again
+        assert status == 200
+
+
+@pytest.mark.parametrize(
+    ("query", "named"),
+    [
+        (f"watch=1&timeoutSeconds={'9' * 309}", "timeoutSeconds '99999"),
+        ("watch=1&timeoutSeconds=soon", "timeoutSeconds 'soon' is not a number of seconds"),
+        ("watch=1&timeoutSeconds=1_000", "timeoutSeconds '1_000'"),
+        (f"watch=1&resourceVersion={'9' * 5000}", "resourceVersion '99999"),
+        ("watch=1&resourceVersion=18446744073709551616", "resourceVersion '18446744073709551616'"),
+        (f"limit={'9' * 309}", "limit '99999"),
+        (f"watch=1&limit={'9' * 5000}", "limit '99999"),
+        (f"labelSelector=a%3E{'9' * 5000}", "for 'Gt', 'Lt' operators, the value must be an integer"),
+    ],
+)
+async def test_numeric_query_parameters_too_long_or_malformed_are_a_400_naming_them(query: str, named: str) -> None:
+    """However many digits, a number the API server would refuse is a 400 Status naming the parameter, never a
+    500 with a traceback per request; the value is quoted clipped."""
+    with capture_logs() as logs, trio.fail_after(30):  # a watch that was let through would stream on
+        async with _serving() as serving:
+            status, body = await _get_over(await _connect(serving.port), f"/api/v1/pods?{query}")
+    assert (status, body["reason"]) == (400, "BadRequest")
+    assert named in body["message"]
+    assert len(body["message"]) < 300
+    assert [e for e in logs if e["log_level"] in ("error", "critical")] == []
+
+
+@pytest.mark.parametrize(("query", "since"), [("resourceVersion=00", None), ("resourceVersion=0007", 7)])
+def test_a_resource_version_is_read_as_the_api_server_reads_it(query: str, since: int | None) -> None:
+    """Leading zeros are allowed (as by ParseUint): ``00`` is ``0``, the current objects first."""
+    assert _watch_start(parse_qs(query)) == since
