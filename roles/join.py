@@ -48,7 +48,17 @@ from roles.edge.control import control_socket
 from roles.files import write_atomically
 from roles.token_format import token_problem
 
-__all__ = ["JoinError", "Layout", "ResetError", "join", "render_unit", "reset", "systemd_command", "systemd_path"]
+__all__ = [
+    "JoinError",
+    "Layout",
+    "ResetError",
+    "join",
+    "path_problem",
+    "render_unit",
+    "reset",
+    "systemd_command",
+    "systemd_path",
+]
 
 UNIT_NAME: Final = "nodetaskd-edge.service"
 DEFAULT_DATA_DIR: Final = "/var/lib/nodetaskd"
@@ -497,10 +507,13 @@ def reset(*, root: Path) -> list[str]:
             f"could not remove {'; '.join(removal.failed)}; {layout.record} is kept: run `nodetaskd edge reset` again",
             removal.done,
         )
-    layout.record.unlink(missing_ok=True)
+    if not removal.outside(layout.record):
+        layout.record.unlink(missing_ok=True)
     if layout.config_dir in directories:
         removal.empty_dir(layout.config_dir, say=True)
     for path in sorted(parents, key=lambda p: len(p.parts), reverse=True):
         removal.empty_dir(path, say=False)
+    if removal.failed:  # only directories left empty can be left now: nothing to run again for
+        raise ResetError(f"could not remove {'; '.join(removal.failed)}", removal.done)
     removal.done.append(f"{record.node} is no longer joined here; run systemctl daemon-reload if the unit was loaded")
     return removal.done

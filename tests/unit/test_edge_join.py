@@ -358,6 +358,7 @@ def test_reset_follows_no_link_out_of_the_root(tmp_path: Path, token: Path, caps
     assert main(["edge", "reset", f"--root={root}"]) == 0
     assert (elsewhere / "nodetaskd" / "edge.yaml").exists()
     assert (elsewhere / "nodetaskd" / "token").exists()
+    assert (elsewhere / "nodetaskd" / "join.json").exists()
     assert (elsewhere / "systemd" / "system" / "nodetaskd-edge.service").exists()
     assert (
         f"kept {root / 'etc' / 'nodetaskd' / 'token'}: it lies in {elsewhere / 'nodetaskd'}" in capsys.readouterr().out
