@@ -8,8 +8,9 @@ py := ".venv/bin/python"
 default:
     @just --list
 
-# Test processes at once: integration tests mostly wait on timers, so more than the cores pay (`workers=1`: one process).
-workers := env("NODETASKD_TEST_WORKERS", "4")
+# Test processes at once (pytest-xdist; 0: all in this one). Four ran the suite in 19 min on 2 cores with two
+# timing flakes under their load, so the default stays one process until those tests are made load-proof.
+workers := env("NODETASKD_TEST_WORKERS", "0")
 
 # Lint, type-check, check import contracts, then run every test (unit + integration), in parallel processes.
 test: lint
