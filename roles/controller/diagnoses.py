@@ -329,15 +329,7 @@ class DiagnosisController:
             decided.append(start(fresh, self._world(fresh, now), resolution))
             return msgspec.structs.replace(fresh, status=decided[0].status)
 
-        try:
-            written = await self._kube.update_status(
-                DIAGNOSES, meta.name, mutate, namespace=meta.namespace, current=diagnosis
-            )
-        except ApiError as exc:
-            if not too_large(exc):
-                raise
-            await self._fail_too_large(diagnosis, exc, now, log)
-            return None
+        written = await self._write_status(diagnosis, mutate, now, log)
         if written is None or not decided:
             return None
         self._status_written[(meta.namespace, meta.name)] = anyio.current_time()
@@ -387,15 +379,7 @@ class DiagnosisController:
                 decided.append(fresh_step)
                 return msgspec.structs.replace(fresh, status=fresh_step.status)
 
-            try:
-                written = await self._kube.update_status(
-                    DIAGNOSES, meta.name, mutate, namespace=meta.namespace, current=diagnosis
-                )
-            except ApiError as exc:
-                if not too_large(exc):
-                    raise
-                await self._fail_too_large(diagnosis, exc, now, log)
-                return None
+            written = await self._write_status(diagnosis, mutate, now, log)
             if written is None:
                 return None
             if decided:
@@ -421,6 +405,22 @@ class DiagnosisController:
         # No deadline: nothing happens until something changes, whose event starts a worker again.
         due = None if step.due is None else self._clock.loop_time(step.due)
         return held if due is None or (held is not None and held < due) else due
+
+    async def _write_status(
+        self, diagnosis: Diagnosis, mutate: Callable[[Diagnosis], Diagnosis | None], now: datetime, log: Log
+    ) -> Diagnosis | None:
+        """The status ``mutate`` makes, written; None when nothing was written, or when the API server refused
+        it as too large (the Diagnosis is then failed saying so)."""
+        meta = diagnosis.metadata
+        try:
+            return await self._kube.update_status(
+                DIAGNOSES, meta.name, mutate, namespace=meta.namespace, current=diagnosis
+            )
+        except ApiError as exc:
+            if not too_large(exc):
+                raise
+            await self._fail_too_large(diagnosis, exc, now, log)
+            return None
 
     async def _fail_too_large(self, diagnosis: Diagnosis, error: ApiError, now: datetime, log: Log) -> None:
         """The API server refused the Diagnosis's next status for its size: end the run Failed, saying so.
