@@ -252,6 +252,18 @@ class Diagnosis(ApiStruct, frozen=True, kw_only=True):
     status: DiagnosisStatus = msgspec.field(default_factory=DiagnosisStatus)
 
 
+class ParametersSpec(ApiStruct, frozen=True):
+    parameters: dict[str, str] = {}
+
+
+class DiagnosisParameters(ApiStruct, frozen=True, kw_only=True):
+    """A Diagnosis read for its parameters only, what a hub needs to send its Tasks: the rest of it (its
+    status above all, which may hold thousands of node names and results) is skipped while decoding."""
+
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: ParametersSpec = msgspec.field(default_factory=ParametersSpec)
+
+
 # ---------------------------------------------------------------------------------------------- Task
 
 

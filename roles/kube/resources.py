@@ -150,4 +150,8 @@ OPERATION_SETS: Resource[diagnosis.OperationSet] = Resource(
 DIAGNOSES: Resource[diagnosis.Diagnosis] = Resource(
     diagnosis.API_VERSION, "diagnoses", diagnosis.Diagnosis, namespaced=True
 )
+DIAGNOSIS_PARAMETERS: Resource[diagnosis.DiagnosisParameters] = Resource(
+    diagnosis.API_VERSION, "diagnoses", diagnosis.DiagnosisParameters, namespaced=True
+)
+"""Diagnoses read for their parameters only (a hub sending their Tasks)."""
 TASKS: Resource[diagnosis.Task] = Resource(diagnosis.API_VERSION, "tasks", diagnosis.Task, namespaced=True)

@@ -12,6 +12,7 @@ from flows.diagnosis_counted import CountedNodes
 from flows.diagnosis_pipeline import HASH_LABEL, pipeline_of
 from flows.diagnosis_run import FINAL_PHASES, OPERATION_SET_GRACE, World, advance, awaiting_operation_set, start
 from flows.diagnosis_targets import Resolution
+from flows.diagnosis_tasks import request_data
 from nodetask.clock import parse_time
 from schemas.diagnosis import DiagnosisPhase, PodReference, StagePolicy, TaskPhase
 from schemas.diagnosis_graph import enumerate_paths, problems
@@ -170,13 +171,14 @@ def test_a_failed_path_falls_back_to_the_next_without_running_the_shared_stage_a
         "b.1.1.op-3",
     ]
     third = next(t for t in run.created if t.spec.operation == "op-3" and t.spec.node_name == "a")
+    # The Diagnosis's parameters stay in the Diagnosis: the hub adds them when it sends the Task.
     assert third.spec.parameters == {
-        "p": "1",
         "op-1.v": "1@a",
         "task.name": third.metadata.name,
         "task.namespace": "ns",
         "node": "a",
     }
+    assert request_data(run.diagnosis.spec.parameters, third.spec.parameters) == {"p": "1", **third.spec.parameters}
     assert status.context is not None
     assert status.context.parameters == {"p": "1"}
     assert status.context.operations["op-3"] == {f"d.0123abcd.{n}.1.1.op-3": {"v": f"3@{n}"} for n in ("a", "b")}
