@@ -18,6 +18,7 @@ from roles.controller.admission import (
     webhook_configurations,
 )
 from roles.http import Request, router
+from schemas.diagnosis import DEFAULT_MAX_TARGETS
 
 V1 = "diagnosis.kubediag.org/v1"
 
@@ -87,6 +88,11 @@ async def test_a_diagnosis_is_checked_against_the_controllers_target_limit_and_t
         "spec.targetSelector.podReferences[0].namespace: must be the Diagnosis's own namespace 'n'"
     )
     assert (await _answer(VALIDATE_PATH, _review("CREATE", elsewhere, namespace="kube-system")))["allowed"] is True
+
+
+def test_the_controllers_target_limit_defaults_to_the_rules_own() -> None:
+    """diagnosisMaxTargets (written out in roles.config, which the edge's launcher loads) is the rules' default."""
+    assert ControllerConfig().diagnosis_max_targets == DEFAULT_MAX_TARGETS
 
 
 async def test_diagnosis_spec_changes_are_denied_but_status_writes_are_not_checked() -> None:
