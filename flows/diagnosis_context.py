@@ -7,7 +7,7 @@ after which no status write succeeds and the run can neither go on nor fail. So 
 results only while they fit in :data:`MAX_CONTEXT_BYTES` (counted as JSON). The first Task whose
 results do not fit sets the ``ContextClipped`` condition, naming it, and from then on no results
 are copied: each Task keeps its own in ``status.results``, and the next stages' request data is
-read from there (:func:`flows.diagnosis_tasks.request_data`), so what the run passes on is whole.
+read from there (:func:`flows.diagnosis_tasks.task_parameters`), so what the run passes on is whole.
 
 The budget, with the target names, keeps a Diagnosis of a few thousand nodes under etcd's limit;
 the run also gives the context less when the rest of the Diagnosis leaves less room

@@ -9,7 +9,7 @@ controller declared the Task Unknown is acknowledged and dropped, never resurrec
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, Final
 
@@ -17,7 +17,7 @@ import msgspec
 
 from flows.diagnosis_conditions import find_condition, set_condition
 from flows.diagnosis_job import RESOURCE_TYPE, TaskRun, decode_results
-from flows.diagnosis_tasks import is_final
+from flows.diagnosis_tasks import is_final, request_data
 from flows.jobtype import ExtendError
 from nodetask.clock import format_time
 from nodetask.messages import ActionResult
@@ -28,6 +28,7 @@ from schemas.diagnosis import API_VERSION, Condition, Task, TaskConditionType, T
 from schemas.processors import Processor
 
 __all__ = [
+    "DIAGNOSIS_NOT_FOUND",
     "OPERATION_NOT_FOUND",
     "REQUEST_TOO_LARGE",
     "Recorded",
@@ -50,6 +51,7 @@ PROCESSOR_FAILED: Final = "ProcessorFailed"
 RESULTS_INVALID: Final = "ResultsInvalid"
 RESULTS_TOO_LARGE: Final = "ResultsTooLarge"
 REQUEST_TOO_LARGE: Final = "RequestTooLarge"
+DIAGNOSIS_NOT_FOUND: Final = "DiagnosisNotFound"
 OPERATION_NOT_FOUND: Final = TaskConditionType.OPERATION_NOT_FOUND.value
 
 
@@ -58,9 +60,12 @@ def route_of(task: Task) -> Route:
     return Route(API_VERSION, RESOURCE_TYPE, task.metadata.name, task.spec.node_name)
 
 
-def task_run(task: Task, processor: Processor) -> bytes:
-    """The encoded :class:`TaskRun` of ``task``, whose Operation has ``processor``."""
-    request = {**task.spec.parameters, "task.uid": task.metadata.uid}
+def task_run(task: Task, processor: Processor, parameters: Mapping[str, str] | None = None) -> bytes:
+    """The encoded :class:`TaskRun` of ``task``, whose Operation has ``processor`` and whose Diagnosis has
+    ``parameters`` (None for a Task no Diagnosis owns). The request is
+    :func:`flows.diagnosis_tasks.request_data` with ``task.uid``: the same for a Task that carries its
+    Diagnosis's parameters itself (an older controller's) as for one that does not."""
+    request = {**request_data(parameters or {}, task.spec.parameters), "task.uid": task.metadata.uid}
     run = TaskRun(
         namespace=task.metadata.namespace,
         name=task.metadata.name,

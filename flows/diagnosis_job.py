@@ -3,9 +3,10 @@
 Route ``diagnosis.kubediag.org/v1/task/<task>/nodes/<node>``, the RunAction's job UID is the Task's
 uid, and its flow has one action, :data:`RUN`, which runs the Operation's processor on the Task's
 request data. The RunAction's spec is a :class:`TaskRun`: the processor as the hub read it from the
-Operation when it dispatched the Task, the request data (``spec.parameters`` plus ``task.uid``,
-which only exists once the Task does), and the Task's namespace, which the route cannot carry. A
-report's ``extend`` is the results, a JSON object of strings.
+Operation when it dispatched the Task, the request data (its Diagnosis's parameters, then the
+Task's ``spec.parameters``, plus ``task.uid``, which only exists once the Task does), and the
+Task's namespace, which the route cannot carry. A report's ``extend`` is the results, a JSON object
+of strings.
 
 Both directions are bounded so that nothing is stuck on a link that cannot carry it: a request over
 :data:`MAX_REQUEST_BYTES` is not sent (the Task fails with ``RequestTooLarge``), and results over
@@ -62,7 +63,7 @@ class TaskRun(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     operation: str
     processor: Processor
     request: dict[str, str] = {}
-    """The Task's ``spec.parameters`` and ``task.uid``: what the processor receives."""
+    """The Diagnosis's parameters, the Task's ``spec.parameters`` and ``task.uid``: what the processor receives."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,7 +29,10 @@ the Task itself on to the next stages' Tasks on the same node.
 
 The run fails with ``OperationSetChanged`` when the OperationSet's graph no longer has the hash
 stamped on the Diagnosis when it started, ``OperationSetNotFound`` or ``OperationSetNotReady``
-when there is none or it cannot run, and with ``NoTargets`` when its targets select no node.
+when there is none or it cannot run, with ``NoTargets`` when its targets select no node, and
+before any Task with ``TooManyTargets`` or ``ParametersTooLarge`` when it has more targets or
+parameters than a Diagnosis may (what the webhook refuses; checked again here for one stored while
+the webhook was away).
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ from nodetask.clock import format_time, parse_time
 from nodetask.flow import UnknownActionError
 from nodetask.phases import ConditionStatus
 from schemas.diagnosis import (
+    MAX_PARAMETERS_BYTES,
     Checkpoint,
     Condition,
     Diagnosis,
@@ -77,6 +81,7 @@ from schemas.diagnosis import (
     StagePolicy,
     Task,
     TaskPhase,
+    parameters_bytes,
 )
 
 __all__ = [
@@ -89,6 +94,7 @@ __all__ = [
     "advance",
     "awaiting_operation_set",
     "fail_too_large",
+    "parameters_problem",
     "progress_only",
     "start",
 ]
@@ -106,6 +112,8 @@ FINAL_PHASES: Final = frozenset((DiagnosisPhase.SUCCEEDED, DiagnosisPhase.FAILED
 ACCEPTED: Final = DiagnosisConditionType.ACCEPTED.value
 COMPLETE: Final = DiagnosisConditionType.COMPLETE.value
 NO_TARGETS: Final = "NoTargets"
+TOO_MANY_TARGETS: Final = "TooManyTargets"
+PARAMETERS_TOO_LARGE: Final = "ParametersTooLarge"
 ALL_PATHS_FAILED: Final = "AllPathsFailed"
 INVALID_CHECKPOINT: Final = "InvalidCheckpoint"
 _KUBEDIAG_CONDITIONS: Final = frozenset(
@@ -176,21 +184,25 @@ def awaiting_operation_set(diagnosis: Diagnosis, world: World) -> datetime | Non
     return until if world.now < until else None
 
 
+def parameters_problem(diagnosis: Diagnosis) -> str | None:
+    """Why a Diagnosis's parameters keep it from running (more than the webhook admits), or None."""
+    size = parameters_bytes(diagnosis.spec.parameters)
+    if size <= MAX_PARAMETERS_BYTES:
+        return None
+    return f"spec.parameters take {size} bytes as JSON, more than the {MAX_PARAMETERS_BYTES} a Diagnosis's may"
+
+
 def start(diagnosis: Diagnosis, world: World, targets: Resolution) -> Step:
     """The first step of a new Diagnosis: Running on the resolved targets, or Failed saying why."""
     problem = _pipeline_problem(diagnosis, world.pipeline)
     if problem is not None:
         return _finish(diagnosis, diagnosis.status, DiagnosisPhase.FAILED, *problem, now=world.now)
+    too_large = parameters_problem(diagnosis)
+    if too_large is not None:
+        return _refuse(diagnosis, PARAMETERS_TOO_LARGE, too_large, now=world.now)
     if not targets.nodes:
-        refused = Condition(
-            type=ACCEPTED, status=ConditionStatus.FALSE, reason=NO_TARGETS, message=targets.empty_reason
-        )
-        base = msgspec.structs.replace(
-            diagnosis.status,
-            start_time=format_time(world.now),
-            conditions=set_condition(diagnosis.status.conditions, refused, world.now),
-        )
-        return _finish(diagnosis, base, DiagnosisPhase.FAILED, NO_TARGETS, targets.empty_reason, now=world.now)
+        reason = TOO_MANY_TARGETS if targets.too_many else NO_TARGETS
+        return _refuse(diagnosis, reason, targets.empty_reason, now=world.now)
     assert isinstance(world.pipeline, Pipeline)
     count = len(targets.nodes)
     message = f"{count} target node{'' if count == 1 else 's'}"
@@ -216,14 +228,19 @@ def start(diagnosis: Diagnosis, world: World, targets: Resolution) -> Step:
     started = _stamped(diagnosis, step)
     too_large = _start_too_large(started, world.pipeline, world.object_limit)
     if too_large is not None:
-        refused = Condition(type=ACCEPTED, status=ConditionStatus.FALSE, reason=STATUS_TOO_LARGE, message=too_large)
-        base = msgspec.structs.replace(
-            diagnosis.status,
-            start_time=format_time(world.now),
-            conditions=set_condition(diagnosis.status.conditions, refused, world.now),
-        )
-        return _finish(diagnosis, base, DiagnosisPhase.FAILED, STATUS_TOO_LARGE, too_large, now=world.now)
+        return _refuse(diagnosis, STATUS_TOO_LARGE, too_large, now=world.now)
     return step
+
+
+def _refuse(diagnosis: Diagnosis, reason: str, message: str, *, now: datetime) -> Step:
+    """A new Diagnosis that cannot run: Accepted False and Failed, both with ``reason`` and ``message``."""
+    refused = Condition(type=ACCEPTED, status=ConditionStatus.FALSE, reason=reason, message=message)
+    base = msgspec.structs.replace(
+        diagnosis.status,
+        start_time=format_time(now),
+        conditions=set_condition(diagnosis.status.conditions, refused, now),
+    )
+    return _finish(diagnosis, base, DiagnosisPhase.FAILED, reason, message, now=now)
 
 
 def _stamped(diagnosis: Diagnosis, step: Step) -> Diagnosis:

@@ -13,10 +13,14 @@ the Diagnosis) and the finalizer :data:`TASK_FINALIZER`, which the controller re
 the Diagnosis is gone or being deleted: a Task cannot be deleted while its Diagnosis exists (the
 design's rule, which KubeDiag's code does not follow).
 
-Request data (``spec.parameters``), what a processor receives, in this order, a later key
-replacing an earlier one:
+Request data, what a processor receives, in this order, a later key replacing an earlier one
+(:func:`request_data`):
 
-1. the Diagnosis's ``spec.parameters``;
+1. the Diagnosis's ``spec.parameters``, which the hub reads from the Diagnosis when it sends the
+   Task (the Task's ownerReference names it). They are not copied into the Task: a Diagnosis's
+   parameters times its nodes times its stages would be that many copies in etcd and in the memory
+   of the controller and of every hub; a Task created by an older controller has them in its own
+   ``spec.parameters`` too, which changes nothing (the same values, applied again);
 2. the results of the stages already passed on the Task's path, on the same node, each key
    ``k`` of a result of operation ``op`` as ``<op>.<k>`` (a node whose Task failed in a stage
    that passed under ``stagePolicy: Any`` contributes nothing for it; an operation that occurs
@@ -26,6 +30,8 @@ replacing an earlier one:
 3. the telemetry keys ``task.name``, ``task.namespace``, ``node``, and for a target reached through
    a pod ``pod.namespace``, ``pod.name`` and ``container``. ``task.uid`` is not known before the
    Task exists: the hub adds it when it dispatches the Task.
+
+A Task's ``spec.parameters`` are 2 and 3 (:func:`task_parameters`).
 
 KubeDiag HEAD stores results in the Diagnosis's context and never passes them on; its older
 single-node version merged them into one flat map, where two operations' keys collide.
@@ -67,6 +73,7 @@ __all__ = [
     "owner_of",
     "request_data",
     "task_name",
+    "task_parameters",
     "timed_out",
 ]
 
@@ -98,7 +105,12 @@ def owner_of(task: Task) -> OwnerReference | None:
     )
 
 
-def request_data(
+def request_data(diagnosis_parameters: Mapping[str, str], task_parameters: Mapping[str, str]) -> dict[str, str]:
+    """What a Task's processor receives (``task.uid`` apart): its Diagnosis's parameters, then its own."""
+    return {**diagnosis_parameters, **task_parameters}
+
+
+def task_parameters(
     diagnosis: Diagnosis,
     plan: PathFlow,
     *,
@@ -108,12 +120,13 @@ def request_data(
     pod: PodReference | None,
     results: Mapping[str, Mapping[str, str]] | None = None,
 ) -> dict[str, str]:
-    """The ``spec.parameters`` of the Task of stage ``node_index`` of path ``path_index`` on ``node``.
+    """The ``spec.parameters`` of the Task of stage ``node_index`` of path ``path_index`` on ``node``: what
+    it adds to the Diagnosis's parameters (the earlier stages' results, the telemetry keys).
 
     ``results`` are the succeeded Tasks' results by Task name; a Task not in it is looked up in the
     Diagnosis's ``status.context.operations`` (see the module docstring).
     """
-    data = dict(diagnosis.spec.parameters)
+    data: dict[str, str] = {}
     context = diagnosis.status.context
     operations = context.operations if context is not None else {}
     for depth in range(node_index):
@@ -144,8 +157,8 @@ def new_task(
     pod: PodReference | None,
     results: Mapping[str, Mapping[str, str]] | None = None,
 ) -> Task:
-    """The Task to create for a stage on ``node``: owned by ``diagnosis``, kept by its finalizer; its request
-    data is :func:`request_data`'s."""
+    """The Task to create for a stage on ``node``: owned by ``diagnosis``, kept by its finalizer; its
+    ``spec.parameters`` are :func:`task_parameters`'s."""
     meta = diagnosis.metadata
     stage = plan.stage(plan.action_at(path_index, node_index))
     owner = OwnerReference(api_version=API_VERSION, kind="Diagnosis", name=meta.name, uid=meta.uid, controller=True)
@@ -161,7 +174,7 @@ def new_task(
             operation=stage.operation,
             node_name=node,
             pod_reference=pod,
-            parameters=request_data(
+            parameters=task_parameters(
                 diagnosis, plan, path_index=path_index, node_index=node_index, node=node, pod=pod, results=results
             ),
         ),

@@ -135,6 +135,12 @@ class ControllerConfig(_Config, frozen=True, kw_only=True):
     tolerations (``roles.controller.autonomy``): a change of the annotation within that time is held,
     and the value it has when the time is up is applied. Whoever may patch the Node chooses the
     duration; each change costs a patch of every bound Pod, so this bounds what flapping it costs."""
+    diagnosis_max_targets: Annotated[int, msgspec.Meta(ge=1)] = 5000
+    """Target nodes a Diagnosis may have: each is a Task per stage. The webhook refuses a Diagnosis
+    listing more node names or pod references; one whose selector matches more nodes (or stored while
+    the webhook was away) fails with ``TooManyTargets``, creating no Task. (The default is
+    ``schemas.diagnosis.DEFAULT_MAX_TARGETS``, written out: the edge's launcher loads this module and
+    no API types.)"""
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -26,6 +26,19 @@ API_VERSION: Final = f"{GROUP}/{VERSION}"
 TELEMETRY_KEYS: Final = ("task.name", "task.namespace", "task.uid", "node", "pod.namespace", "pod.name", "container")
 """Request keys nodetaskd sets for every task (KubeDiag's), so a Diagnosis parameter may not use them."""
 
+MAX_PARAMETERS_BYTES: Final = 64 * 1024
+"""The most a Diagnosis's ``spec.parameters`` may take as JSON. Every Task of the Diagnosis gets them
+(the hub reads them from the Diagnosis when it sends a Task), and its status keeps a copy."""
+DEFAULT_MAX_TARGETS: Final = 5000
+"""How many target nodes (or pod references) a Diagnosis may have unless the controller's
+``diagnosisMaxTargets`` says otherwise: each is a Task per stage."""
+
+
+def parameters_bytes(parameters: object) -> int:
+    """The size of ``parameters`` (a Diagnosis's ``spec.parameters``, or any JSON value) as JSON."""
+    return len(msgspec.json.encode(parameters))
+
+
 Seconds = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1, extra_json_schema={"format": "int32"})]
 
 
@@ -237,6 +250,18 @@ class Diagnosis(ApiStruct, frozen=True, kw_only=True):
     metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
     spec: DiagnosisSpec
     status: DiagnosisStatus = msgspec.field(default_factory=DiagnosisStatus)
+
+
+class ParametersSpec(ApiStruct, frozen=True):
+    parameters: dict[str, str] = {}
+
+
+class DiagnosisParameters(ApiStruct, frozen=True, kw_only=True):
+    """A Diagnosis read for its parameters only, what a hub needs to send its Tasks: the rest of it (its
+    status above all, which may hold thousands of node names and results) is skipped while decoding."""
+
+    metadata: ObjectMeta = msgspec.field(default_factory=ObjectMeta)
+    spec: ParametersSpec = msgspec.field(default_factory=ParametersSpec)
 
 
 # ---------------------------------------------------------------------------------------------- Task

@@ -12,6 +12,14 @@ needs exactly one kind of target, a ``function`` processor is refused saying why
 names its port (nodetaskd's agent serves no processors of its own), a builtin processor must exist,
 parameters may not shadow the keys every Task gets, and the spec of a Diagnosis or Task is immutable
 (a run resumes from its checkpoint over the same OperationSet and targets).
+
+What one Diagnosis may ask of the cluster is bounded, since whoever may create one in a namespace
+chooses it: its parameters take at most :data:`~schemas.diagnosis.MAX_PARAMETERS_BYTES` as JSON,
+it lists at most ``max_targets`` node names or pod references (the controller's
+``diagnosisMaxTargets``; a selector's nodes are counted by the controller), and its pod references
+name pods of its own namespace only, as its pod selector selects there: a Diagnosis must not learn
+whether a pod of another namespace exists, nor its node. The controller applies the same rules to
+a Diagnosis stored while the webhook was away.
 """
 
 from __future__ import annotations
@@ -24,7 +32,14 @@ import msgspec
 
 from nodetask.names import is_object_name
 from schemas import diagnosis_graph
-from schemas.diagnosis import TELEMETRY_KEYS, AdjacencyNode, StagePolicy
+from schemas.diagnosis import (
+    DEFAULT_MAX_TARGETS,
+    MAX_PARAMETERS_BYTES,
+    TELEMETRY_KEYS,
+    AdjacencyNode,
+    StagePolicy,
+    parameters_bytes,
+)
 from schemas.diagnosis_kinds import DIAGNOSIS, DIAGNOSIS_TASK, OPERATION, OPERATION_SET, DiagnosisKind
 from schemas.manifest import ManifestError, diagnosis_kind_of
 from schemas.processors import BUILTIN_PROCESSORS, DEFAULT_TIMEOUT_SECONDS
@@ -171,7 +186,8 @@ def _check_operation_set(c: Checker, spec: Mapping[str, Any]) -> None:
         c.fail(problem.path(path), problem.message)
 
 
-def _check_pod_reference(c: Checker, ref: object, path: str) -> None:
+def _check_pod_reference(c: Checker, ref: object, path: str, *, namespace: str | None = None) -> None:
+    """A pod reference; with ``namespace`` (a Diagnosis's), one to a pod of that namespace only."""
     if not isinstance(ref, dict):
         c.fail(path, f"must be an object with namespace and name, got {json_type(ref)}")
         return
@@ -180,9 +196,25 @@ def _check_pod_reference(c: Checker, ref: object, path: str) -> None:
         if ref.get(key) is None or value == "":
             c.fail(f"{path}.{key}", "is required")
     c.typed(ref, "container", path, str, "a string")
+    pod_namespace = ref.get("namespace")
+    if namespace is not None and isinstance(pod_namespace, str) and pod_namespace and pod_namespace != namespace:
+        c.fail(
+            f"{path}.namespace",
+            f"must be the Diagnosis's own namespace {namespace!r}, got {pod_namespace!r}:"
+            " a Diagnosis targets pods of its namespace only",
+        )
 
 
-def _check_targets(c: Checker, spec: Mapping[str, Any]) -> None:
+def _check_listed(c: Checker, items: list[Any], path: str, *, pods: bool, namespace: str) -> None:
+    """Listed targets: pod references (of ``namespace`` only), or node names."""
+    for i, item in enumerate(items):
+        if pods:
+            _check_pod_reference(c, item, f"{path}[{i}]", namespace=namespace)
+        elif not isinstance(item, str) or not item:
+            c.fail(f"{path}[{i}]", f"must be a non-empty node name, got {item!r}")
+
+
+def _check_targets(c: Checker, spec: Mapping[str, Any], *, namespace: str, max_targets: int) -> None:
     path = "spec.targetSelector"
     selector = c.typed(spec, "targetSelector", "spec", dict, "an object")
     if selector is None:
@@ -200,11 +232,10 @@ def _check_targets(c: Checker, spec: Mapping[str, Any]) -> None:
             if value is None or value == []:
                 continue
             spelled.append(key)
-            for i, item in enumerate(value if isinstance(value, list) else ()):
-                if design_key == "targetPodNames":
-                    _check_pod_reference(c, item, f"{path}.{key}[{i}]")
-                elif not isinstance(item, str) or not item:
-                    c.fail(f"{path}.{key}[{i}]", f"must be a non-empty node name, got {item!r}")
+            if isinstance(value, list):
+                _check_listed(c, value, f"{path}.{key}", pods=design_key == "targetPodNames", namespace=namespace)
+                if len(value) > max_targets:
+                    c.fail(f"{path}.{key}", f"lists {len(value)} targets; a Diagnosis may have at most {max_targets}")
         if len(spelled) == 2:
             c.fail(f"{path}.{design_key}", f"and {head_key} are two spellings of one target; set only one")
         chosen.extend(spelled[:1])
@@ -216,9 +247,13 @@ def _check_targets(c: Checker, spec: Mapping[str, Any]) -> None:
         c.fail(path, f"must {_ONE_TARGET}, got {', '.join(chosen)}")
 
 
-def _check_diagnosis(c: Checker, spec: Mapping[str, Any]) -> None:
+def _check_diagnosis(c: Checker, spec: Mapping[str, Any], *, namespace: str, max_targets: int) -> None:
     _check_name(c, spec, "operationSet", "spec", "OperationSet")
-    for key in _check_strings(c, spec, "parameters", "spec"):
+    parameters = _check_strings(c, spec, "parameters", "spec")
+    size = parameters_bytes(parameters)
+    if size > MAX_PARAMETERS_BYTES:
+        c.fail("spec.parameters", f"take {size} bytes as JSON; a Diagnosis's may take at most {MAX_PARAMETERS_BYTES}")
+    for key in parameters:
         if key in TELEMETRY_KEYS:
             c.fail(
                 f"spec.parameters[{key!r}]",
@@ -227,7 +262,7 @@ def _check_diagnosis(c: Checker, spec: Mapping[str, Any]) -> None:
     for removed, instead in (("nodeName", "nodeNames"), ("podReference", "podReferences")):
         if spec.get(removed) is not None:
             c.fail(f"spec.{removed}", f"is KubeDiag's removed single-target field; use spec.targetSelector.{instead}")
-    _check_targets(c, spec)
+    _check_targets(c, spec, namespace=namespace, max_targets=max_targets)
     policy = c.typed(spec, "stagePolicy", "spec", str, "a string")
     if policy is not None and policy not in tuple(StagePolicy):
         c.fail(
@@ -250,9 +285,10 @@ def _check_task(c: Checker, spec: Mapping[str, Any]) -> None:
 _CHECKS: Final = {
     OPERATION.kind: _check_operation,
     OPERATION_SET.kind: _check_operation_set,
-    DIAGNOSIS.kind: _check_diagnosis,
     DIAGNOSIS_TASK.kind: _check_task,
 }
+"""The checks of each kind but Diagnosis, whose rules also read its namespace and the target limit."""
+_KINDS: Final = frozenset((*_CHECKS, DIAGNOSIS.kind))
 
 
 def _identify(c: Checker, obj: Mapping[str, Any]) -> DiagnosisKind | None:
@@ -266,7 +302,7 @@ def _identify(c: Checker, obj: Mapping[str, Any]) -> DiagnosisKind | None:
     try:
         return diagnosis_kind_of(api_version, kind)
     except ManifestError as exc:
-        c.fail("apiVersion" if kind in _CHECKS else "kind", str(exc))
+        c.fail("apiVersion" if kind in _KINDS else "kind", str(exc))
         return None
 
 
@@ -282,16 +318,20 @@ def _type_errors(obj: Mapping[str, Any], kind: DiagnosisKind) -> list[FieldError
     return []
 
 
-def validate_create(obj: object) -> tuple[FieldError, ...]:
+def validate_create(
+    obj: object, *, namespace: str = "", max_targets: int = DEFAULT_MAX_TARGETS
+) -> tuple[FieldError, ...]:
     """The broken rules of an Operation, OperationSet, Diagnosis or Task; empty when it is valid.
 
-    At most :data:`~schemas.validation.MAX_ERRORS`, then :data:`~schemas.validation.STOPPED` if there
-    were more. Never raises: any JSON value is a valid input, and garbage yields errors naming its fields.
+    ``namespace``: the request's, for an object whose metadata does not name one yet; ``max_targets``:
+    how many node names or pod references a Diagnosis may list. At most
+    :data:`~schemas.validation.MAX_ERRORS`, then :data:`~schemas.validation.STOPPED` if there were
+    more. Never raises: any JSON value is a valid input, and garbage yields errors naming its fields.
     """
-    return Checker().run(_check_object, obj)
+    return Checker().run(_check_object, obj, namespace, max_targets)
 
 
-def _check_object(c: Checker, obj: object) -> None:
+def _check_object(c: Checker, obj: object, namespace: str, max_targets: int) -> None:
     if not isinstance(obj, dict):
         c.fail("(object)", f"must be an object, got {json_type(obj)}")
         return
@@ -303,19 +343,26 @@ def _check_object(c: Checker, obj: object) -> None:
         if obj.get("spec") is None:
             c.fail("spec", "is required")
         return
-    _CHECKS[kind.kind](c, spec)
+    if kind.kind == DIAGNOSIS.kind:
+        metadata = obj.get("metadata")
+        own = metadata.get("namespace") if isinstance(metadata, dict) else None
+        _check_diagnosis(c, spec, namespace=own if isinstance(own, str) and own else namespace, max_targets=max_targets)
+    else:
+        _CHECKS[kind.kind](c, spec)
     if not c.errors:
         c.errors.extend(_type_errors(obj, kind))
 
 
-def validate_update(new: object, old: object) -> tuple[FieldError, ...]:
+def validate_update(
+    new: object, old: object, *, namespace: str = "", max_targets: int = DEFAULT_MAX_TARGETS
+) -> tuple[FieldError, ...]:
     """The spec of a Diagnosis or Task is immutable; an Operation or OperationSet may change.
 
     A changed OperationSet fails the Diagnoses running it (OperationSetChanged). An unchanged spec is
     not re-validated, so objects admitted under older rules can still be updated (finalizers, status).
     """
     if not isinstance(new, dict) or not isinstance(old, dict):
-        return validate_create(new)
+        return validate_create(new, namespace=namespace, max_targets=max_targets)
     if _defaulted_spec(new) == _defaulted_spec(old):
         return ()
     if new.get("kind") in (DIAGNOSIS.kind, DIAGNOSIS_TASK.kind) and new.get("kind") == old.get("kind"):
@@ -326,7 +373,7 @@ def validate_update(new: object, old: object) -> tuple[FieldError, ...]:
                 "OperationSet, targets and parameters",
             ),
         )
-    return validate_create(new)
+    return validate_create(new, namespace=namespace, max_targets=max_targets)
 
 
 def _defaulted_spec(obj: Mapping[str, Any]) -> object:

@@ -38,6 +38,7 @@ from nodetask.phases import JobPhase, NodeTaskPhase
 from schemas import retry, v1alpha2
 from schemas.access import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_SECONDS
 from schemas.core import RETRY_ANNOTATION
+from schemas.diagnosis import DEFAULT_MAX_TARGETS
 from schemas.kinds import CONFIG_UPDATE_JOB, IMAGE_PRE_PULL_JOB, NODE_UPGRADE_JOB, Kind
 from schemas.manifest import ManifestError, kind_of
 from schemas.meta import parse_tolerance
@@ -136,6 +137,8 @@ class AdmissionPolicy:
     """The edge configuration's type: the typed values must convert to it, as the agent converts them."""
     image_secret_namespaces: tuple[str, ...] = ()
     """Namespaces an ImagePrePullJob's ``imageSecrets`` may name (the hubs read Secrets nowhere else)."""
+    diagnosis_max_targets: int = DEFAULT_MAX_TARGETS
+    """Node names or pod references a Diagnosis may list (the controller's ``diagnosisMaxTargets``)."""
 
 
 CLOSED_POLICY: Final = AdmissionPolicy()

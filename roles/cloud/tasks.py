@@ -8,12 +8,13 @@ job UID every report carries; the RunAction's spec names the namespace for the e
 
 Tasks (all namespaces) and Operations are watched. Every Task that has not ended, is not being
 deleted and names a node connected here gets a worker (:meth:`Tasks._work`), with no concurrency
-limit (the controller creates one stage at a time). The worker reads the Task's Operation, sends
+limit (the controller creates one stage at a time). The worker reads the Task's Operation and its
+Diagnosis's parameters (:mod:`roles.cloud.diagnosis_parameters`: a Task does not carry them), sends
 the RunAction on every session of the node until the Task ends (the edge stores a Task once by its
 uid and only acknowledges a repeat), writes ``startTime`` after the first send and Running with
 Accepted when the node acknowledges it. A Task whose Operation does not exist fails with
-OperationNotFound naming it. A Task deleted, or declared Unknown by the controller, while its node
-holds it gets a Cancel.
+OperationNotFound naming it, one whose Diagnosis is gone with DiagnosisNotFound. A Task deleted,
+or declared Unknown by the controller, while its node holds it gets a Cancel.
 
 Reports come through the edge's outbox and are answered only once written (:meth:`Tasks.answer`),
 through one coalescing status writer per Task that has not ended. No write moves a Task out of a
@@ -35,9 +36,11 @@ import structlog
 from flows import diagnosis_dispatch, diagnosis_job
 from flows.diagnosis_dispatch import Recorded, TaskChange, accepted, dispatched, failed, finished, route_of
 from flows.diagnosis_job import RUN
+from flows.diagnosis_tasks import owner_of
 from nodetask.clock import Clock
 from nodetask.messages import Cancel, Error, Report, ReportAck, RunAction
 from roles.cloud.api import TaskApi
+from roles.cloud.diagnosis_parameters import ParameterReader
 from roles.cloud.reports import JOB_GONE, REPORT_REJECTED
 from roles.cloud.sessions import SessionTable
 from roles.cloud.settings import HubSettings
@@ -112,6 +115,7 @@ class Tasks:
         self._open_by_node: dict[str, set[str]] = {}
         self._operations: dict[str, Operation] = {}
         self._gone: OrderedDict[str, None] = OrderedDict()
+        self._parameters = ParameterReader(api, log=log)
         self._tg: anyio.abc.TaskGroup | None = None
         self.synced = anyio.Event()
         """Set once the first lists of Tasks and Operations are taken in."""
@@ -301,7 +305,8 @@ class Tasks:
         scope.cancel()
 
     async def _spec(self, state: TaskState, log: Log) -> msgspec.Raw | None:
-        """The RunAction's spec, or None when the Task failed here instead (no Operation, request too large)."""
+        """The RunAction's spec, or None when the Task failed here instead (no Operation, no Diagnosis,
+        request too large)."""
         task = state.task
         name, uid = task.spec.operation, task.metadata.uid
         operation = self._operations.get(name) or await self._read_operation(name, log)
@@ -317,7 +322,22 @@ class Tasks:
             )
             await self._write_retrying(state, change, log)
             return None
-        raw = diagnosis_dispatch.task_run(task, operation.spec.processor)
+        # The Diagnosis's parameters are read from it (a Task made by hand, with no owner, has only its own).
+        owner = owner_of(task)
+        parameters = None
+        if owner is not None:
+            parameters = await self._parameters.parameters(
+                namespace=task.metadata.namespace, name=owner.name, uid=owner.uid
+            )
+            if parameters is None:
+                log.warning("task_diagnosis_not_found", diagnosis=owner.name)
+                message = f"Diagnosis {owner.name} (uid {owner.uid}) is not found: its parameters cannot be read"
+                change = failed(
+                    uid=uid, reason=diagnosis_dispatch.DIAGNOSIS_NOT_FOUND, message=message, now=self._clock.now()
+                )
+                await self._write_retrying(state, change, log)
+                return None
+        raw = diagnosis_dispatch.task_run(task, operation.spec.processor, parameters)
         if len(raw) > diagnosis_job.MAX_REQUEST_BYTES:
             message = (
                 f"the request data is {len(raw)} bytes as JSON, more than the"

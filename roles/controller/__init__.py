@@ -65,7 +65,9 @@ async def run(cfg: RoleConfig, *, log: Log, config_path: Path | None = None) -> 
             reconciler = Reconciler(
                 kube=kube, clock=Clock.start(), log=log, kinds=kinds, on_reconciled=metrics.observe_reconcile
             )
-            diagnoses = DiagnosisController(kube=kube, clock=Clock.start(), log=log)
+            diagnoses = DiagnosisController(
+                kube=kube, clock=Clock.start(), log=log, max_targets=cfg.diagnosis_max_targets
+            )
             autonomy = AutonomyController(
                 kube=kube, clock=Clock.start(), log=log, binding_interval=cfg.autonomy_binding_interval
             )

@@ -121,6 +121,7 @@ class AdmissionRequest(msgspec.Struct, frozen=True, kw_only=True, rename="camel"
     kind: GroupVersionKind
     operation: _Name
     name: _Name = ""
+    namespace: _Name = ""
     sub_resource: _Name = ""
     object: Any = None
     old_object: Any = None
@@ -179,11 +180,12 @@ def _answer(response: AdmissionResponse) -> Response:
 
 def admission_policy(cfg: ControllerConfig) -> AdmissionPolicy:
     """What the webhook admits beyond the job schemas: the edge configuration's updatable settings, and
-    image secrets from the namespaces ``cfg`` allows."""
+    image secrets from the namespaces ``cfg`` allows, and Diagnoses of at most ``diagnosisMaxTargets`` targets."""
     return AdmissionPolicy(
         updatable_edge_fields=EdgeConfig.UPDATABLE_FIELDS,
         edge_config=EdgeConfig,
         image_secret_namespaces=cfg.image_secret_namespaces,
+        diagnosis_max_targets=cfg.diagnosis_max_targets,
     )
 
 
@@ -276,10 +278,13 @@ def _errors(req: AdmissionRequest, policy: AdmissionPolicy) -> tuple[FieldError,
     if req.sub_resource:
         return ()  # status and other subresources are not the user's to validate
     if req.kind.group == diagnosis.GROUP:
+        namespace, max_targets = req.namespace, policy.diagnosis_max_targets
         if req.operation == "CREATE":
-            return diagnosis_validation.validate_create(req.object)
+            return diagnosis_validation.validate_create(req.object, namespace=namespace, max_targets=max_targets)
         if req.operation == "UPDATE":
-            return diagnosis_validation.validate_update(req.object, req.old_object)
+            return diagnosis_validation.validate_update(
+                req.object, req.old_object, namespace=namespace, max_targets=max_targets
+            )
     elif req.operation == "CREATE":
         return validate_create(req.object, policy=policy)
     elif req.operation == "UPDATE":

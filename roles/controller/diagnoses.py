@@ -1,13 +1,14 @@
-"""The diagnosis controller's I/O shell: watch the four kinds, one serial worker per object, write decisions.
+"""The diagnosis controller's I/O shell: watch the five kinds, one serial worker per object, write decisions.
 
-Operations, OperationSets, Diagnoses and Tasks are watched into caches. A Diagnosis's worker passes
-when the Diagnosis, one of its Tasks, its OperationSet or any Operation changes, or when its next
-deadline comes (a Task's timeout, its TTL); each pass asks :mod:`flows.diagnosis_run` what to do and
-does it, in an order that a crash at any point leaves resumable: metadata (the graph's hash, the
-pods), then the status (written conditionally, re-decided on a fresh copy after a conflict), then
-the Tasks the written status asks for. The controller is the only writer of a Diagnosis's status;
-the hubs write Tasks' status, and the controller writes a Task's only to declare it Unknown, on a
-fresh copy that has no result yet.
+Nodes, Operations, OperationSets, Diagnoses and Tasks are watched into caches (of a Node, only its
+name and labels: a Diagnosis's Tasks are for existing edge Nodes only, :mod:`flows.diagnosis_targets`).
+A Diagnosis's worker passes when the Diagnosis, one of its Tasks, its OperationSet or any Operation
+changes, or when its next deadline comes (a Task's timeout, its TTL); each pass asks
+:mod:`flows.diagnosis_run` what to do and does it, in an order that a crash at any point leaves
+resumable: metadata (the graph's hash, the pods), then the status (written conditionally, re-decided
+on a fresh copy after a conflict), then the Tasks the written status asks for. The controller is the
+only writer of a Diagnosis's status; the hubs write Tasks' status, and the controller writes a
+Task's only to declare it Unknown, on a fresh copy that has no result yet.
 
 Deletion: a Task keeps its finalizer while its Diagnosis exists. Once the Diagnosis is gone (or
 being deleted), its worker takes the finalizer off each Task and deletes it, so deleting a Diagnosis
@@ -39,12 +40,14 @@ from flows.diagnosis_run import (
     advance,
     awaiting_operation_set,
     fail_too_large,
+    parameters_problem,
     progress_only,
     start,
 )
-from flows.diagnosis_targets import Resolution, resolve
+from flows.diagnosis_targets import Resolution, readable, requested, resolve
 from flows.diagnosis_tasks import TASK_FINALIZER, owner_of, timed_out
 from nodetask.clock import Clock, format_time
+from nodetask.names import is_object_name
 from roles.controller.keyed import KeyedWorkers
 from roles.controller.operationsets import reconcile_operation_set, report_undecodable
 from roles.controller.watches import Watch, follow
@@ -55,7 +58,18 @@ from roles.kube.following import mirror_by_name
 from roles.kube.resources import DIAGNOSES, NODES, OPERATION_SETS, OPERATIONS, PODS, TASKS
 from roles.kube.versions import revision
 from schemas.core import Node, Pod
-from schemas.diagnosis import API_VERSION, Diagnosis, DiagnosisPhase, Operation, OperationSet, Targets, Task, TaskPhase
+from schemas.diagnosis import (
+    API_VERSION,
+    DEFAULT_MAX_TARGETS,
+    Diagnosis,
+    DiagnosisPhase,
+    Operation,
+    OperationSet,
+    Targets,
+    Task,
+    TaskPhase,
+)
+from schemas.meta import ObjectMeta
 
 __all__ = ["DiagnosisController"]
 
@@ -72,12 +86,28 @@ def _version(obj: Any) -> int:
     return revision(obj.metadata.resource_version)
 
 
+def _slim(node: Node) -> Node:
+    """What the cache keeps of a Node: its name and labels (whether it is an edge node)."""
+    return Node(metadata=ObjectMeta(name=node.metadata.name, labels=node.metadata.labels))
+
+
 class DiagnosisController:
     """Runs every Diagnosis and keeps every OperationSet's status. Run it with :meth:`run` in a task group."""
 
-    def __init__(self, *, kube: Kube, clock: Clock, log: Log, progress_interval: float = PROGRESS_INTERVAL_S) -> None:
+    def __init__(
+        self,
+        *,
+        kube: Kube,
+        clock: Clock,
+        log: Log,
+        progress_interval: float = PROGRESS_INTERVAL_S,
+        max_targets: int = DEFAULT_MAX_TARGETS,
+    ) -> None:
         self._kube = kube
         self._progress_interval = progress_interval
+        self._max_targets = max_targets
+        self._nodes: dict[str, Node] = {}
+        """Every Node, by name: its name and labels only (whether it exists, and is an edge node)."""
         self._clock = clock
         self._log = log.bind(controller="diagnosis")
         self._operations: dict[str, Operation] = {}
@@ -116,6 +146,7 @@ class DiagnosisController:
             self._runs = KeyedWorkers(tg, self._diagnosis_pass, ready=self._ready, log=self._log, what="diagnosis")
             self._sets = KeyedWorkers(tg, self._set_pass, ready=self._ready, log=self._log, what="operationset")
             watches = (
+                Watch(NODES, self._on_node),
                 Watch(OPERATIONS, self._on_operation),
                 Watch(OPERATION_SETS, self._on_operation_set),
                 Watch(TASKS, self._on_task),
@@ -124,6 +155,15 @@ class DiagnosisController:
             await follow(tg, self._kube, watches, on_invalid=self._report_invalid)
             self._ready.set()
             task_status.started()
+
+    def _on_node(self, event: WatchEvent) -> None:
+        match event:
+            case Relisted(objects=objects):
+                self._nodes = {n.metadata.name: _slim(n) for n in objects}
+            case Upserted(obj=node):
+                self._nodes[node.metadata.name] = _slim(node)
+            case Deleted(obj=node):
+                self._nodes.pop(node.metadata.name, None)
 
     def _on_operation(self, event: WatchEvent) -> None:
         if mirror_by_name(self._operations, event):
@@ -297,7 +337,9 @@ class DiagnosisController:
     async def _start(self, diagnosis: Diagnosis, now: datetime, log: Log) -> Diagnosis | None:
         """Resolve the targets and write the run's start: hash and pods first, then the status."""
         world = self._world(diagnosis, now)
-        resolution = await self._resolve(diagnosis) if isinstance(world.pipeline, Pipeline) else Resolution(())
+        # start() fails a run it cannot start before looking at its targets: nothing to read for it.
+        runnable = isinstance(world.pipeline, Pipeline) and parameters_problem(diagnosis) is None
+        resolution = await self._resolve(diagnosis) if runnable else Resolution(())
         step = start(diagnosis, world, resolution)
         meta = diagnosis.metadata
         labels = {k: v for k, v in step.labels.items() if meta.labels.get(k) != v}
@@ -338,27 +380,58 @@ class DiagnosisController:
         return written
 
     async def _resolve(self, diagnosis: Diagnosis) -> Resolution:
-        """Read what the Diagnosis's one kind of target needs, and resolve it."""
+        """Read what the Diagnosis's one kind of target needs, and resolve it.
+
+        Nothing is read for a Diagnosis listing more targets than it may have; only pods of its own
+        namespace are read, and only Nodes the watch has not shown (made-up names cost a 404 each).
+        """
         namespace = diagnosis.metadata.namespace
         selector = diagnosis.spec.target_selector
         targets = selector.targets() if selector is not None else Targets()
+        limit = self._max_targets
+        if requested(targets) > limit:
+            return resolve(targets, namespace=namespace, max_targets=limit)
         nodes: list[Node] = []
         pods: list[Pod] = []
         # The same precedence as resolve(): only the first kind of target set is read.
         if targets.node_selector is not None:
             nodes, _, _ = await self._kube.list(NODES, label_selector=targets.node_selector.to_query())
         elif targets.node_names:
-            pass
+            nodes = await self._existing(n for n in targets.node_names if is_object_name(n))
         elif targets.pod_selector is not None:
             query = targets.pod_selector.to_query()
             pods, _, _ = await self._kube.list(PODS, label_selector=query, namespace=namespace)
+            nodes = await self._existing(p.spec.node_name for p in pods if is_object_name(p.spec.node_name))
         else:
-            for ref in targets.pod_references:
+            for ref in readable(targets, namespace=namespace):
                 try:
                     pods.append(await self._kube.get(PODS, ref.name, namespace=ref.namespace))
                 except NotFound:
                     continue
-        return resolve(targets, namespace=namespace, nodes=nodes, pods=pods)
+            nodes = await self._existing(p.spec.node_name for p in pods if is_object_name(p.spec.node_name))
+        return resolve(targets, namespace=namespace, nodes=nodes, pods=pods, max_targets=limit)
+
+    async def _existing(self, names: Iterable[str]) -> list[Node]:
+        """The Nodes among ``names`` that exist: from the watch's cache, or read when it has not shown them
+        (a Node created just before the Diagnosis may reach this controller after it)."""
+        found: list[Node] = []
+        missing: list[str] = []
+        for name in dict.fromkeys(names):
+            node = self._nodes.get(name)
+            if node is None:
+                missing.append(name)
+            else:
+                found.append(node)
+
+        async def read(name: str) -> None:
+            with contextlib.suppress(NotFound):
+                found.append(_slim(await self._kube.get(NODES, name)))
+
+        # The client caps the requests in flight.
+        async with anyio.create_task_group() as tg:
+            for name in missing:
+                tg.start_soon(read, name)
+        return found
 
     async def _advance(self, diagnosis: Diagnosis, now: datetime, log: Log) -> float | None:
         meta = diagnosis.metadata

@@ -11,6 +11,10 @@ attempt's start plus the full duration, so the work has stopped before anyone el
 another holder ends the work at once. Every write is conditional on ``resourceVersion``: of two
 instances racing for an expired lease, the second gets a 409 and keeps waiting.
 
+Renewals must not wait behind the controller's other requests: a stage creating or deleting a
+thousand Tasks fills the client's shared slots for seconds. Requests for Leases have slots of their
+own (``roles.kube.resources.LEASES`` is a priority resource), so the Elector shares the client.
+
 :func:`decide` and :func:`claim` are the pure part; :class:`Elector` does the reading and writing.
 """
 

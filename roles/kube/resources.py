@@ -51,6 +51,9 @@ class Resource(Generic[T]):
     watcher that needs whole objects only from the changes."""
     metadata_only: MetadataOnly = MetadataOnly.NEVER
     """Which reads bring only each object's metadata: the types they decode into must need no more."""
+    priority: bool = False
+    """Requests for it never wait behind the client's other requests: they have a few slots of their own
+    (``roles.kube.client``). For the leader Lease, whose renewal must not queue behind bulk work."""
 
     def accept(self, *, collection: bool, snapshot: bool = False) -> str:
         """The ``Accept`` header of a read: of one object or a watch's changes, or of a ``collection`` (a list),
@@ -114,7 +117,7 @@ def job_resource(kind: Kind, version: str = "") -> Resource[Any]:
 NODES: Resource[core.Node] = Resource("v1", "nodes", core.Node)
 SECRETS: Resource[core.Secret] = Resource("v1", "secrets", core.Secret, namespaced=True)
 EVENTS: Resource[core.Event] = Resource("v1", "events", core.Event, namespaced=True)
-LEASES: Resource[core.Lease] = Resource("coordination.k8s.io/v1", "leases", core.Lease, namespaced=True)
+LEASES: Resource[core.Lease] = Resource("coordination.k8s.io/v1", "leases", core.Lease, namespaced=True, priority=True)
 PODS: Resource[core.Pod] = Resource("v1", "pods", core.Pod, namespaced=True)
 NAMESPACES: Resource[core.Namespace] = Resource("v1", "namespaces", core.Namespace)
 
@@ -147,4 +150,8 @@ OPERATION_SETS: Resource[diagnosis.OperationSet] = Resource(
 DIAGNOSES: Resource[diagnosis.Diagnosis] = Resource(
     diagnosis.API_VERSION, "diagnoses", diagnosis.Diagnosis, namespaced=True
 )
+DIAGNOSIS_PARAMETERS: Resource[diagnosis.DiagnosisParameters] = Resource(
+    diagnosis.API_VERSION, "diagnoses", diagnosis.DiagnosisParameters, namespaced=True
+)
+"""Diagnoses read for their parameters only (a hub sending their Tasks)."""
 TASKS: Resource[diagnosis.Task] = Resource(diagnosis.API_VERSION, "tasks", diagnosis.Task, namespaced=True)

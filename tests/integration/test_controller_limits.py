@@ -37,6 +37,8 @@ import msgspec
 import pytest
 import trio
 
+from flows.diagnosis_tasks import DIAGNOSIS_UID_LABEL
+from schemas.core import EDGE_ROLE_LABEL
 from tests.integration.controlplane import ControlPlane
 from tests.integration.objects import unique
 from tools.ports import free_port
@@ -273,3 +275,93 @@ async def test_idle_connections_past_the_caps_are_closed_at_once_and_the_control
         for stream in flood:
             stream.socket.close()
     await controller.check_unharmed()
+
+
+async def test_a_diagnosis_naming_hundreds_of_made_up_nodes_costs_a_task_only_per_edge_node(
+    controller: Controller,
+) -> None:
+    """Someone who may only create Diagnoses in one namespace: 60 KiB of parameters (under the webhook's 64 KiB)
+    and 300 made-up node names beside two edge Nodes. Two Tasks, each small, where each name cost a Task carrying
+    the parameters (150 such names with 600 KiB took etcd from 3 to 223 MB, about 1,400 filled its quota, and
+    the controller and every hub kept them all); 600 KiB of parameters are refused outright (as a dry run). The
+    controller stays under its 512Mi and keeps its Lease; the Diagnosis names the first made-up names."""
+    prefix = unique("fanout")
+    edges = [f"{prefix}-edge-{i}" for i in range(2)]
+    made_up = [f"{prefix}-made-up-{i:03d}" for i in range(300)]
+    operation, operation_set, name = f"{prefix}-probe", f"{prefix}-set", f"{prefix}-diag"
+    processor = {"builtin": {"name": "node.resources"}, "timeoutSeconds": 30}
+    documents: list[dict[str, Any]] = [
+        *(
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": n, "labels": {EDGE_ROLE_LABEL: ""}}}
+            for n in edges
+        ),
+        {"apiVersion": DIAG, "kind": "Operation", "metadata": {"name": operation}, "spec": {"processor": processor}},
+        {
+            "apiVersion": DIAG,
+            "kind": "OperationSet",
+            "metadata": {"name": operation_set},
+            "spec": {"adjacencyList": [{"to": [1]}, {"operation": operation}]},
+        },
+    ]
+
+    def diagnosis(diagnosis_name: str, parameter_bytes: int) -> str:
+        spec = {
+            "operationSet": operation_set,
+            "parameters": {"blob": "b" * parameter_bytes},
+            "targetSelector": {"nodeNames": [*edges, *made_up]},
+        }
+        metadata = {"name": diagnosis_name, "namespace": "default"}
+        return json.dumps({"apiVersion": DIAG, "kind": "Diagnosis", "metadata": metadata, "spec": spec})
+
+    async def stored() -> dict[str, Any]:
+        found = await controller.kubectl("get", "diagnosis", "-n", "default", name, "-o", "json")
+        assert found.returncode == 0, found.stderr
+        obj: dict[str, Any] = json.loads(found.stdout)
+        return obj
+
+    try:
+        made = await controller.kubectl(
+            "create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": documents})
+        )
+        assert made.returncode == 0, made.stderr
+        huge = diagnosis(f"{prefix}-huge", 600 << 10)
+        refused = await controller.kubectl("create", "--dry-run=server", "-f", "-", input=huge)
+        assert DENIED in refused.stderr
+        size = (600 << 10) + len('{"blob":""}')
+        assert f"spec.parameters: take {size} bytes as JSON; a Diagnosis's may take at most 65536" in refused.stderr
+        created = await controller.kubectl("create", "-f", "-", input=diagnosis(name, 60 << 10))
+        assert created.returncode == 0, created.stderr
+        with anyio.fail_after(60):
+            while True:
+                obj = await stored()
+                if obj.get("status", {}).get("nodeNames"):
+                    break
+                await anyio.sleep(0.2)
+        assert obj["status"]["nodeNames"] == edges
+        [accepted] = [c for c in obj["status"]["conditions"] if c["type"] == "Accepted"]
+        assert accepted["message"].startswith(f"2 target nodes; left out: node {made_up[0]} does not exist;")
+        assert accepted["message"].endswith("; and 290 more")
+        selector = f"{DIAGNOSIS_UID_LABEL}={obj['metadata']['uid']}"
+        with anyio.fail_after(60):
+            while True:
+                tasks = await _listed(controller, "tasks", "-n", "default", "-l", selector)
+                if len(tasks) >= len(edges):
+                    break
+                await anyio.sleep(0.2)
+        assert sorted(t["spec"]["nodeName"] for t in tasks) == edges
+        assert max(len(json.dumps(t, separators=(",", ":"))) for t in tasks) < 8 << 10
+        await controller.check_unharmed()
+    finally:
+        with anyio.CancelScope(shield=True):
+            # While the controller runs, which takes the Tasks' finalizers off.
+            await controller.kubectl("delete", "diagnosis", "-n", "default", name, "--ignore-not-found")
+            await controller.kubectl("delete", "operationset", operation_set, "--ignore-not-found")
+            await controller.kubectl("delete", "operation", operation, "--ignore-not-found")
+            await controller.kubectl("delete", "node", *edges, "--ignore-not-found")
+
+
+async def _listed(controller: Controller, *args: str) -> list[dict[str, Any]]:
+    found = await controller.kubectl("get", *args, "-o", "json")
+    assert found.returncode == 0, found.stderr
+    items: list[dict[str, Any]] = json.loads(found.stdout)["items"]
+    return items

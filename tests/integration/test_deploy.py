@@ -155,6 +155,7 @@ ALLOWED = {
         "update tasks.diagnosis.kubediag.org --subresource=status -n default",
         "watch operations.diagnosis.kubediag.org",
         "get operations.diagnosis.kubediag.org",
+        "get diagnoses.diagnosis.kubediag.org -n default",  # a Diagnosis's parameters, for its Tasks
         "watch pods",  # cache streams: one watch per kind, lists by field selector
         "list pods -n default",
         "watch configmaps",
@@ -184,7 +185,8 @@ REFUSED = {
         "update tasks.diagnosis.kubediag.org -n default",  # a Task's status only, never its spec
         "delete tasks.diagnosis.kubediag.org -n default",
         "create tasks.diagnosis.kubediag.org -n default",
-        "get diagnoses.diagnosis.kubediag.org -n default",
+        "list diagnoses.diagnosis.kubediag.org -n default",  # one Diagnosis at a time, by name
+        "update diagnoses.diagnosis.kubediag.org -n default",
         "update operations.diagnosis.kubediag.org --subresource=status",
     ],
 }

@@ -240,7 +240,9 @@ async def test_a_failed_path_falls_back_carrying_results_forward_without_running
 ) -> None:
     """Path [collect, probe] fails because probe answers 500 on one node; path [collect, report] then runs report
     only (collect is shared, and each node posted to it once), each report request holding its own node's
-    collect result; the Tasks show Accepted then Complete or Failed; deleting the Diagnosis removes its Tasks."""
+    collect result and the Diagnosis's parameters (60 KiB of them), which the hub read from the Diagnosis: no
+    Task carries them; the Tasks show Accepted then Complete or Failed; deleting the Diagnosis removes its
+    Tasks."""
     failing: list[str] = []
 
     def answer(path: str, body: dict[str, str]) -> Answer:
@@ -254,7 +256,8 @@ async def test_a_failed_path_falls_back_carrying_results_forward_without_running
     async with scene(crds, tmp_path, Processors(answer)) as s:
         failing.append(s.nodes[0])
         collect, probe, report = await s.operations(["/collect", "/probe", "/report"])
-        diagnosis = await s.diagnosis([[1], [2, 3], [], []], [collect, probe, report], parameters={"target": "x"})
+        parameters = {"target": "x", "blob": "b" * (60 << 10)}
+        diagnosis = await s.diagnosis([[1], [2, 3], [], []], [collect, probe, report], parameters=parameters)
         done = await diagnosis_when(s.kube, diagnosis.metadata.name, finished, limit_s=90)
 
         assert done.status.phase is DiagnosisPhase.SUCCEEDED
@@ -269,6 +272,8 @@ async def test_a_failed_path_falls_back_carrying_results_forward_without_running
             assert sent.body[f"{collect}.token"] == f"tok-{node}"
             assert sent.body["task.uid"] == reported.metadata.uid
             assert (sent.body["target"], sent.body["task.name"]) == ("x", reported.metadata.name)
+            assert sent.body["blob"] == parameters["blob"]
+            assert not set(parameters) & set(reported.spec.parameters)
             assert reported.status.results == {"seen": f"tok-{node}"}
             assert _conditions(reported) == [("Accepted", "TaskStored"), ("Complete", "TaskSucceeded")]
             assert reported.status.start_time

@@ -5,8 +5,10 @@ Each instance is wired as the controller role wires it: an elector, a fresh reco
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -14,6 +16,7 @@ import anyio.abc
 import msgspec
 import pytest
 import structlog
+import trio_asyncio
 from prometheus_client import CollectorRegistry
 
 from nodetask.clock import Clock
@@ -21,8 +24,10 @@ from nodetask.phases import JobPhase, NodeTaskPhase
 from roles.controller.leader import Elector
 from roles.controller.metrics import ControllerMetrics
 from roles.controller.reconciler import Reconciler
-from roles.kube import Kube, open_kube
-from roles.kube.resources import EVENTS, LEASES, NODES, job_resource
+from roles.kube import Kube, NotFound, crossing, open_kube
+from roles.kube.aio import AioApi
+from roles.kube.client import REQUESTS_IN_FLIGHT
+from roles.kube.resources import EVENTS, LEASES, NODES, TASKS, job_resource
 from schemas.core import EDGE_ROLE_LABEL, Node
 from schemas.kinds import IMAGE_PRE_PULL_JOB, KINDS
 from schemas.meta import ObjectMeta
@@ -247,3 +252,65 @@ async def test_released_lease_is_taken_over_at_once(
     assert took_over - stopped < LEASE_S / 2
     held = await second_kube.get(LEASES, lease, namespace=NAMESPACE)
     assert held.spec.lease_transitions == 1
+
+
+@asynccontextmanager
+async def held_task_requests(crds: ControlPlane) -> AsyncIterator[tuple[Kube, anyio.Event, list[str]]]:
+    """A controller-role client whose Task requests wait until the event is set before they go out (an API
+    server slow to answer a stage's creates and deletes), and the paths of those waiting."""
+    release = anyio.Event()
+    waiting: list[str] = []
+    async with trio_asyncio.open_loop() as loop:
+        cross = crossing.bound(loop)
+        api = await cross(AioApi.connect, str(crds.kubeconfig("controller")))
+
+        async def held(fn: Any, *args: Any, **kwargs: Any) -> Any:
+            path = args[1] if len(args) > 1 and isinstance(args[1], str) else ""
+            if "/tasks" in path:
+                waiting.append(path)
+                await release.wait()
+            return await cross(fn, *args, **kwargs)
+
+        try:
+            yield Kube(api, log=LOG, cross=held), release, waiting
+        finally:
+            release.set()
+            with anyio.CancelScope(shield=True):
+                await cross(api.close)
+
+
+async def test_a_lease_is_renewed_while_task_requests_fill_every_shared_slot(
+    crds: ControlPlane, admin_kube: Kube
+) -> None:
+    """Twice as many Task deletes as the client sends at once, none answered for 1.5 lease durations (past the
+    renew deadline): the leader renews its Lease meanwhile and its term goes on (before, renewals queued behind
+    the deletes, the term was cancelled and a new one relisted everything)."""
+    lease = unique("held-lease")
+    async with held_task_requests(crds) as (kube, release, waiting):
+        elector = Elector(
+            kube, name=lease, namespace=NAMESPACE, identity="held", duration=LEASE_S, log=LOG, release=False
+        )
+        worked = anyio.Event()
+
+        async def delete(name: str) -> None:
+            with contextlib.suppress(NotFound):
+                await kube.delete(TASKS, name, namespace="default")
+
+        async with anyio.create_task_group() as tg:
+
+            async def work() -> None:
+                # Leading: now the deletes take every shared slot, for longer than the renew deadline.
+                for i in range(2 * REQUESTS_IN_FLIGHT):
+                    tg.start_soon(delete, f"{lease}-{i}")
+                await until(lambda: len(waiting) == REQUESTS_IN_FLIGHT)
+                await anyio.sleep(1.5 * LEASE_S)
+                worked.set()
+
+            with anyio.fail_after(4 * LEASE_S):
+                await elector.term(work)
+            assert len(waiting) == REQUESTS_IN_FLIGHT  # still stuck: every renewal went past them
+            release.set()
+    assert worked.is_set()
+    held = await admin_kube.get(LEASES, lease, namespace=NAMESPACE)
+    assert held.spec.holder_identity == "held"
+    assert held.spec.renew_time != held.spec.acquire_time

@@ -442,6 +442,27 @@ DIAGNOSIS_REFUSALS = {
         "spec.parameters['node']",
         "is set by nodetaskd for every Task",
     ),
+    "parameters-over-64-kib": Refusal(
+        "Diagnosis",
+        DIAG,
+        {"operationSet": "g", "targetSelector": {"nodeNames": ["a"]}, "parameters": {"p": "x" * (64 << 10)}},
+        "spec.parameters",
+        "take 65544 bytes as JSON; a Diagnosis's may take at most 65536",
+    ),
+    "too-many-node-names": Refusal(
+        "Diagnosis",
+        DIAG,
+        {"operationSet": "g", "targetSelector": {"nodeNames": [f"n{i}" for i in range(5001)]}},
+        "spec.targetSelector.nodeNames",
+        "lists 5001 targets; a Diagnosis may have at most 5000",
+    ),
+    "pod-of-another-namespace": Refusal(
+        "Diagnosis",
+        DIAG,
+        {"operationSet": "g", "targetSelector": {"podReferences": [{"namespace": "kube-system", "name": "p"}]}},
+        "spec.targetSelector.podReferences[0].namespace",
+        "must be the Diagnosis's own namespace 'default', got 'kube-system'",
+    ),
     "task-without-node": Refusal("Task", DIAG, {"operation": "collect"}, "spec.nodeName", "is required"),
 }
 

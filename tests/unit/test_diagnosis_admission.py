@@ -18,6 +18,7 @@ from roles.controller.admission import (
     webhook_configurations,
 )
 from roles.http import Request, router
+from schemas.diagnosis import DEFAULT_MAX_TARGETS
 
 V1 = "diagnosis.kubediag.org/v1"
 
@@ -35,9 +36,15 @@ def _review(operation: str, obj: dict[str, Any], old: object = None, **extra: An
     return msgspec.json.encode({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request})
 
 
-async def _answer(path: str, body: bytes, registry: prometheus_client.CollectorRegistry | None = None) -> Any:
+async def _answer(
+    path: str,
+    body: bytes,
+    registry: prometheus_client.CollectorRegistry | None = None,
+    *,
+    config: ControllerConfig | None = None,
+) -> Any:
     routes = admission_routes(
-        policy=admission_policy(ControllerConfig()),
+        policy=admission_policy(config or ControllerConfig()),
         registry=registry or prometheus_client.CollectorRegistry(),
         log=structlog.get_logger(),
     )
@@ -60,6 +67,32 @@ async def test_diagnosis_objects_are_validated_by_the_diagnosis_rules() -> None:
     labels = {"webhook": "validating", "kind": "Diagnosis", "allowed": "false"}
     assert registry.get_sample_value("nodetaskd_controller_admission_decisions_total", labels) == 1.0
     assert (await _answer(VALIDATE_PATH, _review("CREATE", _diagnosis())))["allowed"] is True
+
+
+async def test_a_diagnosis_is_checked_against_the_controllers_target_limit_and_the_requests_namespace() -> None:
+    """``diagnosisMaxTargets`` bounds the node names a Diagnosis lists; a pod reference must name the
+    request's namespace when the object does not name one yet (the API server fills it in after admission)."""
+    three = _diagnosis(targetSelector={"nodeNames": ["a", "b", "c"]})
+    config = ControllerConfig(diagnosis_max_targets=2)
+    answer = await _answer(VALIDATE_PATH, _review("CREATE", three), config=config)
+    assert answer["allowed"] is False
+    assert answer["status"]["message"] == (
+        "spec.targetSelector.nodeNames: lists 3 targets; a Diagnosis may have at most 2"
+    )
+    assert (await _answer(VALIDATE_PATH, _review("CREATE", three)))["allowed"] is True
+    elsewhere = _diagnosis(targetSelector={"podReferences": [{"namespace": "kube-system", "name": "p"}]})
+    del elsewhere["metadata"]["namespace"]
+    answer = await _answer(VALIDATE_PATH, _review("CREATE", elsewhere, namespace="n"))
+    assert answer["allowed"] is False
+    assert answer["status"]["message"].startswith(
+        "spec.targetSelector.podReferences[0].namespace: must be the Diagnosis's own namespace 'n'"
+    )
+    assert (await _answer(VALIDATE_PATH, _review("CREATE", elsewhere, namespace="kube-system")))["allowed"] is True
+
+
+def test_the_controllers_target_limit_defaults_to_the_rules_own() -> None:
+    """diagnosisMaxTargets (written out in roles.config, which the edge's launcher loads) is the rules' default."""
+    assert ControllerConfig().diagnosis_max_targets == DEFAULT_MAX_TARGETS
 
 
 async def test_diagnosis_spec_changes_are_denied_but_status_writes_are_not_checked() -> None:

@@ -63,6 +63,23 @@ def test_the_run_action_carries_the_processor_the_namespace_and_the_request_with
     )
 
 
+@given(RESULTS, RESULTS)
+def test_a_task_gets_its_diagnosis_parameters_from_the_hub_as_one_carrying_them_did(
+    diagnosis_parameters: dict[str, str], own: dict[str, str]
+) -> None:
+    """The request a node gets for a Task that does not carry its Diagnosis's parameters (the hub passes them) is
+    the one it got for a Task an older controller made with them copied in, read either way; the Task's own keys
+    (results, telemetry) win over the Diagnosis's."""
+    processor = Processor(http_server=HTTPServer(address="127.0.0.1", port=8080, path="/x"), timeout_seconds=5)
+    new = msgspec.structs.replace(task(), spec=TaskSpec(operation="collect", node_name="edge-1", parameters=own))
+    old_spec = TaskSpec(operation="collect", node_name="edge-1", parameters={**diagnosis_parameters, **own})
+    old = msgspec.structs.replace(task(), spec=old_spec)
+    sent = task_run(new, processor, diagnosis_parameters)
+    assert sent == task_run(old, processor, diagnosis_parameters) == task_run(old, processor)
+    request = msgspec.json.decode(sent, type=TaskRun).request
+    assert request == {**diagnosis_parameters, **own, "task.uid": UID}
+
+
 def test_an_undecodable_task_spec_fails_the_task_with_the_reason() -> None:
     """A spec that is not a TaskRun gives no spec and a reason naming what is wrong."""
     spec, problem = diagnosis_job.JOB_TYPE.read_spec(b'{"namespace": 1}')

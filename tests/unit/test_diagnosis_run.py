@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 from flows.diagnosis_counted import CountedNodes
 from flows.diagnosis_pipeline import HASH_LABEL, pipeline_of
 from flows.diagnosis_run import FINAL_PHASES, OPERATION_SET_GRACE, World, advance, awaiting_operation_set, start
-from flows.diagnosis_targets import Resolution
+from flows.diagnosis_targets import Resolution, resolve
+from flows.diagnosis_tasks import request_data
 from nodetask.clock import parse_time
-from schemas.diagnosis import DiagnosisPhase, PodReference, StagePolicy, TaskPhase
+from schemas.diagnosis import MAX_PARAMETERS_BYTES, DiagnosisPhase, PodReference, StagePolicy, Targets, TaskPhase
 from schemas.diagnosis_graph import enumerate_paths, problems
 from tests.unit.diagnosis_strategies import dags
 from tests.unit.diagnosis_world import T0, TIMEOUT, Outcome, Run, diagnosis, operation_set, operations
@@ -170,13 +171,14 @@ def test_a_failed_path_falls_back_to_the_next_without_running_the_shared_stage_a
         "b.1.1.op-3",
     ]
     third = next(t for t in run.created if t.spec.operation == "op-3" and t.spec.node_name == "a")
+    # The Diagnosis's parameters stay in the Diagnosis: the hub adds them when it sends the Task.
     assert third.spec.parameters == {
-        "p": "1",
         "op-1.v": "1@a",
         "task.name": third.metadata.name,
         "task.namespace": "ns",
         "node": "a",
     }
+    assert request_data(run.diagnosis.spec.parameters, third.spec.parameters) == {"p": "1", **third.spec.parameters}
     assert status.context is not None
     assert status.context.parameters == {"p": "1"}
     assert status.context.operations["op-3"] == {f"d.0123abcd.{n}.1.1.op-3": {"v": f"3@{n}"} for n in ("a", "b")}
@@ -283,6 +285,29 @@ def test_no_target_fails_with_the_reason_instead_of_running_forever() -> None:
     assert (accepted.status, accepted.reason) == ("False", "NoTargets")
     assert accepted.message == "the node selector 'zone=x' matched no node"
     assert step.labels == {}
+
+
+def test_too_many_targets_or_too_large_parameters_fail_before_any_task() -> None:
+    """A Diagnosis stored while the webhook was away: more targets than allowed fails with TooManyTargets, and
+    parameters over 64 KiB with ParametersTooLarge, each saying why in Accepted and Complete; no Task, no label."""
+    world = World(pipeline=pipeline_of(operation_set(FORK)), operations=operations(4), tasks={}, now=run_now())
+    too_many = resolve(Targets(node_names=("a", "b", "c")), namespace="ns", max_targets=2)
+    step = start(diagnosis(("a", "b", "c")), world, too_many)
+    assert step.status.phase is DiagnosisPhase.FAILED
+    reasons = {c.type: (c.status, c.reason, c.message) for c in step.status.conditions}
+    said = "it lists 3 node names, more than the 2 a Diagnosis may have (the controller's diagnosisMaxTargets)"
+    assert reasons["Accepted"] == ("False", "TooManyTargets", said)
+    assert reasons["Complete"] == ("False", "TooManyTargets", said)
+    assert (step.create, step.labels) == ((), {})
+    large = diagnosis(("a",), parameters={"k": "x" * MAX_PARAMETERS_BYTES})
+    step = start(large, world, Resolution(("a",)))
+    [accepted] = [c for c in step.status.conditions if c.type == "Accepted"]
+    assert (step.status.phase, accepted.reason) == (DiagnosisPhase.FAILED, "ParametersTooLarge")
+    assert accepted.message == (
+        f"spec.parameters take {MAX_PARAMETERS_BYTES + 8} bytes as JSON, more than the {MAX_PARAMETERS_BYTES} a"
+        " Diagnosis's may"
+    )
+    assert (step.create, step.labels) == ((), {})
 
 
 def test_a_stage_whose_operation_is_missing_fails_without_tasks() -> None:

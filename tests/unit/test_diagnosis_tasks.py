@@ -60,6 +60,24 @@ def test_a_new_task_is_owned_by_its_diagnosis_and_kept_by_a_finalizer() -> None:
     assert (task.spec.operation, task.spec.node_name) == ("op-1", "a")
 
 
+PARAMETERS = st.dictionaries(st.text(min_size=1, max_size=20), st.text(max_size=4096), max_size=16)
+
+
+@given(PARAMETERS)
+def test_a_tasks_size_does_not_grow_with_its_diagnosis_parameters(parameters: dict[str, str]) -> None:
+    """Whatever a Diagnosis's parameters, each of its Tasks is the same object as for a Diagnosis without any:
+    they are read from the Diagnosis when the Task is sent, not copied into every Task of every stage."""
+    pipeline = pipeline_of(operation_set([[1], []]))
+    assert isinstance(pipeline, Pipeline)
+    bare = new_task(diagnosis(("a",)), pipeline.plan, path_index=0, node_index=0, node="a", pod=None)
+    task = new_task(
+        diagnosis(("a",), parameters=parameters), pipeline.plan, path_index=0, node_index=0, node="a", pod=None
+    )
+    assert task == bare
+    assert len(msgspec.json.encode(task)) < 1024
+    assert set(task.spec.parameters) == {"task.name", "task.namespace", "node"}
+
+
 def _task(phase: TaskPhase = TaskPhase.NONE, start: str = "") -> Task:
     meta = ObjectMeta(name="t", namespace="ns", creation_timestamp=format_time(T0))
     return Task(

@@ -10,7 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from schemas.diagnosis import Diagnosis, Operation, OperationSet, StagePolicy
+from schemas.diagnosis import (
+    DEFAULT_MAX_TARGETS,
+    MAX_PARAMETERS_BYTES,
+    Diagnosis,
+    Operation,
+    OperationSet,
+    StagePolicy,
+)
 from schemas.diagnosis_graph import MAX_NODES
 from schemas.diagnosis_validation import default_patch, validate_create, validate_update
 from schemas.manifest import decode_diagnosis_object
@@ -213,6 +220,52 @@ def test_rejections_name_the_field(obj: Any, path: str, message: str) -> None:
     """Each broken rule is reported at its field path with a message saying what is wrong."""
     errors = validate_create(obj)
     assert any(e.path == path and message in e.message for e in errors), errors
+
+
+def test_a_diagnosis_has_at_most_64_kib_of_parameters() -> None:
+    """Parameters of 64 KiB as JSON pass; one byte more is refused saying the size and the limit."""
+    empty = len(msgspec.json.encode({"k": ""}))
+    at_limit = diagnosis(parameters={"k": "x" * (MAX_PARAMETERS_BYTES - empty)})
+    assert validate_create(at_limit) == ()
+    over = diagnosis(parameters={"k": "x" * (MAX_PARAMETERS_BYTES - empty + 1)})
+    [error] = validate_create(over)
+    assert (error.path, error.message) == (
+        "spec.parameters",
+        f"take {MAX_PARAMETERS_BYTES + 1} bytes as JSON; a Diagnosis's may take at most {MAX_PARAMETERS_BYTES}",
+    )
+
+
+@pytest.mark.parametrize("key", ["nodeNames", "targetNodeNames", "podReferences", "targetPodNames"])
+def test_a_diagnosis_lists_at_most_max_targets(key: str) -> None:
+    """Up to ``max_targets`` node names or pod references pass, one more is refused naming the count; the
+    default is the controller's default."""
+    item: object = {"namespace": "n", "name": "p"} if "Pod" in key or "pod" in key else "edge"
+    assert validate_create(diagnosis({key: [item] * 3}), max_targets=3) == ()
+    [error] = validate_create(diagnosis({key: [item] * 4}), max_targets=3)
+    assert (error.path, error.message) == (
+        f"spec.targetSelector.{key}",
+        "lists 4 targets; a Diagnosis may have at most 3",
+    )
+    assert validate_create(diagnosis({key: [item] * DEFAULT_MAX_TARGETS})) == ()
+    assert validate_create(diagnosis({key: [item] * (DEFAULT_MAX_TARGETS + 1)})) != ()
+
+
+def test_pod_references_name_pods_of_the_diagnosis_namespace_only() -> None:
+    """A reference to a pod of another namespace is refused (its existence and node are not the Diagnosis's to
+    learn); the namespace is the object's, or the request's when the object does not say yet."""
+    other = diagnosis({"podReferences": [{"namespace": "n", "name": "a"}, {"namespace": "kube-system", "name": "b"}]})
+    [error] = validate_create(other)
+    assert (error.path, error.message) == (
+        "spec.targetSelector.podReferences[1].namespace",
+        "must be the Diagnosis's own namespace 'n', got 'kube-system': a Diagnosis targets pods of its namespace only",
+    )
+    unplaced = copy.deepcopy(other)
+    del unplaced["metadata"]["namespace"]
+    assert [e.path for e in validate_create(unplaced, namespace="n")] == [error.path]
+    assert [e.path for e in validate_create(unplaced, namespace="kube-system")] == [
+        "spec.targetSelector.podReferences[0].namespace"
+    ]
+    assert validate_create(diagnosis({"targetPodNames": [{"namespace": "n", "name": "a"}]})) == ()
 
 
 def test_unreachable_and_unknown_nodes_are_all_reported() -> None:

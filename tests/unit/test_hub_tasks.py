@@ -14,9 +14,11 @@ from flows.diagnosis_job import MAX_REQUEST_BYTES, RUN, TaskRun
 from nodetask.messages import Ack, Cancel, Error, Report, ReportAck, RunAction
 from nodetask.route import Route
 from roles.kube import ApiError, Resource
-from roles.kube.resources import OPERATIONS, TASKS
+from roles.kube.resources import DIAGNOSES, OPERATIONS, TASKS
 from schemas.diagnosis import (
     API_VERSION,
+    Diagnosis,
+    DiagnosisSpec,
     Operation,
     OperationSpec,
     Task,
@@ -24,7 +26,7 @@ from schemas.diagnosis import (
     TaskSpec,
     TaskStatus,
 )
-from schemas.meta import ObjectMeta
+from schemas.meta import ObjectMeta, OwnerReference
 from schemas.processors import HTTPServer, Processor
 from tests.unit.hub_doubles import FakeEdge, MemoryApi, MemoryDoor, edge_nodes, running_hub
 
@@ -238,6 +240,64 @@ async def test_an_operation_the_watch_has_not_shown_yet_is_read_from_the_api_ser
         edge = await connected(door)
         run = await edge.next_of(RunAction)
         assert msgspec.json.decode(run.spec, type=TaskRun).processor == PROCESSOR
+
+
+def owned(name: str, diagnosis: Diagnosis, *, node: str = "n0", **parameters: str) -> Task:
+    """A Task as the controller makes it now: owned by ``diagnosis``, with only its own keys."""
+    meta = diagnosis.metadata
+    owner = OwnerReference(api_version=API_VERSION, kind="Diagnosis", name=meta.name, uid=meta.uid, controller=True)
+    return Task(
+        metadata=ObjectMeta(name=name, namespace=NS, uid=f"uid-{name}", owner_references=(owner,)),
+        spec=TaskSpec(operation="check", node_name=node, parameters={"node": node, **parameters}),
+    )
+
+
+def a_diagnosis(**parameters: str) -> Diagnosis:
+    return Diagnosis(
+        metadata=ObjectMeta(name="d", namespace=NS, uid="uid-d"),
+        spec=DiagnosisSpec(operation_set="g", parameters=parameters),
+    )
+
+
+async def test_a_task_is_sent_with_its_diagnosis_parameters_read_once_for_all_its_tasks(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Tasks that do not carry their Diagnosis's parameters get them in the request, the Task's own keys winning;
+    the two Tasks of one Diagnosis cost one read of it, which decodes its parameters only."""
+    d = a_diagnosis(target="10.0.0.1", mode="full")
+    api = world(owned("t0", d, mode="quick"), owned("t1", d, node="n1"))
+    api.put(DIAGNOSES, d)
+    async with running_hub(api) as (_, door):
+        first, second = await connected(door, "n0"), await connected(door, "n1")
+        runs = [await first.next_of(RunAction), await second.next_of(RunAction)]
+    requests = [msgspec.json.decode(run.spec, type=TaskRun).request for run in runs]
+    assert requests == [
+        {"target": "10.0.0.1", "mode": "quick", "node": "n0", "task.uid": "uid-t0"},
+        {"target": "10.0.0.1", "mode": "full", "node": "n1", "task.uid": "uid-t1"},
+    ]
+    assert api.reads["diagnoses"] == 1
+
+
+async def test_a_task_whose_diagnosis_is_gone_fails_instead_of_being_sent_without_its_parameters(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """No such Diagnosis (or another of the same name, with another uid): no RunAction, the Task is Failed with
+    DiagnosisNotFound naming it."""
+    other = msgspec.structs.replace(a_diagnosis(), metadata=ObjectMeta(name="d", namespace=NS, uid="uid-other"))
+    for present in (None, other):
+        api = world(owned("t", a_diagnosis()))
+        if present is not None:
+            api.put(DIAGNOSES, present)
+        async with running_hub(api) as (_, door):
+            edge = await connected(door)
+            assert await edge.frames_within(5) == []
+            failed = stored(api)
+        assert failed.status.phase is TaskPhase.FAILED
+        [condition] = failed.status.conditions
+        assert (condition.reason, condition.message) == (
+            "DiagnosisNotFound",
+            "Diagnosis d (uid uid-d) is not found: its parameters cannot be read",
+        )
 
 
 async def test_request_data_too_large_for_a_node_fails_the_task_instead_of_being_sent(
