@@ -52,7 +52,7 @@ from bench.waits import deadline
 from flows import imageprepulljob
 from nodetask import messages
 from nodetask.route import Route
-from roles.tls import generate_serving_certificate, server_ssl_context
+from roles.common.tls import generate_serving_certificate, server_ssl_context
 from schemas.v1alpha2 import API_VERSION, ImagePrePullJobSpec, ImagePrePullTemplate
 from tools.ports import free_port
 from tools.processes import terminate
@@ -67,7 +67,7 @@ IMPORT_STEPS: tuple[tuple[str, str], ...] = (
     ("+ trio-websocket", "import trio_websocket"),
     ("+ structlog", "import structlog"),
     ("+ msgspec, sqlite3", "import msgspec, sqlite3"),
-    ("+ the agent (roles.edge.role): an idle agent", "import roles.edge.role, roles.cli"),
+    ("+ the agent (roles.edge.role): an idle agent", "import roles.edge.role, roles.cli.main"),
     ("+ psutil (loaded by the first Check)", "import roles.edge.host"),
     ("+ the registry client (loaded by the first upgrade)", "import roles.edge.artifact"),
     ("+ grpcio and the CRI client (only in the puller's child)", "import roles.edge.runtime.cri"),

@@ -36,9 +36,9 @@ from bench.cluster import edge_token, node_name
 from bench.lean_edge import LeanEdge
 from nodetask.messages import CACHE_CAPABILITY, Heartbeat, Report
 from nodetask.route import Route
-from roles.gc_tuning import tune_gc
-from roles.jobtypes import edge_job_types
-from roles.logs import configure_logging
+from roles.common.gc_tuning import tune_gc
+from roles.common.jobtypes import edge_job_types
+from roles.common.logs import configure_logging
 from schemas import v1alpha2
 from tools.doubles.lightedge import LightEdge
 

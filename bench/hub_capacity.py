@@ -60,7 +60,7 @@ from nodetask.clock import Clock
 from roles.cloud.hub import Hub, HubSettings
 from roles.cloud.ingress import connection_limits
 from roles.cloud.metrics import HubMetrics
-from roles.jobtypes import job_types
+from roles.common.jobtypes import job_types
 from roles.kube import Kube, NotFound, open_kube
 from roles.kube.resources import job_resource
 from schemas.kinds import IMAGE_PRE_PULL_JOB

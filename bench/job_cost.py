@@ -37,8 +37,8 @@ from nodetask.clock import Clock
 from nodetask.phases import JobPhase, NodeTaskPhase
 from roles.cloud.hub import Hub, HubSettings
 from roles.cloud.metrics import HubMetrics
+from roles.common.jobtypes import job_types
 from roles.controller.reconciler import Reconciler
-from roles.jobtypes import job_types
 from roles.kube import ApiError, Kube, NotFound, open_kube
 from roles.kube.resources import job_resource
 from schemas.kinds import IMAGE_PRE_PULL_JOB, KINDS

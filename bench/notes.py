@@ -292,7 +292,7 @@ def _hub_notes(res: dict[str, Any]) -> list[str]:
         "The rest is the cost of a wake-up. A bare trio-websocket server (no hub code) answering pings from",
         "1,000 connections used 150-210 µs of CPU per ping on this machine, 140 µs with CPython's young",
         "generation collected every 20,000 allocations instead of 700 (the cloud role freezes what its startup",
-        "loaded and uses that threshold, `roles/gc_tuning.py`). The same bare test with 500 clients: 236",
+        "loaded and uses that threshold, `roles/common/gc_tuning.py`). The same bare test with 500 clients: 236",
         "µs per TLS ping through trio-websocket over `trio.SSLStream`, 163-228 with wsproto driven by one task",
         "over it, 111 over a non-blocking `ssl.SSLSocket`; wsproto's frame layer then cost 27 µs per received",
         "frame against 3 for the hub's own codec. Hence the hub's layer (53-57 µs per ping at 1,000 and",

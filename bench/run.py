@@ -42,7 +42,7 @@ from bench import (
 )
 from bench.fleet import raise_fd_limit
 from bench.waits import Stalled
-from roles.logs import configure_logging
+from roles.common.logs import configure_logging
 
 RESULTS = cluster.REPO / "docs" / "bench" / "results.json"
 

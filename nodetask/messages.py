@@ -250,7 +250,7 @@ class RunAction(Message, frozen=True, tag="run_action"):
     spec: msgspec.Raw
     """The job's spec as JSON, decoded by the job type on the edge."""
     credentials: dict[str, str] = {}
-    """The string form of :attr:`registry_credentials` (``roles.registry_auth.encode_credentials``), which
+    """The string form of :attr:`registry_credentials` (``roles.common.registry_auth.encode_credentials``), which
     is all that agents without the :data:`TYPED_CREDENTIALS` capability read."""
     credentials_error: str = ""
     """Why the job's ``imageSecrets`` could not be resolved; the edge fails its pulls with it."""

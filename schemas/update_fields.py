@@ -2,7 +2,7 @@
 
 One set of rules for the admission webhook and the edge agent, which refuses the same keys itself
 (a job stored while the webhook was down reaches the agent unchecked). The allowlist itself is the
-edge configuration's (``roles.config.EdgeConfig.UPDATABLE_FIELDS``), passed in by the caller, since
+edge configuration's (``roles.common.config.EdgeConfig.UPDATABLE_FIELDS``), passed in by the caller, since
 the API types cannot import the roles.
 """
 

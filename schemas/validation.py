@@ -132,7 +132,7 @@ class AdmissionPolicy:
     """What this deployment's settings allow beyond the job schemas; the defaults allow nothing."""
 
     updatable_edge_fields: frozenset[str] = frozenset()
-    """``updateFields`` keys a ConfigUpdateJob may set (``roles.config.EdgeConfig.UPDATABLE_FIELDS``)."""
+    """``updateFields`` keys a ConfigUpdateJob may set (``roles.common.config.EdgeConfig.UPDATABLE_FIELDS``)."""
     edge_config: type[Any] | None = None
     """The edge configuration's type: the typed values must convert to it, as the agent converts them."""
     image_secret_namespaces: tuple[str, ...] = ()

@@ -92,7 +92,7 @@ def reported(path: Path, *, pid: int) -> dict[str, int] | None:
 
     None while ``path`` is missing, unreadable or another process's (one that ran before). The file
     is a JSON object of ``pid`` and ``"host:port"`` strings by setting, as the hub writes its
-    ``portsFile`` (:mod:`roles.ports_file`).
+    ``portsFile`` (:mod:`roles.common.ports_file`).
     """
     try:
         content = json.loads(path.read_text())

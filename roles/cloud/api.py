@@ -14,7 +14,7 @@ import anyio.abc
 import msgspec
 from anyio.streams.memory import MemoryObjectSendStream
 
-from roles.events import EventSink
+from roles.common.events import EventSink
 from roles.kube import Invalid, Resource, WatchEvent
 
 __all__ = [

@@ -36,7 +36,7 @@ from nodetask.names import clip
 from nodetask.phases import ConditionStatus
 from roles.cloud.api import NodeStore
 from roles.cloud.metrics import HubMetrics
-from roles.events import EventSink, object_event, record_event
+from roles.common.events import EventSink, object_event, record_event
 from roles.kube import ApiError, Conflict
 from roles.kube.resources import NODES
 from schemas.core import NodeCondition

@@ -34,8 +34,8 @@ from roles.cloud.session_handler import ServeEdge
 from roles.cloud.settings import HubSettings
 from roles.cloud.wire import Wire
 from roles.cloud.ws_server import ServerWebSocket, UpgradeRequest, read_upgrade
-from roles.server_tls import ServerTls, connection_context
-from roles.slots import Slots
+from roles.common.server_tls import ServerTls, connection_context
+from roles.common.slots import Slots
 
 __all__ = ["EDGE_PATH_PREFIX", "WebSocketDoor"]
 
@@ -90,7 +90,7 @@ class WebSocketDoor:
     ) -> None:
         """Listen on ``host:port`` and serve edges with ``serve_edge`` until cancelled; ready with the bound port.
 
-        ``ssl_context`` may be a function (:mod:`roles.server_tls`): each connection's TLS handshake
+        ``ssl_context`` may be a function (:mod:`roles.common.server_tls`): each connection's TLS handshake
         takes the context it returns then, so a reloaded certificate reaches new connections only.
         """
         listeners = await open_listeners(host, port)

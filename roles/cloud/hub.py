@@ -55,8 +55,8 @@ from roles.cloud.session_handler import ServeEdge, SessionHandler
 from roles.cloud.sessions import Session, SessionTable
 from roles.cloud.settings import HubSettings
 from roles.cloud.tasks import Tasks
-from roles.http import Route
-from roles.server_tls import ServerTls
+from roles.common.health import Route
+from roles.common.server_tls import ServerTls
 from schemas import diagnosis
 
 __all__ = ["EdgeDoor", "Hub", "HubSettings"]

@@ -12,9 +12,9 @@ import binascii
 from typing import Any, Final
 
 from roles.cloud.api import ObjectReader
+from roles.common.registry_auth import DockerConfig, RegistryAuth, parse_docker_config_json
 from roles.kube import ApiError, NotFound
 from roles.kube.resources import SECRETS
-from roles.registry_auth import DockerConfig, RegistryAuth, parse_docker_config_json
 
 __all__ = ["DOCKER_CONFIG_KEY", "ImageSecrets"]
 

@@ -24,7 +24,7 @@ from typing import Final, final
 import anyio
 import structlog
 
-from roles.slots import Slots
+from roles.common.slots import Slots
 
 __all__ = [
     "Admission",

@@ -27,13 +27,13 @@ from roles.cloud.runner import JobRunner, run_number
 from roles.cloud.sessions import SessionTable
 from roles.cloud.settings import HubSettings
 from roles.cloud.status_writer import StatusWriter
-from roles.events import job_event, record_event
+from roles.common.events import job_event, record_event
+from roles.common.registry_auth import RegistryAuth
 from roles.kube import ApiError, Deleted, Relisted, Upserted, WatchEvent
 from roles.kube.errors import too_large
 from roles.kube.following import follow
 from roles.kube.resources import job_resource
 from roles.kube.versions import newer
-from roles.registry_auth import RegistryAuth
 from schemas.access import counted
 
 __all__ = ["EVENT_COMPONENT", "RUNNER_HISTORY", "JobState", "Jobs"]

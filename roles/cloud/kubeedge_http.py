@@ -20,7 +20,7 @@ from nodetask.names import clip, object_name_problem
 from roles.cloud.auth import AuthError, TokenBook
 from roles.cloud.metrics import HubMetrics
 from roles.cloud.reports import REPORT_REJECTED, Reports
-from roles.http import Request, Response, Route
+from roles.common.health import Request, Response, Route
 
 __all__ = ["LEGACY_TASK_TYPES", "TaskStatusEndpoint"]
 

@@ -43,8 +43,8 @@ from nodetask.route import Route
 from roles.cloud.changes import ClaimOutcome, awaits_confirmation, claim, full, refuse
 from roles.cloud.sessions import Session, SessionTable
 from roles.cloud.status_writer import StatusWriter
+from roles.common.registry_auth import RegistryAuth, encode_credentials
 from roles.kube import ApiError, NotFound
-from roles.registry_auth import RegistryAuth, encode_credentials
 from schemas import v1alpha2
 from schemas.access import targeting
 

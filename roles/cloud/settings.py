@@ -1,4 +1,4 @@
-"""What the hub needs from the cloud role's configuration (built from it by :func:`roles.cloud.settings_of`)."""
+"""What the hub needs from the cloud role's configuration (built from it by :func:`roles.cloud.role.settings_of`)."""
 
 from __future__ import annotations
 

@@ -37,8 +37,8 @@ from prometheus_client import CollectorRegistry, Counter
 
 from nodetask import nesting
 from nodetask.names import clip
-from roles.config import ControllerConfig, EdgeConfig
-from roles.http import Request, Response, Route
+from roles.common.config import ControllerConfig, EdgeConfig
+from roles.common.health import Request, Response, Route
 from roles.kube import ApiError, Conflict, Kube, NotFound, Resource
 from schemas import diagnosis, diagnosis_validation
 from schemas.diagnosis_kinds import DIAGNOSIS_KINDS, DIAGNOSIS_TASK

@@ -41,9 +41,9 @@ from flows.toleration_binding import (
 )
 from nodetask.clock import Clock
 from nodetask.names import clip
+from roles.common.events import object_event, record_event
 from roles.controller.keyed import KeyedWorkers
 from roles.controller.watches import Watch, follow
-from roles.events import object_event, record_event
 from roles.kube import ApiError, Conflict, Deleted, Invalid, Kube, Relisted, Upserted, WatchEvent
 from roles.kube.resources import NAMESPACES, NODES, PODS
 from roles.kube.versions import revision

@@ -21,7 +21,7 @@ from flows.diagnosis_pipeline import (
     too_large_status,
 )
 from nodetask.clock import format_time
-from roles.events import object_event, record_event
+from roles.common.events import object_event, record_event
 from roles.kube import ApiError, Conflict, Kube
 from roles.kube.errors import too_large
 from roles.kube.resources import OPERATION_SETS

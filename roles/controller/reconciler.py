@@ -23,8 +23,8 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from nodetask.clock import Clock, format_time
 from nodetask.phases import JobPhase
+from roles.common.events import job_event, record_event
 from roles.controller import decide, retry
-from roles.events import job_event, record_event
 from roles.kube import ApiError, Deleted, Invalid, Kube, NotFound, Relisted, Upserted, WatchEvent
 from roles.kube.resources import NODES, Resource, job_resource
 from roles.kube.retrying import Outage

@@ -1,7 +1,7 @@
 """The admission webhooks' HTTPS server: its certificate, followed as its files are rotated, and its registration.
 
 The certificate is the configured files (mounted from a Secret in a cluster) or one generated at
-start. Either way :class:`~roles.cert_reload.ReloadingCertificate` serves what the files hold once
+start. Either way :class:`~roles.common.cert_reload.ReloadingCertificate` serves what the files hold once
 they change, without a restart. The API server checks the webhook's certificate against the
 ``caBundle`` registered with the webhook configurations, so when a rotation brings a new CA (as
 ``nodetaskd certs create --rotate`` does; cert-manager issuers usually keep theirs) the
@@ -25,8 +25,10 @@ import anyio.abc
 import structlog
 from prometheus_client import CollectorRegistry, Counter
 
-from roles.cert_reload import ReloadingCertificate
-from roles.config import ConfigError, ControllerConfig
+from roles.common.cert_reload import ReloadingCertificate
+from roles.common.config import ConfigError, ControllerConfig
+from roles.common.health import router, serve_http
+from roles.common.tls import ServingCertificate, TlsError, generate_serving_certificate, load_serving_certificate
 from roles.controller.admission import (
     MutatingWebhookConfiguration,
     ValidatingWebhookConfiguration,
@@ -35,9 +37,7 @@ from roles.controller.admission import (
     register_webhooks,
     webhook_configurations,
 )
-from roles.http import router, serve_http
 from roles.kube import ApiError, Kube
-from roles.tls import ServingCertificate, TlsError, generate_serving_certificate, load_serving_certificate
 
 __all__ = ["POD_IP_ENV", "serve_webhooks", "serving_certificate", "webhook_host"]
 
@@ -58,7 +58,7 @@ def webhook_host(cfg: ControllerConfig, environ: Mapping[str, str]) -> str:
 def serving_certificate(cfg: ControllerConfig) -> ServingCertificate:
     """The webhook's certificate: the configured files, or a fresh CA and certificate for its URL host.
 
-    Errors: :class:`~roles.config.ConfigError` naming the configured file that cannot be used.
+    Errors: :class:`~roles.common.config.ConfigError` naming the configured file that cannot be used.
     """
     if cfg.tls_cert_file:
         ca = Path(cfg.tls_ca_file) if cfg.tls_ca_file else None
@@ -91,7 +91,7 @@ async def serve_webhooks(
     ready, and registered again whenever the certificate's CA changes. Connections are capped in all and
     per peer; ``refused`` (labelled by port and limit) counts the ones turned away.
 
-    Errors: :class:`~roles.config.ConfigError` for a configured certificate that cannot be used, and
+    Errors: :class:`~roles.common.config.ConfigError` for a configured certificate that cannot be used, and
     what binding the port or the first registration raise; nothing once ready.
     """
     certificate = ReloadingCertificate(serving_certificate(cfg))

@@ -260,7 +260,7 @@ class EdgeAgent:
         if run.registry_credentials or run.credentials or run.credentials_error:
             # Loaded by the first job that carries credentials: the registry rules (image references,
             # Docker config files) are mostly the hub's, and an idle agent needs none of them.
-            from roles.registry_auth import credentials_of  # noqa: PLC0415 (deferred on purpose)
+            from roles.common.registry_auth import credentials_of  # noqa: PLC0415 (deferred on purpose)
 
             credentials = credentials_of(run)
         # The attempt this one replaces forgets its credentials as it ends: only then are these kept.

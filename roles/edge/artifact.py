@@ -11,7 +11,7 @@ The decisions are pure functions (:func:`parse_manifest`, :func:`select_platform
 :class:`roles.edge.registry_client.RegistryClient` (with the bearer-token exchange registries such
 as Docker Hub and GHCR ask for, anonymous: an upgrade has no registry credentials), which the async
 entry points run in worker threads.
-Image references are parsed by :func:`roles.registry_auth.parse_image`, as the pre-pull's are.
+Image references are parsed by :func:`roles.common.registry_auth.parse_image`, as the pre-pull's are.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ from typing import Any, Final
 import anyio.to_thread
 
 from nodetask import nesting
+from roles.common.files import sync_directory
+from roles.common.registry_auth import ImageRef, api_host, parse_image
 from roles.edge import registry_token
 from roles.edge.registry_client import RegistryClient, RegistryError, plain_http
-from roles.files import sync_directory
-from roles.registry_auth import ImageRef, api_host, parse_image
 from schemas.v1alpha2 import ImageDigestGetter
 
 __all__ = [

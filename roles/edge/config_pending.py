@@ -19,7 +19,7 @@ from typing import Final
 
 import msgspec
 
-from roles.files import write_atomically
+from roles.common.files import write_atomically
 
 __all__ = ["MAX_REASON", "Pending", "clear_pending", "pending_path", "read_pending", "restore_after_failed_start"]
 

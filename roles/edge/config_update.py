@@ -29,13 +29,13 @@ import anyio.to_thread
 import msgspec
 
 from nodetask import nesting
-from roles.config import ConfigError, EdgeConfig
+from roles.common.config import ConfigError, EdgeConfig
+from roles.common.files import write_atomically
+from roles.common.restart import RestartRequested
 from roles.edge.config_fields import FieldError, apply_fields
 from roles.edge.config_pending import Pending, clear_pending, pending_path, read_pending
 from roles.edge.context import Outcome, TaskContext, take_exclusive
 from roles.edge.settings import settings_of
-from roles.files import write_atomically
-from roles.restart import RestartRequested
 from schemas.update_fields import key_problem
 
 __all__ = ["back_up", "candidate", "check", "roll_back", "update"]

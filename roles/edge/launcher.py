@@ -6,7 +6,7 @@ The launcher runs from the base installation (the virtualenv or system package),
 installed upgrade, so a broken new version cannot break the code that rolls it back. It starts
 ``python -P -m roles.cli --role=edge`` with ``PYTHONPATH=<dataDir>/current`` when that link exists
 (``-P`` keeps the working directory off ``sys.path``, so ``current`` wins), and tells the agent, via
-:data:`roles.restart.SUPERVISOR_ENV`, to exit with :data:`roles.restart.EXIT_RESTART` instead of
+:data:`roles.common.restart.SUPERVISOR_ENV`, to exit with :data:`roles.common.restart.EXIT_RESTART` instead of
 re-executing itself when it wants a restart. Then:
 
 * exit 75 (a restart was asked for: a config update, or the switch to a new version) starts the
@@ -46,7 +46,9 @@ import structlog
 import trio
 
 from nodetask.backoff import Backoff
-from roles.config import ConfigError, EdgeConfig, load_config
+from roles.common.config import ConfigError, EdgeConfig, load_config
+from roles.common.logs import configure_logging
+from roles.common.restart import SUPERVISOR_ENV
 from roles.edge.config_pending import restore_after_failed_start
 from roles.edge.supervision import (
     DEADLINE_GRACE_S,
@@ -70,8 +72,6 @@ from roles.edge.upgrade_marker import (
     switch_current,
     write_marker,
 )
-from roles.logs import configure_logging
-from roles.restart import SUPERVISOR_ENV
 
 __all__ = ["agent_command", "agent_environment", "main", "supervise"]
 

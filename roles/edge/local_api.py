@@ -17,7 +17,7 @@ the connecting socket (:mod:`roles.edge.local_api_peers`: on loopback every clie
 address), so one user's programs, opening connections or dripping their requests' heads, leave the
 rest to the others. A connection refused at accept is told why by a 503 ``Status`` naming the
 setting; one that sends no request head within 10 s is closed, as is one idle for 30 s
-(:mod:`roles.httpserver`). A query parameter the API server reads as a number is read as it does, and
+(:mod:`roles.common.httpserver`). A query parameter the API server reads as a number is read as it does, and
 anything else, however long, is a 400 naming the parameter.
 
 Import this module only when the local API is on: an agent with it off then loads none of it.
@@ -43,6 +43,8 @@ from nodetask.field_selectors import FieldRequirement, check_fields, field_set, 
 from nodetask.label_requirements import go_int
 from nodetask.label_selectors import Requirement, SelectorError, labels_match, parse_label_selector
 from nodetask.names import clip
+from roles.common.httpserver import DEFAULT_HEADER_TIMEOUT, Request, Response, Send, serve_http
+from roles.common.slots import Refusal
 from roles.edge.cache_view import CacheView, Change, ChangeType, Object, resource_version
 from roles.edge.local_api_paths import (
     Resource,
@@ -54,8 +56,6 @@ from roles.edge.local_api_paths import (
     version_info,
 )
 from roles.edge.local_api_peers import client_name
-from roles.httpserver import DEFAULT_HEADER_TIMEOUT, Request, Response, Send, serve_http
-from roles.slots import Refusal
 
 __all__ = ["LOOPBACK", "LocalApi", "Serving", "refusal_status", "serve_local_api", "watch_event"]
 
@@ -288,7 +288,7 @@ class LocalApi:
         return self._watches
 
     async def handle(self, request: Request) -> Response:
-        """Answer one request (a ``roles.httpserver.Handler``)."""
+        """Answer one request (a ``roles.common.httpserver.Handler``)."""
         target = parse_target(request.path)
         refusal = self._refusal(request, target)
         if refusal is not None:

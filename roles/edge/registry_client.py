@@ -20,8 +20,8 @@ from http.client import HTTPMessage
 from pathlib import Path
 from typing import IO, Any, Final
 
+from roles.common.registry_auth import ImageRef, api_host
 from roles.edge import registry_token
-from roles.registry_auth import ImageRef, api_host
 
 __all__ = ["RegistryClient", "RegistryError", "plain_http", "same_origin"]
 

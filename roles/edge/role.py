@@ -18,14 +18,14 @@ import structlog
 
 from nodetask.clock import Clock
 from nodetask.messages import RegistryAuth
-from roles.config import ConfigError, EdgeConfig, RoleConfig
+from roles.common.config import ConfigError, EdgeConfig, RoleConfig
+from roles.common.jobtypes import edge_job_types
 from roles.edge.actions import AuthFor, PullImages, build_actions
 from roles.edge.agent import EdgeAgent
 from roles.edge.durable_cache import DurableCache
 from roles.edge.processors import ProcessorEnv
 from roles.edge.settings import AgentSettings, settings_of
 from roles.edge.store import StoreError, StoreFault, open_store, quarantine_store
-from roles.jobtypes import edge_job_types
 from schemas.v1alpha2 import ImageStatus
 
 Log = structlog.typing.FilteringBoundLogger

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import msgspec
 
-from roles.config import ConfigError, EdgeConfig
+from roles.common.config import ConfigError, EdgeConfig
 from roles.edge.checks import Thresholds
 
 __all__ = ["AgentSettings", "agent_version", "client_tls", "edge_ssl_context", "settings_of"]

@@ -14,7 +14,7 @@ The rules (the launcher's module docstring tells them from the device's side):
   of the same switch do not extend it);
 * a run on probation that was stopped at its deadline, or the :data:`MAX_FAILED_STARTS`-th exit in
   a row of that switch that was not a restart request, is rolled back;
-* a restart request (:data:`roles.restart.EXIT_RESTART`) relaunches at once and is never a failed
+* a restart request (:data:`roles.common.restart.EXIT_RESTART`) relaunches at once and is never a failed
   start, on probation or not (a config update restoring its backup restarts this way too);
 * off probation, a clean exit or a configuration error ends the launcher with that status, and any
   other exit relaunches after the crash backoff.
@@ -26,8 +26,8 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Final
 
+from roles.common.restart import EXIT_RESTART
 from roles.edge.upgrade_marker import MarkerState, UpgradeMarker
-from roles.restart import EXIT_RESTART
 
 __all__ = [
     "DEADLINE_GRACE_S",

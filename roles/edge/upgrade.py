@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Final
 import anyio.to_thread
 import msgspec
 
-from roles.config import ConfigError, EdgeConfig, load_config
+from roles.common.config import ConfigError, EdgeConfig, load_config
+from roles.common.restart import SUPERVISOR_ENV, RestartRequested
 from roles.edge.context import Outcome, TaskContext
 from roles.edge.upgrade_marker import (
     MarkerState,
@@ -43,7 +44,6 @@ from roles.edge.upgrade_marker import (
     switch_current,
     write_marker,
 )
-from roles.restart import SUPERVISOR_ENV, RestartRequested
 
 if TYPE_CHECKING:
     from roles.edge import artifact

@@ -16,7 +16,7 @@ from typing import Final
 
 import msgspec
 
-from roles.files import link_atomically, write_atomically
+from roles.common.files import link_atomically, write_atomically
 
 __all__ = [
     "CURRENT_LINK",

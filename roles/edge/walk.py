@@ -29,12 +29,12 @@ from flows.jobtype import EdgeJobType, NextStep, next_step, resume_at
 from nodetask.clock import Clock
 from nodetask.messages import Report, Upstream
 from nodetask.route import Route
+from roles.common.restart import RestartRequested
 from roles.edge.context import Actions, Outcome, TaskContext
 from roles.edge.outbox import Outbox
 from roles.edge.settings import AgentSettings
 from roles.edge.store import ActionProgress, EdgeStore, NodeTask, StoreError, TaskState
 from roles.edge.task_limits import Turns, diagnosis_turns
-from roles.restart import RestartRequested
 
 __all__ = ["TaskRunner"]
 

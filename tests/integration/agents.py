@@ -13,13 +13,13 @@ import structlog
 
 from nodetask.clock import Clock
 from nodetask.phases import ConditionStatus
+from roles.common.jobtypes import job_types
+from roles.common.registry_auth import RegistryAuth
 from roles.edge.actions import AuthFor, build_actions
 from roles.edge.agent import EdgeAgent
 from roles.edge.checks import Thresholds
 from roles.edge.settings import AgentSettings
 from roles.edge.store import open_store
-from roles.jobtypes import job_types
-from roles.registry_auth import RegistryAuth
 from schemas.v1alpha2 import ImageStatus
 
 

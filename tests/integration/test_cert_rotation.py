@@ -30,7 +30,7 @@ from cryptography import x509
 
 from nodetask import messages
 from nodetask.messages import Hello, Welcome
-from roles.tls import CA_FILE, CERT_FILE, KEY_FILE
+from roles.common.tls import CA_FILE, CERT_FILE, KEY_FILE
 from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import register_edges
 from tests.integration.objects import kubectl, unique

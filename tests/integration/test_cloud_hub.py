@@ -18,7 +18,7 @@ from nodetask import messages
 from nodetask.messages import PING_CAPABILITY, Error, Heartbeat, Hello, Report, Welcome
 from nodetask.phases import JobPhase, NodeTaskPhase
 from nodetask.route import Route
-from roles.http import router, serve_http
+from roles.common.health import router, serve_http
 from roles.kube import Kube, NotFound
 from roles.kube.resources import EVENTS, NODES, job_resource
 from schemas.core import AGENT_VERSION_ANNOTATION, HUB_ANNOTATION

@@ -13,7 +13,7 @@ import anyio
 import msgspec
 import pytest
 
-from roles.tls import generate_serving_certificate
+from roles.common.tls import generate_serving_certificate
 from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import register_edges
 from tests.integration.hubs import eventually, light_edge, running_edges

@@ -53,7 +53,7 @@ from pathlib import Path
 
 import msgspec
 
-from roles.cli import main
+from roles.cli.main import main
 
 config, token_file, token, under_update = sys.argv[1:]
 updated = msgspec.yaml.decode(Path(config).read_bytes()).get("maxCpuUsage") == 95

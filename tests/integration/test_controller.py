@@ -11,10 +11,10 @@ import msgspec
 import pytest
 import structlog
 
-import roles.controller as controller_role
+import roles.controller.role as controller_role
 from nodetask.clock import Clock
 from nodetask.phases import JobPhase, NodeTaskPhase
-from roles.config import ControllerConfig
+from roles.common.config import ControllerConfig
 from roles.controller import decide
 from roles.controller.reconciler import Reconciler
 from roles.kube import Kube, NotFound

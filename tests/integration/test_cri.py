@@ -15,9 +15,9 @@ import structlog.testing
 import trio
 import trio.testing
 
+from roles.common.registry_auth import RegistryAuth, parse_docker_config_json
 from roles.edge.runtime.cri import CriError, ImageService, open_image_service, pull_images
 from roles.edge.runtime.cri_pb import api_pb2
-from roles.registry_auth import RegistryAuth, parse_docker_config_json
 from schemas.meta import ConditionStatus
 from schemas.v1alpha2 import ImageStatus
 from tools.provision.containerd import Containerd, Registry

@@ -23,10 +23,10 @@ import anyio
 import msgspec
 import pytest
 
-from roles.join import Layout
+from roles.cli.join import Layout
+from roles.common.tls import generate_serving_certificate
 from roles.kube import Kube
 from roles.kube.resources import NODES, SECRETS
-from roles.tls import generate_serving_certificate
 from schemas.core import AGENT_VERSION_ANNOTATION, EDGE_ROLE_LABEL, HUB_ANNOTATION, Node, NodeCondition, NodeStatus
 from schemas.meta import ObjectMeta
 from tests.integration.controlplane import ControlPlane

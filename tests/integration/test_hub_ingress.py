@@ -23,7 +23,7 @@ from nodetask.phases import JobPhase, NodeTaskPhase
 from nodetask.route import Route
 from roles.cloud import edges
 from roles.cloud.hub import Hub
-from roles.http import router, serve_http
+from roles.common.health import router, serve_http
 from roles.kube import Kube, NotFound
 from roles.kube.resources import NODES, SECRETS, job_resource
 from schemas.core import HUB_ANNOTATION, Secret

@@ -25,7 +25,7 @@ from nodetask.link import Frame, LinkClosed
 from nodetask.messages import Hello, Welcome
 from roles.cloud.wire import Wire
 from roles.cloud.ws_server import ServerWebSocket, read_upgrade
-from roles.tls import generate_serving_certificate
+from roles.common.tls import generate_serving_certificate
 from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import register_edges
 from tests.integration.hubs import running_hub

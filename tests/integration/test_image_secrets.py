@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from nodetask.phases import JobPhase
+from roles.common.registry_auth import RegistryAuth
 from roles.edge.actions import AuthFor
 from roles.kube import ApiError, Kube
 from roles.kube.resources import SECRETS, job_resource
-from roles.registry_auth import RegistryAuth
 from schemas.core import Secret
 from schemas.kinds import IMAGE_PRE_PULL_JOB
 from schemas.meta import ObjectMeta

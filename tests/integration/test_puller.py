@@ -16,8 +16,8 @@ import structlog
 import structlog.testing
 
 import roles
+from roles.common.registry_auth import RegistryAuth
 from roles.edge.runtime.puller import CHILD, PullRequest, _child_environment, pull_in_child, request_for
-from roles.registry_auth import RegistryAuth
 from schemas.meta import ConditionStatus
 from schemas.v1alpha2 import ImageStatus
 from tools.provision.containerd import Containerd, Registry

@@ -20,7 +20,9 @@ import pytest
 import structlog
 import trio
 
-from roles.config import ControllerConfig
+from roles.common.config import ControllerConfig
+from roles.common.health import health_routes, router, serve_http
+from roles.common.tls import generate_serving_certificate, server_ssl_context
 from roles.controller.admission import (
     CONFIGURATION_NAME,
     VALIDATING_WEBHOOK_NAME,
@@ -29,9 +31,7 @@ from roles.controller.admission import (
     register_webhooks,
     webhook_configurations,
 )
-from roles.http import health_routes, router, serve_http
 from roles.kube import Kube
-from roles.tls import generate_serving_certificate, server_ssl_context
 from tests.integration.controlplane import ControlPlane
 from tests.integration.objects import unique
 

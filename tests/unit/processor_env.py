@@ -12,7 +12,7 @@ import structlog
 import structlog.testing
 import trio
 
-from roles.config import DiagnosisConfig
+from roles.common.config import DiagnosisConfig
 from roles.edge.processors import ProcessorEnv
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from cryptography import x509
 
-from roles.tls import CA_FILE, CERT_FILE, KEY_FILE, generate_serving_certificate
+from roles.common.tls import CA_FILE, CERT_FILE, KEY_FILE, generate_serving_certificate
 
 
 @dataclass(frozen=True, slots=True)

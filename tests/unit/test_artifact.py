@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from roles.common.registry_auth import parse_image
 from roles.edge import artifact
 from roles.edge.artifact import (
     ArtifactError,
@@ -25,7 +26,6 @@ from roles.edge.artifact import (
 )
 from roles.edge.registry_client import RegistryClient, plain_http, same_origin
 from roles.edge.registry_token import Tokens
-from roles.registry_auth import parse_image
 from schemas.v1alpha2 import ImageDigestGetter
 from tools.provision import upgrade_artifact
 
@@ -211,6 +211,6 @@ def test_the_artifact_tool_builds_a_reproducible_layer_of_this_project(tmp_path:
         artifact._verify_tree(tmp_path, "v0.3.0")
     broken, _ = upgrade_artifact.build_layer("v0.9.0", broken=True)
     with tarfile.open(fileobj=io.BytesIO(broken)) as tar:
-        cli = tar.extractfile("roles/cli.py")
+        cli = tar.extractfile("roles/cli/main.py")
         assert cli is not None
         assert b"raise RuntimeError" in cli.read()

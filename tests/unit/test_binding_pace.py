@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from flows.binding_pace import Pace, paced
 from flows.toleration_binding import Binding
-from roles.config import ControllerConfig
+from roles.common.config import ControllerConfig
 
 INTERVAL = 10.0
 BINDINGS = st.sampled_from([None, Binding(None), Binding(1), Binding(2), Binding(300)])

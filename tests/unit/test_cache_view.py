@@ -9,7 +9,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from hypothesis import given
 from hypothesis import strategies as st
 
-from roles.config import EdgeConfig, LocalApiConfig
+from roles.common.config import EdgeConfig, LocalApiConfig
 from roles.edge.cache_view import Change, ChangeType, MemoryCache, Object
 from schemas.update_fields import key_problem
 

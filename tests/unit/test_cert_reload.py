@@ -14,9 +14,9 @@ import structlog
 from cryptography import x509
 from structlog.testing import capture_logs
 
-from roles.cert_reload import ReloadingCertificate, Stamps, Step, Watch, check_files, loaded, next_step, refused
-from roles.config import ConfigError, load_config
-from roles.tls import CA_FILE, CERT_FILE, KEY_FILE, ServingCertificate, TlsError
+from roles.common.cert_reload import ReloadingCertificate, Stamps, Step, Watch, check_files, loaded, next_step, refused
+from roles.common.config import ConfigError, load_config
+from roles.common.tls import CA_FILE, CERT_FILE, KEY_FILE, ServingCertificate, TlsError
 from tests.unit.secret_volume import Pem, SecretVolume, make_pem
 
 A: Stamps = ((1, 10, 500, 1000), (1, 11, 200, 1000))

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import structlog
 
-from roles.cli import main
+from roles.cli.main import main
 
 
 @pytest.fixture(autouse=True)
@@ -123,7 +123,7 @@ def test_cloud_role_without_the_cloud_extra_names_the_extra_and_the_missing_modu
     """On a base (device) install the cloud roles exit 3 saying which extra to install, instead of a traceback."""
     code = (
         "import sys; sys.modules['kubernetes_asyncio'] = None; "  # as if the cloud extra were not installed
-        f"from roles.cli import main; sys.exit(main(['--role={role}', '--kubeconfig=/nonexistent']))"
+        f"from roles.cli.main import main; sys.exit(main(['--role={role}', '--kubeconfig=/nonexistent']))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 3, done.stderr
@@ -136,7 +136,7 @@ def test_a_missing_module_that_is_not_the_cloud_extras_keeps_its_traceback() -> 
     """Only the cloud extra's modules are explained; any other missing module is a bug and fails loudly."""
     code = (
         "import sys; sys.modules['roles.cloud'] = None; "  # as if the package itself were missing
-        "from roles.cli import main; sys.exit(main(['--role=cloud', '--kubeconfig=/nonexistent']))"
+        "from roles.cli.main import main; sys.exit(main(['--role=cloud', '--kubeconfig=/nonexistent']))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 1, done.stderr

@@ -1,10 +1,10 @@
-"""The garbage-collector settings of a hub and the benchmark fleet (``roles.gc_tuning.tune_gc``)."""
+"""The garbage-collector settings of a hub and the benchmark fleet (``roles.common.gc_tuning.tune_gc``)."""
 
 from __future__ import annotations
 
 import gc
 
-from roles.gc_tuning import GC_YOUNG_THRESHOLD, tune_gc
+from roles.common.gc_tuning import GC_YOUNG_THRESHOLD, tune_gc
 
 
 def test_a_hub_collects_its_young_generation_less_often_and_leaves_startup_objects_alone() -> None:

@@ -11,13 +11,13 @@ import structlog
 import trio
 
 from nodetask.route import Route
-from roles.cli import main
+from roles.cli.main import main
+from roles.common.restart import EXIT_RESTART, SUPERVISOR_ENV, RestartRequested
 from roles.edge import config_pending, config_update
 from roles.edge.checks import Thresholds
 from roles.edge.context import TaskContext
 from roles.edge.launcher import _load
 from roles.edge.store import EdgeStore, open_store
-from roles.restart import EXIT_RESTART, SUPERVISOR_ENV, RestartRequested
 from schemas.v1alpha2 import ConfigUpdateJobSpec
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from roles.config import ConfigError, ControllerConfig, load_config
+from roles.common.config import ConfigError, ControllerConfig, load_config
 from roles.controller.webhook_server import POD_IP_ENV, webhook_host
 
 DEPLOYMENT = Path(__file__).resolve().parents[2] / "containers" / "deploy" / "controller.yaml"

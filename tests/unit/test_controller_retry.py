@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from nodetask.clock import format_time
 from nodetask.phases import ConditionStatus, JobPhase, NodeTaskPhase
+from roles.common.events import event_name
 from roles.controller import decide
 from roles.controller.retry import announced, pending_event, retried
-from roles.events import event_name
 from schemas import v1alpha2
 from schemas.core import AGENT_VERSION_ANNOTATION, EDGE_ROLE_LABEL, RETRY_ANNOTATION, Node, NodeCondition, NodeStatus
 from schemas.kinds import IMAGE_PRE_PULL_JOB, NODE_UPGRADE_JOB

@@ -17,8 +17,8 @@ from rich.pretty import pretty_repr
 
 from nodetask.messages import TYPED_CREDENTIALS, RegistryAuth, RunAction
 from nodetask.phases import NodeTaskPhase
+from roles.common.registry_auth import credentials_of, decode_credentials, encode_credentials
 from roles.kube.resources import SECRETS
-from roles.registry_auth import credentials_of, decode_credentials, encode_credentials
 from schemas.core import Secret
 from schemas.meta import ObjectMeta
 from tests.unit.hub_doubles import PREPULLS, MemoryApi, edge_nodes, prepull_job, running_hub

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from nodetask.phases import ConditionStatus, JobPhase, NodeTaskPhase
-from roles.ctl.follow import WatchState, on_event, on_job, outcome
-from roles.ctl.live import LiveView, render
-from roles.ctl.text import jobs_table, progress_line, table
-from roles.ctl.views import (
+from roles.cli.ctl.follow import WatchState, on_event, on_job, outcome
+from roles.cli.ctl.live import LiveView, render
+from roles.cli.ctl.text import jobs_table, progress_line, table
+from roles.cli.ctl.views import (
     EventRow,
     JobSummary,
     age,

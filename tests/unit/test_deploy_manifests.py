@@ -13,8 +13,8 @@ import msgspec
 import pytest
 import yaml
 
-from roles import certs
-from roles.config import ControllerConfig, load_config
+from roles.cli import certs
+from roles.common.config import ControllerConfig, load_config
 from roles.controller.admission import webhook_configurations
 from tools.provision import deploy_crds
 

@@ -9,7 +9,8 @@ import msgspec
 import prometheus_client
 import structlog
 
-from roles.config import ControllerConfig
+from roles.common.config import ControllerConfig
+from roles.common.health import Request, router
 from roles.controller.admission import (
     MUTATE_PATH,
     VALIDATE_PATH,
@@ -17,7 +18,6 @@ from roles.controller.admission import (
     admission_routes,
     webhook_configurations,
 )
-from roles.http import Request, router
 from schemas.diagnosis import DEFAULT_MAX_TARGETS
 
 V1 = "diagnosis.kubediag.org/v1"
@@ -91,7 +91,7 @@ async def test_a_diagnosis_is_checked_against_the_controllers_target_limit_and_t
 
 
 def test_the_controllers_target_limit_defaults_to_the_rules_own() -> None:
-    """diagnosisMaxTargets (written out in roles.config, which the edge's launcher loads) is the rules' default."""
+    """diagnosisMaxTargets (written out in roles.common.config, which the launcher loads) is the rules' default."""
     assert ControllerConfig().diagnosis_max_targets == DEFAULT_MAX_TARGETS
 
 

@@ -53,7 +53,8 @@ from nodetask.messages import (
     Welcome,
 )
 from nodetask.route import Route
-from roles.config import DiagnosisConfig
+from roles.common.config import DiagnosisConfig
+from roles.common.jobtypes import edge_job_types
 from roles.edge.actions import diagnosis_run
 from roles.edge.agent import EdgeAgent
 from roles.edge.checks import Thresholds
@@ -61,7 +62,6 @@ from roles.edge.context import Action, Outcome, TaskContext
 from roles.edge.processors import ProcessorEnv, ProcessorOutcome
 from roles.edge.settings import AgentSettings
 from roles.edge.store import EdgeStore, TaskState, open_store
-from roles.jobtypes import edge_job_types
 from schemas.diagnosis import Task, TaskSpec
 from schemas.meta import ObjectMeta
 from schemas.processors import HTTPServer, Processor

@@ -9,7 +9,7 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from roles.cli import main
+from roles.cli.main import main
 from roles.edge.role import private_data_dir
 
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from roles.cli import main
-from roles.config import EdgeConfig, load_config
-from roles.join import JoinError, Layout, join, render_unit, reset
-from roles.tls import generate_serving_certificate
+from roles.cli.join import JoinError, Layout, join, render_unit, reset
+from roles.cli.main import main
+from roles.common.config import EdgeConfig, load_config
+from roles.common.tls import generate_serving_certificate
 
 TOKEN = "0P2JxTsk7bWk4iJx1qkJd5Ql2m6vyUeXv2VYg8TnQ-E"
 """Shaped as ``token create`` makes them (43 URL-safe characters)."""

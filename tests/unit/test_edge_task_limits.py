@@ -20,12 +20,12 @@ from trio.testing import MockClock
 
 from flows import diagnosis_dispatch, diagnosis_job
 from nodetask.messages import Ack, Cancel, Report, ReportAck, RunAction
-from roles.config import DiagnosisConfig
+from roles.common.config import DiagnosisConfig
+from roles.common.httpserver import Request, Response, Route, router, serve_http
 from roles.edge import processors, task_limits
 from roles.edge.processors import ProcessorEnv, ProcessorOutcome
 from roles.edge.processors.http import MAX_BODY_BYTES
 from roles.edge.store import TaskState
-from roles.httpserver import Request, Response, Route, router, serve_http
 from schemas.diagnosis import Task, TaskSpec
 from schemas.meta import ObjectMeta
 from schemas.processors import HTTPServer, Processor

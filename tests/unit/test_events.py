@@ -1,4 +1,4 @@
-"""Events (roles.events): names fixed by a key make recording idempotent; a failed record is the caller's to retry."""
+"""Events (roles.common.events): names fixed by a key make recording idempotent; a failed record is retried."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import structlog
 
-from roles.events import event_name, object_event, record_event
+from roles.common.events import event_name, object_event, record_event
 from roles.kube import ApiError, Conflict
 from schemas.core import Event
 from schemas.meta import ObjectMeta

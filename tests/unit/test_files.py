@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from roles.files import link_atomically, write_atomically
+from roles.common.files import link_atomically, write_atomically
 
 
 def test_a_new_file_is_private_and_holds_the_data(tmp_path: Path) -> None:

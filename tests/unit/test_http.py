@@ -17,8 +17,8 @@ import trio
 from cryptography import x509
 from structlog.testing import capture_logs
 
-from roles.http import Handler, Request, Response, Route, Send, health_routes, router, serve_http
-from roles.tls import (
+from roles.common.health import Handler, Request, Response, Route, Send, health_routes, router, serve_http
+from roles.common.tls import (
     ServingCertificate,
     TlsError,
     generate_serving_certificate,

@@ -19,10 +19,10 @@ from roles.cloud.jobs import Jobs
 from roles.cloud.metrics import HubMetrics
 from roles.cloud.sessions import GOING_AWAY, HEARTBEAT_MISSED, NOT_READING, OUTBOUND_QUEUE, REPLACED, SessionTable
 from roles.cloud.settings import HubSettings
-from roles.jobtypes import job_types
+from roles.common.jobtypes import job_types
+from roles.common.registry_auth import RegistryAuth
 from roles.kube.errors import from_response
 from roles.kube.resources import NODES
-from roles.registry_auth import RegistryAuth
 from schemas.core import HUB_ANNOTATION
 from schemas.kinds import IMAGE_PRE_PULL_JOB
 from schemas.v1alpha2 import API_VERSION, ImageStatus

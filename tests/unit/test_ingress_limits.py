@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from roles.cloud.ingress import RESERVE_MIN, Admission, LogThrottle, connection_limits
-from roles.slots import Slots
+from roles.common.slots import Slots
 
 
 @given(st.integers(min_value=RESERVE_MIN + 64, max_value=1 << 22))

@@ -11,6 +11,7 @@ from pathlib import Path
 import anyio
 import structlog
 
+from roles.common.restart import EXIT_RESTART, SUPERVISOR_ENV
 from roles.edge.launcher import supervise
 from roles.edge.upgrade_marker import (
     MARKER_FILE,
@@ -21,7 +22,6 @@ from roles.edge.upgrade_marker import (
     switch_current,
     write_marker,
 )
-from roles.restart import EXIT_RESTART, SUPERVISOR_ENV
 
 LOG = structlog.get_logger()
 

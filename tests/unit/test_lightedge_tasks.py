@@ -8,7 +8,7 @@ from flows import diagnosis_job
 from flows.diagnosis_dispatch import route_of, task_run
 from flows.diagnosis_job import RUN, decode_results
 from nodetask.messages import RunAction
-from roles.jobtypes import edge_job_types
+from roles.common.jobtypes import edge_job_types
 from schemas.diagnosis import Task, TaskSpec
 from schemas.meta import ObjectMeta
 from schemas.processors import Builtin, Processor

@@ -20,9 +20,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
+from roles.common.httpserver import Request, Response
 from roles.edge.cache_view import Change, ChangeType, Listing, MemoryCache, Object
 from roles.edge.local_api import LOOPBACK, LocalApi, Serving, _watch_start, serve_local_api, watch_event
-from roles.httpserver import Request, Response
 
 NODE = "edge-1"
 

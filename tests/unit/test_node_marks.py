@@ -25,8 +25,8 @@ from nodetask.phases import NodeTaskPhase
 from roles.cloud.hub import Hub, HubSettings
 from roles.cloud.marks import FAILED, RETRY_CAP, RETRY_INITIAL, WRITTEN, NodeMarks, PendingMarks
 from roles.cloud.metrics import HubMetrics
-from roles.http import Request, health_routes, router
-from roles.jobtypes import job_types
+from roles.common.health import Request, health_routes, router
+from roles.common.jobtypes import job_types
 from roles.kube import ApiError, Kube, Resource
 from roles.kube.aio import AioApi
 from roles.kube.client import REQUESTS_IN_FLIGHT

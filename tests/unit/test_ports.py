@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from roles.ports_file import remove_ports_file, write_ports_file
+from roles.common.ports_file import remove_ports_file, write_ports_file
 from tools.ports import LOOPBACK, ephemeral_floor, free_ports, held, reported
 
 

@@ -14,7 +14,7 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from roles.config import DiagnosisConfig
+from roles.common.config import DiagnosisConfig
 from roles.edge import processors
 from roles.edge.processors import tail
 from roles.edge.processors.node_collectors import ProcessSample, top_processes

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from roles.config import ConfigError, EdgeConfig, load_config
+from roles.common.config import ConfigError, EdgeConfig, load_config
 from roles.edge.settings import settings_of
 
 

@@ -16,11 +16,11 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from roles.config import DiagnosisConfig
+from roles.common.config import DiagnosisConfig
+from roles.common.httpserver import Request, Response, Route, Send, router, serve_http
+from roles.common.tls import generate_serving_certificate, server_ssl_context
 from roles.edge import processors
 from roles.edge.processors.http import MAX_BODY_BYTES, target_of, verdict
-from roles.httpserver import Request, Response, Route, Send, router, serve_http
-from roles.tls import generate_serving_certificate, server_ssl_context
 from schemas.processors import HTTPServer, Processor
 from tests.unit.processor_env import Events, make_env
 from tools.ports import held

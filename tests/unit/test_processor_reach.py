@@ -13,9 +13,9 @@ import pytest
 import structlog
 import trio
 
-from roles.config import ConfigError, DiagnosisConfig, EdgeConfig, LocalApiConfig, load_config
+from roles.common.config import ConfigError, DiagnosisConfig, EdgeConfig, LocalApiConfig, load_config
+from roles.common.httpserver import Request, Response, Route, router, serve_http
 from roles.edge import processors
-from roles.httpserver import Request, Response, Route, router, serve_http
 from schemas.processors import Builtin, HTTPServer, Processor
 from tests.unit.processor_env import make_env
 

@@ -16,7 +16,7 @@ import trio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from roles.config import DiagnosisConfig, ScriptsConfig
+from roles.common.config import DiagnosisConfig, ScriptsConfig
 from roles.edge import processors
 from roles.edge.processors.scripts import DEFAULT_RESULT_KEY, REAPER, SCRIPTS_DIR, refusal, script_argv
 from schemas.processors import Processor, ScriptRunner

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from roles.registry_auth import (
+from roles.common.registry_auth import (
     DockerConfig,
     ImageRef,
     RegistryAuth,

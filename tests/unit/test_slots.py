@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from roles.slots import PeerSlots
+from roles.common.slots import PeerSlots
 
 PEERS = ("10.0.0.1", "10.0.0.2", "10.0.0.3", "10.0.0.4")
 

@@ -8,6 +8,7 @@ import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
 
+from roles.common.restart import EXIT_RESTART
 from roles.edge.supervision import (
     DEADLINE_GRACE_S,
     EXIT_USAGE,
@@ -25,7 +26,6 @@ from roles.edge.supervision import (
     decide,
 )
 from roles.edge.upgrade_marker import MarkerState, UpgradeMarker
-from roles.restart import EXIT_RESTART
 
 STATUSES = st.sampled_from([None, 0, 1, EXIT_USAGE, EXIT_RESTART, 137])
 """Exit statuses; None is an agent stopped at its probation's deadline."""

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nodetask.route import Route
-from roles.config import ConfigError, ControllerConfig, EdgeConfig
+from roles.common.config import ConfigError, ControllerConfig, EdgeConfig
 from roles.controller.admission import admission_policy
 from roles.edge import config_update
 from roles.edge.checks import Thresholds

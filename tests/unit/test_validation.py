@@ -15,7 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
-from roles.config import ControllerConfig
+from roles.common.config import ControllerConfig
+from roles.common.health import Request, Response, router
 from roles.controller.admission import (
     ERROR_CHARS,
     LOGGED_REASON_CHARS,
@@ -24,7 +25,6 @@ from roles.controller.admission import (
     admission_policy,
     admission_routes,
 )
-from roles.http import Request, Response, router
 from schemas.manifest import decode_job
 from schemas.validation import (
     IMMUTABLE_SPEC_MESSAGE,

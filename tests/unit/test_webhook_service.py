@@ -7,10 +7,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from roles.config import ConfigError, ControllerConfig, load_config
+from roles.common.config import ConfigError, ControllerConfig, load_config
+from roles.common.tls import generate_serving_certificate
 from roles.controller.admission import MUTATE_PATH, VALIDATE_PATH, webhook_configurations
 from roles.controller.webhook_server import serving_certificate
-from roles.tls import generate_serving_certificate
 
 MOUNTED = {"tlsCertFile": "/tls/tls.crt", "tlsKeyFile": "/tls/tls.key", "tlsCaFile": "/tls/ca.crt"}
 

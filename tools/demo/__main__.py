@@ -57,7 +57,7 @@ from rich.live import Live
 from rich.markup import escape
 
 from nodetask.autonomy import AUTONOMY_ANNOTATION, STATUS_LABEL
-from roles.tls import ServingCertificate, generate_serving_certificate
+from roles.common.tls import ServingCertificate, generate_serving_certificate
 from schemas.core import RETRY_ANNOTATION
 from tools.demo import autonomy
 from tools.demo import diagnosis as diag

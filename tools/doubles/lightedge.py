@@ -7,7 +7,7 @@ same for a node and action in every run) and fails when its name is in ``fail``.
 ``attempts=False`` it plays an agent from before retries: no ``attempts`` capability, tasks keyed by
 job UID alone, reports without an attempt. The real agent is ``nodetaskd --role=edge``.
 
-Diagnosis Tasks (``diagnosis.kubediag.org/v1/task/...``, with :func:`roles.jobtypes.edge_job_types`)
+Diagnosis Tasks (``diagnosis.kubediag.org/v1/task/...``, with :func:`roles.common.jobtypes.edge_job_types`)
 are acknowledged and walked the same way, and a successful ``Run`` reports what
 :func:`double_processor` makes of the request: a small fixed map, whatever the Operation's
 processor. It is a double for load (the API writes and messages a diagnosis costs), not for what a

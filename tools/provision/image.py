@@ -97,7 +97,7 @@ DROPPED: Final = (
 ENTRY_POINT: Final = f"""#!/usr/bin/{PYTHON}
 import sys
 
-from roles.cli import main
+from roles.cli.main import main
 
 sys.exit(main())
 """

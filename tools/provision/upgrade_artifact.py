@@ -72,7 +72,7 @@ def build_layer(version: str, *, root: Path = ROOT, broken: bool = False) -> tup
 
         add("VERSION", f"{version}\n".encode())
         for name, path in _files(root):
-            add(name, BROKEN_CLI.encode() if broken and name == "roles/cli.py" else path.read_bytes())
+            add(name, BROKEN_CLI.encode() if broken and name == "roles/cli/main.py" else path.read_bytes())
     tar_bytes = raw.getvalue()
     return gzip.compress(tar_bytes, mtime=0), _digest(tar_bytes)
 
@@ -176,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="upgrade_artifact.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("image", help="host[:port]/repository to push to")
     parser.add_argument("version", help="the version (tag, and the VERSION file), e.g. v0.2.0")
-    parser.add_argument("--broken", action="store_true", help="a build whose roles/cli.py raises at start")
+    parser.add_argument("--broken", action="store_true", help="a build whose roles/cli/main.py raises at start")
     parser.add_argument("--index", action="store_true", help="push an amd64 + arm64 index")
     args = parser.parse_args(argv)
     try:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import structlog
 
-from roles.config import DiagnosisConfig
+from roles.common.config import DiagnosisConfig
 
 __all__ = ["Log", "ProcessorEnv"]
 

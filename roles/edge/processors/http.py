@@ -14,7 +14,7 @@ lists, never at the agent's own (:mod:`.reach`). A listed name that turns out to
 device is caught on the connection's peer address, before a byte is sent.
 
 A small HTTP/1.1 client written with h11 over anyio sockets, which the base install already has
-(the server side is :mod:`roles.httpserver`): one request per connection, no redirects, no proxy.
+(the server side is :mod:`roles.common.httpserver`): one request per connection, no redirects, no proxy.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Final, Literal
 
-from roles.config import DiagnosisConfig
+from roles.common.config import DiagnosisConfig
 
 __all__ = ["LOOPBACK_PORTS_SETTING", "Reach", "address_refusal", "host_refusal", "reach_of", "reaches_device"]
 

@@ -47,7 +47,7 @@ import anyio.abc
 import anyio.to_thread
 
 from nodetask.names import clip
-from roles.config import ScriptsConfig
+from roles.common.config import ScriptsConfig
 from roles.edge.processors.env import Log
 from roles.edge.processors.outcome import REASON_CHARS, ProcessorOutcome, failed
 from schemas.processors import ScriptRunner

@@ -27,8 +27,8 @@ import anyio.to_thread
 import grpc
 import structlog
 
+from roles.common.registry_auth import RegistryAuth
 from roles.edge.runtime.cri_pb import api_pb2 as api
-from roles.registry_auth import RegistryAuth
 from schemas.meta import ConditionStatus
 from schemas.v1alpha2 import ImageStatus
 

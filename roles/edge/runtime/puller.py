@@ -31,7 +31,7 @@ import trio
 import roles
 from nodetask.messages import RegistryAuth
 from nodetask.phases import ConditionStatus
-from roles.logs import configure_logging
+from roles.common.logs import configure_logging
 from schemas.v1alpha2 import ImageStatus
 
 __all__ = [

@@ -1,6 +1,6 @@
 """The commands beside the roles: ``nodetaskd edge join|reset``, ``token create``, ``certs create``, ``ctl ...``.
 
-``nodetaskd --role=...`` runs a role (``roles.cli``); a first argument naming one of :data:`COMMANDS`
+``nodetaskd --role=...`` runs a role (``roles.cli.main``); a first argument naming one of :data:`COMMANDS`
 runs one of these instead. ``edge`` runs on a device's base install; the others talk to the API
 server (the cloud extra), and ``ctl watch``'s live view wants rich (the ``ctl`` extra). The
 kubeconfig is ``--kubeconfig``, else ``$KUBECONFIG``, else ``~/.kube/config``, else the pod's
@@ -19,7 +19,9 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Final, TypeVar
+
+from roles.cli.parsing import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_UNAVAILABLE, EXIT_USAGE, Parser, fail, leaf
 
 if TYPE_CHECKING:
     from roles.kube import Kube
@@ -27,24 +29,10 @@ if TYPE_CHECKING:
 __all__ = ["COMMANDS", "kubeconfig_path", "main"]
 
 COMMANDS: Final = frozenset({"edge", "token", "certs", "ctl"})
-EXIT_FAILED: Final = 1
-EXIT_USAGE: Final = 2
-EXIT_UNAVAILABLE: Final = 3
-EXIT_INTERRUPTED: Final = 130
 DEFAULT_TOKEN_NAMESPACE: Final = "kube-system"
-"""The hubs' ``tokenNamespace`` default (``roles.config.CloudConfig``)."""
+"""The hubs' ``tokenNamespace`` default (``roles.common.config.CloudConfig``)."""
 
 T = TypeVar("T")
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
-
-
-def _fail(message: str, status: int) -> int:
-    sys.stderr.write(f"nodetaskd: error: {message}\n")
-    return status
 
 
 def kubeconfig_path(flag: str | None) -> str:
@@ -64,8 +52,8 @@ def _with_kube(kubeconfig: str | None, work: Callable[[Kube], Awaitable[T]]) -> 
     # Imported here: the edge commands must not load the cloud extra.
     import trio
 
+    from roles.common.logs import configure_logging
     from roles.kube import open_kube
-    from roles.logs import configure_logging
 
     log = configure_logging(level="warning", fmt="console")
 
@@ -76,30 +64,24 @@ def _with_kube(kubeconfig: str | None, work: Callable[[Kube], Awaitable[T]]) -> 
     return trio.run(run)
 
 
-def _leaf(error: BaseException) -> BaseException:
-    while isinstance(error, BaseExceptionGroup):
-        error = error.exceptions[0]
-    return error
-
-
 def _api_errors(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """Turn the errors of commands that use the API into one line and an exit status."""
 
     def guarded(args: argparse.Namespace) -> int:
-        from roles.ctl.fetch import CtlError
+        from roles.cli.ctl.fetch import CtlError
         from roles.kube import ApiError
 
         try:
             return run(args)
         except (Exception, BaseExceptionGroup) as raised:
             # Errors raised inside the API client's task groups arrive wrapped in exception groups.
-            error = _leaf(raised)
+            error = leaf(raised)
             if isinstance(error, CtlError | ValueError):  # a job that does not fit, a bad name or value
-                return _fail(str(error), EXIT_USAGE)
+                return fail(str(error), EXIT_USAGE)
             if isinstance(error, ApiError):
-                return _fail(str(error), EXIT_UNAVAILABLE)
+                return fail(str(error), EXIT_UNAVAILABLE)
             if isinstance(error, OSError):  # writing the token or CA file
-                return _fail(str(error), EXIT_FAILED)
+                return fail(str(error), EXIT_FAILED)
             raise
 
     return guarded
@@ -109,7 +91,7 @@ def _api_errors(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
 
 
 def _edge_join(args: argparse.Namespace) -> int:
-    from roles.join import JoinError, join
+    from roles.cli.join import JoinError, join
 
     try:
         done = join(
@@ -122,25 +104,25 @@ def _edge_join(args: argparse.Namespace) -> int:
             allow_plain_ws=args.allow_plain_ws,
         )
     except JoinError as exc:
-        return _fail(str(exc), EXIT_USAGE)
+        return fail(str(exc), EXIT_USAGE)
     except OSError as exc:
-        return _fail(f"{exc}; `nodetaskd edge reset` removes what was written", EXIT_FAILED)
+        return fail(f"{exc}; `nodetaskd edge reset` removes what was written", EXIT_FAILED)
     sys.stdout.write("".join(f"{line}\n" for line in done))
     return 0
 
 
 def _edge_reset(args: argparse.Namespace) -> int:
-    from roles.join import JoinError, ResetError, reset
+    from roles.cli.join import JoinError, ResetError, reset
 
     try:
         done = reset(root=Path(args.root))
     except ResetError as exc:
         sys.stdout.write("".join(f"{line}\n" for line in exc.done))
-        return _fail(str(exc), EXIT_FAILED)
+        return fail(str(exc), EXIT_FAILED)
     except JoinError as exc:
-        return _fail(str(exc), EXIT_FAILED)
+        return fail(str(exc), EXIT_FAILED)
     except OSError as exc:
-        return _fail(str(exc), EXIT_FAILED)
+        return fail(str(exc), EXIT_FAILED)
     sys.stdout.write("".join(f"{line}\n" for line in done))
     return 0
 
@@ -150,12 +132,12 @@ def _edge_reset(args: argparse.Namespace) -> int:
 
 @_api_errors
 def _token_create(args: argparse.Namespace) -> int:
-    from roles.tokens import create_token, join_command, write_token
+    from roles.cli.tokens import create_token, join_command, write_token
 
     token_file = Path(args.token_file or f"{args.node}.token")
     if args.token_file != "-" and not args.force and (token_file.exists() or token_file.is_symlink()):
         # Refused before the Secret changes: a rotated token that cannot be written would be lost.
-        return _fail(f"{token_file} exists: give --force to overwrite it, or another --token-file", EXIT_USAGE)
+        return fail(f"{token_file} exists: give --force to overwrite it, or another --token-file", EXIT_USAGE)
     created = _with_kube(args.kubeconfig, lambda kube: create_token(kube, args.node, namespace=args.namespace))
     what = "rotated the token in" if created.rotated else "created"
     lines = [f"{what} Secret {created.namespace}/{created.secret} (labelled for the hubs to watch)"]
@@ -170,7 +152,7 @@ def _token_create(args: argparse.Namespace) -> int:
     try:
         write_token(token_file, created.token, overwrite=args.force)
     except FileExistsError:
-        return _fail(
+        return fail(
             f"{token_file} appeared while the token was made and is kept; the new token is written nowhere:"
             " run token create again, with --force to overwrite it",
             EXIT_FAILED,
@@ -184,7 +166,7 @@ def _token_create(args: argparse.Namespace) -> int:
 
 @_api_errors
 def _certs_create(args: argparse.Namespace) -> int:
-    from roles.certs import create_certs, write_ca
+    from roles.cli.certs import create_certs, write_ca
 
     created = _with_kube(
         args.kubeconfig,
@@ -209,8 +191,8 @@ def _certs_create(args: argparse.Namespace) -> int:
 
 @_api_errors
 def _ctl_get(args: argparse.Namespace) -> int:
-    from roles.ctl import fetch, text
-    from roles.ctl.views import find_kind
+    from roles.cli.ctl import fetch, text
+    from roles.cli.ctl.views import find_kind
     from schemas.kinds import KINDS
 
     kinds = (find_kind(args.kind),) if args.kind else KINDS
@@ -226,7 +208,7 @@ def _ctl_get(args: argparse.Namespace) -> int:
 
 @_api_errors
 def _ctl_describe(args: argparse.Namespace) -> int:
-    from roles.ctl import fetch, text
+    from roles.cli.ctl import fetch, text
 
     found = _with_kube(args.kubeconfig, lambda kube: fetch.describe(kube, args.job))
     if args.output != "table":
@@ -239,7 +221,7 @@ def _ctl_describe(args: argparse.Namespace) -> int:
 
 @_api_errors
 def _ctl_confirm(args: argparse.Namespace) -> int:
-    from roles.ctl import fetch, text
+    from roles.cli.ctl import fetch, text
 
     done = _with_kube(args.kubeconfig, lambda kube: fetch.confirm(kube, args.job, tuple(args.nodes), every=args.all))
     if args.output != "table":
@@ -257,7 +239,7 @@ def _ctl_confirm(args: argparse.Namespace) -> int:
 
 @_api_errors
 def _ctl_nodes(args: argparse.Namespace) -> int:
-    from roles.ctl import fetch, text
+    from roles.cli.ctl import fetch, text
 
     rows = _with_kube(args.kubeconfig, fetch.edges)
     if args.output != "table":
@@ -271,16 +253,16 @@ def _ctl_nodes(args: argparse.Namespace) -> int:
 
 @_api_errors
 def _ctl_watch(args: argparse.Namespace) -> int:
-    from roles.ctl.watch import JsonLines, PlainLines, Presenter, watch
+    from roles.cli.ctl.watch import JsonLines, PlainLines, Presenter, watch
 
     if args.output == "yaml":
-        return _fail("ctl watch prints a table, or a JSON line per change with -o json", EXIT_USAGE)
+        return fail("ctl watch prints a table, or a JSON line per change with -o json", EXIT_USAGE)
     if args.output == "json":
         return _with_kube(args.kubeconfig, lambda kube: watch(kube, args.jobs, JsonLines(sys.stdout)))
     if not sys.stdout.isatty():
         return _with_kube(args.kubeconfig, lambda kube: watch(kube, args.jobs, PlainLines(sys.stdout)))
     try:
-        from roles.ctl.live import LiveView  # rich comes with the ctl extra only
+        from roles.cli.ctl.live import LiveView  # rich comes with the ctl extra only
     except ModuleNotFoundError:
         sys.stderr.write("(a line per change: the live view needs rich, pip install 'nodetaskd[ctl]')\n")
         return _with_kube(args.kubeconfig, lambda kube: watch(kube, args.jobs, PlainLines(sys.stdout)))
@@ -293,9 +275,9 @@ def _ctl_watch(args: argparse.Namespace) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    top = _Parser(prog="nodetaskd", description="Install, connect and operate nodetaskd.")
-    commands = top.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    kube = _Parser(add_help=False)
+    top = Parser(prog="nodetaskd", description="Install, connect and operate nodetaskd.")
+    commands = top.add_subparsers(dest="command", required=True, parser_class=Parser)
+    kube = Parser(add_help=False)
     kube.add_argument("--kubeconfig", help="kubeconfig path (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
     _edge_parsers(commands)
     _cloud_parsers(commands, kube)
@@ -303,9 +285,9 @@ def _parser() -> argparse.ArgumentParser:
     return top
 
 
-def _edge_parsers(commands: argparse._SubParsersAction[_Parser]) -> None:
+def _edge_parsers(commands: argparse._SubParsersAction[Parser]) -> None:
     edge = commands.add_parser("edge", help="install the edge agent on this device, or remove it")
-    edge_commands = edge.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    edge_commands = edge.add_subparsers(dest="action", required=True, parser_class=Parser)
     join = edge_commands.add_parser("join", help="write the agent's configuration, data directory and systemd unit")
     join.add_argument("--hub", action="append", default=[], required=True, help="wss:// URL of the hubs (repeatable)")
     join.add_argument("--node", required=True, help="this device's Kubernetes node name")
@@ -320,9 +302,9 @@ def _edge_parsers(commands: argparse._SubParsersAction[_Parser]) -> None:
     reset.set_defaults(handler=_edge_reset)
 
 
-def _cloud_parsers(commands: argparse._SubParsersAction[_Parser], kube: _Parser) -> None:
+def _cloud_parsers(commands: argparse._SubParsersAction[Parser], kube: Parser) -> None:
     token = commands.add_parser("token", help="edge tokens")
-    token_commands = token.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    token_commands = token.add_subparsers(dest="action", required=True, parser_class=Parser)
     create = token_commands.add_parser("create", parents=[kube], help="create or rotate NODE's token Secret")
     create.add_argument("node", help="the edge's node name")
     create.add_argument("--namespace", default=DEFAULT_TOKEN_NAMESPACE, help="the hubs' tokenNamespace")
@@ -333,7 +315,7 @@ def _cloud_parsers(commands: argparse._SubParsersAction[_Parser], kube: _Parser)
     create.set_defaults(handler=_token_create)
 
     certs = commands.add_parser("certs", help="serving certificates of a cluster install")
-    certs_commands = certs.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    certs_commands = certs.add_subparsers(dest="action", required=True, parser_class=Parser)
     make = certs_commands.add_parser(
         "create", parents=[kube], help="create the Secrets nodetaskd-webhook-tls and nodetaskd-hub-tls"
     )
@@ -346,11 +328,11 @@ def _cloud_parsers(commands: argparse._SubParsersAction[_Parser], kube: _Parser)
     make.set_defaults(handler=_certs_create)
 
 
-def _ctl_parsers(commands: argparse._SubParsersAction[_Parser], kube: _Parser) -> None:
+def _ctl_parsers(commands: argparse._SubParsersAction[Parser], kube: Parser) -> None:
     ctl = commands.add_parser("ctl", help="node jobs and edges, for operators")
-    options = _Parser(add_help=False, parents=[kube])
+    options = Parser(add_help=False, parents=[kube])
     options.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
-    ctl_commands = ctl.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    ctl_commands = ctl.add_subparsers(dest="action", required=True, parser_class=Parser)
     get = ctl_commands.add_parser("get", parents=[options], help="jobs of all three kinds, phase and node counts")
     get.add_argument("kind", nargs="?", help="only this kind (nodeupgradejob, imageprepulljob, configupdatejob)")
     get.set_defaults(handler=_ctl_get)
@@ -377,14 +359,14 @@ def main(argv: Sequence[str]) -> int:
     """Run the command ``argv`` names (``argv[0]`` is one of :data:`COMMANDS`)."""
     args = _parser().parse_args(list(argv))
     if getattr(args, "all", False) and getattr(args, "nodes", None):
-        return _fail("ctl confirm: name nodes or give --all, not both", EXIT_USAGE)
+        return fail("ctl confirm: name nodes or give --all, not both", EXIT_USAGE)
     try:
         status: int = args.handler(args)
     except ModuleNotFoundError as exc:
         if (exc.name or "").startswith("roles."):
             raise
         extra = "ctl" if exc.name == "rich" else "cloud"
-        return _fail(
+        return fail(
             f"nodetaskd {args.command} needs the {extra} extra (pip install 'nodetaskd[{extra}]'):"
             f" module {exc.name} is not installed",
             EXIT_UNAVAILABLE,

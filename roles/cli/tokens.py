@@ -19,11 +19,11 @@ from pathlib import Path
 import structlog
 
 from nodetask.names import clip, object_name_problem
+from roles.cli.token_format import TOKEN_BYTES
 from roles.cloud.auth import TOKEN_KEY, TOKEN_LABEL, token_secret, token_secret_name
-from roles.files import write_atomically
+from roles.common.files import write_atomically
 from roles.kube import Conflict, Kube, NotFound
 from roles.kube.resources import NODES, SECRETS
-from roles.token_format import TOKEN_BYTES
 
 __all__ = ["TokenCreated", "create_token", "join_command", "write_token"]
 

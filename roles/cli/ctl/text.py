@@ -8,7 +8,7 @@ from typing import Any, Final
 
 import msgspec
 
-from roles.ctl.views import COUNT_KEYS, EdgeRow, EventRow, JobSummary, NodeRow, age
+from roles.cli.ctl.views import COUNT_KEYS, EdgeRow, EventRow, JobSummary, NodeRow, age
 
 __all__ = [
     "FORMATS",

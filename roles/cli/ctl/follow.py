@@ -2,7 +2,7 @@
 
 Pure: :func:`on_job` and :func:`on_event` return a new :class:`WatchState` and what to report;
 :func:`outcome` says whether every watched job is final and how the command exits (0 when every
-one Completed, 1 when any ended in Failure or was deleted). The I/O is in ``roles.ctl.watch``.
+one Completed, 1 when any ended in Failure or was deleted). The I/O is in ``roles.cli.ctl.watch``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from types import MappingProxyType
 from typing import Final
 
 from nodetask.phases import JobPhase
-from roles.ctl.views import EventRow, JobSummary
+from roles.cli.ctl.views import EventRow, JobSummary
 
 __all__ = ["EVENTS_KEPT", "WatchState", "on_event", "on_job", "outcome"]
 

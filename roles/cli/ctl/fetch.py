@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
-from roles.ctl.views import (
+from roles.cli.ctl.views import (
     EdgeRow,
     EventRow,
     JobSummary,
@@ -19,7 +19,7 @@ from roles.ctl.views import (
     paused_for_confirmation,
     summarize,
 )
-from roles.events import EVENT_NAMESPACE
+from roles.common.events import EVENT_NAMESPACE
 from roles.kube import Conflict, Kube, NotFound
 from roles.kube.resources import EVENTS, NODES, job_resource
 from schemas.core import CONFIRM_ANNOTATION

@@ -1,8 +1,8 @@
 """Health, readiness and metrics routes for the cloud roles, and the HTTP server they are served by.
 
-The server itself is :mod:`roles.httpserver` (base install); its names are re-exported here so that
+The server itself is :mod:`roles.common.httpserver` (base install); its names are re-exported here so that
 a cloud role imports its whole HTTP surface from one place. This module needs Prometheus' client
-(the ``cloud`` extra), which is why the edge role may import :mod:`roles.httpserver` but not this.
+(the ``cloud`` extra), which is why the edge role may import :mod:`roles.common.httpserver` but not this.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from http import HTTPStatus
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from roles.httpserver import (
+from roles.common.httpserver import (
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_MAX_BODY_BYTES,
     Handler,

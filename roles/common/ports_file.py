@@ -16,8 +16,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from roles.config import ConfigError
-from roles.files import write_atomically
+from roles.common.config import ConfigError
+from roles.common.files import write_atomically
 
 __all__ = ["address_text", "check_ports_file", "remove_ports_file", "write_ports_file"]
 

@@ -1,8 +1,8 @@
 """``ctl watch JOB...``: follow jobs and their Events until every one is final.
 
 Two watches per job (the job, by name; its Events), each forwarding into one stream that a single
-loop reads, so the state (``roles.ctl.follow``) has one writer. Each change goes to a presenter: a
-live view on a terminal (``roles.ctl.live``), otherwise a plain line per change, or a JSON line
+loop reads, so the state (``roles.cli.ctl.follow``) has one writer. Each change goes to a presenter: a
+live view on a terminal (``roles.cli.ctl.live``), otherwise a plain line per change, or a JSON line
 with ``-o json``.
 """
 
@@ -18,11 +18,11 @@ import anyio
 import anyio.abc
 import msgspec
 
-from roles.ctl.fetch import events_selector, resolve
-from roles.ctl.follow import WatchState, on_event, on_job, outcome
-from roles.ctl.text import event_line, progress_line
-from roles.ctl.views import EventRow, JobSummary, event_rows, summarize
-from roles.events import EVENT_NAMESPACE
+from roles.cli.ctl.fetch import events_selector, resolve
+from roles.cli.ctl.follow import WatchState, on_event, on_job, outcome
+from roles.cli.ctl.text import event_line, progress_line
+from roles.cli.ctl.views import EventRow, JobSummary, event_rows, summarize
+from roles.common.events import EVENT_NAMESPACE
 from roles.kube import Deleted, Kube, Relisted, Resource, Upserted, WatchEvent
 from roles.kube.resources import EVENTS, job_resource
 from schemas.core import Event
@@ -97,7 +97,7 @@ async def _forward(
 async def watch(kube: Kube, jobs: list[str], presenter: Presenter) -> int:
     """Follow ``jobs`` (``NAME`` or ``KIND/NAME`` each) until all are final; the exit status (0: all Completed).
 
-    Errors: :class:`~roles.ctl.fetch.CtlError` for a job that cannot be found, before any watch starts.
+    Errors: :class:`~roles.cli.ctl.fetch.CtlError` for a job that cannot be found, before any watch starts.
     """
     targets = [await resolve(kube, text) for text in jobs]
     kinds = {f"{kind.singular}/{job.metadata.name}": kind for kind, job in targets}

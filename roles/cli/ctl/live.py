@@ -15,8 +15,8 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
-from roles.ctl.follow import WatchState
-from roles.ctl.views import COUNT_KEYS, EventRow, JobSummary
+from roles.cli.ctl.follow import WatchState
+from roles.cli.ctl.views import COUNT_KEYS, EventRow, JobSummary
 
 __all__ = ["LiveView"]
 

@@ -2,7 +2,7 @@
 
 A job becomes a :class:`JobSummary` (phase and node counts per phase), its nodes
 :class:`NodeRow` s (with the hub and agent version the hubs record on each Node), an edge Node an
-:class:`EdgeRow`, an Event an :class:`EventRow`. The I/O (``roles.ctl.commands``) only fetches.
+:class:`EdgeRow`, an Event an :class:`EventRow`. The I/O (``roles.cli.ctl.commands``) only fetches.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ import anyio
 import structlog
 from cryptography import x509
 
-from roles.tls import ServingCertificate, TlsError, check_bundle, check_pair, server_ssl_context
+from roles.common.tls import ServingCertificate, TlsError, check_bundle, check_pair, server_ssl_context
 
 __all__ = [
     "ReloadingCertificate",

@@ -9,11 +9,11 @@ its first request's head within the header timeout is closed, and so is one sile
 timeout, a failed TLS handshake ends only its own connection, a handler that raises answers 500 and
 is logged, never crashing the server, and connections beyond ``max_connections`` in all or
 ``max_connections_per_peer`` from one peer (its address, unless ``peer_key`` says otherwise) are
-closed as soon as they are accepted (the places are :mod:`roles.slots`', as the hub's front door
+closed as soon as they are accepted (the places are :mod:`roles.common.slots`', as the hub's front door
 counts its own), on plain HTTP with a response saying why when the server gives one.
 
 It needs only the base install (an edge device serves its local API with it); the health and
-metrics routes, which need Prometheus' client, are in :mod:`roles.http`.
+metrics routes, which need Prometheus' client, are in :mod:`roles.common.health`.
 
 Usage::
 
@@ -36,8 +36,8 @@ import h11
 import structlog
 import trio
 
-from roles.server_tls import ServerTls, connection_context
-from roles.slots import PeerSlots, Refusal, Slots
+from roles.common.server_tls import ServerTls, connection_context
+from roles.common.slots import PeerSlots, Refusal, Slots
 
 __all__ = [
     "DEFAULT_HEADER_TIMEOUT",
@@ -247,7 +247,7 @@ async def serve_http(
     """Serve ``handler`` on ``host``:``port`` (HTTPS with ``ssl_context``) until cancelled.
 
     ``ssl_context`` may be a function, asked for the context of each connection as it is accepted:
-    a certificate reloaded when rotated (:mod:`roles.cert_reload`) reaches new connections, and the
+    a certificate reloaded when rotated (:mod:`roles.common.cert_reload`) reaches new connections, and the
     open ones keep the one they started with.
 
     Reports the bound port through ``task_status`` once listening, so ``port=0`` picks a free one;

@@ -13,7 +13,7 @@ that failed half-way. Base install only: this runs on the device.
 Security defaults: a hub URL must be ``wss://`` (the token crosses the network), unless
 ``--allow-plain-ws``; an existing join is never overwritten without ``--force``. The token and CA
 files must be regular files of a bounded size (a FIFO would hang the join, ``/dev/zero`` fill its
-memory), and the token must look like one (:mod:`roles.token_format`), so that no other file is
+memory), and the token must look like one (:mod:`roles.cli.token_format`), so that no other file is
 installed and sent to the hubs as the node's token. The root may hold no control characters, and
 the paths written into the unit are quoted by systemd's rules, so no path can add a line to it.
 
@@ -42,11 +42,11 @@ from typing import Final
 
 import msgspec
 
-from roles.config import EdgeConfig
+from roles.cli.token_format import token_problem
+from roles.common.config import EdgeConfig
+from roles.common.files import write_atomically
 from roles.edge.config_pending import pending_path
 from roles.edge.control import control_socket
-from roles.files import write_atomically
-from roles.token_format import token_problem
 
 __all__ = [
     "JoinError",
@@ -63,7 +63,7 @@ __all__ = [
 UNIT_NAME: Final = "nodetaskd-edge.service"
 DEFAULT_DATA_DIR: Final = "/var/lib/nodetaskd"
 MAX_TOKEN_FILE_BYTES: Final = 4096
-"""A token file holds one line of at most 1,024 characters (``roles.token_format``); anything larger is not one."""
+"""A token file holds one line of at most 1,024 characters (``roles.cli.token_format``); anything larger is not one."""
 MAX_CA_FILE_BYTES: Final = 1 << 20
 """A CA bundle of a few hundred certificates; a file larger than this is not the hubs' CA."""
 _PEM_CERTIFICATE: Final = re.compile(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re.DOTALL)

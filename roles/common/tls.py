@@ -5,7 +5,7 @@ loaded from files an operator provides, e.g. from cert-manager. The CA's private
 written anywhere: it signs once and is dropped, so a leaked state directory cannot mint new
 certificates. The price is a new CA per generation, which is why callers re-register the webhook
 configurations (their ``caBundle``) with whatever :attr:`ServingCertificate.ca_bundle` says.
-Rotated files are taken up by :mod:`roles.cert_reload`, with the checks here (:func:`check_pair`).
+Rotated files are taken up by :mod:`roles.common.cert_reload`, with the checks here (:func:`check_pair`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from roles.files import write_atomically
+from roles.common.files import write_atomically
 
 __all__ = [
     "CA_FILE",

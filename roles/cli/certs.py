@@ -3,10 +3,10 @@
 ``containers/deploy/`` mounts ``nodetaskd-webhook-tls`` into every controller replica (the admission
 webhooks' certificate, for the Service ``nodetaskd-webhook``, with its CA in ``ca.crt``: the
 ``caBundle`` every replica registers) and ``nodetaskd-hub-tls`` into every hub (for the names edges
-connect to). Each gets a CA of its own, generated here by :func:`roles.tls.generate_serving_certificate`
+connect to). Each gets a CA of its own, generated here by :func:`roles.common.tls.generate_serving_certificate`
 and then dropped (its key is never stored); the hubs' CA is written to a file for the edges'
 ``--ca-file``. Existing Secrets are kept unless ``rotate``: the pods take up the new certificate
-without a restart once the kubelet has updated their mounted Secret (:mod:`roles.cert_reload`;
+without a restart once the kubelet has updated their mounted Secret (:mod:`roles.common.cert_reload`;
 the controller registers the new CA with its webhooks), and the edges need the new CA.
 
 cert-manager Certificates with the same ``secretName`` (and ``ca.crt``) do the same job.
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from roles.files import write_atomically
+from roles.common.files import write_atomically
+from roles.common.tls import CA_FILE, CERT_FILE, KEY_FILE, generate_serving_certificate
 from roles.kube import Conflict, Kube
 from roles.kube.resources import SECRETS
-from roles.tls import CA_FILE, CERT_FILE, KEY_FILE, generate_serving_certificate
 from schemas.core import Secret
 from schemas.meta import ObjectMeta
 

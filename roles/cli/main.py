@@ -17,31 +17,24 @@ import sys
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
 
 import msgspec
 import structlog
 import trio
 
-from roles.config import ConfigError, EdgeConfig, RoleConfig, load_config
-from roles.logs import configure_logging
-from roles.restart import RestartRequested, reexec
+from roles.cli.parsing import EXIT_UNAVAILABLE, EXIT_USAGE, Parser, leaf
+from roles.common.config import ConfigError, EdgeConfig, RoleConfig, load_config
+from roles.common.logs import configure_logging
+from roles.common.restart import RestartRequested, reexec
 
 ROLE_ALIASES = {"controller": "controller", "cloud": "cloud", "cloudhub": "cloud", "edge": "edge"}
 
-EXIT_USAGE = 2
-EXIT_UNAVAILABLE = 3
 CLOUD_EXTRA_MODULES = frozenset({"trio_asyncio", "kubernetes_asyncio", "aiohttp", "prometheus_client", "cryptography"})
 """What the ``cloud`` extra installs (and what it brings), by top-level module."""
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"nodetaskd: error: {message}\n")
-
-
 def _parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="nodetaskd", description="Run node tasks on fleets of edge nodes.")
+    p = Parser(prog="nodetaskd", description="Run node tasks on fleets of edge nodes.")
     p.add_argument("--role", required=True, choices=sorted(ROLE_ALIASES), help="which role this process plays")
     p.add_argument("--config", type=Path, help="YAML configuration file of the role")
     p.add_argument("--check-config", action="store_true", help="print the effective configuration and exit")
@@ -84,11 +77,11 @@ def _flag(key: str) -> str:
 def _runner(role: str) -> Callable[..., Awaitable[None]]:
     # Imported lazily so that a bad flag is reported without loading every role's dependencies.
     if role == "controller":
-        from roles.controller import run as run_controller
+        from roles.controller.role import run as run_controller
 
         return run_controller
     if role == "cloud":
-        from roles.cloud import run as run_cloud
+        from roles.cloud.role import run as run_cloud
 
         return run_cloud
     from roles.edge.role import run as run_edge
@@ -114,12 +107,6 @@ async def _serve(
             nursery.start_soon(stop_on_signal)
             await run(cfg, log=log, config_path=config_path)
             nursery.cancel_scope.cancel()
-
-
-def _leaf(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """The first exception inside nested task-group exception groups."""
-    first = group.exceptions[0]
-    return _leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 def _confirm(cfg: RoleConfig, job: str) -> int:
@@ -156,7 +143,7 @@ def _restored_previous_config(role: str, args: argparse.Namespace, reason: str) 
 
 def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 (one exit per way a start can end)
     arguments = list(sys.argv[1:] if argv is None else argv)
-    from roles import commands  # beside the roles: edge join|reset, token create, certs create, ctl
+    from roles.cli import commands  # beside the roles: edge join|reset, token create, certs create
 
     if arguments and arguments[0] in commands.COMMANDS:
         return commands.main(arguments)
@@ -210,25 +197,21 @@ def _run_role(
     try:
         trio.run(_serve, run, cfg, log, args.config)
     except* RestartRequested as group:
-        log.info("restarting", reason=str(_leaf(group)))
+        log.info("restarting", reason=str(leaf(group)))
         restart = True
     except* ConfigError as group:
         # Settings the role can only check when it starts (a token file, a certificate...).
-        print(f"nodetaskd: error: {_leaf(group)}", file=sys.stderr)
+        print(f"nodetaskd: error: {leaf(group)}", file=sys.stderr)
         status = EXIT_USAGE
-        restart = _restored_previous_config(role, args, str(_leaf(group)))
+        restart = _restored_previous_config(role, args, str(leaf(group)))
     except* NotImplementedError as group:
-        print(f"nodetaskd: error: {_leaf(group)}", file=sys.stderr)
+        print(f"nodetaskd: error: {leaf(group)}", file=sys.stderr)
         status = EXIT_UNAVAILABLE
-        restart = _restored_previous_config(role, args, str(_leaf(group)))
+        restart = _restored_previous_config(role, args, str(leaf(group)))
     except* Exception as group:
-        error = _leaf(group)
+        error = leaf(group)
         if not _restored_previous_config(role, args, f"{type(error).__name__}: {error}"):
             raise
         traceback.print_exception(group)
         restart = True
     return status, restart
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""TODO: what this room is for and what it may import."""
