@@ -44,7 +44,7 @@ from tests.integration.objects import unique
 from tools.ports import free_port
 from tools.processes import terminate
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow(70)]
 
 MEMORY_LIMIT = 512 << 20
 """``resources.limits.memory`` of the controller in containers/deploy/controller.yaml."""

@@ -33,7 +33,7 @@ from tests.integration.processes import RoleProcess
 from tools.ports import free_ports
 from tools.provision.controlplane import ControlPlane, ensure_binaries, start
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow(90)]
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "containers" / "deploy"

@@ -28,7 +28,7 @@ from tools.processes import terminate
 from tools.provision import upgrade_artifact
 from tools.provision.containerd import Registry
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow(70)]
 UPGRADES = job_resource(NODE_UPGRADE_JOB)
 BASE_VERSION = "v0.1.0"
 
