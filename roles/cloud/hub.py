@@ -2,21 +2,21 @@
 
 :class:`Hub` owns the root task group and composes the parts, each in a module of its own:
 
-* :mod:`~roles.cloud.jobs`: the job watch keeps a cache of every job, with a status writer each
-  and a :class:`~roles.cloud.runner.JobRunner` for every running one;
-* :mod:`~roles.cloud.edges`: the front door, from TCP accept and the handshake caps to an edge
+* :mod:`~roles.cloud.jobs.watch`: the job watch keeps a cache of every job, with a status writer each
+  and a :class:`~roles.cloud.jobs.runner.JobRunner` for every running one;
+* :mod:`~roles.cloud.transport.edges`: the front door, from TCP accept and the handshake caps to an edge
   whose node name and bearer token checked out, handed over as a :class:`~nodetask.link.Link`;
-* :mod:`~roles.cloud.session_handler`: a session from Hello to close, one writer task each
-  (:mod:`~roles.cloud.sessions`); its Node is marked (:mod:`~roles.cloud.marks`) unless the Node
-  watch shows it marked already (:mod:`~roles.cloud.marked_nodes`), and the node offered to every runner;
-* :mod:`~roles.cloud.reports`: a report is applied through the job's status writer and
-  acknowledged only after that write; :mod:`~roles.cloud.kubeedge_http` takes KubeEdge's HTTP
+* :mod:`~roles.cloud.transport.session_handler`: a session from Hello to close, one writer task each
+  (:mod:`~roles.cloud.sessions`); its Node is marked (:mod:`~roles.cloud.nodes.marks`) unless the Node
+  watch shows it marked already (:mod:`~roles.cloud.nodes.marked_nodes`), and the node offered to every runner;
+* :mod:`~roles.cloud.jobs.reports`: a report is applied through the job's status writer and
+  acknowledged only after that write; :mod:`~roles.cloud.transport.kubeedge_http` takes KubeEdge's HTTP
   reports the same way;
-* :mod:`~roles.cloud.image_secrets`: registry credentials for a job's images;
-* :mod:`~roles.cloud.tasks`: diagnosis Tasks, sent to their nodes and their results written on the
+* :mod:`~roles.cloud.jobs.image_secrets`: registry credentials for a job's images;
+* :mod:`~roles.cloud.tasks.watch`: diagnosis Tasks, sent to their nodes and their results written on the
   same protocol, reports from the edges' outboxes included.
-* :mod:`~roles.cloud.cache_streams`: each cache session's edge kept a copy of its node's objects,
-  from one shared watch per kind; :mod:`~roles.cloud.autonomy_conditions`: the Autonomy condition
+* :mod:`~roles.cloud.cache.streams`: each cache session's edge kept a copy of its node's objects,
+  from one shared watch per kind; :mod:`~roles.cloud.nodes.autonomy_conditions`: the Autonomy condition
   its edge reports, written on its Node.
 
 Shutdown (SIGTERM): every session is closed with 1001 "going away" while the websocket server is
@@ -37,24 +37,24 @@ from nodetask import messages
 from nodetask.clock import Clock
 from nodetask.messages import Report
 from roles.cloud.api import HubApi
-from roles.cloud.auth import TokenBook
-from roles.cloud.autonomy_conditions import AutonomyConditions
-from roles.cloud.cache_streams import CacheStreams
+from roles.cloud.cache.streams import CacheStreams
 from roles.cloud.changes import RecordOutcome
-from roles.cloud.edges import WebSocketDoor
-from roles.cloud.image_secrets import ImageSecrets
-from roles.cloud.ingress import LogThrottle
-from roles.cloud.jobs import Jobs
-from roles.cloud.kubeedge_http import TaskStatusEndpoint
-from roles.cloud.marked_nodes import MarkedNodes
-from roles.cloud.marks import FAILED, SKIPPED, WRITTEN, NodeMarks, PendingMarks
+from roles.cloud.jobs.image_secrets import ImageSecrets
+from roles.cloud.jobs.reports import Reports
+from roles.cloud.jobs.runner import JobRunner
+from roles.cloud.jobs.watch import Jobs
 from roles.cloud.metrics import HubMetrics
-from roles.cloud.reports import Reports
-from roles.cloud.runner import JobRunner
-from roles.cloud.session_handler import ServeEdge, SessionHandler
+from roles.cloud.nodes.autonomy_conditions import AutonomyConditions
+from roles.cloud.nodes.marked_nodes import MarkedNodes
+from roles.cloud.nodes.marks import FAILED, SKIPPED, WRITTEN, NodeMarks, PendingMarks
 from roles.cloud.sessions import Session, SessionTable
 from roles.cloud.settings import HubSettings
-from roles.cloud.tasks import Tasks
+from roles.cloud.tasks.watch import Tasks
+from roles.cloud.transport.auth import TokenBook
+from roles.cloud.transport.edges import WebSocketDoor
+from roles.cloud.transport.ingress import LogThrottle
+from roles.cloud.transport.kubeedge_http import TaskStatusEndpoint
+from roles.cloud.transport.session_handler import ServeEdge, SessionHandler
 from roles.common.health import Route
 from roles.common.server_tls import ServerTls
 from schemas import diagnosis

@@ -21,8 +21,8 @@ from nodetask import messages
 from nodetask.messages import Error, Heartbeat, Hello, Report, Welcome, parse_route
 from nodetask.phases import JobPhase, NodeTaskPhase
 from nodetask.route import Route
-from roles.cloud import edges
 from roles.cloud.hub import Hub
+from roles.cloud.transport import edges
 from roles.common.health import router, serve_http
 from roles.kube import Kube, NotFound
 from roles.kube.resources import NODES, SECRETS, job_resource

@@ -29,7 +29,7 @@ from nodetask.messages import Downstream, Heartbeat, Hello, Upstream, Welcome
 from nodetask.phases import JobPhase, NodeTaskPhase
 from roles.cloud.hub import Hub, HubSettings
 from roles.cloud.metrics import HubMetrics
-from roles.cloud.session_handler import ServeEdge
+from roles.cloud.transport.session_handler import ServeEdge
 from roles.common.jobtypes import job_types
 from roles.kube import ApiError, Conflict, Deleted, Invalid, NotFound, Relisted, Resource, Upserted, WatchEvent
 from roles.kube.resources import NODES, job_resource

@@ -10,7 +10,7 @@ import pytest
 import trio.testing
 
 from nodetask.messages import CACHE_CAPABILITY, AutonomyCondition, Error
-from roles.cloud.autonomy_conditions import with_autonomy
+from roles.cloud.nodes.autonomy_conditions import with_autonomy
 from roles.kube import Resource
 from roles.kube.resources import NODES
 from schemas.core import Node, NodeCondition, NodeStatus

@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 import trio.testing
 
-from roles.cloud.delay_queue import DelayQueue
+from roles.cloud.cache.delay_queue import DelayQueue
 
 
 async def test_jobs_come_out_when_due_first_ones_ahead_of_the_rest(autojump_clock: trio.testing.MockClock) -> None:

@@ -23,7 +23,7 @@ from nodetask.messages import (
     Heartbeat,
     Welcome,
 )
-from roles.cloud.cache_streams import FRAME_LIMIT
+from roles.cloud.cache.streams import FRAME_LIMIT
 from roles.cloud.hub import Hub
 from roles.cloud.sessions import OUTBOUND_QUEUE
 from tests.unit.cache_world import (

@@ -9,9 +9,9 @@ import pytest
 import trio.testing
 
 from nodetask.messages import CACHE_CAPABILITY, CacheDeleted, CacheFetch, CacheKey, CacheObjects, Error
-from roles.cloud.cache_streams import MAX_FETCH_KEYS
+from roles.cloud.cache.streams import MAX_FETCH_KEYS
+from roles.cloud.cache.token_bucket import TokenBucket, take
 from roles.cloud.role import settings_of
-from roles.cloud.token_bucket import TokenBucket, take
 from roles.common.config import CloudConfig, ConfigError, load_config
 from tests.unit.cache_world import Mirror, put_config_map, put_node, put_pod, until
 from tests.unit.hub_doubles import MemoryApi, MemoryDoor, running_hub

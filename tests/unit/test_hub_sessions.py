@@ -15,7 +15,7 @@ from nodetask.link import LinkClosed
 from nodetask.messages import PING_CAPABILITY, Cancel, Error, Heartbeat, Report, ReportAck, RunAction
 from nodetask.phases import ConditionStatus, NodeTaskPhase
 from nodetask.route import Route
-from roles.cloud.jobs import Jobs
+from roles.cloud.jobs.watch import Jobs
 from roles.cloud.metrics import HubMetrics
 from roles.cloud.sessions import GOING_AWAY, HEARTBEAT_MISSED, NOT_READING, OUTBOUND_QUEUE, REPLACED, SessionTable
 from roles.cloud.settings import HubSettings

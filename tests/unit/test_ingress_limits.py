@@ -11,7 +11,7 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from roles.cloud.ingress import RESERVE_MIN, Admission, LogThrottle, connection_limits
+from roles.cloud.transport.ingress import RESERVE_MIN, Admission, LogThrottle, connection_limits
 from roles.common.slots import Slots
 
 
@@ -124,7 +124,7 @@ def test_a_hub_raises_its_soft_file_limit_to_the_hard_one() -> None:
     """A hub started under a low soft RLIMIT_NOFILE takes what the hard limit allows, so its caps follow."""
     script = (
         "import resource\n"
-        "from roles.cloud.ingress import fd_limit, raise_fd_limit\n"
+        "from roles.cloud.transport.ingress import fd_limit, raise_fd_limit\n"
         "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))\n"
         "before, after = raise_fd_limit()\n"

@@ -10,8 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from roles.cloud.hub import Hub
-from roles.cloud.marked_nodes import MarkedNodes, mark_needed, own_version
-from roles.cloud.marks import FAILED, SKIPPED, WRITTEN
+from roles.cloud.nodes.marked_nodes import MarkedNodes, mark_needed, own_version
+from roles.cloud.nodes.marks import FAILED, SKIPPED, WRITTEN
 from roles.kube import Deleted, Interrupted, Relisted, Upserted
 from roles.kube.resources import NODES
 from schemas.core import AGENT_VERSION_ANNOTATION, HUB_ANNOTATION, MarkAnnotations, Node, NodeHead, RawObject

@@ -23,8 +23,8 @@ from nodetask.clock import Clock
 from nodetask.messages import RunAction
 from nodetask.phases import NodeTaskPhase
 from roles.cloud.hub import Hub, HubSettings
-from roles.cloud.marks import FAILED, RETRY_CAP, RETRY_INITIAL, WRITTEN, NodeMarks, PendingMarks
 from roles.cloud.metrics import HubMetrics
+from roles.cloud.nodes.marks import FAILED, RETRY_CAP, RETRY_INITIAL, WRITTEN, NodeMarks, PendingMarks
 from roles.common.health import Request, health_routes, router
 from roles.common.jobtypes import job_types
 from roles.kube import ApiError, Kube, Resource

@@ -10,7 +10,7 @@ import pytest
 import structlog
 import trio.testing
 
-from roles.cloud.status_writer import StatusWriter
+from roles.cloud.jobs.status_writer import StatusWriter
 from roles.kube import ApiError, Kube
 from roles.kube.resources import NODES
 

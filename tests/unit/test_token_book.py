@@ -11,7 +11,7 @@ import pytest
 import structlog
 import trio.testing
 
-from roles.cloud.auth import READ_ANSWERS_KEPT, AuthError, TokenBook, token_secret
+from roles.cloud.transport.auth import READ_ANSWERS_KEPT, AuthError, TokenBook, token_secret
 from roles.kube import ApiError, Deleted, Interrupted, Kube, NotFound, Relisted, Upserted, WatchEvent
 from schemas.core import Secret
 

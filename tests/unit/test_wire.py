@@ -8,7 +8,7 @@ import ssl
 import trio
 import trio.testing
 
-from roles.cloud.wire import Wire
+from roles.cloud.transport.wire import Wire
 
 
 class _WantingSocket(socket.socket):

@@ -13,7 +13,7 @@ from wsproto.connection import Connection
 from wsproto.events import BytesMessage, CloseConnection, Ping, Pong
 from wsproto.frame_protocol import FrameProtocol, Opcode
 
-from roles.cloud.ws_frames import (
+from roles.cloud.transport.ws_frames import (
     MESSAGE_TOO_BIG,
     NO_STATUS,
     FrameReader,

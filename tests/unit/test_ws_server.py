@@ -9,8 +9,8 @@ import trio
 import trio.testing
 from wsproto.frame_protocol import FrameProtocol
 
-from roles.cloud.wire import Wire
-from roles.cloud.ws_server import ServerWebSocket
+from roles.cloud.transport.wire import Wire
+from roles.cloud.transport.ws_server import ServerWebSocket
 
 
 async def test_pings_sent_while_the_hub_waits_for_a_close_answer_are_not_kept() -> None:

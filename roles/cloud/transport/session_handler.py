@@ -1,7 +1,7 @@
 """An admitted edge's session, from its Hello until it ends: the hub's side of the protocol.
 
 The handler knows links (:class:`~nodetask.link.Link`), not sockets: the websocket front door
-(:mod:`roles.cloud.edges`) hands it each authenticated edge's link, and unit tests hand it memory
+(:mod:`roles.cloud.transport.edges`) hands it each authenticated edge's link, and unit tests hand it memory
 links. A session:
 
 1. reads the edge's Hello (within ``hello_timeout``), queues Welcome as its first frame and ends
@@ -11,9 +11,9 @@ links. A session:
 3. serves frames: heartbeats are echoed, acks noted, each report applied in a task of its own
    (and answered only after its write), anything unexpected answered with an Error frame; for an
    edge that listed ``cache.v1`` (and a hub offering it) its cache stream runs meanwhile
-   (:mod:`~roles.cloud.cache_streams`), its fetches are answered (those beyond the node's rate of
+   (:mod:`~roles.cloud.cache.streams`), its fetches are answered (those beyond the node's rate of
    keys with a ``rate_limited`` Error) and the Autonomy condition it reports written, at most one
-   write per node every interval (:mod:`~roles.cloud.autonomy_conditions`);
+   write per node every interval (:mod:`~roles.cloud.nodes.autonomy_conditions`);
 4. ends when the edge goes, when nothing came for ``missed_heartbeats`` intervals
    (:data:`~roles.cloud.sessions.HEARTBEAT_MISSED`), or when the hub ends it
    (:meth:`~roles.cloud.sessions.Session.end`: replaced, not reading, shutting down). The link is
@@ -53,10 +53,9 @@ from nodetask.messages import (
     Welcome,
 )
 from nodetask.names import clip
-from roles.cloud.autonomy_conditions import AutonomyConditions, condition_problem
-from roles.cloud.cache_streams import CacheStreams
-from roles.cloud.ingress import LogThrottle, warn_throttled
+from roles.cloud.cache.streams import CacheStreams
 from roles.cloud.metrics import HubMetrics
+from roles.cloud.nodes.autonomy_conditions import AutonomyConditions, condition_problem
 from roles.cloud.sessions import (
     GOING_AWAY,
     HEARTBEAT_MISSED,
@@ -67,6 +66,7 @@ from roles.cloud.sessions import (
     SessionTable,
 )
 from roles.cloud.settings import HubSettings
+from roles.cloud.transport.ingress import LogThrottle, warn_throttled
 
 __all__ = ["ServeEdge", "SessionHandler"]
 

@@ -17,9 +17,9 @@ from flows.jobtype import JobType
 from nodetask import messages
 from nodetask.messages import MessageError
 from nodetask.names import clip, object_name_problem
-from roles.cloud.auth import AuthError, TokenBook
+from roles.cloud.jobs.reports import REPORT_REJECTED, Reports
 from roles.cloud.metrics import HubMetrics
-from roles.cloud.reports import REPORT_REJECTED, Reports
+from roles.cloud.transport.auth import AuthError, TokenBook
 from roles.common.health import Request, Response, Route
 
 __all__ = ["LEGACY_TASK_TYPES", "TaskStatusEndpoint"]

@@ -3,7 +3,7 @@
 An edge listing :data:`~nodetask.messages.CACHE_CAPABILITY` in its Hello gets, after Welcome, whether
 its node asks for autonomy (:class:`~nodetask.messages.Autonomy`), then each collection of its node's
 objects whole (``CacheObjects`` with ``replace``, or in chunks when too large for one frame:
-:mod:`~roles.cloud.cache_feed`): its Node, the Pods bound to it, and the ConfigMaps
+:mod:`~roles.cloud.cache.feed`): its Node, the Pods bound to it, and the ConfigMaps
 and Secrets those Pods reference (:mod:`nodetask.pod_references`; Secrets only to an edge that also
 lists ``cache.secrets``, and only when the hub's ``cacheSecrets`` is on). Then each change, as an
 upsert or a ``CacheDeleted`` - also when an object stops being the node's to see.
@@ -11,7 +11,7 @@ upsert or a ``CacheDeleted`` - also when an object stops being the node's to see
 How, and at what cost:
 
 * ONE watch per kind for the whole hub, however many sessions: events go through the shared
-  :class:`~roles.cloud.cache_index.CacheIndex`, which turns each into frames for the sessions it
+  :class:`~roles.cloud.cache.index.CacheIndex`, which turns each into frames for the sessions it
   concerns and drops the rest. The hub holds the referenced ConfigMaps and Secrets (once each,
   whoever references them) and, per node, its Pods' versions and references; Pods and Nodes
   themselves go straight from the watch to the edge.
@@ -21,7 +21,7 @@ How, and at what cost:
   list that fails is retried with backoff, and until it succeeds the edge is sent nothing of that
   kind (it keeps what it has).
 * Nothing waits on an edge: a session whose queue is full misses the frame and is relisted
-  (:mod:`~roles.cloud.cache_feed`).
+  (:mod:`~roles.cloud.cache.feed`).
 * ``CacheFetch`` (the edge's repair loop) is answered per key from the index, or for a Node or Pod
   of the node by reading it again; anything the node may not see is answered ``CacheDeleted``.
   An edge chooses how often it asks, so what it may ask for is bounded: a token bucket of keys per
@@ -57,14 +57,14 @@ from nodetask.messages import (
     CacheObjects,
 )
 from roles.cloud.api import CacheApi
-from roles.cloud.cache_feed import Feed
-from roles.cloud.cache_index import CacheIndex
-from roles.cloud.cache_objects import CONFIG_MAP, KINDS, NODE, POD, SECRET, Key, head, wire
-from roles.cloud.delay_queue import DelayQueue
+from roles.cloud.cache.delay_queue import DelayQueue
+from roles.cloud.cache.feed import Feed
+from roles.cloud.cache.index import CacheIndex
+from roles.cloud.cache.objects import CONFIG_MAP, KINDS, NODE, POD, SECRET, Key, head, wire
+from roles.cloud.cache.token_bucket import TokenBucket, level, take
 from roles.cloud.metrics import HubMetrics
 from roles.cloud.sessions import Session
 from roles.cloud.settings import HubSettings
-from roles.cloud.token_bucket import TokenBucket, level, take
 from roles.kube import ApiError, Relisted, WatchEvent
 from schemas.core import RawObject
 

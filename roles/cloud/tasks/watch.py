@@ -9,7 +9,7 @@ job UID every report carries; the RunAction's spec names the namespace for the e
 Tasks (all namespaces) and Operations are watched. Every Task that has not ended, is not being
 deleted and names a node connected here gets a worker (:meth:`Tasks._work`), with no concurrency
 limit (the controller creates one stage at a time). The worker reads the Task's Operation and its
-Diagnosis's parameters (:mod:`roles.cloud.diagnosis_parameters`: a Task does not carry them), sends
+Diagnosis's parameters (:mod:`roles.cloud.tasks.parameters`: a Task does not carry them), sends
 the RunAction on every session of the node until the Task ends (the edge stores a Task once by its
 uid and only acknowledges a repeat), writes ``startTime`` after the first send and Running with
 Accepted when the node acknowledges it. A Task whose Operation does not exist fails with
@@ -40,11 +40,11 @@ from flows.diagnosis_tasks import owner_of
 from nodetask.clock import Clock
 from nodetask.messages import Cancel, Error, Report, ReportAck, RunAction
 from roles.cloud.api import TaskApi
-from roles.cloud.diagnosis_parameters import ParameterReader
-from roles.cloud.reports import JOB_GONE, REPORT_REJECTED
+from roles.cloud.jobs.reports import JOB_GONE, REPORT_REJECTED
+from roles.cloud.jobs.status_writer import StatusWriter
 from roles.cloud.sessions import SessionTable
 from roles.cloud.settings import HubSettings
-from roles.cloud.status_writer import StatusWriter
+from roles.cloud.tasks.parameters import ParameterReader
 from roles.kube import ApiError, Deleted, NotFound, Relisted, Upserted, WatchEvent
 from roles.kube.errors import too_large
 from roles.kube.following import follow, mirror_by_name

@@ -26,7 +26,7 @@ import structlog
 from nodetask import cache_chunks, messages
 from nodetask.messages import CacheKey, CacheObjects, Downstream
 from nodetask.pod_references import PodReferences
-from roles.cloud.cache_objects import CONFIG_MAP, NODE, POD, SECRET, Key, raw_key
+from roles.cloud.cache.objects import CONFIG_MAP, NODE, POD, SECRET, Key, raw_key
 from roles.cloud.sessions import Session
 from schemas.core import RawObject
 

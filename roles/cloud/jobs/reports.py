@@ -1,7 +1,7 @@
 """Reports from edges, written into their job's status and answered only once the write landed.
 
 A report reaches a hub over an edge's session (:meth:`Reports.answer`) or KubeEdge's HTTP endpoint
-(:mod:`roles.cloud.kubeedge_http`); both go through :meth:`Reports.record`, which hands the pure
+(:mod:`roles.cloud.transport.kubeedge_http`); both go through :meth:`Reports.record`, which hands the pure
 change :func:`~roles.cloud.changes.record` to the job's status writer. The edge forgets a report
 only when told so: a ReportAck (written now or before), or an Error it drops the report on
 (:data:`REPORT_REJECTED`: it can never apply; :data:`JOB_GONE`: the job no longer exists).
@@ -20,7 +20,7 @@ from nodetask import messages
 from nodetask.clock import Clock
 from nodetask.messages import Error, Report, ReportAck
 from roles.cloud.changes import RecordOutcome, record
-from roles.cloud.jobs import Jobs
+from roles.cloud.jobs.watch import Jobs
 from roles.cloud.metrics import HubMetrics
 from roles.cloud.settings import HubSettings
 from roles.kube import ApiError, NotFound

@@ -1,7 +1,7 @@
 """The hub's jobs: a cache of every job from the watch, a status writer each, and runners for running ones.
 
-Every job gets a :class:`~roles.cloud.status_writer.StatusWriter`; a job in Init or InProgress gets
-a :class:`~roles.cloud.runner.JobRunner`, keyed by UID and run: a re-created (or retried) job's
+Every job gets a :class:`~roles.cloud.jobs.status_writer.StatusWriter`; a job in Init or InProgress gets
+a :class:`~roles.cloud.jobs.runner.JobRunner`, keyed by UID and run: a re-created (or retried) job's
 runner starts only after the old one has unwound. The cache holds the newest copy of each job, from
 the watch or from the answer to one of this hub's own writes, whichever is fresher.
 """
@@ -22,11 +22,11 @@ from flows.jobtype import JobType
 from nodetask.clock import Clock
 from roles.cloud.api import JobApi
 from roles.cloud.changes import dispatchable
+from roles.cloud.jobs.runner import JobRunner, run_number
+from roles.cloud.jobs.status_writer import StatusWriter
 from roles.cloud.metrics import HubMetrics
-from roles.cloud.runner import JobRunner, run_number
 from roles.cloud.sessions import SessionTable
 from roles.cloud.settings import HubSettings
-from roles.cloud.status_writer import StatusWriter
 from roles.common.events import job_event, record_event
 from roles.common.registry_auth import RegistryAuth
 from roles.kube import ApiError, Deleted, Relisted, Upserted, WatchEvent
@@ -41,7 +41,7 @@ __all__ = ["EVENT_COMPONENT", "RUNNER_HISTORY", "JobState", "Jobs"]
 Log = structlog.typing.FilteringBoundLogger
 Key = tuple[str, str]
 Credentials = Callable[[Any], Awaitable[tuple[dict[str, RegistryAuth], str]]]
-"""A job's registry credentials per image, or why there are none (see :mod:`roles.cloud.image_secrets`)."""
+"""A job's registry credentials per image, or why there are none (see :mod:`roles.cloud.jobs.image_secrets`)."""
 
 EVENT_COMPONENT: Final = "nodetaskd-cloud"
 """The component named in the Events a hub records on jobs."""

@@ -26,14 +26,14 @@ import trio
 
 from nodetask.link import LinkClosed
 from nodetask.names import clip, object_name_problem
-from roles.cloud.auth import AuthError, TokenBook, bearer_token
-from roles.cloud.ingress import Admission, LogThrottle, connection_limits, fd_limit, warn_throttled
-from roles.cloud.listeners import open_listeners
 from roles.cloud.metrics import HubMetrics
-from roles.cloud.session_handler import ServeEdge
 from roles.cloud.settings import HubSettings
-from roles.cloud.wire import Wire
-from roles.cloud.ws_server import ServerWebSocket, UpgradeRequest, read_upgrade
+from roles.cloud.transport.auth import AuthError, TokenBook, bearer_token
+from roles.cloud.transport.ingress import Admission, LogThrottle, connection_limits, fd_limit, warn_throttled
+from roles.cloud.transport.listeners import open_listeners
+from roles.cloud.transport.session_handler import ServeEdge
+from roles.cloud.transport.wire import Wire
+from roles.cloud.transport.ws_server import ServerWebSocket, UpgradeRequest, read_upgrade
 from roles.common.server_tls import ServerTls, connection_context
 from roles.common.slots import Slots
 

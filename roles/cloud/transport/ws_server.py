@@ -3,7 +3,7 @@
 trio-websocket runs a reader task per connection and hands each message over a memory channel,
 two task switches a frame, and keeps a nursery, a channel and their events per connection. Here
 :meth:`ServerWebSocket.receive` reads the socket itself, parses its frames
-(:mod:`~roles.cloud.ws_frames`), answers pings and close
+(:mod:`~roles.cloud.transport.ws_frames`), answers pings and close
 frames on the spot and returns the next message. That is enough because a session always has a
 task in ``receive()`` (session_handler.py), so a ping is answered as soon as it arrives, and
 ``heard_at`` counts whatever arrived, pings included.
@@ -25,8 +25,15 @@ from wsproto.handshake import H11Handshake
 from wsproto.utilities import LocalProtocolError, RemoteProtocolError
 
 from nodetask.link import NORMAL_CLOSE, Frame, LinkClosed
-from roles.cloud.wire import Wire
-from roles.cloud.ws_frames import FrameReader, ProtocolFailure, close_frame, data_frame, ping_frame, pong_frame
+from roles.cloud.transport.wire import Wire
+from roles.cloud.transport.ws_frames import (
+    FrameReader,
+    ProtocolFailure,
+    close_frame,
+    data_frame,
+    ping_frame,
+    pong_frame,
+)
 
 __all__ = ["ABNORMAL_CLOSE", "ServerWebSocket", "UpgradeRequest", "read_upgrade"]
 

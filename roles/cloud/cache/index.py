@@ -1,11 +1,11 @@
 """The hub's index of what its cache sessions' nodes may see, fed by one shared watch per kind.
 
-For each connected cache session (a :class:`~roles.cloud.cache_feed.Feed`) the index knows its
+For each connected cache session (a :class:`~roles.cloud.cache.feed.Feed`) the index knows its
 node's Pods (resourceVersion and references: not the Pods themselves, which go straight from the
 watch or a list to the edge), and the ConfigMaps and Secrets those Pods reference, which it holds
 whole once for every node that references them. Objects of nodes without a session are not kept;
 a node whose session starts is filled by lists of its own objects (see
-:mod:`~roles.cloud.cache_streams`), so a hub holds what its own sessions need, however large the
+:mod:`~roles.cloud.cache.streams`), so a hub holds what its own sessions need, however large the
 cluster and however many hubs share the fleet.
 
 Consistency: every watch event and list carries its resourceVersion; an object is only ever
@@ -30,8 +30,8 @@ import structlog
 from nodetask.autonomy import autonomy_request
 from nodetask.messages import Autonomy, CacheDeleted, CacheObjects
 from nodetask.pod_references import NONE, PodReferences, pod_references
-from roles.cloud.cache_feed import BITS, Feed, PodEntry
-from roles.cloud.cache_objects import CONFIG_MAP, NODE, POD, SECRET, Key, cache_key, head, pod_spec, version, wire
+from roles.cloud.cache.feed import BITS, Feed, PodEntry
+from roles.cloud.cache.objects import CONFIG_MAP, NODE, POD, SECRET, Key, cache_key, head, pod_spec, version, wire
 from roles.kube import Deleted, Relisted, Upserted, WatchEvent
 from schemas.core import ObjectHead, RawObject
 

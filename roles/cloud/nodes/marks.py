@@ -6,7 +6,7 @@ the node by then. A refused mark is retried with backoff for as long as the sess
 whose Node does not exist yet waits for the Node watch to show it (:meth:`NodeMarks.mark`).
 
 A mark is written only when it changes the Node: one the Node watch shows carrying this hub's id and
-the agent's version already (:mod:`~roles.cloud.marked_nodes`) is skipped, as a fleet reconnecting to
+the agent's version already (:mod:`~roles.cloud.nodes.marked_nodes`) is skipped, as a fleet reconnecting to
 a restarted hub finds its Nodes. The unmark at the session's end is the same either way.
 
 Each attempt of a mark waits for a slot among the API client's requests and then for its answer
@@ -31,7 +31,7 @@ import structlog
 
 from nodetask.backoff import Backoff
 from roles.cloud.api import NodeStore
-from roles.cloud.marked_nodes import mark_needed
+from roles.cloud.nodes.marked_nodes import mark_needed
 from roles.kube import ApiError, Conflict, NotFound
 from roles.kube.resources import NODES
 from schemas.core import AGENT_VERSION_ANNOTATION, HUB_ANNOTATION
@@ -99,7 +99,7 @@ class NodeMarks:
     ) -> None:
         """``seen`` says which agent version a Node's mark says if it is this hub's (None: not known to
         be); ``awaiting`` gives an event set when the Node watch shows a Node of that name (see
-        :meth:`~roles.cloud.marked_nodes.MarkedNodes.awaiting`); ``settled`` is told how each mark
+        :meth:`~roles.cloud.nodes.marked_nodes.MarkedNodes.awaiting`); ``settled`` is told how each mark
         ended: :data:`WRITTEN`, :data:`SKIPPED` or :data:`FAILED`."""
         self._api = api
         self.pending = pending

@@ -41,8 +41,8 @@ from nodetask.phases import ConditionStatus, NodeTaskPhase
 from nodetask.pool import JobPool, NodeTaskEnd, open_job_pool
 from nodetask.route import Route
 from roles.cloud.changes import ClaimOutcome, awaits_confirmation, claim, full, refuse
+from roles.cloud.jobs.status_writer import StatusWriter
 from roles.cloud.sessions import Session, SessionTable
-from roles.cloud.status_writer import StatusWriter
 from roles.common.registry_auth import RegistryAuth, encode_credentials
 from roles.kube import ApiError, NotFound
 from schemas import v1alpha2

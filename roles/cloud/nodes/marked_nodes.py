@@ -4,7 +4,7 @@ A fleet reconnecting to a restarted hub finds its Nodes still marked with that h
 agents' versions (a killed hub never unmarked them): writing the same two annotations again would
 cost one API write per edge, the bulk of a reconnect storm's work. :class:`MarkedNodes` follows
 the Node watch, keeping only the Nodes that name this hub (their agent version each), so that
-:class:`~roles.cloud.marks.NodeMarks` writes a mark only when it would change the Node.
+:class:`~roles.cloud.nodes.marks.NodeMarks` writes a mark only when it would change the Node.
 
 Knowledge is trusted only while the watch is current: until its first list, and from a failure
 of the watch until its next list, every mark is written. The hub has one Node watch: with cache
