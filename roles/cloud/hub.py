@@ -4,7 +4,7 @@
 
 * :mod:`~roles.cloud.jobs.watch`: the job watch keeps a cache of every job, with a status writer each
   and a :class:`~roles.cloud.jobs.runner.JobRunner` for every running one;
-* :mod:`~roles.cloud.transport.edges`: the front door, from TCP accept and the handshake caps to an edge
+* :mod:`~roles.cloud.transport.door`: the front door, from TCP accept and the handshake caps to an edge
   whose node name and bearer token checked out, handed over as a :class:`~nodetask.link.Link`;
 * :mod:`~roles.cloud.transport.session_handler`: a session from Hello to close, one writer task each
   (:mod:`~roles.cloud.sessions`); its Node is marked (:mod:`~roles.cloud.nodes.marks`) unless the Node
@@ -51,7 +51,7 @@ from roles.cloud.sessions import Session, SessionTable
 from roles.cloud.settings import HubSettings
 from roles.cloud.tasks.watch import Tasks
 from roles.cloud.transport.auth import TokenBook
-from roles.cloud.transport.edges import WebSocketDoor
+from roles.cloud.transport.door import WebSocketDoor
 from roles.cloud.transport.ingress import LogThrottle
 from roles.cloud.transport.kubeedge_http import TaskStatusEndpoint
 from roles.cloud.transport.session_handler import ServeEdge, SessionHandler

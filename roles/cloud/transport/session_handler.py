@@ -1,7 +1,7 @@
 """An admitted edge's session, from its Hello until it ends: the hub's side of the protocol.
 
 The handler knows links (:class:`~nodetask.link.Link`), not sockets: the websocket front door
-(:mod:`roles.cloud.transport.edges`) hands it each authenticated edge's link, and unit tests hand it memory
+(:mod:`roles.cloud.transport.door`) hands it each authenticated edge's link, and unit tests hand it memory
 links. A session:
 
 1. reads the edge's Hello (within ``hello_timeout``), queues Welcome as its first frame and ends
