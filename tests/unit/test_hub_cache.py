@@ -136,7 +136,7 @@ async def test_a_node_never_receives_a_secret_no_pod_of_its_references_even_by_f
     async with running_hub(api, cache_secrets=True) as hub:
         await _synced(hub, "n1", WITH_SECRETS)
         n0 = await _synced(hub, "n0", WITH_SECRETS)
-        assert hub[0].cache.index.held() == {CM: 3, SECRET: 2}
+        assert hub[0].cache.index.objects.held() == {CM: 3, SECRET: 2}
         foreign = (
             CacheKey(kind=SECRET, namespace="default", name="s-n1"),
             CacheKey(kind=SECRET, namespace="default", name="s-free"),
@@ -206,7 +206,7 @@ async def test_objects_stop_reaching_the_edge_when_no_longer_its_nodes(
         await n0.until(lambda m: m.names(CM) == {"cm-free", "cm-b"})
         put_pod(api, "p2", "n1", config_maps=("cm-b",))
         await n0.until(lambda m: m.names(POD) == {"p1"} and m.names(CM) == {"cm-free"})
-        assert hub[0].cache.index.held() == {CM: 1, SECRET: 0}
+        assert hub[0].cache.index.objects.held() == {CM: 1, SECRET: 0}
     deleted = [(f.key.kind, f.key.name) for f in n0.frames if isinstance(f, CacheDeleted)]
     assert deleted == [(CM, "cm-a"), (POD, "p2"), (CM, "cm-b")]
 
@@ -358,12 +358,12 @@ async def test_one_watch_per_kind_serves_every_session_and_only_what_they_need_i
     async with running_hub(api) as hub:
         mirrors = [await _synced(hub, f"n{i}", CACHE) for i in range(5)]
         index = hub[0].cache.index
-        assert index.held() == {CM: 3, SECRET: 0}  # cm-a, cm-b, cm-n1: never cm-free
+        assert index.objects.held() == {CM: 3, SECRET: 0}  # cm-a, cm-b, cm-n1: never cm-free
         for mirror in mirrors:
             await mirror.edge.close()
         await until(lambda: not index.feeds)
-        assert index.held() == {CM: 0, SECRET: 0}
-        assert index.referenced() == 0
+        assert index.objects.held() == {CM: 0, SECRET: 0}
+        assert index.objects.referenced() == 0
         assert not index._pod_nodes
     assert api.watches_opened["pods"] == api.watches_opened["configmaps"] == api.watches_opened["nodes"] == 1
     assert mirrors[3].names(CM) == {"cm-a"}

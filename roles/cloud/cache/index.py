@@ -3,10 +3,10 @@
 For each connected cache session (a :class:`~roles.cloud.cache.feed.Feed`) the index knows its
 node's Pods (resourceVersion and references: not the Pods themselves, which go straight from the
 watch or a list to the edge), and the ConfigMaps and Secrets those Pods reference, which it holds
-whole once for every node that references them. Objects of nodes without a session are not kept;
-a node whose session starts is filled by lists of its own objects (see
-:mod:`~roles.cloud.cache.streams`), so a hub holds what its own sessions need, however large the
-cluster and however many hubs share the fleet.
+whole once for every node that references them (:mod:`~roles.cloud.cache.references`). Objects of
+nodes without a session are not kept; a node whose session starts is filled by lists of its own
+objects (see :mod:`~roles.cloud.cache.streams`), so a hub holds what its own sessions need, however
+large the cluster and however many hubs share the fleet.
 
 Consistency: every watch event and list carries its resourceVersion; an object is only ever
 replaced by a newer one. A list for one node is made at least as recent as everything the shared
@@ -31,23 +31,14 @@ from nodetask.autonomy import autonomy_request
 from nodetask.messages import Autonomy, CacheDeleted, CacheObjects
 from nodetask.pod_references import NONE, PodReferences, pod_references
 from roles.cloud.cache.feed import BITS, Feed, PodEntry
-from roles.cloud.cache.objects import CONFIG_MAP, NODE, POD, SECRET, Key, cache_key, head, pod_spec, version, wire
+from roles.cloud.cache.objects import NODE, POD, SECRET, Key, cache_key, head, pod_spec, version, wire
+from roles.cloud.cache.references import REFERENCED, Fill, Held, ReferencedObjects
 from roles.kube import Deleted, Relisted, Upserted, WatchEvent
 from schemas.core import ObjectHead, RawObject
 
-__all__ = ["Answer", "CacheIndex", "Held"]
+__all__ = ["Answer", "CacheIndex"]
 
 Log = structlog.typing.FilteringBoundLogger
-
-_REFERENCED: Final = (CONFIG_MAP, SECRET)
-
-
-@dataclass(frozen=True, slots=True)
-class Held:
-    """A referenced ConfigMap or Secret as last seen: its frame-ready JSON, or None when it does not exist."""
-
-    raw: msgspec.Raw | None
-    rv: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,27 +57,19 @@ GONE: Final = Answer("gone")
 READ: Final = Answer("read")
 
 
-Fill = list[tuple[RawObject, bool]]
-"""A list under way: the watch events met meanwhile, and by its identity the token of that list."""
-
-
 class CacheIndex:
     """The shared index. ``want`` is called for a referenced object the hub does not hold yet,
     ``refill`` when a list of a node's Node or Pods under way was overtaken by a relist of the watch."""
 
     def __init__(self, *, want: Callable[[Key], None], refill: Callable[[Feed, str], None], log: Log) -> None:
         self.feeds: dict[str, Feed] = {}
-        self._want = want
         self._refill = refill
         self._log = log
         self._pod_nodes: dict[tuple[str, str], str] = {}
         """Every Pod some feed holds, and whose."""
-        self._referrers: dict[Key, set[str]] = {}
-        """Referenced ConfigMaps and Secrets, and the nodes referencing each."""
-        self._held: dict[Key, Held] = {}
-        self._filling: dict[Key, Fill] = {}
-        """Referenced objects being listed, with the watch events met meanwhile."""
         self._positions: dict[str, int] = {}
+        self.objects = ReferencedObjects(feeds=self.feeds, positions=self._positions, want=want)
+        """The ConfigMaps and Secrets the nodes' Pods reference."""
         self._shared_refs: weakref.WeakValueDictionary[PodReferences, PodReferences] = weakref.WeakValueDictionary()
         """One instance of each distinct set of references (most Pods of a workload share theirs)."""
 
@@ -108,7 +91,7 @@ class CacheIndex:
             if self._pod_nodes.get(key) == feed.node:
                 del self._pod_nodes[key]
         for ref in feed.refs:
-            self._unreference(ref, feed.node)
+            self.objects.unreference(ref, feed.node)
         feed.pods, feed.refs = {}, {}
         feed.stop()
 
@@ -119,14 +102,6 @@ class CacheIndex:
         watch cache of the kind has already seen it, so it answers at once.
         """
         return str(self._positions.get(kind, 0))
-
-    def held(self) -> dict[str, int]:
-        """Referenced objects held, by kind (a metric)."""
-        counts = dict.fromkeys(_REFERENCED, 0)
-        for (kind, _, _), held in self._held.items():
-            if held.raw is not None:
-                counts[kind] += 1
-        return counts
 
     # --------------------------------------------------------------------------------- the watches
 
@@ -142,7 +117,7 @@ class CacheIndex:
                 elif kind == POD:
                     self._pod_event(obj, deleted)
                 else:
-                    self._object_event(kind, obj, deleted)
+                    self.objects.event(kind, obj, deleted)
             case Relisted(objects=heads, resource_version=text):
                 # The snapshot holds heads only (ObjectHead): whatever changed is listed again.
                 rv = version(text)
@@ -157,7 +132,7 @@ class CacheIndex:
                 elif kind == POD:
                     self._pods_relisted(versions, rv)
                 else:
-                    self._objects_relisted(kind, versions, rv)
+                    self.objects.relisted(kind, versions, rv)
             case _:
                 pass  # Invalid objects cannot be cached; an interruption ends in a Relisted.
 
@@ -227,7 +202,7 @@ class CacheIndex:
         refs = self._share(pod_references(spec))
         feed.pods[key] = PodEntry(h.rv, refs)
         self._pod_nodes[key] = bound
-        self._rereference(feed, NONE if entry is None else entry.refs, refs, h.namespace)
+        self.objects.rereference(feed, NONE if entry is None else entry.refs, refs, h.namespace)
         feed.push(CacheObjects(kind=POD, objects=(wire(obj, POD),)))
 
     def _share(self, refs: PodReferences) -> PodReferences:
@@ -248,7 +223,7 @@ class CacheIndex:
             del self._pod_nodes[key]
         if feed.has(POD):
             feed.push(CacheDeleted(key=cache_key((POD, *key)), resource_version=str(rv)))
-        self._rereference(feed, entry.refs, NONE, key[0])
+        self.objects.rereference(feed, entry.refs, NONE, key[0])
 
     def _pods_relisted(self, heads: list[tuple[ObjectHead, int]], rv: int) -> None:
         current: dict[str, dict[tuple[str, str], int]] = {}
@@ -268,113 +243,6 @@ class CacheIndex:
         """What ``feed``'s node has of ``kind`` changed unseen (a relist of the watch says so): list it again."""
         feed.sent &= ~BITS[kind]
         self._refill(feed, kind)
-
-    # ------------------------------------------------------------------ ConfigMaps and Secrets
-
-    def _rereference(self, feed: Feed, old: PodReferences, new: PodReferences, namespace: str) -> None:
-        """A Pod of ``feed``'s node now references ``new`` instead of ``old``."""
-        if old == new:
-            return
-        before, after = set(old.keys()), set(new.keys())
-        for kind, name in before - after:
-            if kind == SECRET and not feed.secrets:
-                continue
-            ref = (kind, namespace, name)
-            count = feed.refs[ref] - 1
-            if count:
-                feed.refs[ref] = count
-                continue
-            del feed.refs[ref]
-            held = self._held.get(ref)
-            if feed.has(kind) and held is not None and held.raw is not None:
-                feed.push(CacheDeleted(key=cache_key(ref), resource_version=str(held.rv)))
-            self._unreference(ref, feed.node)
-        for kind, name in after - before:
-            if kind == SECRET and not feed.secrets:
-                continue
-            ref = (kind, namespace, name)
-            count = feed.refs.get(ref, 0)
-            feed.refs[ref] = count + 1
-            if count:
-                continue
-            self._referrers.setdefault(ref, set()).add(feed.node)
-            held = self._held.get(ref)
-            if held is None:
-                if ref not in self._filling:
-                    self._want(ref)
-            elif held.raw is not None and feed.has(kind):
-                feed.push(CacheObjects(kind=kind, objects=(held.raw,)))
-
-    def _unreference(self, ref: Key, node: str) -> None:
-        nodes = self._referrers.get(ref)
-        if nodes is None:
-            return
-        nodes.discard(node)
-        if not nodes:
-            # No session's node needs it any more: forget it, and any list of it under way.
-            del self._referrers[ref]
-            self._held.pop(ref, None)
-            self._filling.pop(ref, None)
-
-    def _object_event(self, kind: str, obj: RawObject, deleted: bool) -> None:
-        h = head(obj)
-        ref = (kind, h.namespace, h.name)
-        if ref not in self._referrers:
-            return
-        filling = self._filling.get(ref)
-        if filling is not None:
-            filling.append((obj, deleted))
-            return
-        self._store(ref, None if deleted else obj, h.rv)
-
-    def _store(self, ref: Key, obj: RawObject | None, rv: int) -> None:
-        """``ref`` is ``obj`` (None: does not exist) as of ``rv``; tell the nodes referencing it."""
-        held = self._held.get(ref)
-        if held is not None and rv <= held.rv:
-            return
-        kind = ref[0]
-        raw = None if obj is None else wire(obj, kind)
-        self._held[ref] = Held(raw, rv)
-        for node in self._referrers.get(ref, ()):
-            feed = self.feeds[node]
-            if not feed.has(kind):
-                self._settle(feed)
-            elif raw is not None:
-                feed.push(CacheObjects(kind=kind, objects=(raw,)))
-            elif held is not None and held.raw is not None:
-                feed.push(CacheDeleted(key=cache_key(ref), resource_version=str(rv)))
-
-    def _objects_relisted(self, kind: str, heads: list[tuple[ObjectHead, int]], rv: int) -> None:
-        listed: dict[Key, int] = {}
-        for h, v in heads:
-            ref = (kind, h.metadata.namespace, h.metadata.name)
-            if ref in self._referrers:
-                listed[ref] = v
-        for ref in [r for r in self._referrers if r[0] == kind]:
-            held = self._held.get(ref)
-            if ref in self._filling:
-                del self._filling[ref]  # that list may be older than this one
-                self._want(ref)
-            elif ref not in listed:
-                self._store(ref, None, rv)
-            elif held is not None and listed[ref] > held.rv:
-                # Changed unseen: read it again (its nodes keep the old one until then).
-                del self._held[ref]
-                self._want(ref)
-
-    def _settle(self, feed: Feed) -> None:
-        """Send ``feed`` its ConfigMaps and Secrets collections once every object they hold is known."""
-        if not feed.has(POD):
-            return
-        for kind in _REFERENCED:
-            if feed.has(kind) or (kind == SECRET and not feed.secrets):
-                continue
-            refs = [ref for ref in feed.refs if ref[0] == kind]
-            if any(ref not in self._held for ref in refs):
-                continue
-            held = [self._held[ref] for ref in refs]
-            newest = max([self._positions.get(kind, 0), *(h.rv for h in held)])
-            feed.push_collection(kind, [h.raw for h in held if h.raw is not None], newest)
 
     # ------------------------------------------------------------------------------------- fills
 
@@ -463,42 +331,15 @@ class CacheIndex:
             refs = self._share(pod_references(pod_spec(pod)))
             feed.pods[key] = PodEntry(versions[key], refs)
             self._pod_nodes[key] = feed.node
-            self._rereference(feed, NONE, refs, key[0])
+            self.objects.rereference(feed, NONE, refs, key[0])
             frames.append(wire(pod, POD))
         for key, entry in old.items():
-            self._rereference(feed, entry.refs, NONE, key[0])
+            self.objects.rereference(feed, entry.refs, NONE, key[0])
             if key not in feed.pods and self._pod_nodes.get(key) == feed.node:
                 del self._pod_nodes[key]
         feed.pod_floor = listed
         feed.push_collection(POD, frames, newest)
-        self._settle(feed)
-
-    def begin_key(self, ref: Key) -> tuple[str, Fill] | None:
-        """A list of referenced ``ref`` starts: the version to list at and its token; None if not needed now."""
-        if ref not in self._referrers or ref in self._held or ref in self._filling:
-            return None
-        token: Fill = []
-        self._filling[ref] = token
-        return self.position(ref[0]), token
-
-    def end_key(self, ref: Key, token: Fill, obj: RawObject | None, list_rv: str) -> None:
-        """The list begun with ``token`` found ``obj`` (None: absent) as of ``list_rv``."""
-        if self._filling.get(ref) is not token:
-            return  # no longer referenced, or a relist overtook it
-        events = self._filling.pop(ref)
-        listed = version(list_rv)
-        state, newest = obj, max(listed, 0 if obj is None else head(obj).rv)
-        for event, deleted in events:
-            rv = head(event).rv
-            if rv > newest:
-                state, newest = (None if deleted else event), rv
-        self._store(ref, state, newest)
-
-    def fail_key(self, ref: Key, token: Fill) -> bool:
-        """The list begun with ``token`` failed; True if ``ref`` is still wanted (retry it)."""
-        if self._filling.get(ref) is token:
-            del self._filling[ref]
-        return ref in self._referrers and ref not in self._held and ref not in self._filling
+        self.objects.settle(feed)
 
     # ----------------------------------------------------------------------------------- fetches
 
@@ -507,14 +348,14 @@ class CacheIndex:
         if kind == NODE:
             own = not namespace and name == feed.node
             return (READ if feed.has(NODE) else PENDING) if own else GONE
-        if kind not in (POD, *_REFERENCED) or (kind == SECRET and not feed.secrets):
+        if kind not in (POD, *REFERENCED) or (kind == SECRET and not feed.secrets):
             return GONE
         if not feed.has(POD):
             return PENDING  # which Pods and references are the node's is not known yet
         if kind == POD:
             return READ if (namespace, name) in feed.pods else GONE
         ref = (kind, namespace, name)
-        held = self._held.get(ref) if ref in feed.refs else GONE_HELD
+        held = self.objects.get(ref) if ref in feed.refs else GONE_HELD
         if held is None or not feed.has(kind):
             return PENDING
         return GONE if held.raw is None else Answer("send", held.raw, held.rv)
@@ -524,7 +365,3 @@ class CacheIndex:
         if kind == NODE:
             return head(obj).name == feed.node
         return pod_spec(obj).node_name == feed.node
-
-    def referenced(self) -> int:
-        """Referenced objects, held or not (a metric)."""
-        return len(self._referrers)

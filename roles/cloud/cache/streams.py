@@ -154,7 +154,7 @@ class CacheStreams:
             metrics.cache_objects.labels(kind=kind).set_function(functools.partial(self._held, kind))
 
     def _held(self, kind: str) -> int:
-        return self.index.held()[kind]
+        return self.index.objects.held()[kind]
 
     @property
     def capabilities(self) -> tuple[str, ...]:
@@ -313,7 +313,7 @@ class CacheStreams:
             self._refill(feed, kind)  # dropped again unless the node still needs it (needs_fill)
 
     async def _fill_key(self, ref: Key) -> None:
-        begun = self.index.begin_key(ref)
+        begun = self.index.objects.begin_key(ref)
         if begun is None:
             self._key_failures.pop(ref, None)
             return
@@ -324,7 +324,7 @@ class CacheStreams:
                 KINDS[kind], namespace=namespace, field_selector=f"metadata.name={name}", resource_version=version
             )
         except ApiError as exc:
-            if self.index.fail_key(ref, token):
+            if self.index.objects.fail_key(ref, token):
                 failures = self._key_failures.get(ref, 0)
                 self._key_failures[ref] = failures + 1
                 delay = _retry_delay(failures)
@@ -336,7 +336,7 @@ class CacheStreams:
             return
         self._key_failures.pop(ref, None)
         found = next((o for o in objects if _named(o, name)), None)
-        self.index.end_key(ref, token, found, listed)
+        self.index.objects.end_key(ref, token, found, listed)
 
     async def _read(self, feed: Feed, key: CacheKey) -> None:
         """Answer a fetch of the node's own Node or one of its Pods with the object read again."""

@@ -17,7 +17,8 @@ OperationNotFound naming it, one whose Diagnosis is gone with DiagnosisNotFound.
 or declared Unknown by the controller, while its node holds it gets a Cancel.
 
 Reports come through the edge's outbox and are answered only once written (:meth:`Tasks.answer`),
-through one coalescing status writer per Task that has not ended. No write moves a Task out of a
+through one coalescing status writer per Task that has not ended (:mod:`~roles.cloud.tasks.status_writes`,
+which makes every status write here). No write moves a Task out of a
 final phase; a result arriving after the controller's Unknown is acknowledged and dropped.
 """
 
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import functools
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import Final
 
 import anyio
@@ -34,23 +34,22 @@ import msgspec
 import structlog
 
 from flows import diagnosis_dispatch, diagnosis_job
-from flows.diagnosis_dispatch import Recorded, TaskChange, accepted, dispatched, failed, finished, route_of
+from flows.diagnosis_dispatch import Recorded, accepted, dispatched, failed, route_of
 from flows.diagnosis_job import RUN
 from flows.diagnosis_tasks import owner_of
 from nodetask.clock import Clock
 from nodetask.messages import Cancel, Error, Report, ReportAck, RunAction
 from roles.cloud.api import TaskApi
 from roles.cloud.jobs.reports import JOB_GONE, REPORT_REJECTED
-from roles.cloud.jobs.status_writer import StatusWriter
 from roles.cloud.sessions import SessionTable
 from roles.cloud.settings import HubSettings
 from roles.cloud.tasks.parameters import ParameterReader
+from roles.cloud.tasks.state import TaskState, is_fresher, kept
+from roles.cloud.tasks.status_writes import TaskStatusWrites
 from roles.kube import ApiError, Deleted, NotFound, Relisted, Upserted, WatchEvent
-from roles.kube.errors import too_large
 from roles.kube.following import follow, mirror_by_name
 from roles.kube.resources import OPERATIONS, TASKS
 from roles.kube.retrying import Outage
-from roles.kube.versions import fresher
 from schemas.diagnosis import Operation, Task, TaskPhase
 
 __all__ = ["Tasks"]
@@ -60,46 +59,6 @@ Log = structlog.typing.FilteringBoundLogger
 CANCEL_GRACE_S: Final = 2.0
 GONE_KEPT: Final = 4096
 """Uids of deleted Tasks remembered, so that their late reports are answered without asking the API server."""
-_FINAL: Final = frozenset({TaskPhase.SUCCEEDED, TaskPhase.FAILED, TaskPhase.UNKNOWN})
-
-
-@dataclass(slots=True, eq=False)
-class TaskState:
-    """One Task: its newest copy, its status writer while it has not ended, and its worker while one runs."""
-
-    task: Task
-    writer: StatusWriter | None = None
-    worker: anyio.CancelScope | None = None
-    node: str = ""
-    """The node it is indexed under among the open Tasks, if it is."""
-    gone: bool = False
-    changed: anyio.Event = field(default_factory=anyio.Event)
-
-    @property
-    def final(self) -> bool:
-        return self.task.status.phase in _FINAL
-
-    @property
-    def open(self) -> bool:
-        """Still to run: not ended, not deleted or being deleted."""
-        return not (self.gone or self.final or self.task.metadata.deletion_timestamp is not None)
-
-    def update(self, task: Task) -> None:
-        self.task = task
-        self.changed.set()
-        self.changed = anyio.Event()
-
-
-def _fresher(new: Task, old: Task) -> bool:
-    return fresher(new.metadata.resource_version, old.metadata.resource_version)
-
-
-def _kept(task: Task) -> Task:
-    """What the cache keeps of ``task``: an ended Task is never written again, so not its request or results."""
-    if task.status.phase not in _FINAL:
-        return task
-    spec = msgspec.structs.replace(task.spec, parameters={})
-    return msgspec.structs.replace(task, spec=spec, status=msgspec.structs.replace(task.status, results={}))
 
 
 class Tasks:
@@ -116,6 +75,7 @@ class Tasks:
         self._operations: dict[str, Operation] = {}
         self._gone: OrderedDict[str, None] = OrderedDict()
         self._parameters = ParameterReader(api, log=log)
+        self._writes = TaskStatusWrites(api, settings=settings, clock=clock, log=log, on_written=self._upsert)
         self._tg: anyio.abc.TaskGroup | None = None
         self.synced = anyio.Event()
         """Set once the first lists of Tasks and Operations are taken in."""
@@ -123,7 +83,7 @@ class Tasks:
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Follow Tasks and Operations, dispatching and writing as they need, until cancelled."""
         async with anyio.create_task_group() as tg:
-            self._tg = tg
+            self._tg = self._writes.tg = tg
             await follow(tg, functools.partial(self._api.watch, OPERATIONS), self._on_operation)
             await follow(tg, functools.partial(self._api.watch, TASKS), self._on_task)
             self.synced.set()
@@ -158,9 +118,9 @@ class Tasks:
         uid = task.metadata.uid
         state = self._by_uid.get(uid)
         if state is None:
-            state = self._by_uid[uid] = TaskState(task=_kept(task))
-        elif _fresher(task, state.task):
-            state.update(_kept(task))
+            state = self._by_uid[uid] = TaskState(task=kept(task))
+        elif is_fresher(task, state.task):
+            state.update(kept(task))
         else:
             return
         self._index(state)
@@ -198,60 +158,7 @@ class Tasks:
             self._open_by_node.setdefault(node, set()).add(uid)
         state.node = node
 
-    # ---------------------------------------------------------------------------------------- writing
-
-    def _writer(self, state: TaskState) -> StatusWriter | None:
-        """The Task's status writer, started on first use; None once the Task has ended or is gone."""
-        if state.writer is None and not (state.final or state.gone):
-            assert self._tg is not None
-            meta = state.task.metadata
-            state.writer = StatusWriter(
-                self._api,
-                TASKS,
-                meta.name,
-                namespace=meta.namespace,
-                window=self._settings.coalesce_window,
-                log=self._log.bind(task=f"{meta.namespace}/{meta.name}"),
-                on_written=self._upsert,
-                cached=lambda: state.task,
-            )
-            self._tg.start_soon(state.writer.run)
-        return state.writer
-
-    async def _write(self, state: TaskState, change: TaskChange) -> Recorded | None:
-        """Apply ``change`` to the Task's status; its outcome, or None when the Task is gone.
-
-        Errors: the :class:`ApiError` of a write that failed (not NotFound).
-        """
-        # A change already true of the cached copy is true of any fresher one (they only move forward).
-        new, outcome = change(state.task)
-        if new is None and outcome in (Recorded.UNCHANGED, Recorded.FINAL):
-            return outcome
-        writer = self._writer(state)
-        if writer is None:
-            return None if state.gone else Recorded.FINAL
-        try:
-            result: Recorded = await writer.submit(change)
-        except NotFound:
-            return None
-        except anyio.ClosedResourceError:
-            # The Task ended or went while this change waited for its turn.
-            return None if state.gone else Recorded.FINAL
-        return result
-
-    async def _write_retrying(self, state: TaskState, change: TaskChange, log: Log) -> Recorded | None:
-        """:meth:`_write`, retried with backoff after API errors until it is written or the Task ends."""
-        outage = Outage(log, "task_status_write_retry")
-        while True:
-            try:
-                written = await self._write(state, change)
-            except ApiError as exc:
-                await outage.wait(exc)
-                continue
-            outage.recovered()
-            return written
-
-    # ---------------------------------------------------------------------------------------- dispatch
+    # ---------------------------------------------------------------------------------------- sending
 
     def _start(self, state: TaskState) -> None:
         node = state.task.spec.node_name
@@ -287,7 +194,7 @@ class Tasks:
                         if not sent:
                             sent = True
                             tg.start_soon(
-                                self._write_retrying, state, dispatched(uid=meta.uid, now=self._clock.now()), log
+                                self._writes.write_retrying, state, dispatched(uid=meta.uid, now=self._clock.now()), log
                             )
                         async with anyio.create_task_group() as this_session:
                             this_session.start_soon(self._accept_when_acked, state, acked, tg, log)
@@ -320,7 +227,7 @@ class Tasks:
                 condition_type=diagnosis_dispatch.OPERATION_NOT_FOUND,
                 now=self._clock.now(),
             )
-            await self._write_retrying(state, change, log)
+            await self._writes.write_retrying(state, change, log)
             return None
         # The Diagnosis's parameters are read from it (a Task made by hand, with no owner, has only its own).
         owner = owner_of(task)
@@ -335,7 +242,7 @@ class Tasks:
                 change = failed(
                     uid=uid, reason=diagnosis_dispatch.DIAGNOSIS_NOT_FOUND, message=message, now=self._clock.now()
                 )
-                await self._write_retrying(state, change, log)
+                await self._writes.write_retrying(state, change, log)
                 return None
         raw = diagnosis_dispatch.task_run(task, operation.spec.processor, parameters)
         if len(raw) > diagnosis_job.MAX_REQUEST_BYTES:
@@ -347,7 +254,7 @@ class Tasks:
             change = failed(
                 uid=uid, reason=diagnosis_dispatch.REQUEST_TOO_LARGE, message=message, now=self._clock.now()
             )
-            await self._write_retrying(state, change, log)
+            await self._writes.write_retrying(state, change, log)
             return None
         return msgspec.Raw(raw)
 
@@ -375,7 +282,7 @@ class Tasks:
 
     async def _write_accepted(self, state: TaskState, log: Log) -> None:
         node = state.task.spec.node_name
-        outcome = await self._write_retrying(
+        outcome = await self._writes.write_retrying(
             state, accepted(uid=state.task.metadata.uid, node=node, now=self._clock.now()), log
         )
         if outcome is Recorded.APPLIED:
@@ -410,34 +317,14 @@ class Tasks:
         if (task.metadata.name, task.spec.node_name) != (report.route.job, report.route.node):
             text = f"task {report.job_uid} is {task.metadata.name} on node {task.spec.node_name}, not the route's"
             return Error(code=REPORT_REJECTED, message=text, ref=ref)
-        node = report.route.node
-        change = finished(report.result, uid=report.job_uid, node=node, now=self._clock.now())
-        outage = Outage(log, "report_write_retry")
-        while True:
-            try:
-                outcome = await self._write(state, change)
-            except ApiError as exc:
-                if too_large(exc):
-                    # Recorded as a failure saying so: refused, the report would wait on the edge for ever.
-                    log.warning("task_results_too_large", error=str(exc))
-                    message = f"the API server refused the results of node {node} as too large: {exc.message}"
-                    change = failed(
-                        uid=report.job_uid,
-                        reason=diagnosis_dispatch.RESULTS_TOO_LARGE,
-                        message=message,
-                        now=self._clock.now(),
-                    )
-                else:
-                    await outage.wait(exc)
-                continue
-            outage.recovered()
-            if outcome is None:
-                return Error(code=JOB_GONE, message=f"task {report.route.job} no longer exists", ref=ref)
-            if outcome is Recorded.APPLIED:
-                log.info("task_result_recorded", succ=report.succ)
-            elif outcome is Recorded.FINAL:
-                log.info("late_task_result_ignored", phase=state.task.status.phase, succ=report.succ)
-            return ReportAck(job_uid=report.job_uid, seq=report.seq)
+        outcome = await self._writes.write_result(state, report, log)
+        if outcome is None:
+            return Error(code=JOB_GONE, message=f"task {report.route.job} no longer exists", ref=ref)
+        if outcome is Recorded.APPLIED:
+            log.info("task_result_recorded", succ=report.succ)
+        elif outcome is Recorded.FINAL:
+            log.info("late_task_result_ignored", phase=state.task.status.phase, succ=report.succ)
+        return ReportAck(job_uid=report.job_uid, seq=report.seq)
 
     async def _find(self, report: Report, log: Log) -> TaskState | None:
         """The reported Task, by uid; one this hub's watch has not shown yet is looked for by name."""
