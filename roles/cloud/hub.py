@@ -25,17 +25,19 @@ still running, within ``close_grace`` seconds, so that edges reconnect to anothe
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from types import MappingProxyType
 from typing import Final, Protocol
 
 import anyio
 import anyio.abc
 import structlog
 
+from flows import diagnosis_job
 from flows.jobtype import JobType
 from nodetask import messages
 from nodetask.clock import Clock
-from nodetask.messages import Report
+from nodetask.messages import Error, Report, ReportAck
 from roles.cloud.api import HubApi
 from roles.cloud.cache.streams import CacheStreams
 from roles.cloud.changes import RecordOutcome
@@ -57,11 +59,21 @@ from roles.cloud.transport.kubeedge_http import TaskStatusEndpoint
 from roles.cloud.transport.session_handler import ServeEdge, SessionHandler
 from roles.common.health import Route
 from roles.common.server_tls import ServerTls
-from schemas import diagnosis
 
-__all__ = ["EdgeDoor", "Hub", "HubSettings"]
+__all__ = ["EdgeDoor", "Hub", "HubSettings", "report_answers"]
 
 Log = structlog.typing.FilteringBoundLogger
+
+Answer = Callable[[Report, Log], Awaitable[ReportAck | Error]]
+"""Records a report from its node's session; the answer the edge gets once it is written."""
+
+
+def report_answers(job_types: Mapping[str, JobType], *, reports: Reports, tasks: Tasks) -> Mapping[str, Answer]:
+    """Who answers a report, by its route's job type: every node job type's reports are written into the
+    job's status, diagnosis Tasks' into the Task's."""
+    answers: dict[str, Answer] = dict.fromkeys(job_types, reports.answer)
+    answers[diagnosis_job.RESOURCE_TYPE] = tasks.answer
+    return MappingProxyType(answers)
 
 
 class EdgeDoor(Protocol):
@@ -105,6 +117,7 @@ class Hub:
         )
         self.reports: Final = Reports(jobs=self.jobs, types=job_types, clock=clock, settings=settings, metrics=metrics)
         self.tasks: Final = Tasks(kube, sessions=self.sessions, clock=clock, settings=settings, log=self._log)
+        self._answers = report_answers(job_types, reports=self.reports, tasks=self.tasks)
         self.marks: Final = PendingMarks(anyio.current_time)
         # One Node watch per hub: the cache streams' when they are on, else the marked Nodes' own.
         self.marked_nodes: Final = MarkedNodes(
@@ -246,8 +259,7 @@ class Hub:
         await self.node_marks.mark(node, version, log, answered=offer)
 
     async def _apply_report(self, session: Session, report: Report, log: Log) -> None:
-        # A report's task is the session's own: cancelled only when the session ends.
-        if report.route.api_version == diagnosis.API_VERSION:
-            await session.send(await self.tasks.answer(report, log), own=True)
-        else:
-            await session.send(await self.reports.answer(report, log), own=True)
+        # A report's task is the session's own: cancelled only when the session ends. A job type no one
+        # answers for is refused by the node jobs' reports, which name it.
+        answer = self._answers.get(report.route.job_type, self.reports.answer)
+        await session.send(await answer(report, log), own=True)

@@ -50,6 +50,7 @@ from roles.kube import ApiError, Deleted, NotFound, Relisted, Upserted, WatchEve
 from roles.kube.following import follow, mirror_by_name
 from roles.kube.resources import OPERATIONS, TASKS
 from roles.kube.retrying import Outage
+from schemas import diagnosis
 from schemas.diagnosis import Operation, Task, TaskPhase
 
 __all__ = ["Tasks"]
@@ -306,6 +307,9 @@ class Tasks:
         """Record ``report`` (from its own node's session); the answer the edge gets once it is written."""
         ref = str(report.seq)
         log = log.bind(task=report.route.job, uid=report.job_uid, seq=report.seq)
+        if report.route.api_version != diagnosis.API_VERSION:
+            what = f"a {report.route.job_type} under {report.route.api_version}"
+            return Error(code=REPORT_REJECTED, message=f"no diagnosis task reports {what}", ref=ref)
         if report.route.job_type != diagnosis_job.RESOURCE_TYPE or report.action != RUN:
             what = f"{report.route.job_type} action {report.action}"
             return Error(code=REPORT_REJECTED, message=f"no diagnosis task reports {what}", ref=ref)
