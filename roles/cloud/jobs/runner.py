@@ -34,7 +34,6 @@ import msgspec
 import structlog
 
 from flows.jobtype import JobType
-from nodetask.backoff import Backoff
 from nodetask.clock import Clock, parse_time
 from nodetask.messages import ATTEMPTS_CAPABILITY, TYPED_CREDENTIALS, Cancel, Confirm, RunAction
 from nodetask.phases import ConditionStatus, NodeTaskPhase
@@ -45,12 +44,16 @@ from roles.cloud.jobs.status_writer import StatusWriter
 from roles.cloud.sessions import Session, SessionTable
 from roles.common.registry_auth import RegistryAuth, encode_credentials
 from roles.kube import ApiError, NotFound
+from roles.kube.retrying import Outage
 from schemas import v1alpha2
 from schemas.access import targeting
 
 Log = structlog.typing.FilteringBoundLogger
 
 CANCEL_GRACE_S = 2.0
+RETRY_INITIAL = 0.5
+RETRY_CAP = 10.0
+"""The backoff of a claim or refusal the API server failed (seconds)."""
 
 
 class JobRunner:
@@ -189,22 +192,22 @@ class JobRunner:
             f" capability {ATTEMPTS_CAPABILITY!r} and would take attempt {attempt} for the first one again;"
             " upgrade the agent, or run the node in a new job"
         )
-        backoff = Backoff(initial=0.5, cap=10.0)
+        outage = Outage(log, "refusal_failed", initial=RETRY_INITIAL, cap=RETRY_CAP)
         while True:
             try:
                 refused: bool = await self._writer.submit(refuse(node, uid=self.uid, attempt=attempt, reason=reason))
             except NotFound:
                 return True
             except ApiError as exc:
-                log.warning("refusal_failed", error=str(exc))
-                await anyio.sleep(backoff.delay())
+                await outage.wait(exc)
                 continue
+            outage.recovered()
             if refused:
                 log.warning("retry_refused_old_agent", attempt=attempt, version=session.version)
             return True
 
     async def _claim(self, node: str, log: Log) -> bool:
-        backoff = Backoff(initial=0.5, cap=10.0)
+        outage = Outage(log, "claim_failed", initial=RETRY_INITIAL, cap=RETRY_CAP)
         while True:
             changed = self._changed
             try:
@@ -212,9 +215,9 @@ class JobRunner:
             except NotFound:
                 return False
             except ApiError as exc:
-                log.warning("claim_failed", error=str(exc))
-                await anyio.sleep(backoff.delay())
+                await outage.wait(exc)
                 continue
+            outage.recovered()
             match outcome:
                 case ClaimOutcome.CLAIMED:
                     self.dispatched.append((node, anyio.current_time()))
