@@ -14,7 +14,7 @@ from roles.kube import Resource
 from roles.kube.resources import NODES, SECRETS
 from schemas.core import Node, Secret
 from schemas.meta import ApiStruct, ObjectMeta
-from tests.unit.hub_doubles import FakeEdge, MemoryApi
+from tests.unit.roles.cloud.doubles import FakeEdge, MemoryApi
 
 
 class FullMeta(ObjectMeta, frozen=True):

@@ -28,7 +28,7 @@ from schemas.diagnosis import (
 )
 from schemas.meta import ObjectMeta, OwnerReference
 from schemas.processors import HTTPServer, Processor
-from tests.unit.hub_doubles import FakeEdge, MemoryApi, MemoryDoor, edge_nodes, running_hub
+from tests.unit.roles.cloud.doubles import FakeEdge, MemoryApi, MemoryDoor, edge_nodes, running_hub
 
 T = TypeVar("T", bound=msgspec.Struct)
 NS = "ns"

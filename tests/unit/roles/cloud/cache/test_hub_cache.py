@@ -26,7 +26,7 @@ from nodetask.messages import (
 from roles.cloud.cache.streams import FRAME_LIMIT
 from roles.cloud.hub import Hub
 from roles.cloud.sessions import OUTBOUND_QUEUE
-from tests.unit.cache_world import (
+from tests.unit.roles.cloud.cache_world import (
     POD_DOCS,
     Mirror,
     put_config_map,
@@ -35,7 +35,7 @@ from tests.unit.cache_world import (
     put_secret,
     until,
 )
-from tests.unit.hub_doubles import FakeEdge, MemoryApi, MemoryDoor, running_hub
+from tests.unit.roles.cloud.doubles import FakeEdge, MemoryApi, MemoryDoor, running_hub
 
 CACHE = (CACHE_CAPABILITY,)
 WITH_SECRETS = (CACHE_CAPABILITY, CACHE_SECRETS_CAPABILITY)

@@ -15,8 +15,8 @@ from roles.kube import Resource
 from roles.kube.resources import NODES
 from schemas.core import Node, NodeCondition, NodeStatus
 from schemas.meta import ObjectMeta
-from tests.unit.cache_world import until
-from tests.unit.hub_doubles import FakeEdge, MemoryApi, running_hub
+from tests.unit.roles.cloud.cache_world import until
+from tests.unit.roles.cloud.doubles import FakeEdge, MemoryApi, running_hub
 
 READY = NodeCondition(type="Ready", status="True", reason="KubeletReady", last_transition_time="2026-01-01T00:00:00Z")
 ENABLED = AutonomyCondition(status="True", reason="autonomy enabled successfully", message="works")

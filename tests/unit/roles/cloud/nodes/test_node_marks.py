@@ -32,7 +32,7 @@ from roles.kube.aio import AioApi
 from roles.kube.client import REQUESTS_IN_FLIGHT
 from roles.kube.resources import NODES
 from schemas.core import AGENT_VERSION_ANNOTATION, HUB_ANNOTATION
-from tests.unit.hub_doubles import PREPULLS, MemoryApi, edge_nodes, prepull_job, running_hub
+from tests.unit.roles.cloud.doubles import PREPULLS, MemoryApi, edge_nodes, prepull_job, running_hub
 
 T = TypeVar("T", bound=msgspec.Struct)
 NODE = b'{"metadata": {"name": "n1"}}'

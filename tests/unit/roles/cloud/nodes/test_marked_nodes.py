@@ -16,11 +16,11 @@ from roles.kube import Deleted, Interrupted, Relisted, Upserted
 from roles.kube.resources import NODES
 from schemas.core import AGENT_VERSION_ANNOTATION, HUB_ANNOTATION, MarkAnnotations, Node, NodeHead, RawObject
 from schemas.meta import ObjectMeta
-from tests.unit.cache_world import until
-from tests.unit.hub_doubles import MemoryApi, running_hub
+from tests.unit.roles.cloud.cache_world import until
+from tests.unit.roles.cloud.doubles import MemoryApi, running_hub
 
 HUB = "hub-a"
-"""The hub id of :func:`tests.unit.hub_doubles.running_hub`."""
+"""The hub id of :func:`tests.unit.roles.cloud.doubles.running_hub`."""
 
 maybe_text = st.one_of(st.none(), st.sampled_from([HUB, "hub-b", "v1", "v2", ""]), st.text(max_size=8))
 

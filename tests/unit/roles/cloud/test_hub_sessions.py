@@ -26,7 +26,7 @@ from roles.kube.resources import NODES
 from schemas.core import HUB_ANNOTATION
 from schemas.kinds import IMAGE_PRE_PULL_JOB
 from schemas.v1alpha2 import API_VERSION, ImageStatus
-from tests.unit.hub_doubles import PREPULLS, FakeEdge, MemoryApi, edge_nodes, prepull_job, running_hub
+from tests.unit.roles.cloud.doubles import PREPULLS, FakeEdge, MemoryApi, edge_nodes, prepull_job, running_hub
 
 PENDING = NodeTaskPhase.PENDING
 IN_PROGRESS = NodeTaskPhase.IN_PROGRESS

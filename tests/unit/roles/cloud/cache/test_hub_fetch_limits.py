@@ -13,8 +13,8 @@ from roles.cloud.cache.streams import MAX_FETCH_KEYS
 from roles.cloud.cache.token_bucket import TokenBucket, take
 from roles.cloud.role import settings_of
 from roles.common.config import CloudConfig, ConfigError, load_config
-from tests.unit.cache_world import Mirror, put_config_map, put_node, put_pod, until
-from tests.unit.hub_doubles import MemoryApi, MemoryDoor, running_hub
+from tests.unit.roles.cloud.cache_world import Mirror, put_config_map, put_node, put_pod, until
+from tests.unit.roles.cloud.doubles import MemoryApi, MemoryDoor, running_hub
 
 NODE, POD, CM = "Node", "Pod", "ConfigMap"
 OWN_NODE = CacheKey(kind=NODE, name="n0")

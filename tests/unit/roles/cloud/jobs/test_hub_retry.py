@@ -14,7 +14,7 @@ from nodetask.phases import JobPhase, NodeTaskPhase
 from nodetask.route import Route
 from roles.cloud.changes import RecordOutcome, record, refuse
 from schemas.v1alpha2 import API_VERSION, ImagePrePullJob, PreviousAttempt, RetryStatus
-from tests.unit.hub_doubles import PREPULLS, MemoryApi, edge_nodes, prepull_job, running_hub
+from tests.unit.roles.cloud.doubles import PREPULLS, MemoryApi, edge_nodes, prepull_job, running_hub
 
 PENDING = NodeTaskPhase.PENDING
 NOW = "2026-11-26T00:00:00Z"
