@@ -13,39 +13,7 @@ import trio.testing
 from roles.cloud.jobs.status_writer import StatusWriter
 from roles.kube import ApiError, Kube
 from roles.kube.resources import NODES
-
-
-class FakeStatusApi:
-    """Holds one integer 'object'; ``update_status`` re-reads and re-applies ``conflicts`` extra times."""
-
-    def __init__(self, *, conflicts: int = 0, error: ApiError | None = None) -> None:
-        self.value = 0
-        self.writes = 0
-        self.conflicts = conflicts
-        self.error = error
-
-    async def update_status(
-        self,
-        _resource: Any,
-        _name: str,
-        mutate: Callable[[int], int | None],
-        *,
-        current: int | None = None,
-        namespace: str = "",
-    ) -> int:
-        await anyio.sleep(0.01)
-        # Like the API server: a batch that changes nothing is not written, so it cannot fail.
-        if self.error is not None and mutate(self.value) is not None:
-            raise self.error
-        for _ in range(self.conflicts):
-            self.value += 100  # another writer got in first; the batch is applied again to the new value
-            mutate(self.value)
-        self.conflicts = 0
-        new = mutate(self.value)
-        if new is not None:
-            self.value = new
-            self.writes += 1
-        return self.value
+from tests.unit.roles.cloud.jobs.doubles import FakeStatusApi
 
 
 def _add(n: int) -> Callable[[int], tuple[int | None, int]]:

@@ -11,12 +11,12 @@ import trio.testing
 
 from nodetask.messages import CACHE_CAPABILITY, AutonomyCondition, Error
 from roles.cloud.nodes.autonomy_conditions import with_autonomy
-from roles.kube import Resource
 from roles.kube.resources import NODES
 from schemas.core import Node, NodeCondition, NodeStatus
 from schemas.meta import ObjectMeta
 from tests.unit.roles.cloud.cache_world import until
 from tests.unit.roles.cloud.doubles import FakeEdge, MemoryApi, running_hub
+from tests.unit.roles.cloud.nodes.doubles import RacingKubelet
 
 READY = NodeCondition(type="Ready", status="True", reason="KubeletReady", last_transition_time="2026-01-01T00:00:00Z")
 ENABLED = AutonomyCondition(status="True", reason="autonomy enabled successfully", message="works")
@@ -108,25 +108,11 @@ async def test_the_hub_writes_the_condition_only_when_it_changes_with_an_event_p
     assert event.message == "Autonomy condition is Unknown: cache failed: k: disk full"
 
 
-class _RacingKubelet(MemoryApi):
-    """An API server where the kubelet updates the Node right after the hub's first read of it."""
-
-    raced = False
-
-    async def get(self, resource: Resource[Any], name: str, *, namespace: str = "") -> Any:
-        current = await super().get(resource, name, namespace=namespace)
-        if resource.plural == "nodes" and not self.raced:
-            self.raced = True
-            ready = NodeCondition(type="Ready", status="False", reason="KubeletNotReady")
-            self.put(NODES, Node(metadata=ObjectMeta(name=name), status=NodeStatus(conditions=(ready,))))
-        return current
-
-
 async def test_a_conflicting_status_write_is_read_again_and_keeps_the_other_writers_change(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     """The kubelet's write between the hub's read and its patch makes a conflict: the hub reads again, both stay."""
-    api = _RacingKubelet()
+    api = RacingKubelet()
     api.put(NODES, Node(metadata=ObjectMeta(name="n0"), status=NodeStatus(conditions=(READY,))))
     async with running_hub(api) as (_, door):
         edge = await _edge(door)

@@ -27,30 +27,15 @@ from roles.cloud.metrics import HubMetrics
 from roles.cloud.nodes.marks import FAILED, RETRY_CAP, RETRY_INITIAL, WRITTEN, NodeMarks, PendingMarks
 from roles.common.health import Request, health_routes, router
 from roles.common.jobtypes import job_types
-from roles.kube import ApiError, Kube, Resource
+from roles.kube import Kube
 from roles.kube.aio import AioApi
 from roles.kube.client import REQUESTS_IN_FLIGHT
 from roles.kube.resources import NODES
 from schemas.core import AGENT_VERSION_ANNOTATION, HUB_ANNOTATION
-from tests.unit.roles.cloud.doubles import PREPULLS, MemoryApi, edge_nodes, prepull_job, running_hub
+from tests.unit.roles.cloud.doubles import PREPULLS, edge_nodes, prepull_job, running_hub
+from tests.unit.roles.cloud.nodes.doubles import CountingApi, FlakyNodes, SlowApi
 
 T = TypeVar("T", bound=msgspec.Struct)
-NODE = b'{"metadata": {"name": "n1"}}'
-
-
-class SlowApi:
-    """An API server whose every answer takes ``latency`` seconds; it records the PATCHes it answered."""
-
-    def __init__(self, latency: float) -> None:
-        self.latency = latency
-        self.sent: list[str] = []
-        self.answered: list[str] = []
-
-    async def request(self, method: str, path: str, **_: Any) -> bytes:
-        self.sent.append(path)
-        await anyio.sleep(self.latency)
-        self.answered.append(path)
-        return NODE
 
 
 async def _direct(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -213,24 +198,6 @@ async def test_stuck_marks_are_logged_once_when_they_stick_and_once_when_they_fl
     assert logs[0]["error"] == "Node marks stuck: 1 pending, the oldest for 70 s (markPendingLimit 60 s)"
 
 
-class FlakyNodes:
-    """A NodeStore whose first ``refusals`` merge patches fail with a 500; it records each patch's loop time."""
-
-    def __init__(self, refusals: float) -> None:
-        self.refusals = refusals
-        self.patched: list[float] = []
-
-    async def get(self, resource: Any, name: str, *, namespace: str = "") -> Any:
-        raise AssertionError("a mark reads nothing")
-
-    async def merge_patch(self, resource: Any, name: str, patch: dict[str, Any], **_: Any) -> Any:
-        await anyio.lowlevel.checkpoint()
-        self.patched.append(anyio.current_time())
-        if len(self.patched) <= self.refusals:
-            raise ApiError(500, "InternalError", "etcdserver: request timed out")
-        return None
-
-
 @contextlib.contextmanager
 def _never(_: str) -> Iterator[anyio.Event]:
     yield anyio.Event()
@@ -295,18 +262,6 @@ async def test_a_mark_answered_at_once_is_counted_once_and_not_logged(autojump_c
     with structlog.testing.capture_logs() as logs:
         await _marks(api, settled).mark("n1", "v1", structlog.get_logger(), answered=lambda: answered.append("n1"))
     assert (settled, answered, logs) == ([WRITTEN], ["n1"], [])
-
-
-class CountingApi(MemoryApi):
-    """The in-memory API server, counting merge patches tried (on missing objects too)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.patch_tries = 0
-
-    async def merge_patch(self, resource: Resource[T], name: str, patch: dict[str, Any], **kwargs: Any) -> T:
-        self.patch_tries += 1
-        return await super().merge_patch(resource, name, patch, **kwargs)
 
 
 @pytest.mark.parametrize("cache_streams", [True, False], ids=["shared-node-watch", "own-node-watch"])

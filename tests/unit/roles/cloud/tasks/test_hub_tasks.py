@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 import msgspec
@@ -13,7 +12,6 @@ import trio.testing
 from flows.diagnosis_job import MAX_REQUEST_BYTES, RUN, TaskRun
 from nodetask.messages import Ack, Cancel, Error, Report, ReportAck, RunAction
 from nodetask.route import Route
-from roles.kube import ApiError, Resource
 from roles.kube.resources import DIAGNOSES, OPERATIONS, TASKS
 from schemas.diagnosis import (
     API_VERSION,
@@ -29,6 +27,7 @@ from schemas.diagnosis import (
 from schemas.meta import ObjectMeta, OwnerReference
 from schemas.processors import HTTPServer, Processor
 from tests.unit.roles.cloud.doubles import FakeEdge, MemoryApi, MemoryDoor, edge_nodes, running_hub
+from tests.unit.roles.cloud.tasks.doubles import RefusesLargeResults
 
 T = TypeVar("T", bound=msgspec.Struct)
 NS = "ns"
@@ -409,29 +408,6 @@ async def test_a_report_of_another_action_or_task_name_is_refused(
         await edge.send(Report(route=route, job_uid="uid-t", seq=1, action=action, succ=True))
         assert (await edge.next_of(Error)).code == "report_rejected"
         assert stored(api) == before
-
-
-class RefusesLargeResults(MemoryApi):
-    """Answers a status write holding results over ``limit`` bytes as etcd does: request too large."""
-
-    limit = 100
-
-    async def update_status(
-        self,
-        resource: Resource[T],
-        name: str,
-        mutate: Callable[[T], T | None],
-        *,
-        current: T | None = None,
-        namespace: str = "",
-    ) -> T | None:
-        def checked(obj: T) -> T | None:
-            new: Any = mutate(obj)
-            if new is not None and len(msgspec.json.encode(new.status.results)) > self.limit:
-                raise ApiError(500, "InternalError", "etcdserver: request is too large")
-            return new  # type: ignore[no-any-return]
-
-        return await super().update_status(resource, name, checked, current=current, namespace=namespace)
 
 
 async def test_results_the_api_server_refuses_as_too_large_fail_the_task_saying_so(

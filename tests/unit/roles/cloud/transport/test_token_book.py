@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any, cast
+from typing import cast
 
 import anyio
 import anyio.abc
@@ -11,50 +11,9 @@ import pytest
 import structlog
 import trio.testing
 
-from roles.cloud.transport.auth import READ_ANSWERS_KEPT, AuthError, TokenBook, token_secret
-from roles.kube import ApiError, Deleted, Interrupted, Kube, NotFound, Relisted, Upserted, WatchEvent
-from schemas.core import Secret
-
-NAMESPACE = "kube-system"
-
-
-class FakeSecrets:
-    """Secrets by name for GETs, and the token watch's stream for the test to feed."""
-
-    def __init__(self) -> None:
-        self.secrets: dict[str, Secret] = {}
-        self.reads = 0
-        self.gate: anyio.Event | None = None
-        """When set, a GET's answer waits for it: a read in flight while the watch moves on."""
-        self.events: anyio.abc.ObjectSendStream[WatchEvent] | None = None
-        self.unavailable = False
-        """When set, a GET fails as an API server that does not answer would."""
-
-    def put(self, node: str, token: str) -> Secret:
-        secret = token_secret(node, token, namespace=NAMESPACE)
-        self.secrets[secret.metadata.name] = secret
-        return secret
-
-    async def get(self, _resource: Any, name: str, *, namespace: str = "") -> Secret:
-        self.reads += 1
-        if self.unavailable:
-            raise ApiError(503, "ServiceUnavailable", "the server is currently unable to handle the request")
-        answer = self.secrets.get(name)  # what the API server said, even if it reaches the hub late
-        if self.gate is not None:
-            await self.gate.wait()
-        if answer is None:
-            raise NotFound(404, "NotFound", f"secrets {name!r} not found")
-        return answer
-
-    async def watch(self, _resource: Any, send: anyio.abc.ObjectSendStream[WatchEvent], **_: Any) -> None:
-        self.events = send
-        await anyio.sleep_forever()
-
-    async def say(self, event: WatchEvent) -> None:
-        """Deliver a watch event and let the book take it in."""
-        assert self.events is not None
-        await self.events.send(event)
-        await trio.testing.wait_all_tasks_blocked()
+from roles.cloud.transport.auth import READ_ANSWERS_KEPT, AuthError, TokenBook
+from roles.kube import Deleted, Interrupted, Kube, Relisted, Upserted
+from tests.unit.roles.cloud.transport.doubles import NAMESPACE, FakeSecrets
 
 
 @pytest.fixture

@@ -9,28 +9,10 @@ import trio
 import trio.testing
 
 from roles.cloud.transport.wire import Wire
+from tests.unit.roles.cloud.transport.doubles import WantingSocket
 
 
-class _WantingSocket(socket.socket):
-    """A socket whose next reads or writes first answer as OpenSSL does mid-handshake (renegotiation)."""
-
-    def __init__(self, fileno: int) -> None:
-        super().__init__(fileno=fileno)
-        self.on_recv: list[type[ssl.SSLError]] = []
-        self.on_send: list[type[ssl.SSLError]] = []
-
-    def recv(self, size: int, flags: int = 0) -> bytes:
-        if self.on_recv:
-            raise self.on_recv.pop(0)()
-        return super().recv(size, flags)
-
-    def send(self, data: object, flags: int = 0) -> int:
-        if self.on_send:
-            raise self.on_send.pop(0)()
-        return super().send(data, flags)  # type: ignore[arg-type]
-
-
-def _filled_pair() -> tuple[_WantingSocket, socket.socket]:
+def _filled_pair() -> tuple[WantingSocket, socket.socket]:
     """A connected pair whose first end cannot write until the second reads."""
     ours, theirs = socket.socketpair()
     ours.setblocking(False)
@@ -39,7 +21,7 @@ def _filled_pair() -> tuple[_WantingSocket, socket.socket]:
             ours.send(b"\0" * 65536)
     except BlockingIOError:
         pass
-    return _WantingSocket(ours.detach()), theirs
+    return WantingSocket(ours.detach()), theirs
 
 
 async def test_a_reader_and_a_writer_both_waiting_to_write_take_turns_on_the_socket() -> None:
@@ -71,7 +53,7 @@ async def test_a_reader_and_a_writer_both_waiting_to_write_take_turns_on_the_soc
 async def test_a_writer_and_a_reader_both_waiting_for_data_take_turns_on_the_socket() -> None:
     """A send that must read first (a TLS handshake record) and a receive both wait for data, neither failing."""
     ours, theirs = socket.socketpair()
-    wanting = _WantingSocket(ours.detach())
+    wanting = WantingSocket(ours.detach())
     wire = Wire(wanting)
     wanting.on_send.append(ssl.SSLWantReadError)
     received: list[bytes] = []
