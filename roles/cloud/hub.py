@@ -11,10 +11,11 @@
   watch shows it marked already (:mod:`~roles.cloud.nodes.marked_nodes`), and the node offered to every runner;
 * :mod:`~roles.cloud.jobs.reports`: a report is applied through the job's status writer and
   acknowledged only after that write; :mod:`~roles.cloud.transport.kubeedge_http` takes KubeEdge's HTTP
-  reports the same way;
+  reports the same way. Which room answers a session's report is a table by job type
+  (:func:`report_answers`);
 * :mod:`~roles.cloud.jobs.image_secrets`: registry credentials for a job's images;
 * :mod:`~roles.cloud.tasks.watch`: diagnosis Tasks, sent to their nodes and their results written on the
-  same protocol, reports from the edges' outboxes included.
+  same protocol, reports from the edges' outboxes included (:mod:`~roles.cloud.tasks.status_writes`);
 * :mod:`~roles.cloud.cache.streams`: each cache session's edge kept a copy of its node's objects,
   from one shared watch per kind; :mod:`~roles.cloud.nodes.autonomy_conditions`: the Autonomy condition
   its edge reports, written on its Node.

@@ -63,7 +63,7 @@ GONE_KEPT: Final = 4096
 
 
 class Tasks:
-    """Every Task this hub may dispatch. Run :meth:`run`; ready once both watches have listed."""
+    """Every Task this hub may send to a node. Run :meth:`run`; ready once both watches have listed."""
 
     def __init__(self, api: TaskApi, *, sessions: SessionTable, clock: Clock, settings: HubSettings, log: Log) -> None:
         self._api = api
@@ -82,7 +82,7 @@ class Tasks:
         """Set once the first lists of Tasks and Operations are taken in."""
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-        """Follow Tasks and Operations, dispatching and writing as they need, until cancelled."""
+        """Follow Tasks and Operations, sending and writing as they need, until cancelled."""
         async with anyio.create_task_group() as tg:
             self._tg = self._writes.tg = tg
             await follow(tg, functools.partial(self._api.watch, OPERATIONS), self._on_operation)
