@@ -1,7 +1,7 @@
 """Benchmark 1b: what a two-stage Diagnosis over N nodes costs the API server, next to a job's cost.
 
 The same set-up as :mod:`bench.job_cost`: a real cloud hub (:class:`roles.cloud.hub.Hub`, whose
-:mod:`roles.cloud.tasks` dispatches Tasks) and the controller's
+:mod:`roles.cloud.tasks.watch` dispatches Tasks) and the controller's
 :class:`~roles.controller.diagnoses.DiagnosisController` in this process, on the real local control
 plane; N light edges (:mod:`tools.doubles.lightedge`, which answer each Task with a small fixed map:
 a double for load) in a fleet process of their own. Once every edge is connected, two Operations and

@@ -58,8 +58,8 @@ from bench.hub_profile import Sampler
 from bench.waits import Stalled, deadline_for, until_count
 from nodetask.clock import Clock
 from roles.cloud.hub import Hub, HubSettings
-from roles.cloud.ingress import connection_limits
 from roles.cloud.metrics import HubMetrics
+from roles.cloud.transport.ingress import connection_limits
 from roles.common.jobtypes import job_types
 from roles.kube import Kube, NotFound, open_kube
 from roles.kube.resources import job_resource

@@ -217,7 +217,7 @@ def _hub_notes(res: dict[str, Any]) -> list[str]:
         ]
     out += [
         "What a session holds: since the hub serves edges through its own websocket layer",
-        "(`roles/cloud/ws_server.py`: wsproto for the HTTP upgrade, then a frame codec of its own over a",
+        "(`roles/cloud/transport/ws_server.py`: wsproto for the HTTP upgrade, then a frame codec of its own over a",
         "non-blocking socket with OpenSSL's TLS), a connection is a socket, a small read buffer and the",
         "frame state, with no reader task, memory channel or events of its own; the upgrade request and its",
         "HTTP parser are freed once answered. Then the hub's one task for the session, the `Session`, a",

@@ -216,7 +216,7 @@ def _diagnosis_section(res: dict[str, Any]) -> list[str]:
         "## 1b. API cost of a diagnosis",
         "",
         f"*Measured {_when(res)}.* A two-stage Diagnosis (`start -> first -> second`, a label selector matching",
-        "exactly N nodes) through the same real hub (`roles.cloud.tasks` dispatches the Tasks, with the same",
+        "exactly N nodes) through the same real hub (`roles.cloud.tasks.watch` dispatches the Tasks, with the same",
         f"coalescing window, {res['window']} s) and the controller's `DiagnosisController`, both in the benchmark",
         "process, on the local kube-apiserver 1.20.2 + etcd. The N light edges acknowledge each Task and report,",
         "after the delay in the table, a small fixed results map (`tools/doubles/lightedge.py`: a double for",

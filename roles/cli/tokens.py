@@ -1,8 +1,8 @@
 """``nodetaskd token create NODE``: the node's edge token, created or rotated in the API server.
 
 The token is the ``token`` key of Secret ``nodetaskd-edge-<node>`` in the hubs' ``tokenNamespace``,
-labelled ``nodetask.kubeedge.io/edge-token`` so that the hubs watch it (``roles.cloud.auth``, whose
-:func:`~roles.cloud.auth.token_secret` builds it). Creating it again rotates it: the hubs refuse the
+labelled ``nodetask.kubeedge.io/edge-token`` so that the hubs watch it (``roles.cloud.transport.auth``, whose
+:func:`~roles.cloud.transport.auth.token_secret` builds it). Creating it again rotates it: the hubs refuse the
 old token as soon as the change reaches them. The new token goes to a file (0600) for the operator
 to carry to the device, never onto the terminal unless asked for (``--token-file -``); the command
 prints the ``nodetaskd edge join`` line to run there.
@@ -20,7 +20,7 @@ import structlog
 
 from nodetask.names import clip, object_name_problem
 from roles.cli.token_format import TOKEN_BYTES
-from roles.cloud.auth import TOKEN_KEY, TOKEN_LABEL, token_secret, token_secret_name
+from roles.cloud.transport.auth import TOKEN_KEY, TOKEN_LABEL, token_secret, token_secret_name
 from roles.common.files import write_atomically
 from roles.kube import Conflict, Kube, NotFound
 from roles.kube.resources import NODES, SECRETS

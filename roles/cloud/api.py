@@ -1,7 +1,7 @@
 """What a hub asks of the API server, as protocols: :class:`~roles.kube.Kube` has them all.
 
 Each part of the hub takes only the protocol it needs, so that unit tests can stand an in-memory
-fake in for the API server (see ``tests/unit/hub_doubles.py``).
+fake in for the API server (see ``tests/unit/roles/cloud/doubles.py``).
 """
 
 from __future__ import annotations

@@ -2,21 +2,22 @@
 
 :class:`Hub` owns the root task group and composes the parts, each in a module of its own:
 
-* :mod:`~roles.cloud.jobs`: the job watch keeps a cache of every job, with a status writer each
-  and a :class:`~roles.cloud.runner.JobRunner` for every running one;
-* :mod:`~roles.cloud.edges`: the front door, from TCP accept and the handshake caps to an edge
+* :mod:`~roles.cloud.jobs.watch`: the job watch keeps a cache of every job, with a status writer each
+  and a :class:`~roles.cloud.jobs.runner.JobRunner` for every running one;
+* :mod:`~roles.cloud.transport.door`: the front door, from TCP accept and the handshake caps to an edge
   whose node name and bearer token checked out, handed over as a :class:`~nodetask.link.Link`;
-* :mod:`~roles.cloud.session_handler`: a session from Hello to close, one writer task each
-  (:mod:`~roles.cloud.sessions`); its Node is marked (:mod:`~roles.cloud.marks`) unless the Node
-  watch shows it marked already (:mod:`~roles.cloud.marked_nodes`), and the node offered to every runner;
-* :mod:`~roles.cloud.reports`: a report is applied through the job's status writer and
-  acknowledged only after that write; :mod:`~roles.cloud.kubeedge_http` takes KubeEdge's HTTP
-  reports the same way;
-* :mod:`~roles.cloud.image_secrets`: registry credentials for a job's images;
-* :mod:`~roles.cloud.tasks`: diagnosis Tasks, sent to their nodes and their results written on the
-  same protocol, reports from the edges' outboxes included.
-* :mod:`~roles.cloud.cache_streams`: each cache session's edge kept a copy of its node's objects,
-  from one shared watch per kind; :mod:`~roles.cloud.autonomy_conditions`: the Autonomy condition
+* :mod:`~roles.cloud.transport.session_handler`: a session from Hello to close, one writer task each
+  (:mod:`~roles.cloud.sessions`); its Node is marked (:mod:`~roles.cloud.nodes.marks`) unless the Node
+  watch shows it marked already (:mod:`~roles.cloud.nodes.marked_nodes`), and the node offered to every runner;
+* :mod:`~roles.cloud.jobs.reports`: a report is applied through the job's status writer and
+  acknowledged only after that write; :mod:`~roles.cloud.transport.kubeedge_http` takes KubeEdge's HTTP
+  reports the same way. Which room answers a session's report is a table by job type
+  (:func:`report_answers`);
+* :mod:`~roles.cloud.jobs.image_secrets`: registry credentials for a job's images;
+* :mod:`~roles.cloud.tasks.watch`: diagnosis Tasks, sent to their nodes and their results written on the
+  same protocol, reports from the edges' outboxes included (:mod:`~roles.cloud.tasks.status_writes`);
+* :mod:`~roles.cloud.cache.streams`: each cache session's edge kept a copy of its node's objects,
+  from one shared watch per kind; :mod:`~roles.cloud.nodes.autonomy_conditions`: the Autonomy condition
   its edge reports, written on its Node.
 
 Shutdown (SIGTERM): every session is closed with 1001 "going away" while the websocket server is
@@ -25,43 +26,55 @@ still running, within ``close_grace`` seconds, so that edges reconnect to anothe
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from types import MappingProxyType
 from typing import Final, Protocol
 
 import anyio
 import anyio.abc
 import structlog
 
+from flows import diagnosis_job
 from flows.jobtype import JobType
 from nodetask import messages
 from nodetask.clock import Clock
-from nodetask.messages import Report
+from nodetask.messages import Error, Report, ReportAck
 from roles.cloud.api import HubApi
-from roles.cloud.auth import TokenBook
-from roles.cloud.autonomy_conditions import AutonomyConditions
-from roles.cloud.cache_streams import CacheStreams
+from roles.cloud.cache.streams import CacheStreams
 from roles.cloud.changes import RecordOutcome
-from roles.cloud.edges import WebSocketDoor
-from roles.cloud.image_secrets import ImageSecrets
-from roles.cloud.ingress import LogThrottle
-from roles.cloud.jobs import Jobs
-from roles.cloud.kubeedge_http import TaskStatusEndpoint
-from roles.cloud.marked_nodes import MarkedNodes
-from roles.cloud.marks import FAILED, SKIPPED, WRITTEN, NodeMarks, PendingMarks
+from roles.cloud.jobs.image_secrets import ImageSecrets
+from roles.cloud.jobs.reports import Reports
+from roles.cloud.jobs.runner import JobRunner
+from roles.cloud.jobs.watch import Jobs
 from roles.cloud.metrics import HubMetrics
-from roles.cloud.reports import Reports
-from roles.cloud.runner import JobRunner
-from roles.cloud.session_handler import ServeEdge, SessionHandler
+from roles.cloud.nodes.autonomy_conditions import AutonomyConditions
+from roles.cloud.nodes.marked_nodes import MarkedNodes
+from roles.cloud.nodes.marks import FAILED, SKIPPED, WRITTEN, NodeMarks, PendingMarks
 from roles.cloud.sessions import Session, SessionTable
 from roles.cloud.settings import HubSettings
-from roles.cloud.tasks import Tasks
+from roles.cloud.tasks.watch import Tasks
+from roles.cloud.transport.auth import TokenBook
+from roles.cloud.transport.door import WebSocketDoor
+from roles.cloud.transport.ingress import LogThrottle
+from roles.cloud.transport.kubeedge_http import TaskStatusEndpoint
+from roles.cloud.transport.session_handler import ServeEdge, SessionHandler
 from roles.common.health import Route
 from roles.common.server_tls import ServerTls
-from schemas import diagnosis
 
-__all__ = ["EdgeDoor", "Hub", "HubSettings"]
+__all__ = ["EdgeDoor", "Hub", "HubSettings", "report_answers"]
 
 Log = structlog.typing.FilteringBoundLogger
+
+Answer = Callable[[Report, Log], Awaitable[ReportAck | Error]]
+"""Records a report from its node's session; the answer the edge gets once it is written."""
+
+
+def report_answers(job_types: Mapping[str, JobType], *, reports: Reports, tasks: Tasks) -> Mapping[str, Answer]:
+    """Who answers a report, by its route's job type: every node job type's reports are written into the
+    job's status, diagnosis Tasks' into the Task's."""
+    answers: dict[str, Answer] = dict.fromkeys(job_types, reports.answer)
+    answers[diagnosis_job.RESOURCE_TYPE] = tasks.answer
+    return MappingProxyType(answers)
 
 
 class EdgeDoor(Protocol):
@@ -105,6 +118,7 @@ class Hub:
         )
         self.reports: Final = Reports(jobs=self.jobs, types=job_types, clock=clock, settings=settings, metrics=metrics)
         self.tasks: Final = Tasks(kube, sessions=self.sessions, clock=clock, settings=settings, log=self._log)
+        self._answers = report_answers(job_types, reports=self.reports, tasks=self.tasks)
         self.marks: Final = PendingMarks(anyio.current_time)
         # One Node watch per hub: the cache streams' when they are on, else the marked Nodes' own.
         self.marked_nodes: Final = MarkedNodes(
@@ -246,8 +260,7 @@ class Hub:
         await self.node_marks.mark(node, version, log, answered=offer)
 
     async def _apply_report(self, session: Session, report: Report, log: Log) -> None:
-        # A report's task is the session's own: cancelled only when the session ends.
-        if report.route.api_version == diagnosis.API_VERSION:
-            await session.send(await self.tasks.answer(report, log), own=True)
-        else:
-            await session.send(await self.reports.answer(report, log), own=True)
+        # A report's task is the session's own: cancelled only when the session ends. A job type no one
+        # answers for is refused by the node jobs' reports, which name it.
+        answer = self._answers.get(report.route.job_type, self.reports.answer)
+        await session.send(await answer(report, log), own=True)

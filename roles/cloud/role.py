@@ -12,8 +12,8 @@ from prometheus_client import CollectorRegistry
 
 from nodetask.clock import Clock
 from roles.cloud.hub import Hub, HubSettings
-from roles.cloud.ingress import connection_limits, fd_limit, raise_fd_limit
 from roles.cloud.metrics import HubMetrics
+from roles.cloud.transport.ingress import connection_limits, fd_limit, raise_fd_limit
 from roles.common.cert_reload import ReloadingCertificate
 from roles.common.config import CloudConfig, ConfigError, RoleConfig
 from roles.common.gc_tuning import tune_gc

@@ -1,6 +1,6 @@
 """Places a server gives its connections: a fixed number in all, and a share of them per peer address.
 
-The hub's front door (:mod:`roles.cloud.ingress`) and every HTTP listener (:mod:`roles.common.httpserver`:
+The hub's front door (:mod:`roles.cloud.transport.ingress`) and every HTTP listener (:mod:`roles.common.httpserver`:
 the controller's webhook and metrics ports, the hub's HTTP endpoint, the edge's local API) count
 their connections with these, so that a peer opening connections it never uses costs a bounded
 amount of memory and descriptors. A place is taken without waiting when one is free; the caller

@@ -121,10 +121,10 @@ LEASES: Resource[core.Lease] = Resource("coordination.k8s.io/v1", "leases", core
 PODS: Resource[core.Pod] = Resource("v1", "pods", core.Pod, namespaced=True)
 NAMESPACES: Resource[core.Namespace] = Resource("v1", "namespaces", core.Namespace)
 
-# The kinds an edge's cache holds, kept whole (roles/cloud/cache_objects.py); a watch's snapshot of the
+# The kinds an edge's cache holds, kept whole (roles/cloud/cache/objects.py); a watch's snapshot of the
 # whole cluster keeps only each object's head, so that listing every Pod never holds them all at once,
 # and is listed as metadata only where the head needs no more (a Pod's head needs its spec.nodeName).
-# A Node's head also says whose mark it carries (roles/cloud/marked_nodes.py shares the watch).
+# A Node's head also says whose mark it carries (roles/cloud/nodes/marked_nodes.py shares the watch).
 _SNAPSHOT: Final = MetadataOnly.SNAPSHOT
 RAW_NODES: Resource[core.RawObject] = Resource(
     "v1", "nodes", core.RawObject, snapshot_type=core.NodeHead, metadata_only=_SNAPSHOT

@@ -11,7 +11,7 @@ import anyio
 import msgspec
 import structlog
 
-from roles.cloud.auth import token_secret
+from roles.cloud.transport.auth import token_secret
 from roles.kube import Kube, open_kube
 from roles.kube.resources import NODES, SECRETS
 from schemas.core import EDGE_ROLE_LABEL, Node, NodeCondition, NodeStatus, Secret

@@ -10,7 +10,7 @@ from typing import Final
 import msgspec
 import pytest
 
-from roles.cloud.cache_streams import FRAME_LIMIT
+from roles.cloud.cache.streams import FRAME_LIMIT
 from tests.integration.controlplane import ControlPlane
 from tests.integration.objects import kubectl, polled, unique
 from tests.integration.processes import fleet

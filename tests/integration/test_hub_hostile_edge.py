@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 from nodetask.messages import CACHE_CAPABILITY, AutonomyCondition, CacheFetch, CacheKey
-from roles.cloud.cache_streams import MAX_FETCH_KEYS
+from roles.cloud.cache.streams import MAX_FETCH_KEYS
 from roles.cloud.settings import HubSettings
 from roles.kube.resources import NODES
 from tests.integration.controlplane import ControlPlane

@@ -21,8 +21,8 @@ from nodetask import messages
 from nodetask.messages import Error, Heartbeat, Hello, Report, Welcome, parse_route
 from nodetask.phases import JobPhase, NodeTaskPhase
 from nodetask.route import Route
-from roles.cloud import edges
 from roles.cloud.hub import Hub
+from roles.cloud.transport import door
 from roles.common.health import router, serve_http
 from roles.kube import Kube, NotFound
 from roles.kube.resources import NODES, SECRETS, job_resource
@@ -266,7 +266,7 @@ async def test_a_connection_waits_in_the_backlog_for_a_handshake_place_given_bac
     crds: ControlPlane, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With every handshake place taken, a new connection is served once a place comes back, not refused."""
-    monkeypatch.setattr(edges, "HANDSHAKE_QUEUE_S", 60.0)  # so that a loaded machine cannot make the wait run out
+    monkeypatch.setattr(door, "HANDSHAKE_QUEUE_S", 60.0)  # so that a loaded machine cannot make the wait run out
     async with running_hub(crds, "hub-queue", max_handshakes=1, handshake_timeout=60) as hub:
         port = port_of(hub)
         holder = await trio.open_tcp_stream(LOOPBACK, port)

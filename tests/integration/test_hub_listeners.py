@@ -8,7 +8,7 @@ import socket
 import pytest
 import trio
 
-from roles.cloud.listeners import ACCEPT_QUEUES, open_listeners
+from roles.cloud.transport.listeners import ACCEPT_QUEUES, open_listeners
 
 LOOPBACK = "127.0.0.1"
 

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 import trio_websocket
 
-from roles.cloud.auth import TOKEN_KEY, TOKEN_LABEL, token_secret_name
+from roles.cloud.transport.auth import TOKEN_KEY, TOKEN_LABEL, token_secret_name
 from roles.kube.resources import SECRETS
 from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import TOKEN_NAMESPACE, admin, grant_secret_reads, register_edges

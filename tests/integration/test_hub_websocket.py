@@ -23,8 +23,8 @@ from wsproto.events import AcceptConnection, BytesMessage, CloseConnection, Requ
 from nodetask import messages
 from nodetask.link import Frame, LinkClosed
 from nodetask.messages import Hello, Welcome
-from roles.cloud.wire import Wire
-from roles.cloud.ws_server import ServerWebSocket, read_upgrade
+from roles.cloud.transport.wire import Wire
+from roles.cloud.transport.ws_server import ServerWebSocket, read_upgrade
 from roles.common.tls import generate_serving_certificate
 from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import register_edges

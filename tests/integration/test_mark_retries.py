@@ -12,7 +12,7 @@ import anyio.to_thread
 import pytest
 import structlog.testing
 
-from roles.cloud.auth import token_secret
+from roles.cloud.transport.auth import token_secret
 from roles.kube.resources import NODES, SECRETS
 from schemas.core import AGENT_VERSION_ANNOTATION, HUB_ANNOTATION, Node
 from schemas.meta import ObjectMeta

@@ -7,7 +7,7 @@ import anyio
 import msgspec
 import pytest
 
-from roles.cloud.auth import TOKEN_LABEL
+from roles.cloud.transport.auth import TOKEN_LABEL
 from roles.kube.resources import NODES
 from schemas.core import AGENT_VERSION_ANNOTATION, HUB_ANNOTATION
 from tests.integration.controlplane import ControlPlane

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bench.lean_edge import client_frame, server_frames
-from roles.cloud.ws_frames import FrameReader, data_frame, pong_frame
+from roles.cloud.transport.ws_frames import FrameReader, data_frame, pong_frame
 
 _PAYLOADS = st.lists(st.binary(max_size=70_000), min_size=1, max_size=4)
 

@@ -19,7 +19,7 @@ from typing import Any, Final
 
 import msgspec
 
-from roles.cloud.auth import token_secret
+from roles.cloud.transport.auth import token_secret
 from schemas.core import EDGE_ROLE_LABEL, HUB_ANNOTATION
 from schemas.kinds import KINDS
 
