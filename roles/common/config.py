@@ -132,7 +132,7 @@ class ControllerConfig(_Config, frozen=True, kw_only=True):
     other. Keep it equal to the hubs' setting (they refuse the rest too)."""
     autonomy_binding_interval: Seconds = 60.0
     """Seconds between two changes of the binding a Node's autonomy duration imposes on its Pods'
-    tolerations (``roles.controller.autonomy``): a change of the annotation within that time is held,
+    tolerations (``roles.controller.autonomy.controller``): a change of the annotation within that time is held,
     and the value it has when the time is up is applied. Whoever may patch the Node chooses the
     duration; each change costs a patch of every bound Pod, so this bounds what flapping it costs."""
     diagnosis_max_targets: Annotated[int, msgspec.Meta(ge=1)] = 5000

@@ -23,7 +23,7 @@ import trio
 from roles.common.config import ControllerConfig
 from roles.common.health import health_routes, router, serve_http
 from roles.common.tls import generate_serving_certificate, server_ssl_context
-from roles.controller.admission import (
+from roles.controller.admission.reviews import (
     CONFIGURATION_NAME,
     VALIDATING_WEBHOOK_NAME,
     admission_policy,

@@ -11,7 +11,7 @@ import structlog
 
 from roles.common.config import ControllerConfig
 from roles.common.health import Request, router
-from roles.controller.admission import (
+from roles.controller.admission.reviews import (
     MUTATE_PATH,
     VALIDATE_PATH,
     admission_policy,

@@ -49,8 +49,8 @@ from flows.diagnosis_tasks import TASK_FINALIZER, owner_of, timed_out
 from nodetask.clock import Clock, format_time
 from nodetask.names import is_object_name
 from roles.common.events import object_event, record_event
+from roles.controller.diagnosis.operationsets import reconcile_operation_set, report_undecodable
 from roles.controller.keyed import KeyedWorkers
-from roles.controller.operationsets import reconcile_operation_set, report_undecodable
 from roles.controller.watches import Watch, follow
 from roles.kube import ApiError, Conflict, Deleted, Invalid, Kube, NotFound, Relisted, Upserted, WatchEvent
 from roles.kube.errors import too_large

@@ -29,7 +29,7 @@ from roles.common.cert_reload import ReloadingCertificate
 from roles.common.config import ConfigError, ControllerConfig
 from roles.common.health import router, serve_http
 from roles.common.tls import ServingCertificate, TlsError, generate_serving_certificate, load_serving_certificate
-from roles.controller.admission import (
+from roles.controller.admission.reviews import (
     MutatingWebhookConfiguration,
     ValidatingWebhookConfiguration,
     admission_policy,
