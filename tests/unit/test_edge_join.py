@@ -14,8 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from roles.cli.join import JoinError, Layout, join, render_unit, reset
+from roles.cli.join import join
+from roles.cli.join_layout import JoinError, Layout
 from roles.cli.main import main
+from roles.cli.reset import reset
+from roles.cli.systemd_unit import render_unit
 from roles.common.config import EdgeConfig, load_config
 from roles.common.tls import generate_serving_certificate
 
