@@ -11,7 +11,7 @@ import yaml
 from roles.common.config import ConfigError, ControllerConfig, load_config
 from roles.controller.admission.webhook_server import POD_IP_ENV, webhook_host
 
-DEPLOYMENT = Path(__file__).resolve().parents[2] / "containers" / "deploy" / "controller.yaml"
+DEPLOYMENT = Path(__file__).resolve().parents[5] / "containers" / "deploy" / "controller.yaml"
 
 
 def _controller(**options: object) -> ControllerConfig:

@@ -24,7 +24,7 @@ from roles.common.tls import generate_serving_certificate
 
 TOKEN = "0P2JxTsk7bWk4iJx1qkJd5Ql2m6vyUeXv2VYg8TnQ-E"
 """Shaped as ``token create`` makes them (43 URL-safe characters)."""
-TEMPLATE = (Path(__file__).resolve().parents[2] / "containers" / "systemd" / "nodetaskd-edge.service").read_text()
+TEMPLATE = (Path(__file__).resolve().parents[4] / "containers" / "systemd" / "nodetaskd-edge.service").read_text()
 
 
 @pytest.fixture
