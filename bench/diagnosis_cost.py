@@ -1,8 +1,8 @@
 """Benchmark 1b: what a two-stage Diagnosis over N nodes costs the API server, next to a job's cost.
 
 The same set-up as :mod:`bench.job_cost`: a real cloud hub (:class:`roles.cloud.hub.Hub`, whose
-:mod:`roles.cloud.tasks.watch` dispatches Tasks) and the controller's
-:class:`~roles.controller.diagnoses.DiagnosisController` in this process, on the real local control
+:mod:`roles.cloud.tasks.watch` sends Tasks) and the controller's
+:class:`~roles.controller.diagnosis.diagnoses.DiagnosisController` in this process, on the real local control
 plane; N light edges (:mod:`tools.doubles.lightedge`, which answer each Task with a small fixed map:
 a double for load) in a fleet process of their own. Once every edge is connected, two Operations and
 an OperationSet ``start -> first -> second`` are created (and the controller has found the set ready),
@@ -34,7 +34,7 @@ from bench.waits import Stalled, deadline_for, until_count
 from flows.diagnosis_job import TaskRun
 from flows.diagnosis_tasks import DIAGNOSIS_UID_LABEL
 from nodetask.clock import Clock, parse_time
-from roles.controller.diagnoses import DiagnosisController
+from roles.controller.diagnosis.diagnoses import DiagnosisController
 from roles.kube import ApiError, Kube, NotFound, open_kube
 from roles.kube.resources import DIAGNOSES, OPERATION_SETS, OPERATIONS, TASKS
 from schemas.diagnosis import (

@@ -55,7 +55,7 @@ from nodetask.route import Route
 from roles.common.tls import generate_serving_certificate, server_ssl_context
 from schemas.v1alpha2 import API_VERSION, ImagePrePullJobSpec, ImagePrePullTemplate
 from tools.ports import free_port
-from tools.processes import terminate
+from tools.processes import role_command, terminate
 from tools.provision.containerd import Containerd, Registry, ensure_tools, start_containerd, start_registry
 
 NODE = "bench-edge"
@@ -238,10 +238,10 @@ async def _serving(hub: _Hub, home: Path) -> AsyncIterator[tuple[int, Path]]:
 
 
 @contextlib.asynccontextmanager
-async def _device_process(python: Path, *args: str) -> AsyncIterator[anyio.abc.Process]:
-    """``python args`` run with this repository's code (:func:`_repo_env`), output dropped; stopped at the end."""
+async def _device_process(*argv: str) -> AsyncIterator[anyio.abc.Process]:
+    """``argv`` run with this repository's code (:func:`_repo_env`), output dropped; stopped at the end."""
     process = await anyio.open_process(
-        [str(python), *args], cwd=REPO, env=_repo_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        list(argv), cwd=REPO, env=_repo_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
         yield process
@@ -280,8 +280,8 @@ async def _one_run(
     with tempfile.TemporaryDirectory(prefix="ntd-edge-") as tmp:
         async with _serving(hub, Path(tmp)) as (port, ca_file):
             config = _agent_config(Path(tmp), port=port, cri_endpoint=ctd.endpoint, ca_file=ca_file)
-            args = ("-m", "roles.cli", "--role=edge", f"--config={config}", "--log-level=warning")
-            async with _device_process(python, *args) as process:
+            argv = (*role_command("edge", config, python=python), "--log-level=warning")
+            async with _device_process(*argv) as process:
                 with deadline("the agent's Hello", 60):
                     await hub.welcomed.wait()
                 await anyio.sleep(settle_s)
@@ -336,7 +336,7 @@ async def launcher_run(*, settle_s: float = 5.0) -> LauncherRun:
     with tempfile.TemporaryDirectory(prefix="ntd-launcher-") as tmp:
         async with _serving(hub, Path(tmp)) as (port, ca_file):
             config = _agent_config(Path(tmp), port=port, cri_endpoint="", ca_file=ca_file)
-            async with _device_process(python, "-m", "roles.edge.launcher", f"--config={config}") as process:
+            async with _device_process(str(python), "-m", "roles.edge.launcher", f"--config={config}") as process:
                 with anyio.fail_after(60):
                     await hub.welcomed.wait()
                 await anyio.sleep(settle_s)
@@ -379,8 +379,8 @@ async def cache_run(*, local_api: bool, settle_s: float = 5.0, requests: int = 1
     with tempfile.TemporaryDirectory(prefix="ntd-cache-") as tmp:
         async with _serving(hub, Path(tmp)) as (port, ca_file):
             config = _agent_config(Path(tmp), port=port, cri_endpoint="", ca_file=ca_file, local_api_port=api_port)
-            args = ("-m", "roles.cli", "--role=edge", f"--config={config}", "--log-level=warning")
-            async with _device_process(python, *args) as process:
+            argv = (*role_command("edge", config, python=python), "--log-level=warning")
+            async with _device_process(*argv) as process:
                 with deadline("the agent's Autonomy condition", 60):
                     await hub.autonomous.wait()
                 await anyio.sleep(settle_s)

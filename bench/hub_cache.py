@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +31,7 @@ from bench.hub_capacity import _bound, _config, _read_metrics, _ready, _wait_met
 from bench.waits import Stalled, deadline_for
 from roles.kube import Conflict, Kube, Resource
 from schemas.meta import ApiStruct, ObjectMeta
-from tools.processes import terminate
+from tools.processes import role_command, terminate
 from tools.provision.controlplane import ControlPlane
 
 NAMESPACE = "bench-cache"
@@ -152,7 +151,7 @@ async def run_size(
     hub_id = f"bench-cache-{sessions}-{index}"
     cfg, ports_file = state_dir / f"{hub_id}.yaml", state_dir / f"{hub_id}.ports.json"
     _config(cp, cfg, hub_id=hub_id, port=0, http_port=0, cache_streams=True, log_level="warning", ports_file=ports_file)
-    argv = [sys.executable, "-m", "bench.hubproc", "--role=cloud", f"--config={cfg}"]
+    argv = role_command("cloud", cfg, module="bench.hubproc")
     started = time.perf_counter()
     log = state_dir / f"{hub_id}.log"
     with log.open("wb") as out:

@@ -37,7 +37,6 @@ import os
 import re
 import resource
 import subprocess
-import sys
 import time
 import tracemalloc
 import urllib.request
@@ -65,8 +64,8 @@ from roles.kube import Kube, NotFound, open_kube
 from roles.kube.resources import job_resource
 from schemas.kinds import IMAGE_PRE_PULL_JOB
 from schemas.v1alpha2 import API_VERSION
-from tools.ports import free_ports, reported
-from tools.processes import terminate
+from tools.ports import free_ports
+from tools.processes import NotReady, role_command, terminate, until_ports, until_ready
 from tools.provision.controlplane import ControlPlane
 
 PREPULLS = job_resource(IMAGE_PRE_PULL_JOB)
@@ -151,30 +150,17 @@ async def _read_metrics(port: int) -> dict[str, float]:
 
 async def _bound(ports_file: Path, process: anyio.abc.Process) -> dict[str, int]:
     """The ports a hub started on port 0 wrote to its ``portsFile``, by setting (``listen``, ``httpListen``)."""
-    with anyio.move_on_after(60):
-        while (bound := reported(ports_file, pid=process.pid)) is None:
-            if process.returncode is not None:
-                raise Stalled(f"the hub exited with status {process.returncode} before it wrote {ports_file}")
-            await anyio.sleep(0.2)
-        return bound
-    raise Stalled(f"waited 60 s for the hub to write its ports to {ports_file}")
+    try:
+        return await until_ports(process, ports_file, limit_s=60)
+    except NotReady as exc:
+        raise Stalled(f"the hub {exc}") from None
 
 
 async def _ready(port: int, process: anyio.abc.Process) -> None:
-    def probe() -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as resp:
-                return bool(resp.status == 200)
-        except OSError:
-            return False
-
-    with anyio.move_on_after(60):
-        while not await anyio.to_thread.run_sync(probe):
-            if process.returncode is not None:
-                raise Stalled(f"the hub exited with status {process.returncode} before /readyz answered 200")
-            await anyio.sleep(0.2)
-        return
-    raise Stalled("waited 60 s for the hub's /readyz to answer 200")
+    try:
+        await until_ready(process, f"http://127.0.0.1:{port}/readyz", limit_s=60)
+    except NotReady as exc:
+        raise Stalled(f"the hub {exc}") from None
 
 
 def _config(
@@ -261,7 +247,7 @@ async def run_size(
     cfg = state_dir / f"{hub_id}.yaml"
     _config(cp, cfg, hub_id=hub_id, port=port, http_port=http_port, sessions=sessions)
     job = f"bench-cap-{sessions}-{index}-{int(time.time())}"
-    argv = [sys.executable, "-m", "bench.hubproc", "--role=cloud", f"--config={cfg}"]
+    argv = role_command("cloud", cfg, module="bench.hubproc")
     async with admin(cp) as kube:
         hub = await anyio.open_process(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         fleet: procs.Fleet | None = None

@@ -1,7 +1,7 @@
 """Benchmark 1: what one ImagePrePullJob costs the API server, with status coalescing on and off.
 
 A real cloud hub (:class:`roles.cloud.hub.Hub`) and the controller's
-:class:`~roles.controller.reconciler.Reconciler` run in this process against the real local
+:class:`~roles.controller.nodejobs.reconciler.Reconciler` run in this process against the real local
 control plane; N light edges run in a fleet process of their own. Once every edge is connected,
 a job selecting those N nodes is created (concurrency 100, two images, each action taking
 ``delay`` seconds on the edge) and timed until the controller sees it Completed. Counted over that
@@ -38,7 +38,7 @@ from nodetask.phases import JobPhase, NodeTaskPhase
 from roles.cloud.hub import Hub, HubSettings
 from roles.cloud.metrics import HubMetrics
 from roles.common.jobtypes import job_types
-from roles.controller.reconciler import Reconciler
+from roles.controller.nodejobs.reconciler import Reconciler
 from roles.kube import ApiError, Kube, NotFound, open_kube
 from roles.kube.resources import job_resource
 from schemas.kinds import IMAGE_PRE_PULL_JOB, KINDS

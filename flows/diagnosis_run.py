@@ -4,7 +4,7 @@
 its OperationSet's compiled paths (:mod:`flows.diagnosis_pipeline`), the Operations and the
 Diagnosis's Tasks, and returns a :class:`Step`: the status to write, the Tasks to create, the
 Tasks to declare Unknown, the Events to record and when to look again. Nothing here reads a clock
-or the API; ``roles.controller.diagnoses`` does the I/O, and is the only writer of a Diagnosis's
+or the API; ``roles.controller.diagnosis.diagnoses`` does the I/O, and is the only writer of a Diagnosis's
 status (KubeDiag's agents race each other on it).
 
 The run walks the compiled flow one stage at a time. A stage is one Task per target node

@@ -1,6 +1,6 @@
 """Admission rules for node jobs: validation and defaulting of the raw JSON object.
 
-Pure and backend-neutral, so the webhook (``roles/controller/admission.py``) and any other caller
+Pure and backend-neutral, so the webhook (``roles/controller/admission/reviews.py``) and any other caller
 apply one set of rules. The rules work on the object as the API server sends it (decoded JSON, not
 a Struct) so that a field of the wrong type becomes a :class:`FieldError` naming its path instead of
 a decode failure that hides every other mistake. Once the rules pass, the object is also converted

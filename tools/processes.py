@@ -1,15 +1,87 @@
-"""Child processes for tests, benchmarks and the demo: stopping one as a supervisor does (SIGTERM, then
-SIGKILL after a grace period) and finding live ones in the process table."""
+"""Child processes for tests, benchmarks and the demo: the one harness they share.
+
+A role started as the binary runs it (:func:`role_command`), waited for until it serves
+(:func:`until_ready`, its ``/readyz``) or until it reports the ports it bound on port 0
+(:func:`until_ports`), stopped as a supervisor does (:func:`terminate`: SIGTERM, then SIGKILL after a
+grace period), and live processes found in the process table.
+"""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
+import ssl
+import sys
+import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 
 import anyio
 import anyio.abc
+
+from tools.ports import reported
+
+POLL_S = 0.2
+"""Seconds between two looks at a starting process."""
+
+
+class NotReady(Exception):
+    """A started process exited, or was still not ready at the limit; the message says which, and what for."""
+
+
+def role_command(
+    role: str, config: Path, *, module: str = "roles.cli", python: str | Path = sys.executable
+) -> list[str]:
+    """The command line of ``nodetaskd --role=ROLE --config=CONFIG`` under ``python`` (this interpreter by default).
+
+    ``module`` runs another entry point taking the same arguments (``bench.hubproc`` raises the fd limit first).
+    """
+    return [str(python), "-m", module, f"--role={role}", f"--config={config}"]
+
+
+def http_get(url: str, *, context: ssl.SSLContext | None = None, timeout: float = 2.0) -> tuple[int, str]:
+    """The status and text a GET of ``url`` answers now; (0, "") when it fails (refused, timed out, not 2xx)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout, context=context) as answer:
+            return int(answer.status), str(answer.read().decode(errors="replace"))
+    except OSError:
+        return 0, ""
+
+
+def answers_ok(url: str, *, context: ssl.SSLContext | None = None) -> bool:
+    """Whether a GET of ``url`` answers 200 now (a refused or timed-out connection does not)."""
+    return http_get(url, context=context)[0] == 200
+
+
+async def until_ready(
+    process: anyio.abc.Process, url: str, *, limit_s: float, context: ssl.SSLContext | None = None
+) -> None:
+    """Wait until ``url`` (the process's ``/readyz``) answers 200.
+
+    Errors: :class:`NotReady` once ``process`` has exited, or after ``limit_s`` seconds.
+    """
+    with anyio.move_on_after(limit_s):
+        while not await anyio.to_thread.run_sync(functools.partial(answers_ok, url, context=context)):
+            if process.returncode is not None:
+                raise NotReady(f"exited with status {process.returncode} before {url} answered 200")
+            await anyio.sleep(POLL_S)
+        return
+    raise NotReady(f"was not ready after {limit_s:g} s ({url} did not answer 200)")
+
+
+async def until_ports(process: anyio.abc.Process, ports_file: Path, *, limit_s: float) -> dict[str, int]:
+    """The ports a process started on port 0 wrote to ``ports_file``, by setting (a hub's ``listen``, ``httpListen``).
+
+    Errors: :class:`NotReady` once ``process`` has exited, or after ``limit_s`` seconds.
+    """
+    with anyio.move_on_after(limit_s):
+        while (bound := reported(ports_file, pid=process.pid)) is None:
+            if process.returncode is not None:
+                raise NotReady(f"exited with status {process.returncode} before it wrote {ports_file}")
+            await anyio.sleep(POLL_S)
+        return bound
+    raise NotReady(f"had not written its ports to {ports_file} after {limit_s:g} s")
 
 
 async def terminate(process: anyio.abc.Process, *, grace: float = 15.0) -> int | None:

@@ -91,7 +91,8 @@ def _api_errors(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
 
 
 def _edge_join(args: argparse.Namespace) -> int:
-    from roles.cli.join import JoinError, join
+    from roles.cli.join import join
+    from roles.cli.join_layout import JoinError
 
     try:
         done = join(
@@ -112,7 +113,8 @@ def _edge_join(args: argparse.Namespace) -> int:
 
 
 def _edge_reset(args: argparse.Namespace) -> int:
-    from roles.cli.join import JoinError, ResetError, reset
+    from roles.cli.join_layout import JoinError, ResetError
+    from roles.cli.reset import reset
 
     try:
         done = reset(root=Path(args.root))

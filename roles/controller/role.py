@@ -2,8 +2,8 @@
 
 Selection, initial node entries, job phase, timeouts and Events are decided here by the one
 instance holding the leader Lease; the hubs only execute. Under the same Lease it runs the
-diagnoses (``roles.controller.diagnoses``): OperationSets' paths, Diagnoses' stages and Tasks; and
-approves edge autonomy (``roles.controller.autonomy``): the approval label on the Nodes that ask
+diagnoses (``roles.controller.diagnosis.diagnoses``): OperationSets' paths, Diagnoses' stages and Tasks; and
+approves edge autonomy (``roles.controller.autonomy.controller``): the approval label on the Nodes that ask
 for it, and their Pods' tolerations bound to the autonomy duration (in namespaces that opt in, and
 at most once per ``autonomyBindingInterval``).
 Every instance serves the admission webhooks and its health and metrics endpoints, leader or not,
@@ -27,12 +27,12 @@ from prometheus_client import CollectorRegistry
 from nodetask.clock import Clock
 from roles.common.config import ControllerConfig, RoleConfig
 from roles.common.health import health_routes, router, serve_http
-from roles.controller.autonomy import AutonomyController
-from roles.controller.diagnoses import DiagnosisController
+from roles.controller.admission.webhook_server import serve_webhooks
+from roles.controller.autonomy.controller import AutonomyController
+from roles.controller.diagnosis.diagnoses import DiagnosisController
 from roles.controller.leader import Elector, default_identity
 from roles.controller.metrics import ControllerMetrics
-from roles.controller.reconciler import Reconciler
-from roles.controller.webhook_server import serve_webhooks
+from roles.controller.nodejobs.reconciler import Reconciler
 from roles.kube import open_kube
 from schemas.kinds import KINDS
 

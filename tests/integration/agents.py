@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,6 +20,7 @@ from roles.edge.checks import Thresholds
 from roles.edge.settings import AgentSettings
 from roles.edge.store import open_store
 from schemas.v1alpha2 import ImageStatus
+from tools.processes import role_command
 
 
 class FakeRuntime:
@@ -96,4 +96,4 @@ def write_agent_config(home: Path, *, node: str, token: str, hub_urls: list[str]
 
 def agent_command(config: Path) -> list[str]:
     """The command line of a real agent process with ``config``."""
-    return [sys.executable, "-m", "roles.cli", "--role=edge", f"--config={config}"]
+    return role_command("edge", config)

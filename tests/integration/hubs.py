@@ -19,7 +19,7 @@ from nodetask.clock import Clock
 from roles.cloud.hub import Hub, HubSettings
 from roles.cloud.metrics import HubMetrics
 from roles.common.jobtypes import job_types
-from roles.controller.reconciler import Reconciler
+from roles.controller.nodejobs.reconciler import Reconciler
 from roles.kube import Kube, crossing, open_kube
 from roles.kube.aio import AioApi, log_asyncio_error
 from roles.kube.resources import JSON

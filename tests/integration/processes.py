@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
-import urllib.request
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -23,8 +21,8 @@ from tests.integration.agents import write_agent_config
 from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import register_edges
 from tests.integration.objects import unique
-from tools.ports import free_ports, reported
-from tools.processes import terminate
+from tools.ports import free_ports
+from tools.processes import NotReady, role_command, terminate, until_ports, until_ready
 
 READY_LIMIT_S = 180.0
 """How long a role may take to serve: Python's start-up alone takes tens of seconds on a loaded machine."""
@@ -46,9 +44,10 @@ class RoleProcess:
     """Killed and not started again: its last exit status is SIGKILL's, by design."""
 
     async def start(self) -> None:
-        command = [sys.executable, "-m", "roles.cli", f"--role={self.role}", f"--config={self.config}"]
         with self.log.open("ab") as out:
-            self.process = await anyio.open_process(command, stdout=out, stderr=subprocess.STDOUT)
+            self.process = await anyio.open_process(
+                role_command(self.role, self.config), stdout=out, stderr=subprocess.STDOUT
+            )
         self.starts += 1
         self.killed = False
 
@@ -77,33 +76,20 @@ class RoleProcess:
         or is still not ready after ``limit_s``."""
         if not self.ready_url:
             return
-        with anyio.move_on_after(limit_s):
-            while self.alive:
-                if await anyio.to_thread.run_sync(_answers, self.ready_url):
-                    return
-                await anyio.sleep(0.2)
-        tail = self.log.read_bytes()[-3000:].decode(errors="replace") if self.log.exists() else ""
-        state = "exited" if not self.alive else f"not ready after {limit_s:g} s"
-        raise AssertionError(f"{self.name} {state}; its log ends:\n{tail}")
+        assert self.process is not None, f"{self.name} was not started"
+        try:
+            await until_ready(self.process, self.ready_url, limit_s=limit_s)
+        except NotReady as exc:
+            tail = self.log.read_bytes()[-3000:].decode(errors="replace") if self.log.exists() else ""
+            raise AssertionError(f"{self.name} {exc}; its log ends:\n{tail}") from None
 
     async def reported_ports(self, ports_file: Path, *, limit_s: float = READY_LIMIT_S) -> dict[str, int]:
         """The ports this hub, started on port 0, wrote to its ``portsFile`` (``listen``, ``httpListen``)."""
-        with anyio.fail_after(limit_s):
-            while True:
-                assert self.process is not None, f"{self.name} was not started"
-                ports = reported(ports_file, pid=self.process.pid)
-                if ports is not None:
-                    return ports
-                assert self.alive, f"{self.name} exited before writing {ports_file}: {self.log.read_text()[-2000:]}"
-                await anyio.sleep(0.1)
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as answer:
-            return bool(answer.status == 200)
-    except OSError:
-        return False
+        assert self.process is not None, f"{self.name} was not started"
+        try:
+            return await until_ports(self.process, ports_file, limit_s=limit_s)
+        except NotReady as exc:
+            raise AssertionError(f"{self.name} {exc}: {self.log.read_text()[-2000:]}") from None
 
 
 @dataclass(slots=True)

@@ -22,7 +22,7 @@ import structlog
 from flows.toleration_binding import FOREVER, NOT_READY, ORIGINAL_ANNOTATIONS, UNREACHABLE
 from nodetask.autonomy import AUTONOMY_ANNOTATION, BINDABLE_LABEL, CONDITION_TYPE, DURATION_ANNOTATION, STATUS_LABEL
 from nodetask.clock import Clock
-from roles.controller.autonomy import AutonomyController
+from roles.controller.autonomy.controller import AutonomyController
 from roles.kube import ApiError, Kube, NotFound
 from roles.kube.resources import NODES, PODS
 from schemas.core import Node, Pod

@@ -13,7 +13,6 @@ import json
 import signal
 import ssl
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from tests.integration.fleet import register_edges
 from tests.integration.objects import kubectl, unique
 from tests.unit.secret_volume import Pem, SecretVolume, make_pem
 from tools.ports import free_port
+from tools.processes import role_command
 from tools.provision.controlplane import ControlPlaneError
 
 pytestmark = pytest.mark.integration
@@ -72,8 +72,7 @@ async def role_process(role: str, config: dict[str, object], directory: Path) ->
     """``nodetaskd --role=<role>`` with ``config`` until the block ends, then SIGTERM (exit 0 expected)."""
     path = directory / f"{role}.yaml"
     path.write_bytes(msgspec.yaml.encode({**config, "logFormat": "json"}))
-    command = [sys.executable, "-m", "roles.cli", f"--role={role}", f"--config={path}"]
-    process = await anyio.open_process(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = await anyio.open_process(role_command(role, path), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     running = RoleProcess(process)
     try:
         async with anyio.create_task_group() as tg:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import signal
 import ssl
 import subprocess
-import sys
-import urllib.request
 from pathlib import Path
 
 import anyio
@@ -18,17 +17,9 @@ from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import register_edges
 from tests.integration.hubs import eventually, light_edge, running_edges
 from tests.integration.objects import unique
-from tools.ports import reported
+from tools.processes import NotReady, answers_ok, role_command, until_ports
 
 pytestmark = pytest.mark.integration
-
-
-def _ready(url: str, context: ssl.SSLContext) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2, context=context) as answer:
-            return bool(answer.status == 200)
-    except OSError:
-        return False
 
 
 async def test_cloud_process_on_port_0_reports_its_ports_serves_wss_there_and_exits_cleanly_on_sigterm(
@@ -52,19 +43,20 @@ async def test_cloud_process_on_port_0_reports_its_ports_serves_wss_there_and_ex
     }
     (tmp_path / "cloud.yaml").write_bytes(msgspec.yaml.encode(config))
     client = ssl.create_default_context(cadata=cert.ca_bundle.decode())
-    command = [sys.executable, "-m", "roles.cli", "--role=cloudhub", f"--config={tmp_path / 'cloud.yaml'}"]
+    command = role_command("cloudhub", tmp_path / "cloud.yaml")
     with log.open("wb") as out:
         process = await anyio.open_process(command, stdout=out, stderr=subprocess.STDOUT)
     try:
-        with anyio.fail_after(30):
-            while (bound := reported(ports_file, pid=process.pid)) is None:
-                assert process.returncode is None, log.read_text()
-                await anyio.sleep(0.1)
+        try:
+            bound = await until_ports(process, ports_file, limit_s=30)
+        except NotReady as exc:
+            raise AssertionError(f"the hub {exc}: {log.read_text()}") from None
         ws_port, http_port = bound["listen"], bound["httpListen"]
         assert 0 not in (ws_port, http_port)
         (said,) = [line.split() for line in log.read_text().splitlines() if "hub_listening" in line]
         assert {f"listen=127.0.0.1:{ws_port}", f"http_listen=127.0.0.1:{http_port}"} <= set(said)
-        assert await anyio.to_thread.run_sync(_ready, f"https://127.0.0.1:{http_port}/readyz", client)
+        ready = functools.partial(answers_ok, f"https://127.0.0.1:{http_port}/readyz", context=client)
+        assert await anyio.to_thread.run_sync(ready)
         edge = light_edge(node, f"wss://127.0.0.1:{ws_port}", tokens[node], ssl_context=client, reconnect_delay=60)
         async with running_edges([edge]):
             await eventually(lambda: edge.connects == 1)

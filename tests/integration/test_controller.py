@@ -16,7 +16,7 @@ from nodetask.clock import Clock
 from nodetask.phases import JobPhase, NodeTaskPhase
 from roles.common.config import ControllerConfig
 from roles.controller import decide
-from roles.controller.reconciler import Reconciler
+from roles.controller.nodejobs.reconciler import Reconciler
 from roles.kube import Kube, NotFound
 from roles.kube.resources import job_resource
 from schemas.kinds import IMAGE_PRE_PULL_JOB, KINDS, NODE_UPGRADE_JOB

@@ -23,7 +23,7 @@ from nodetask.clock import Clock, format_time, parse_time
 from nodetask.messages import ActionResult
 from nodetask.phases import JobPhase, NodeTaskPhase
 from roles.controller import decide
-from roles.controller.reconciler import Reconciler
+from roles.controller.nodejobs.reconciler import Reconciler
 from roles.kube import Kube, Upserted, WatchEvent, open_kube
 from roles.kube.resources import NODES, job_resource
 from schemas import v1alpha2

@@ -24,8 +24,6 @@ import os
 import resource
 import ssl
 import subprocess
-import sys
-import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +40,7 @@ from schemas.core import EDGE_ROLE_LABEL
 from tests.integration.controlplane import ControlPlane
 from tests.integration.objects import unique
 from tools.ports import free_port
-from tools.processes import terminate
+from tools.processes import http_get, role_command, terminate
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow(70)]
 
@@ -68,14 +66,6 @@ def _status(pid: int) -> dict[str, int]:
         if value.strip().endswith(" kB"):
             values[key] = int(value.split()[0]) << 10
     return values
-
-
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as answer:
-            return answer.status, answer.read().decode()
-    except OSError:
-        return 0, ""
 
 
 def _post(port: int, body: bytes) -> tuple[int, bytes]:
@@ -129,11 +119,15 @@ class Controller:
     webhook_port: int
     metrics_port: int
 
+    def _get(self, path: str) -> tuple[int, str]:
+        # Five seconds: a controller near its memory limit may be slow to answer.
+        return http_get(f"http://127.0.0.1:{self.metrics_port}{path}", timeout=5)
+
     async def metrics(self) -> str:
-        return (await anyio.to_thread.run_sync(_get, f"http://127.0.0.1:{self.metrics_port}/metrics"))[1]
+        return (await anyio.to_thread.run_sync(self._get, "/metrics"))[1]
 
     async def healthy(self) -> bool:
-        status, _ = await anyio.to_thread.run_sync(_get, f"http://127.0.0.1:{self.metrics_port}/healthz")
+        status, _ = await anyio.to_thread.run_sync(self._get, "/healthz")
         return status == 200
 
     async def kubectl(self, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -179,7 +173,7 @@ async def controller(crds: ControlPlane, tmp_path: Path) -> AsyncIterator[Contro
         "logFormat": "json",
     }
     (tmp_path / "controller.yaml").write_bytes(msgspec.yaml.encode(config))
-    command = [sys.executable, "-m", "roles.cli", "--role=controller", f"--config={tmp_path / 'controller.yaml'}"]
+    command = role_command("controller", tmp_path / "controller.yaml")
     log = tmp_path / "controller.log"
     env = {k: v for k, v in os.environ.items() if k != "POD_IP"}  # the webhook listens on listenHost
     with log.open("wb") as out:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
-import urllib.request
 from pathlib import Path
 
 import anyio
@@ -19,17 +17,10 @@ from schemas.kinds import IMAGE_PRE_PULL_JOB
 from tests.integration.controlplane import ControlPlane
 from tests.integration.objects import create_job, kubectl, unique
 from tools.ports import free_ports
+from tools.processes import http_get, role_command
 from tools.provision.controlplane import ControlPlaneError
 
 pytestmark = pytest.mark.integration
-
-
-def _get(url: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as answer:
-            return answer.status, answer.read().decode()
-    except OSError:
-        return 0, ""
 
 
 async def _until_refused(crds: ControlPlane, kind: str, spec: dict[str, object], *, refused: bool) -> None:
@@ -65,13 +56,13 @@ async def test_controller_process_leads_validates_defaults_and_stops_on_sigterm(
         "metricsPort": metrics_port,
     }
     (tmp_path / "controller.yaml").write_bytes(msgspec.yaml.encode(config))
-    command = [sys.executable, "-m", "roles.cli", "--role=controller", f"--config={tmp_path / 'controller.yaml'}"]
+    command = role_command("controller", tmp_path / "controller.yaml")
     process = await anyio.open_process(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     metrics = f"http://127.0.0.1:{metrics_port}/metrics"
     try:
         with anyio.fail_after(30):
             while True:
-                if "nodetaskd_controller_leader 1.0" in (await anyio.to_thread.run_sync(_get, metrics))[1]:
+                if "nodetaskd_controller_leader 1.0" in (await anyio.to_thread.run_sync(http_get, metrics))[1]:
                     break
                 await anyio.sleep(0.2)
         # The API server enforces webhooks once its own watch has seen them: wait until a probe is refused.

@@ -17,7 +17,7 @@ from nodetask.clock import Clock, format_time
 from nodetask.messages import ActionResult
 from nodetask.phases import JobPhase, NodeTaskPhase
 from roles.controller import decide
-from roles.controller.reconciler import Reconciler
+from roles.controller.nodejobs.reconciler import Reconciler
 from roles.kube import Kube, open_kube
 from roles.kube.resources import EVENTS, NODES, job_resource
 from schemas import v1alpha2

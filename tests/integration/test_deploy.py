@@ -14,12 +14,12 @@ PodDisruptionBudgets' apiVersion.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import socket
 import ssl
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +31,7 @@ import yaml
 
 from tests.integration.processes import RoleProcess
 from tools.ports import free_ports
+from tools.processes import answers_ok
 from tools.provision.controlplane import ControlPlane, ensure_binaries, start
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow(90)]
@@ -414,13 +415,6 @@ async def test_a_hub_as_its_service_account_becomes_ready_with_the_mounted_certi
     hub = RoleProcess("hub", path, "cloud", tmp_path / "hub.log")
     client = ssl.create_default_context(cafile=str(deployed.hub_ca))
 
-    def ready(http_port: int) -> int:
-        try:
-            with urllib.request.urlopen(f"https://127.0.0.1:{http_port}/readyz", timeout=2, context=client) as answer:
-                return int(answer.status)
-        except OSError:
-            return 0
-
     # Ready does not wait for the watches (tokens are read one by one meanwhile; cache streams retry):
     # their first lists, which the RBAC must allow, are waited for in the log.
     def settled() -> bool:
@@ -435,7 +429,8 @@ async def test_a_hub_as_its_service_account_becomes_ready_with_the_mounted_certi
         await hub.start()
         http_port = (await hub.reported_ports(ports_file))["httpListen"]
         with anyio.fail_after(60):
-            while await anyio.to_thread.run_sync(ready, http_port) != 200 or not settled():
+            ready = functools.partial(answers_ok, f"https://127.0.0.1:{http_port}/readyz", context=client)
+            while not await anyio.to_thread.run_sync(ready) or not settled():
                 assert hub.alive, hub.log.read_text()
                 await anyio.sleep(0.2)
     finally:

@@ -19,7 +19,7 @@ from flows.diagnosis_counted import CountedNodes
 from flows.diagnosis_pipeline import HASH_LABEL
 from flows.diagnosis_tasks import DIAGNOSIS_UID_LABEL, TASK_FINALIZER
 from nodetask.clock import Clock
-from roles.controller.diagnoses import DiagnosisController
+from roles.controller.diagnosis.diagnoses import DiagnosisController
 from roles.kube import ApiError, Kube, NotFound
 from roles.kube.resources import DIAGNOSES, NODES, OPERATION_SETS, OPERATIONS, TASKS
 from schemas.core import EDGE_ROLE_LABEL, Node

@@ -23,7 +23,7 @@ import anyio
 import msgspec
 import pytest
 
-from roles.cli.join import Layout
+from roles.cli.join_layout import Layout
 from roles.common.tls import generate_serving_certificate
 from roles.kube import Kube
 from roles.kube.resources import NODES, SECRETS

@@ -23,7 +23,7 @@ from nodetask.clock import Clock
 from nodetask.phases import JobPhase, NodeTaskPhase
 from roles.controller.leader import Elector
 from roles.controller.metrics import ControllerMetrics
-from roles.controller.reconciler import Reconciler
+from roles.controller.nodejobs.reconciler import Reconciler
 from roles.kube import Kube, NotFound, crossing, open_kube
 from roles.kube.aio import AioApi
 from roles.kube.client import REQUESTS_IN_FLIGHT

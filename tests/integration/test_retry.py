@@ -29,7 +29,7 @@ from nodetask.clock import Clock
 from nodetask.messages import Report
 from nodetask.phases import ConditionStatus, JobPhase, NodeTaskPhase
 from nodetask.route import Route
-from roles.controller.reconciler import Reconciler
+from roles.controller.nodejobs.reconciler import Reconciler
 from roles.kube import Kube, open_kube
 from roles.kube.resources import EVENTS, NODES, job_resource
 from schemas.core import HUB_ANNOTATION, Node

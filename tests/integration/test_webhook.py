@@ -23,14 +23,13 @@ import trio
 from roles.common.config import ControllerConfig
 from roles.common.health import health_routes, router, serve_http
 from roles.common.tls import generate_serving_certificate, server_ssl_context
-from roles.controller.admission import (
+from roles.controller.admission.registration import (
     CONFIGURATION_NAME,
     VALIDATING_WEBHOOK_NAME,
-    admission_policy,
-    admission_routes,
     register_webhooks,
     webhook_configurations,
 )
+from roles.controller.admission.reviews import admission_policy, admission_routes
 from roles.kube import Kube
 from tests.integration.controlplane import ControlPlane
 from tests.integration.objects import unique

@@ -15,7 +15,7 @@ import yaml
 
 from roles.cli import certs
 from roles.common.config import ControllerConfig, load_config
-from roles.controller.admission import webhook_configurations
+from roles.controller.admission.registration import webhook_configurations
 from tools.provision import deploy_crds
 
 DEPLOY = Path(__file__).resolve().parents[2] / "containers" / "deploy"
@@ -43,7 +43,7 @@ def test_the_deployed_crds_are_the_generated_ones() -> None:
 
 
 def test_the_webhook_manifests_are_what_the_controller_registers_but_the_ca(tmp_path: Path) -> None:
-    """Same names, rules and policies as roles/controller/admission.py builds for the Service; no caBundle."""
+    """What roles/controller/admission/registration.py builds for the Service, but the caBundle."""
     config = _role_config("controller", tmp_path)
     assert isinstance(config, ControllerConfig)
     built = webhook_configurations(service=config.webhook_service_ref, ca_bundle=b"")

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from nodetask.route import Route
 from roles.common.config import ConfigError, ControllerConfig, EdgeConfig
-from roles.controller.admission import admission_policy
+from roles.controller.admission.reviews import admission_policy
 from roles.edge import config_update
 from roles.edge.checks import Thresholds
 from roles.edge.context import TaskContext

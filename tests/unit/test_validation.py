@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 
 from roles.common.config import ControllerConfig
 from roles.common.health import Request, Response, router
-from roles.controller.admission import (
+from roles.controller.admission.reviews import (
     ERROR_CHARS,
     LOGGED_REASON_CHARS,
     MUTATE_PATH,

@@ -44,7 +44,6 @@ import signal
 import ssl
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,7 +72,6 @@ from tools.demo.fleet import (
     edge_config,
     edge_launcher,
     hub_config,
-    nodetaskd,
     plan_edges,
 )
 from tools.demo.kube import Api, ApiFailure, JobView, hubs_of_nodes, list_jobs, recent_events, register_edge
@@ -89,7 +87,7 @@ from tools.demo.view import (
     summary_table,
 )
 from tools.ports import free_port, free_ports, held, reported
-from tools.processes import processes_in_sessions
+from tools.processes import http_get, processes_in_sessions, role_command
 from tools.provision import controlplane as _cp
 from tools.provision.containerd import RuntimeServicesError
 from tools.provision.image import ImageError, build_and_push, project_version
@@ -244,7 +242,7 @@ class Demo:
         config = controller_config(
             layout, kubeconfig=self.cp.kubeconfig("controller"), webhook_port=webhook_port, metrics_port=metrics_port
         )
-        self.procs.start("controller", nodetaskd("controller", config), log=layout.log("controller"))
+        self.procs.start("controller", role_command("controller", config), log=layout.log("controller"))
         started = [self.start_hub(name) for name in hub_names]
         self.record()
         metrics = f"http://127.0.0.1:{metrics_port}/metrics"
@@ -277,7 +275,7 @@ class Demo:
             http_port=http_port,
         )
         self.hub_starts[name] = self.hub_starts.get(name, 0) + 1
-        return self.procs.start(name, nodetaskd("cloud", config), log=self.layout.log(name))
+        return self.procs.start(name, role_command("cloud", config), log=self.layout.log(name))
 
     def hub_bound(self, child: Child) -> Hub:
         """The hub ``child`` is, with the ports it reported, once it has (its pid in the file: not an old one)."""
@@ -839,11 +837,7 @@ def _answers_ok(url: str, context: ssl.SSLContext) -> Callable[[], bool]:
 
 
 def _http(url: str, context: ssl.SSLContext | None = None) -> str:
-    try:
-        with urllib.request.urlopen(url, timeout=3, context=context) as answer:
-            return str(answer.read().decode(errors="replace"))
-    except OSError:
-        return ""
+    return http_get(url, context=context, timeout=3)[1]
 
 
 @contextlib.contextmanager

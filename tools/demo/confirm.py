@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from schemas.core import CONFIRM_ANNOTATION
-from tools.demo.fleet import Layout, nodetaskd
+from tools.demo.fleet import Layout
 from tools.demo.kube import JobView
 from tools.demo.procs import Supervisor
 from tools.demo.view import paused_for_confirmation
+from tools.processes import role_command
 from tools.provision import controlplane as _cp
 
 PREFIX: Final = "confirm-"
@@ -67,7 +68,7 @@ class Confirmer:
             "cyan",
         )
         name = f"{PREFIX}{node}"
-        self.procs.start(name, [*nodetaskd("edge", config), f"--confirm={job.name}"], log=self.layout.log(name))
+        self.procs.start(name, [*role_command("edge", config), f"--confirm={job.name}"], log=self.layout.log(name))
 
     def report(self) -> None:
         """Print the answers of the device confirmations that have ended, and forget those processes."""

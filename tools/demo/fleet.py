@@ -167,11 +167,6 @@ def edge_launcher(config: Path) -> list[str]:
     return [sys.executable, "-m", "roles.edge.launcher", f"--config={config}"]
 
 
-def nodetaskd(role: str, config: Path) -> list[str]:
-    """The command line of ``nodetaskd --role=ROLE`` under this interpreter (the project's venv)."""
-    return [sys.executable, "-m", "roles.cli", f"--role={role}", f"--config={config}"]
-
-
 def controller_config(layout: Layout, *, kubeconfig: Path, webhook_port: int, metrics_port: int) -> Path:
     return write_yaml(
         layout.config / "controller.yaml",

@@ -9,7 +9,7 @@ import msgspec
 import pytest
 import structlog
 
-from roles.controller.admission import CONFIGURATION_NAME, register_webhooks, webhook_configurations
+from roles.controller.admission.registration import CONFIGURATION_NAME, register_webhooks, webhook_configurations
 from roles.kube import ApiError, Kube
 from roles.kube.aio import AioApi
 from roles.kube.errors import from_response

@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from roles.common.config import ConfigError, ControllerConfig, load_config
-from roles.controller.webhook_server import POD_IP_ENV, webhook_host
+from roles.controller.admission.webhook_server import POD_IP_ENV, webhook_host
 
-DEPLOYMENT = Path(__file__).resolve().parents[2] / "containers" / "deploy" / "controller.yaml"
+DEPLOYMENT = Path(__file__).resolve().parents[5] / "containers" / "deploy" / "controller.yaml"
 
 
 def _controller(**options: object) -> ControllerConfig:

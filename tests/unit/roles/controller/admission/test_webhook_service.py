@@ -9,8 +9,9 @@ import pytest
 
 from roles.common.config import ConfigError, ControllerConfig, load_config
 from roles.common.tls import generate_serving_certificate
-from roles.controller.admission import MUTATE_PATH, VALIDATE_PATH, webhook_configurations
-from roles.controller.webhook_server import serving_certificate
+from roles.controller.admission.registration import webhook_configurations
+from roles.controller.admission.reviews import MUTATE_PATH, VALIDATE_PATH
+from roles.controller.admission.webhook_server import serving_certificate
 
 MOUNTED = {"tlsCertFile": "/tls/tls.crt", "tlsKeyFile": "/tls/tls.key", "tlsCaFile": "/tls/ca.crt"}
 

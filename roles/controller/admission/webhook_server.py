@@ -29,14 +29,13 @@ from roles.common.cert_reload import ReloadingCertificate
 from roles.common.config import ConfigError, ControllerConfig
 from roles.common.health import router, serve_http
 from roles.common.tls import ServingCertificate, TlsError, generate_serving_certificate, load_serving_certificate
-from roles.controller.admission import (
+from roles.controller.admission.registration import (
     MutatingWebhookConfiguration,
     ValidatingWebhookConfiguration,
-    admission_policy,
-    admission_routes,
     register_webhooks,
     webhook_configurations,
 )
+from roles.controller.admission.reviews import admission_policy, admission_routes
 from roles.kube import ApiError, Kube
 
 __all__ = ["POD_IP_ENV", "serve_webhooks", "serving_certificate", "webhook_host"]

@@ -14,14 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from roles.cli.join import JoinError, Layout, join, render_unit, reset
+from roles.cli.join import join
+from roles.cli.join_layout import JoinError, Layout
 from roles.cli.main import main
+from roles.cli.reset import reset
+from roles.cli.systemd_unit import render_unit
 from roles.common.config import EdgeConfig, load_config
 from roles.common.tls import generate_serving_certificate
 
 TOKEN = "0P2JxTsk7bWk4iJx1qkJd5Ql2m6vyUeXv2VYg8TnQ-E"
 """Shaped as ``token create`` makes them (43 URL-safe characters)."""
-TEMPLATE = (Path(__file__).resolve().parents[2] / "containers" / "systemd" / "nodetaskd-edge.service").read_text()
+TEMPLATE = (Path(__file__).resolve().parents[4] / "containers" / "systemd" / "nodetaskd-edge.service").read_text()
 
 
 @pytest.fixture

@@ -11,12 +11,12 @@ import structlog
 
 from roles.common.config import ControllerConfig
 from roles.common.health import Request, router
-from roles.controller.admission import (
+from roles.controller.admission.registration import webhook_configurations
+from roles.controller.admission.reviews import (
     MUTATE_PATH,
     VALIDATE_PATH,
     admission_policy,
     admission_routes,
-    webhook_configurations,
 )
 from schemas.diagnosis import DEFAULT_MAX_TARGETS
 

@@ -1,0 +1,207 @@
+"""The edge agent's configuration: its node and hubs, usage thresholds, and what its local API,
+autonomy and diagnosis processors may do (each closed by default).
+
+It needs only the base install: the launcher loads it on the device. Loaded with the others by
+:func:`roles.common.config.load_config`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Annotated, ClassVar, Final
+
+import msgspec
+
+from nodetask.names import clip, object_name_problem
+from roles.common.config_types import BaseConfig, LoopbackPort, Percent, Seconds
+
+__all__ = ["AutonomyConfig", "DiagnosisConfig", "EdgeConfig", "LocalApiConfig", "ScriptsConfig"]
+
+_SHA256: Final = re.compile(r"[0-9a-fA-F]{64}")
+
+
+class LocalApiConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True):
+    """The device's local Kubernetes API (``roles.edge.local_api``): the cloud objects its node needs,
+    read from the agent's cache, online or offline, by programs on the device and ``kubectl``."""
+
+    enabled: bool = False
+    """Off by default: when on, any local process can read what it serves, without credentials."""
+    port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 10261
+    """The port on 127.0.0.1 (the only address it listens on); 10261 is where OpenYurt's YurtHub
+    serves the same role, so clients set up for one find the other."""
+    serve_secrets: bool = False
+    """Whether the device keeps its node's Secrets at all (in its store, readable by root only) and the
+    local API serves them; off, the hub sends none, any cached before are purged at start, and the
+    API refuses them with 403."""
+    max_connections: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 100
+    """Connections at once (a watch holds one); one more is answered 503 naming this setting and closed."""
+    max_connections_per_client: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 25
+    """Connections at once from one client, a client being the user owning the connecting socket (on
+    loopback every client has the same address): one user's programs leave the rest to the others'."""
+
+    def __post_init__(self) -> None:
+        if self.max_connections_per_client > self.max_connections:
+            raise ValueError(
+                f"localApi.maxConnectionsPerClient ({self.max_connections_per_client}) is more than"
+                f" localApi.maxConnections ({self.max_connections})"
+            )
+
+
+class AutonomyConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True):
+    """Edge autonomy (``roles.edge.autonomy_manager``): the cache's repair of keys it failed to store."""
+
+    repair_period: Seconds = 30.0
+    """How often keys the cache failed to store are asked for again while a hub is connected."""
+
+
+class ScriptsConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True):
+    """Which diagnosis scripts (an Operation's ``scriptRunner``) this device runs."""
+
+    enabled: bool = False
+    """Off by default: whoever may create an Operation must not get a shell on every device."""
+    allowed_sha256: tuple[str, ...] = ()
+    """With ``enabled``, only scripts whose SHA-256 (hex, of the script's UTF-8 text) is listed run,
+    unless ``allowAny``."""
+    allow_any: bool = False
+    max_output_bytes: Annotated[int, msgspec.Meta(ge=1024, le=64 << 10)] = 64 << 10
+    """How much of a script's stdout is kept as its result (the rest is read and dropped, and the
+    result says so); at most 64 KiB, the most one result value of a Task holds."""
+
+    def __post_init__(self) -> None:
+        for digest in self.allowed_sha256:
+            if not _SHA256.fullmatch(digest):
+                raise ValueError(f"diagnosis.scripts.allowedSha256: {clip(digest)!r} is not a SHA-256 in hex")
+
+
+class DiagnosisConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True):
+    """What a diagnosis Task (``diagnosis.kubediag.org``) may make this device do (``roles.edge.processors``)."""
+
+    scripts: ScriptsConfig = ScriptsConfig()
+    http_hosts: tuple[str, ...] = ()
+    """Hosts (names or IP addresses, spelt as in ``httpServer.address``) besides the device itself that an
+    ``httpServer`` processor may POST to, at any port. The device itself (absent address, ``127.0.0.0/8``,
+    ``::1``, ``localhost``) may be called only at the ports of ``loopbackPorts`` (KubeDiag allows any);
+    any other host is refused unless listed, so that whoever may create an Operation cannot make every
+    device send requests into its networks."""
+
+    probe_hosts: tuple[str, ...] = ()
+    """Hosts (names or IP addresses) besides the device itself that the ``network.probe`` collector may
+    resolve and connect to, at any port. None by default: a name nobody listed is not even resolved,
+    so that whoever may create an Operation can neither scan the device's networks nor use its
+    resolver as an oracle. Separate from ``httpHosts``: a probe only opens and closes a connection,
+    a POST sends a Task's data and takes the answer as its results."""
+
+    loopback_ports: tuple[LoopbackPort, ...] = ()
+    """The device's own TCP ports (on ``127.0.0.0/8``, ``::1``, ``localhost``, and ``0.0.0.0``/``::``,
+    which reach the device too) that an ``httpServer`` may POST to and ``network.probe`` may connect to.
+    None by default: a device's loopback is where etcd, an API server or a hub listen, and a Task
+    could otherwise find them or write into them. The agent's own ports (``localApi.port`` when the
+    local API is on) are refused even if listed."""
+
+    tail_dirs: tuple[str, ...] = ()
+    """Directories under which the ``file.tail`` collector may read files (absolute paths; a file's
+    symbolic links are resolved before the check). None by default: a Task may not read the device's
+    files unless its owner lists where. Only root should be able to change these directories and
+    their parents: whoever can replace one with a link decides what it holds."""
+
+    max_concurrent_tasks: Annotated[int, msgspec.Meta(ge=1, le=64)] = 4
+    """Tasks whose processors run at once on this device; the others wait their turn (holding none of their
+    data in memory meanwhile), each for at most its operation's ``timeoutSeconds``, then fail naming this
+    setting. Bounds what answers, scripts and collectors in flight take of the device's memory."""
+    max_request_bytes: Annotated[int, msgspec.Meta(ge=1 << 10, le=768 << 10)] = 128 << 10
+    """The most bytes (as JSON) of a Task's request data this device takes: its parameters, with what
+    earlier stages passed on and the names the cloud adds. A Task with more fails naming this setting,
+    and nothing of its data is stored. The default takes a Diagnosis's parameters at the controller's
+    64 KiB bound and one earlier result at its 64 KiB bound; a hub sends up to 768 KiB."""
+
+    def __post_init__(self) -> None:
+        for directory in self.tail_dirs:
+            if not directory.startswith("/") or "\x00" in directory:
+                raise ValueError(f"diagnosis.tailDirs: {clip(directory)!r} is not an absolute path")
+        for key, hosts in (("httpHosts", self.http_hosts), ("probeHosts", self.probe_hosts)):
+            for host in hosts:
+                if not host or (any(c in host for c in "/ :@") and not _is_ipv6(host)):
+                    raise ValueError(f"diagnosis.{key}: {host!r} is not a host name or IP address (no scheme or port)")
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
+
+
+class EdgeConfig(BaseConfig, frozen=True, kw_only=True):
+    UPDATABLE_FIELDS: ClassVar[frozenset[str]] = frozenset(
+        {
+            "logLevel",
+            "logFormat",
+            "maxCpuUsage",
+            "maxMemUsage",
+            "maxDiskUsage",
+            "configUpdateHealthDeadline",
+            "upgradeHealthDeadline",
+        }
+    )
+    """The settings a ConfigUpdateJob may change: operational ones, each set whole.
+
+    Whoever may create a job must not be able to take an edge from its cloud or make it run their
+    code, so identity (nodeName), the hub connection (hubUrls), credentials (tokenFile), TLS
+    (caFile), paths (dataDir), the container runtime (criEndpoint) and where code and images come
+    from (upgradeImage, insecureRegistries) are never updatable: change them on the device. The
+    admission webhook and the agent both refuse any other key (``schemas.update_fields``)."""
+
+    node_name: str = ""
+    hub_urls: tuple[str, ...] = ()
+    token_file: str = ""
+    ca_file: str = ""
+    data_dir: str = "/var/lib/nodetaskd"
+    cri_endpoint: str = "unix:///run/containerd/containerd.sock"
+    max_cpu_usage: Percent = 80.0
+    max_mem_usage: Percent = 80.0
+    max_disk_usage: Percent = 80.0
+    config_update_health_deadline: Seconds = 60.0
+    """How long a restarted agent may take to reach a hub with an updated config before it is rolled back."""
+    upgrade_image: str = ""
+    """Repository of the agent's upgrade artifacts (``{upgradeImage}:{version}``) for NodeUpgradeJobs
+    without ``spec.image``; empty means such jobs fail their Check."""
+    insecure_registries: tuple[str, ...] = ()
+    """Registry hosts (``host[:port]``) reached over plain HTTP; loopback registries always are, others use HTTPS."""
+    upgrade_health_deadline: Seconds = 60.0
+    """How long a newly installed agent version may take to reach a hub before the launcher rolls it back."""
+    local_api: LocalApiConfig = LocalApiConfig()
+    """``localApi: {enabled: true, port: 10261}`` serves the device's cached cloud objects on loopback.
+    Not updatable by a ConfigUpdateJob: whoever may create jobs must not open it on every device."""
+    autonomy: AutonomyConfig = AutonomyConfig()
+    """Edge autonomy's settings. Not updatable by a ConfigUpdateJob (nothing in it needs to be)."""
+
+    diagnosis: DiagnosisConfig = DiagnosisConfig()
+    """What diagnosis processors may do here; closed by default. Not updatable by a ConfigUpdateJob."""
+    store_quota_bytes: Annotated[int, msgspec.Meta(ge=1 << 20)] = 64 << 20
+    """Once the agent's store holds this many bytes, new diagnosis Tasks fail naming this setting, and
+    nothing of their data is stored; results, reports, the cache and node jobs go on (up to the disk)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.node_name and (problem := object_name_problem(self.node_name)):
+            raise ValueError(f"nodeName {clip(self.node_name)!r} is not a Kubernetes node name: {problem}")
+        for url in self.hub_urls:
+            if not url.startswith(("wss://", "ws://")):
+                raise ValueError(f"hubUrls: {url!r} is not a ws:// or wss:// URL")
+        # Checked here because the runtime is first reached at the first image pull, long after start.
+        socket = self.cri_endpoint.removeprefix("unix://")
+        if self.cri_endpoint and not socket.startswith("/"):
+            raise ValueError(f"criEndpoint {self.cri_endpoint!r} is not a unix socket (unix:///path or /path)")
+        for port in self.served_ports:
+            if port in self.diagnosis.loopback_ports:
+                raise ValueError(
+                    f"diagnosis.loopbackPorts lists {port}, the port of this agent's local API (localApi.port):"
+                    " no diagnosis Task may reach the agent's own ports"
+                )
+
+    @property
+    def served_ports(self) -> tuple[int, ...]:
+        """The TCP ports this agent itself listens on, on the device: no diagnosis Task may reach them."""
+        return (self.local_api.port,) if self.local_api.enabled else ()
