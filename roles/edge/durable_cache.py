@@ -45,8 +45,8 @@ from nodetask.cache_chunks import Progress, Step
 from nodetask.messages import CacheChunk, CacheDeleted, CacheKey, CacheObjects
 from roles.edge.cache_rows import Key, Replacement, Row, Written
 from roles.edge.cache_view import Change, ChangeType, Listing, Object, Subscribers, object_key, resource_version
+from roles.edge.kinds import RESOURCES
 from roles.edge.ledger import Ledger
-from roles.edge.local_api_paths import RESOURCES
 from roles.edge.store import EdgeStore, StoreError
 
 __all__ = ["KINDS", "SECRET", "DurableCache"]

@@ -46,8 +46,8 @@ from nodetask.names import clip
 from roles.common.httpserver import DEFAULT_HEADER_TIMEOUT, Request, Response, Send, serve_http
 from roles.common.slots import Refusal
 from roles.edge.cache_view import CacheView, Change, ChangeType, Object, resource_version
+from roles.edge.kinds import Resource
 from roles.edge.local_api_paths import (
-    Resource,
     Target,
     api_group_list,
     api_resource_list,

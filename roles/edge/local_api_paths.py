@@ -12,10 +12,10 @@ from urllib.parse import unquote
 
 import msgspec
 
+from roles.edge.kinds import RESOURCES, Resource
+
 __all__ = [
     "EMULATED_VERSION",
-    "RESOURCES",
-    "Resource",
     "Target",
     "api_group_list",
     "api_resource_list",
@@ -29,28 +29,6 @@ EMULATED_VERSION: Final = (1, 20, 2)
 its selector syntax and error messages, and what ``/version`` reports."""
 
 
-class Resource(msgspec.Struct, frozen=True):
-    """A kind the local API serves, as discovery names it."""
-
-    plural: str
-    kind: str
-    namespaced: bool
-    short_names: tuple[str, ...] = ()
-
-    @property
-    def singular(self) -> str:
-        return self.kind.lower()
-
-
-RESOURCES: Final = {
-    r.plural: r
-    for r in (
-        Resource("configmaps", "ConfigMap", namespaced=True, short_names=("cm",)),
-        Resource("nodes", "Node", namespaced=False, short_names=("no",)),
-        Resource("pods", "Pod", namespaced=True, short_names=("po",)),
-        Resource("secrets", "Secret", namespaced=True),
-    )
-}
 VERBS: Final = ("get", "list", "watch")
 
 
