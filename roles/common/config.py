@@ -293,7 +293,7 @@ def _address(text: str) -> tuple[str, int]:
 
 
 class LocalApiConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True):
-    """The device's local Kubernetes API (``roles.edge.local_api``): the cloud objects its node needs,
+    """The device's local Kubernetes API (``roles.edge.local_api.local_api``): the cloud objects its node needs,
     read from the agent's cache, online or offline, by programs on the device and ``kubectl``."""
 
     enabled: bool = False
@@ -320,7 +320,7 @@ class LocalApiConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", 
 
 
 class AutonomyConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True):
-    """Edge autonomy (``roles.edge.autonomy_manager``): the cache's repair of keys it failed to store."""
+    """Edge autonomy (``roles.edge.cache.autonomy_manager``): the cache's repair of keys it failed to store."""
 
     repair_period: Seconds = 30.0
     """How often keys the cache failed to store are asked for again while a hub is connected."""

@@ -17,7 +17,7 @@ import anyio.abc
 import structlog
 
 from nodetask.route import Route
-from roles.edge.store import EdgeStore, TaskState
+from roles.edge.store.store import EdgeStore, TaskState
 
 __all__ = ["control_socket", "serve_control"]
 

@@ -16,7 +16,7 @@ import anyio
 
 from nodetask.messages import Report
 from nodetask.route import Route
-from roles.edge.store import EdgeStore, NodeTask
+from roles.edge.store.store import EdgeStore, NodeTask
 
 __all__ = ["Outbox"]
 

@@ -30,7 +30,7 @@ import trio
 from trio.testing import MockClock
 
 from nodetask.messages import Autonomy, AutonomyCondition, CacheFetch
-from roles.edge.ledger import key_text
+from roles.edge.cache.ledger import key_text
 from tests.unit.test_edge_agent import running_edge
 from tests.unit.test_edge_autonomy import CACHE, next_of, objects, pod, welcomed
 

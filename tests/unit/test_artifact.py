@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from roles.common.registry_auth import parse_image
-from roles.edge import artifact
-from roles.edge.artifact import (
+from roles.edge.upgrade import artifact
+from roles.edge.upgrade.artifact import (
     ArtifactError,
     Descriptor,
     Index,
@@ -24,8 +24,8 @@ from roles.edge.artifact import (
     select_platform,
     single_layer,
 )
-from roles.edge.registry_client import RegistryClient, plain_http, same_origin
-from roles.edge.registry_token import Tokens
+from roles.edge.upgrade.registry_client import RegistryClient, plain_http, same_origin
+from roles.edge.upgrade.registry_token import Tokens
 from schemas.v1alpha2 import ImageDigestGetter
 from tools.provision import upgrade_artifact
 

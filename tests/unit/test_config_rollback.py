@@ -13,11 +13,11 @@ import trio
 from nodetask.route import Route
 from roles.cli.main import main
 from roles.common.restart import EXIT_RESTART, SUPERVISOR_ENV, RestartRequested
-from roles.edge import config_pending, config_update
-from roles.edge.checks import Thresholds
+from roles.edge.checks.checks import Thresholds
+from roles.edge.config_update import config_pending, config_update
 from roles.edge.context import TaskContext
-from roles.edge.launcher import _load
-from roles.edge.store import EdgeStore, open_store
+from roles.edge.launcher.launcher import _load
+from roles.edge.store.store import EdgeStore, open_store
 from schemas.v1alpha2 import ConfigUpdateJobSpec
 
 

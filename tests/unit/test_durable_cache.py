@@ -21,9 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nodetask.messages import CacheDeleted, CacheKey, CacheObjects
-from roles.edge.cache_view import Change, ChangeType, Object
-from roles.edge.durable_cache import DurableCache
-from roles.edge.store import EdgeStore, StoreError, StoreFault, open_store
+from roles.edge.cache.cache_view import Change, ChangeType, Object
+from roles.edge.cache.durable_cache import DurableCache
+from roles.edge.store.store import EdgeStore, StoreError, StoreFault, open_store
 
 PAGE = 4096
 

@@ -57,11 +57,11 @@ from roles.common.config import DiagnosisConfig
 from roles.common.jobtypes import edge_job_types
 from roles.edge.actions import diagnosis_run
 from roles.edge.agent import EdgeAgent
-from roles.edge.checks import Thresholds
+from roles.edge.checks.checks import Thresholds
 from roles.edge.context import Action, Outcome, TaskContext
 from roles.edge.processors import ProcessorEnv, ProcessorOutcome
 from roles.edge.settings import AgentSettings
-from roles.edge.store import EdgeStore, TaskState, open_store
+from roles.edge.store.store import EdgeStore, TaskState, open_store
 from schemas.diagnosis import Task, TaskSpec
 from schemas.meta import ObjectMeta
 from schemas.processors import HTTPServer, Processor

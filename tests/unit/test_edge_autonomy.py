@@ -29,8 +29,8 @@ from nodetask.messages import (
     CacheObjects,
     Upstream,
 )
-from roles.edge.autonomy_manager import CHECK_PERIOD_S, RELIST_GRACE_S, REPAIR_PERIOD_S
-from roles.edge.store import EdgeStore, StoreError
+from roles.edge.cache.autonomy_manager import CHECK_PERIOD_S, RELIST_GRACE_S, REPAIR_PERIOD_S
+from roles.edge.store.store import EdgeStore, StoreError
 from tests.unit.test_edge_agent import NODE, Edge, HubSession, clock, running_edge
 
 __all__ = ["clock"]  # the fixture, used by name

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from roles.edge.checks import CheckResult, Thresholds, decide, measure, run_checks
-from roles.edge.readings import DiskReading, MeasureError, Usage
+from roles.edge.checks.checks import CheckResult, Thresholds, decide, measure, run_checks
+from roles.edge.checks.readings import DiskReading, MeasureError, Usage
 
 percents = st.floats(min_value=0, max_value=100, allow_nan=False)
 DEFAULT = Thresholds()

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from roles.edge import upgrade
-from roles.edge.checks import Thresholds
+from roles.edge.checks.checks import Thresholds
 from roles.edge.context import TaskContext
-from roles.edge.store import ActionProgress, EdgeStore, NodeTask, TaskNotFoundError, TaskState, open_store
-from roles.edge.store_schema import SCHEMA_VERSION
+from roles.edge.store.store import ActionProgress, EdgeStore, NodeTask, TaskNotFoundError, TaskState, open_store
+from roles.edge.store.store_schema import SCHEMA_VERSION
+from roles.edge.upgrade import upgrade
 from schemas.v1alpha2 import NodeUpgradeJobSpec
 
 ROUTE = "operations.kubeedge.io/v1alpha2/imageprepulljob/pp/nodes/edge-1"

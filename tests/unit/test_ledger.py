@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nodetask.messages import CacheKey
-from roles.edge.ledger import (
+from roles.edge.cache.ledger import (
     FILE_BYTES,
     LEDGER_FILE,
     SLOT_BYTES,

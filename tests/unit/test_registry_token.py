@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from roles.edge.registry_token import (
+from roles.edge.upgrade.registry_token import (
     DEFAULT_EXPIRES_S,
     EARLY_S,
     Challenge,

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from roles.common.restart import EXIT_RESTART
-from roles.edge.supervision import (
+from roles.edge.launcher.supervision import (
     DEADLINE_GRACE_S,
     EXIT_USAGE,
     MAX_FAILED_STARTS,
@@ -25,7 +25,7 @@ from roles.edge.supervision import (
     Supervision,
     decide,
 )
-from roles.edge.upgrade_marker import MarkerState, UpgradeMarker
+from roles.edge.upgrade.upgrade_marker import MarkerState, UpgradeMarker
 
 STATUSES = st.sampled_from([None, 0, 1, EXIT_USAGE, EXIT_RESTART, 137])
 """Exit statuses; None is an agent stopped at its probation's deadline."""

@@ -13,11 +13,11 @@ from hypothesis import strategies as st
 from nodetask.route import Route
 from roles.common.config import ConfigError, ControllerConfig, EdgeConfig
 from roles.controller.admission import admission_policy
-from roles.edge import config_update
-from roles.edge.checks import Thresholds
+from roles.edge.checks.checks import Thresholds
+from roles.edge.config_update import config_update
 from roles.edge.context import TaskContext
 from roles.edge.settings import client_tls
-from roles.edge.store import EdgeStore, open_store
+from roles.edge.store.store import EdgeStore, open_store
 from schemas.update_fields import MAX_KEY_DEPTH, MAX_KEY_LENGTH, key_problem
 from schemas.v1alpha2 import ConfigUpdateJobSpec
 from schemas.validation import FieldError, validate_create

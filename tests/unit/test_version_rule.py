@@ -10,9 +10,9 @@ import pytest
 
 from flows import nodeupgradejob
 from roles.edge.actions import build_actions
-from roles.edge.checks import Thresholds
+from roles.edge.checks.checks import Thresholds
 from roles.edge.context import TaskContext
-from roles.edge.store import EdgeStore, NodeTask, TaskState
+from roles.edge.store.store import EdgeStore, NodeTask, TaskState
 from schemas.v1alpha2 import NodeUpgradeJobSpec
 from schemas.validation import is_version, validate_create
 

@@ -1,8 +1,8 @@
 """The cache's tables in the edge store: one row per cached cloud object, and each kind's resource version.
 
-Plain functions over an open connection, run by :class:`roles.edge.store.EdgeStore` in its worker
+Plain functions over an open connection, run by :class:`roles.edge.store.store.EdgeStore` in its worker
 thread; each write is one transaction, so a failed one (a full disk) changes nothing. The rules are
-:class:`roles.edge.cache_view.MemoryCache`'s: an older resource version never overwrites a newer
+:class:`roles.edge.cache.cache_view.MemoryCache`'s: an older resource version never overwrites a newer
 one, and a deletion older than the cached object is ignored. Bodies are the JSON the API server
 sent, stored as received.
 
@@ -20,7 +20,7 @@ from collections.abc import Collection, Sequence
 
 import msgspec
 
-from roles.edge.store_schema import transaction
+from roles.edge.store.store_schema import transaction
 
 __all__ = [
     "Deletion",

@@ -1,9 +1,9 @@
 """What the device's local API reads: a view of its cache of cloud objects, and an in-memory one.
 
-:class:`CacheView` is the seam between the local API (:mod:`roles.edge.local_api`) and however the
+:class:`CacheView` is the seam between the local API (:mod:`roles.edge.local_api.local_api`) and however the
 cache is kept: whatever holds the node's copy of its Node, Pods, ConfigMaps and Secrets implements
 these three methods, and the API needs nothing else from it. :class:`MemoryCache` is the plain
-implementation, for tests and benchmarks; the agent serves :class:`roles.edge.durable_cache.DurableCache`.
+implementation, for tests and benchmarks; the agent serves :class:`roles.edge.cache.durable_cache.DurableCache`.
 
 Objects are decoded JSON (dicts) as the cloud's API server sent them; kinds are Kubernetes kind
 names (``"Pod"``). Resource versions are the cloud's: decimal integers (etcd revisions), compared as

@@ -1,9 +1,9 @@
 """Blocking calls to one OCI registry over the distribution HTTP API, with the bearer-token exchange.
 
-Used by the upgrade artifact (:mod:`roles.edge.artifact`), whose async entry points run these calls
+Used by the upgrade artifact (:mod:`roles.edge.upgrade.artifact`), whose async entry points run these calls
 in worker threads. A registry that answers 401 with a ``Bearer`` challenge (Docker Hub, GHCR, any
-``docker-registry`` with token auth) gets the token exchange of :mod:`roles.edge.registry_token`;
-tokens are kept in a :class:`~roles.edge.registry_token.Tokens` until they expire. Every request is
+``docker-registry`` with token auth) gets the token exchange of :mod:`roles.edge.upgrade.registry_token`;
+tokens are kept in a :class:`~roles.edge.upgrade.registry_token.Tokens` until they expire. Every request is
 anonymous (an upgrade has no registry credentials): a registry that wants an account is refused
 with a reason saying so. Redirects are followed, but ``Authorization`` goes to the same origin only.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, Any, Final
 
 from roles.common.registry_auth import ImageRef, api_host
-from roles.edge import registry_token
+from roles.edge.upgrade import registry_token
 
 __all__ = ["RegistryClient", "RegistryError", "plain_http", "same_origin"]
 

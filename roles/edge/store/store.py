@@ -4,7 +4,7 @@ It holds what must survive a restart of the agent, a reboot or a self-upgrade: t
 hub sent, each action's result, the outbox of reports not yet acknowledged by a hub, the one
 upgrade-or-config-update that may run at a time (keadm's ``idempotency_record``, made durable and
 tied to its task so it cannot outlive it), a few agent facts, and the cache of the node's cloud
-objects (:mod:`roles.edge.cache_rows`; Secrets among them when the config allows, which is one
+objects (:mod:`roles.edge.store.cache_rows`; Secrets among them when the config allows, which is one
 reason the file is its owner's only).
 
 SQLite calls block, so every one runs in a worker thread. The store owns ONE connection, used by
@@ -16,7 +16,7 @@ Every SQLite failure surfaces as :class:`StoreError`, naming the file and what w
 full, read-only, corrupt...). Each write is one transaction, so a failed write changes nothing.
 
 The file itself - opening and checking it, its schema and migrations, and how SQLite's errors
-become :class:`StoreError` - is :mod:`roles.edge.store_schema`'s.
+become :class:`StoreError` - is :mod:`roles.edge.store.store_schema`'s.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ import anyio.to_thread
 import msgspec
 import structlog
 
-from roles.edge import cache_rows
-from roles.edge.cache_rows import Deletion, Key, Replacement, Row, Written
-from roles.edge.store_schema import SCHEMA_VERSION, StoreError, StoreFault, connect, store_error, transaction
+from roles.edge.store import cache_rows
+from roles.edge.store.cache_rows import Deletion, Key, Replacement, Row, Written
+from roles.edge.store.store_schema import SCHEMA_VERSION, StoreError, StoreFault, connect, store_error, transaction
 
 __all__ = [
     "SCHEMA_VERSION",

@@ -1,7 +1,7 @@
 """What a host check measures: one usage reading per item, or why it could not be taken.
 
-The one home of these types, so that the decision (:mod:`roles.edge.checks`) and the psutil shell
-that measures (:mod:`roles.edge.host`) both stand on it and neither imports the other's module.
+The one home of these types, so that the decision (:mod:`roles.edge.checks.checks`) and the psutil shell
+that measures (:mod:`roles.edge.checks.host`) both stand on it and neither imports the other's module.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """The kinds of cloud objects a device caches, and its local API serves, as discovery names them.
 
 What a node may cache is Kubernetes' Node authorizer rule: its Node, its Pods, and their ConfigMaps
-and Secrets. The cache takes these kinds and no other (:mod:`roles.edge.durable_cache`); the local
-API serves them at their paths (:mod:`roles.edge.local_api_paths`).
+and Secrets. The cache takes these kinds and no other (:mod:`roles.edge.cache.durable_cache`); the local
+API serves them at their paths (:mod:`roles.edge.local_api.local_api_paths`).
 """
 
 from __future__ import annotations

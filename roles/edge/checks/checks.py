@@ -1,7 +1,7 @@
 """Host check items run before a node task's first action: ``cpu``, ``mem`` and ``disk``, as KubeEdge's.
 
 The decision is a pure function of measured percentages (:func:`decide`); :func:`measure` is the
-thin shell that asks psutil (:mod:`roles.edge.host`), in a worker thread because the CPU reading
+thin shell that asks psutil (:mod:`roles.edge.checks.host`), in a worker thread because the CPU reading
 samples over an interval.
 
 Compatibility with KubeEdge (``edge/pkg/taskmanager/actions/pre_check.go``): items are checked in
@@ -22,7 +22,7 @@ from typing import Final
 import anyio.to_thread
 import msgspec
 
-from roles.edge.readings import ROOT, CheckItem, MeasureError, Reading, Usage
+from roles.edge.checks.readings import ROOT, CheckItem, MeasureError, Reading, Usage
 
 __all__ = [
     "CheckResult",
@@ -119,7 +119,7 @@ async def measure(items: Sequence[str], *, data_dir: Path, cpu_interval: float =
     if not needed:
         return Usage()
     # psutil is loaded by the first check, not at start: an idle agent is kept under 40 MiB.
-    from roles.edge import host  # noqa: PLC0415 (deferred on purpose)
+    from roles.edge.checks import host  # noqa: PLC0415 (deferred on purpose)
 
     return await anyio.to_thread.run_sync(host.measure_blocking, needed, data_dir, cpu_interval)
 

@@ -13,7 +13,7 @@ re-executing itself when it wants a restart. Then:
   agent again at once, from whatever ``current`` now points at;
 * while an upgrade is on probation (the marker ``<dataDir>/upgrade.json`` says ``switched``), the
   new version must mark itself ``healthy`` within the marker's deadline (plus a grace). If it exits
-  non-zero three times (:data:`roles.edge.supervision.MAX_FAILED_STARTS`), marks itself
+  non-zero three times (:data:`roles.edge.launcher.supervision.MAX_FAILED_STARTS`), marks itself
   ``unhealthy``, or misses the deadline, the launcher points ``current`` back at the previous
   version, marks the upgrade ``rolled_back`` with the reason, and starts the previous version,
   which reports Upgrade failed and RollBack;
@@ -21,10 +21,10 @@ re-executing itself when it wants a restart. Then:
   clean exit ends the launcher with the same status;
 * SIGTERM or SIGINT is forwarded to the agent; the launcher exits 0 once it has stopped.
 
-These decisions are a pure state machine (:mod:`roles.edge.supervision`); this module runs it.
+These decisions are a pure state machine (:mod:`roles.edge.launcher.supervision`); this module runs it.
 
-The marker and the ``current`` link (:mod:`roles.edge.upgrade_marker`) are this module's contract
-with :mod:`roles.edge.upgrade`; both are written atomically (a temporary name, then ``os.replace``).
+The marker and the ``current`` link (:mod:`roles.edge.upgrade.upgrade_marker`) are this module's contract
+with :mod:`roles.edge.upgrade.upgrade`; both are written atomically (a temporary name, then ``os.replace``).
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ from nodetask.backoff import Backoff
 from roles.common.config import ConfigError, EdgeConfig, load_config
 from roles.common.logs import configure_logging
 from roles.common.restart import SUPERVISOR_ENV
-from roles.edge.config_pending import restore_after_failed_start
-from roles.edge.supervision import (
+from roles.edge.config_update.config_pending import restore_after_failed_start
+from roles.edge.launcher.supervision import (
     DEADLINE_GRACE_S,
     EXIT_USAGE,
     Event,
@@ -64,7 +64,7 @@ from roles.edge.supervision import (
     Supervision,
     decide,
 )
-from roles.edge.upgrade_marker import (
+from roles.edge.upgrade.upgrade_marker import (
     CURRENT_LINK,
     MarkerState,
     UpgradeMarker,
@@ -164,7 +164,7 @@ async def supervise(command: list[str], data_dir: Path, *, log: Log, grace: floa
     """Run the agent (``command``, see :func:`agent_command`) until it ends for good; returns the launcher's
     exit status. ``grace`` is added to a probation's deadline. Cancel to stop (the agent is terminated).
 
-    The decisions are :func:`roles.edge.supervision.decide`'s; this shell reads the marker, runs the
+    The decisions are :func:`roles.edge.launcher.supervision.decide`'s; this shell reads the marker, runs the
     agent, waits and rolls back as they say.
     """
     state = Supervision(grace=grace)
@@ -241,7 +241,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     extra = [f"--data-dir={args.data_dir}"] if args.data_dir else []
     command = agent_command(args.config.resolve(), extra)
     return trio.run(_main, command, Path(cfg.data_dir).resolve(), log)
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,7 +1,7 @@
 """NodeUpgradeJob on the device: the agent upgrades itself, and is rolled back if the new version is unhealthy.
 
 ``Check (-> WaitingConfirmation) -> BackUp -> Upgrade (-fail-> RollBack)``, under the launcher
-(:mod:`roles.edge.launcher`), which is what restarts the agent onto another version:
+(:mod:`roles.edge.launcher.launcher`), which is what restarts the agent onto another version:
 
 * Check (in :mod:`roles.edge.actions`) also finds the artifact ``{image}:{version}`` in its
   registry and checks its digest against ``imageDigestGatter`` (:func:`find_artifact`);
@@ -36,7 +36,7 @@ import msgspec
 from roles.common.config import ConfigError, EdgeConfig, load_config
 from roles.common.restart import SUPERVISOR_ENV, RestartRequested
 from roles.edge.context import Outcome, TaskContext
-from roles.edge.upgrade_marker import (
+from roles.edge.upgrade.upgrade_marker import (
     MarkerState,
     UpgradeMarker,
     current_target,
@@ -46,7 +46,7 @@ from roles.edge.upgrade_marker import (
 )
 
 if TYPE_CHECKING:
-    from roles.edge import artifact
+    from roles.edge.upgrade import artifact
 
 __all__ = ["back_up", "find_artifact", "roll_back", "supervised", "upgrade"]
 
@@ -87,7 +87,7 @@ def _options(ctx: TaskContext) -> _Options:
 
 async def _resolve(ctx: TaskContext) -> tuple[artifact.Resolved | None, _Options | None, str]:
     # The registry client (urllib, tarfile...) is loaded by the first upgrade, not at start.
-    from roles.edge import artifact  # noqa: PLC0415 (deferred on purpose)
+    from roles.edge.upgrade import artifact  # noqa: PLC0415 (deferred on purpose)
 
     try:
         options = await anyio.to_thread.run_sync(_options, ctx)
@@ -200,7 +200,7 @@ def _marker(ctx: TaskContext, progress: _Progress, deadline: float) -> UpgradeMa
 async def _install_and_switch(ctx: TaskContext) -> Outcome:
     """The first run of Upgrade: install beside the running version, record, switch, restart."""
     to = ctx.spec.version
-    from roles.edge import artifact  # noqa: PLC0415 (deferred on purpose, see _resolve)
+    from roles.edge.upgrade import artifact  # noqa: PLC0415 (deferred on purpose, see _resolve)
 
     resolved, options, problem = await _resolve(ctx)
     if resolved is None or options is None:

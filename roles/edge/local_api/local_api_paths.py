@@ -12,7 +12,7 @@ from urllib.parse import unquote
 
 import msgspec
 
-from roles.edge.kinds import RESOURCES, Resource
+from roles.edge.cache.kinds import RESOURCES, Resource
 
 __all__ = [
     "EMULATED_VERSION",

@@ -1,4 +1,4 @@
-"""Host readings through psutil for the check items (:mod:`roles.edge.checks` decides on them).
+"""Host readings through psutil for the check items (:mod:`roles.edge.checks.checks` decides on them).
 
 A module of its own so that psutil is loaded by the first Check, not when the agent starts.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from roles.edge.readings import ROOT, CheckItem, DiskReading, MeasureError, Reading, Usage
+from roles.edge.checks.readings import ROOT, CheckItem, DiskReading, MeasureError, Reading, Usage
 
 __all__ = ["measure_blocking"]
 

@@ -8,7 +8,7 @@ downloads the layer blob, checks its digest and unpacks it beside the installed 
 
 The decisions are pure functions (:func:`parse_manifest`, :func:`select_platform`,
 :func:`expected_digest`, :func:`check_member`); the HTTP calls are the blocking calls of
-:class:`roles.edge.registry_client.RegistryClient` (with the bearer-token exchange registries such
+:class:`roles.edge.upgrade.registry_client.RegistryClient` (with the bearer-token exchange registries such
 as Docker Hub and GHCR ask for, anonymous: an upgrade has no registry credentials), which the async
 entry points run in worker threads.
 Image references are parsed by :func:`roles.common.registry_auth.parse_image`, as the pre-pull's are.
@@ -33,8 +33,8 @@ import anyio.to_thread
 from nodetask import nesting
 from roles.common.files import sync_directory
 from roles.common.registry_auth import ImageRef, api_host, parse_image
-from roles.edge import registry_token
-from roles.edge.registry_client import RegistryClient, RegistryError, plain_http
+from roles.edge.upgrade import registry_token
+from roles.edge.upgrade.registry_client import RegistryClient, RegistryError, plain_http
 from schemas.v1alpha2 import ImageDigestGetter
 
 __all__ = [

@@ -1,7 +1,7 @@
 """The self-upgrade's shared record: the marker ``<dataDir>/upgrade.json`` and the ``<dataDir>/current`` link.
 
-The contract between the agent's NodeUpgradeJob actions (:mod:`roles.edge.upgrade`), which switch
-to a new version and judge its health, and the launcher (:mod:`roles.edge.launcher`), which starts
+The contract between the agent's NodeUpgradeJob actions (:mod:`roles.edge.upgrade.upgrade`), which switch
+to a new version and judge its health, and the launcher (:mod:`roles.edge.launcher.launcher`), which starts
 whatever ``current`` points at and rolls back a version on probation that fails. Both are written
 atomically (a temporary name, then ``os.replace``). Standard library and msgspec only: the
 launcher imports it.

@@ -1,15 +1,15 @@
 """The device's cache of its node's cloud objects, kept in the edge store and served to the local API.
 
 The hub feeds it (:class:`~nodetask.messages.CacheObjects`, :class:`~nodetask.messages.CacheDeleted`);
-the local API reads it through :class:`~roles.edge.cache_view.CacheView`. The rules are
-:class:`~roles.edge.cache_view.MemoryCache`'s, made durable (:mod:`roles.edge.cache_rows`): an older
+the local API reads it through :class:`~roles.edge.cache.cache_view.CacheView`. The rules are
+:class:`~roles.edge.cache.cache_view.MemoryCache`'s, made durable (:mod:`roles.edge.store.cache_rows`): an older
 resource version never overwrites a newer one, a deletion older than the cached object is ignored,
 and a fresh list replaces a kind's collection in one transaction. Every change is announced to the
 subscribers once it is committed.
 
 Every write that fails - the store cannot take it (a full disk, an I/O error) or the object cannot
 be stored (no numeric resource version) - puts the keys it concerned in the error-key ledger
-(:mod:`roles.edge.ledger`) with the reason; a later write of a key that succeeds takes it out. A
+(:mod:`roles.edge.cache.ledger`) with the reason; a later write of a key that succeeds takes it out. A
 failed replacement errs every key it would have touched: those listed, and those cached that it
 would have removed (the repair loop then learns from the hub that they are gone).
 
@@ -43,11 +43,11 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from nodetask import cache_chunks
 from nodetask.cache_chunks import Progress, Step
 from nodetask.messages import CacheChunk, CacheDeleted, CacheKey, CacheObjects
-from roles.edge.cache_rows import Key, Replacement, Row, Written
-from roles.edge.cache_view import Change, ChangeType, Listing, Object, Subscribers, object_key, resource_version
-from roles.edge.kinds import RESOURCES
-from roles.edge.ledger import Ledger
-from roles.edge.store import EdgeStore, StoreError
+from roles.edge.cache.cache_view import Change, ChangeType, Listing, Object, Subscribers, object_key, resource_version
+from roles.edge.cache.kinds import RESOURCES
+from roles.edge.cache.ledger import Ledger
+from roles.edge.store.cache_rows import Key, Replacement, Row, Written
+from roles.edge.store.store import EdgeStore, StoreError
 
 __all__ = ["KINDS", "SECRET", "DurableCache"]
 
@@ -86,7 +86,9 @@ class _Staging:
 
 @final
 class DurableCache:
-    """A :class:`~roles.edge.cache_view.CacheView` over the edge store, fed by the hub. Make one with :meth:`open`.
+    """A :class:`~roles.edge.cache.cache_view.CacheView` over the edge store, fed by the hub.
+
+    Make one with :meth:`open`.
 
     Writes are applied one message at a time, in arrival order; reads may run alongside.
     """

@@ -1,6 +1,6 @@
 """The autonomy manager (seed 003's): the cache's messages from the hub, the periodic check, the repair loop.
 
-* The hub's cache messages go to the durable cache (:mod:`roles.edge.durable_cache`), and its
+* The hub's cache messages go to the durable cache (:mod:`roles.edge.cache.durable_cache`), and its
   :class:`~nodetask.messages.Autonomy` to the ledger, so that whether autonomy is requested
   survives a restart and is known offline.
 * Every :data:`CHECK_PERIOD_S`, connected or not, :func:`nodetask.autonomy.check` runs over the
@@ -37,8 +37,8 @@ from nodetask.messages import (
     CacheObjects,
     Upstream,
 )
-from roles.edge.durable_cache import KINDS, SECRET, DurableCache
-from roles.edge.ledger import key_text
+from roles.edge.cache.durable_cache import KINDS, SECRET, DurableCache
+from roles.edge.cache.ledger import key_text
 
 __all__ = ["CHECK_PERIOD_S", "FETCH_BATCH", "RELIST_GRACE_S", "REPAIR_PERIOD_S", "AutonomyManager", "Send"]
 

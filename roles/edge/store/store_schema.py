@@ -5,7 +5,7 @@ version whose code can still use the file: additive migrations keep it, so an ag
 after an upgrade still opens the store the newer agent wrote. Only SQL available since SQLite 3.24
 is used (no STRICT tables, no RETURNING), because agents link the device's own libsqlite3.
 
-The operations on the open file are :mod:`roles.edge.store`'s.
+The operations on the open file are :mod:`roles.edge.store.store`'s.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ _MIGRATIONS: Final = (
             "CREATE TABLE agent_facts (key TEXT PRIMARY KEY, value BLOB NOT NULL, updated_at TEXT NOT NULL)",
         ),
     ),
-    # The cache of the node's cloud objects (roles.edge.cache_rows). Additive: an agent from before
+    # The cache of the node's cloud objects (roles.edge.store.cache_rows). Additive: an agent from before
     # it ignores the tables, so a rollback still opens the store.
     _Migration(
         version=2,
@@ -152,7 +152,7 @@ _MIGRATIONS: Final = (
             "ALTER TABLE dropped_reports ADD COLUMN attempt INTEGER NOT NULL DEFAULT 0",
         ),
     ),
-    # The parts of a replace sent in chunks, staged until its last one (roles.edge.cache_rows). Additive:
+    # The parts of a replace sent in chunks, staged until its last one (roles.edge.store.cache_rows). Additive:
     # an agent from before it ignores the table.
     _Migration(
         version=4,

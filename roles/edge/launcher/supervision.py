@@ -1,7 +1,7 @@
 """What the launcher decides, as a pure state machine: start, relaunch, roll back, or stop for good.
 
 :func:`decide` takes the launcher's :class:`Supervision` state and one event, and returns the
-next state and one decision; :func:`roles.edge.launcher.supervise` is the shell that reads the
+next state and one decision; :func:`roles.edge.launcher.launcher.supervise` is the shell that reads the
 marker, runs the agent, sleeps and rolls back as told. The events alternate: :class:`Starting`
 (the marker before a start) and, after a :class:`Start`, :class:`Exited` (how the agent ended and
 the marker after it). Any other decision is followed by :class:`Starting` again.
@@ -27,7 +27,7 @@ from enum import StrEnum
 from typing import Final
 
 from roles.common.restart import EXIT_RESTART
-from roles.edge.upgrade_marker import MarkerState, UpgradeMarker
+from roles.edge.upgrade.upgrade_marker import MarkerState, UpgradeMarker
 
 __all__ = [
     "DEADLINE_GRACE_S",

@@ -6,7 +6,7 @@ gone, a value it cannot use, any error before it reaches a hub) must not exit fo
 crash-loop: the role's entry point (and the launcher, for a file it cannot load) calls
 :func:`restore_after_failed_start`, which puts the backup back, records why in the note and lets
 the agent restart, which then fails Update with that reason and reports RollBack
-(:mod:`roles.edge.config_update`). The note sits beside the configuration, not in the store,
+(:mod:`roles.edge.config_update.config_update`). The note sits beside the configuration, not in the store,
 because a file that cannot be loaded does not say where the store is.
 
 Standard library and msgspec only: the launcher imports it.
