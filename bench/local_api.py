@@ -32,8 +32,8 @@ import structlog
 import trio
 
 from nodetask.messages import CacheObjects
-from roles.edge.cache.cache_view import CacheView, MemoryCache, Object
 from roles.edge.cache.durable_cache import DurableCache
+from roles.edge.cache.view import CacheView, MemoryCache, Object
 from roles.edge.local_api.local_api import LOOPBACK, Serving, serve_local_api
 from roles.edge.store.store import open_store
 

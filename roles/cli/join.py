@@ -45,7 +45,7 @@ import msgspec
 from roles.cli.token_format import token_problem
 from roles.common.config import EdgeConfig
 from roles.common.files import write_atomically
-from roles.edge.config_update.config_pending import pending_path
+from roles.edge.config_update.pending import pending_path
 from roles.edge.control import control_socket
 
 __all__ = [

@@ -22,7 +22,7 @@
 
 This module answers the hub's messages; the parts live beside it: the connection and its one
 writer per session (:mod:`roles.edge.session`), the outbox (:mod:`roles.edge.outbox`), the task
-walk (:mod:`roles.edge.walk`), the local control socket (:mod:`roles.edge.control`) and the
+walk (:mod:`roles.edge.task_runner`), the local control socket (:mod:`roles.edge.control`) and the
 autonomy manager with its cache (:mod:`roles.edge.cache.autonomy_manager`).
 """
 
@@ -70,7 +70,7 @@ from roles.edge.outbox import Outbox
 from roles.edge.session import HubConnection, Session
 from roles.edge.settings import AgentSettings
 from roles.edge.store.store import EdgeStore, StoreError, TaskState
-from roles.edge.walk import TaskRunner
+from roles.edge.task_runner import TaskRunner
 from roles.edge.ws_link import open_ws_link
 
 __all__ = ["EdgeAgent"]

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from roles.common.config import EdgeConfig, LocalApiConfig
-from roles.edge.cache.cache_view import Change, ChangeType, MemoryCache, Object
+from roles.edge.cache.view import Change, ChangeType, MemoryCache, Object
 from schemas.update_fields import key_problem
 
 

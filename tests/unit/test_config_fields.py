@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from roles.edge.config_update.config_fields import FieldError, apply_fields, parse_path, typed_value
+from roles.edge.config_update.fields import FieldError, apply_fields, parse_path, typed_value
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,8 @@ from nodetask.route import Route
 from roles.cli.main import main
 from roles.common.restart import EXIT_RESTART, SUPERVISOR_ENV, RestartRequested
 from roles.edge.checks.checks import Thresholds
-from roles.edge.config_update import config_pending, config_update
+from roles.edge.config_update import config_update
+from roles.edge.config_update import pending as config_pending
 from roles.edge.context import TaskContext
 from roles.edge.launcher.launcher import _load
 from roles.edge.store.store import EdgeStore, open_store

@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nodetask.messages import CacheDeleted, CacheKey, CacheObjects
-from roles.edge.cache.cache_view import Change, ChangeType, Object
 from roles.edge.cache.durable_cache import DurableCache
+from roles.edge.cache.view import Change, ChangeType, Object
 from roles.edge.store.store import EdgeStore, StoreError, StoreFault, open_store
 
 PAGE = 4096

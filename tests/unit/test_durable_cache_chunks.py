@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from nodetask import cache_chunks
 from nodetask.messages import CacheChunk, CacheKey
-from roles.edge.cache.cache_view import Object
 from roles.edge.cache.durable_cache import DurableCache
+from roles.edge.cache.view import Object
 from roles.edge.store.store import EdgeStore
 from tests.unit.test_durable_cache import PAGE, full, key, mirror, obj, opened, raw, relist, upsert, versions
 

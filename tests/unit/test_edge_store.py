@@ -17,6 +17,7 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from roles.edge.store.schema import store_error
 from roles.edge.store.store import (
     SCHEMA_VERSION,
     ActionProgress,
@@ -28,7 +29,6 @@ from roles.edge.store.store import (
     open_store,
     quarantine_store,
 )
-from roles.edge.store.store_schema import store_error
 
 ROUTE = "operations.kubeedge.io/v1alpha2/nodeupgradejob/up-1/nodes/edge-1"
 

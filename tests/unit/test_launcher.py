@@ -13,7 +13,7 @@ import structlog
 
 from roles.common.restart import EXIT_RESTART, SUPERVISOR_ENV
 from roles.edge.launcher.launcher import supervise
-from roles.edge.upgrade.upgrade_marker import (
+from roles.edge.upgrade.marker import (
     MARKER_FILE,
     MarkerState,
     UpgradeMarker,
@@ -131,7 +131,7 @@ async def test_a_new_version_that_gives_up_on_its_health_check_is_rolled_back_wi
     _on_probation(tmp_path)
     body = (
         "import os, pathlib, sys, msgspec\n"
-        "from roles.edge.upgrade.upgrade_marker import MarkerState, read_marker, write_marker\n"
+        "from roles.edge.upgrade.marker import MarkerState, read_marker, write_marker\n"
         "if not os.environ.get('PYTHONPATH'): sys.exit(0)\n"
         f"d = pathlib.Path({str(tmp_path)!r})\n"
         "m = msgspec.structs.replace(read_marker(d), state=MarkerState.UNHEALTHY, reason='no hub within 1s')\n"

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from roles.common.httpserver import Request, Response
-from roles.edge.cache.cache_view import Change, ChangeType, Listing, MemoryCache, Object
+from roles.edge.cache.view import Change, ChangeType, Listing, MemoryCache, Object
 from roles.edge.local_api.local_api import LOOPBACK, LocalApi, Serving, _watch_start, serve_local_api, watch_event
 
 NODE = "edge-1"

@@ -25,7 +25,7 @@ from roles.edge.launcher.supervision import (
     Supervision,
     decide,
 )
-from roles.edge.upgrade.upgrade_marker import MarkerState, UpgradeMarker
+from roles.edge.upgrade.marker import MarkerState, UpgradeMarker
 
 STATUSES = st.sampled_from([None, 0, 1, EXIT_USAGE, EXIT_RESTART, 137])
 """Exit statuses; None is an agent stopped at its probation's deadline."""

@@ -1,8 +1,8 @@
 """The device's cache of its node's cloud objects, kept in the edge store and served to the local API.
 
 The hub feeds it (:class:`~nodetask.messages.CacheObjects`, :class:`~nodetask.messages.CacheDeleted`);
-the local API reads it through :class:`~roles.edge.cache.cache_view.CacheView`. The rules are
-:class:`~roles.edge.cache.cache_view.MemoryCache`'s, made durable (:mod:`roles.edge.store.cache_rows`): an older
+the local API reads it through :class:`~roles.edge.cache.view.CacheView`. The rules are
+:class:`~roles.edge.cache.view.MemoryCache`'s, made durable (:mod:`roles.edge.store.cache_rows`): an older
 resource version never overwrites a newer one, a deletion older than the cached object is ignored,
 and a fresh list replaces a kind's collection in one transaction. Every change is announced to the
 subscribers once it is committed.
@@ -43,9 +43,9 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from nodetask import cache_chunks
 from nodetask.cache_chunks import Progress, Step
 from nodetask.messages import CacheChunk, CacheDeleted, CacheKey, CacheObjects
-from roles.edge.cache.cache_view import Change, ChangeType, Listing, Object, Subscribers, object_key, resource_version
 from roles.edge.cache.kinds import RESOURCES
 from roles.edge.cache.ledger import Ledger
+from roles.edge.cache.view import Change, ChangeType, Listing, Object, Subscribers, object_key, resource_version
 from roles.edge.store.cache_rows import Key, Replacement, Row, Written
 from roles.edge.store.store import EdgeStore, StoreError
 
@@ -86,7 +86,7 @@ class _Staging:
 
 @final
 class DurableCache:
-    """A :class:`~roles.edge.cache.cache_view.CacheView` over the edge store, fed by the hub.
+    """A :class:`~roles.edge.cache.view.CacheView` over the edge store, fed by the hub.
 
     Make one with :meth:`open`.
 

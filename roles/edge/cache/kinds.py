@@ -2,7 +2,7 @@
 
 What a node may cache is Kubernetes' Node authorizer rule: its Node, its Pods, and their ConfigMaps
 and Secrets. The cache takes these kinds and no other (:mod:`roles.edge.cache.durable_cache`); the local
-API serves them at their paths (:mod:`roles.edge.local_api.local_api_paths`).
+API serves them at their paths (:mod:`roles.edge.local_api.paths`).
 """
 
 from __future__ import annotations

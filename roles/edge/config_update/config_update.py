@@ -15,7 +15,7 @@ progress as a store fact (``config_update/<job uid>``):
 
 A restarted agent that cannot even start with the new file (a file it names is gone, a value it
 cannot use, any error before it reaches a hub) must not exit for good or crash-loop: the role's
-entry point calls :func:`roles.edge.config_update.config_pending.restore_after_failed_start`, which puts the
+entry point calls :func:`roles.edge.config_update.pending.restore_after_failed_start`, which puts the
 backup back, records why in the note and restarts the agent, which then fails Update with that
 reason and reports RollBack.
 """
@@ -32,8 +32,8 @@ from nodetask import nesting
 from roles.common.config import ConfigError, EdgeConfig
 from roles.common.files import write_atomically
 from roles.common.restart import RestartRequested
-from roles.edge.config_update.config_fields import FieldError, apply_fields
-from roles.edge.config_update.config_pending import Pending, clear_pending, pending_path, read_pending
+from roles.edge.config_update.fields import FieldError, apply_fields
+from roles.edge.config_update.pending import Pending, clear_pending, pending_path, read_pending
 from roles.edge.context import Outcome, TaskContext, take_exclusive
 from roles.edge.settings import settings_of
 from schemas.update_fields import key_problem

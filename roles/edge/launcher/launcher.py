@@ -23,7 +23,7 @@ re-executing itself when it wants a restart. Then:
 
 These decisions are a pure state machine (:mod:`roles.edge.launcher.supervision`); this module runs it.
 
-The marker and the ``current`` link (:mod:`roles.edge.upgrade.upgrade_marker`) are this module's contract
+The marker and the ``current`` link (:mod:`roles.edge.upgrade.marker`) are this module's contract
 with :mod:`roles.edge.upgrade.upgrade`; both are written atomically (a temporary name, then ``os.replace``).
 """
 
@@ -49,7 +49,7 @@ from nodetask.backoff import Backoff
 from roles.common.config import ConfigError, EdgeConfig, load_config
 from roles.common.logs import configure_logging
 from roles.common.restart import SUPERVISOR_ENV
-from roles.edge.config_update.config_pending import restore_after_failed_start
+from roles.edge.config_update.pending import restore_after_failed_start
 from roles.edge.launcher.supervision import (
     DEADLINE_GRACE_S,
     EXIT_USAGE,
@@ -64,7 +64,7 @@ from roles.edge.launcher.supervision import (
     Supervision,
     decide,
 )
-from roles.edge.upgrade.upgrade_marker import (
+from roles.edge.upgrade.marker import (
     CURRENT_LINK,
     MarkerState,
     UpgradeMarker,

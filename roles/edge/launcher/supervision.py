@@ -27,7 +27,7 @@ from enum import StrEnum
 from typing import Final
 
 from roles.common.restart import EXIT_RESTART
-from roles.edge.upgrade.upgrade_marker import MarkerState, UpgradeMarker
+from roles.edge.upgrade.marker import MarkerState, UpgradeMarker
 
 __all__ = [
     "DEADLINE_GRACE_S",

@@ -2,7 +2,7 @@
 
 Programs on the device (and ``kubectl --server=http://127.0.0.1:<port>``) get, list and watch the
 node's Node, Pods, ConfigMaps and Secrets at the API server's paths, with its JSON, selectors and
-errors, from the agent's cache (:class:`~roles.edge.cache.cache_view.CacheView`), also while the cloud is
+errors, from the agent's cache (:class:`~roles.edge.cache.view.CacheView`), also while the cloud is
 unreachable. It is a copy of the cloud, so it is read-only: every write is refused with a
 Kubernetes ``Status`` 403 that says so. Its watches stream the cache's changes; when the cloud comes
 back the agent ends them all (:meth:`LocalApi.end_watches`), so that clients list again and see
@@ -13,7 +13,7 @@ page cannot reach it through DNS rebinding), and is off unless ``localApi.enable
 process can read what it serves, so Secrets are refused unless ``localApi.serveSecrets`` allows them.
 Any local process can also open connections: it takes at most ``localApi.maxConnections`` (100) in
 all and ``localApi.maxConnectionsPerClient`` (25) from one client, a client being the user that owns
-the connecting socket (:mod:`roles.edge.local_api.local_api_peers`: on loopback every client has the same
+the connecting socket (:mod:`roles.edge.local_api.peers`: on loopback every client has the same
 address), so one user's programs, opening connections or dripping their requests' heads, leave the
 rest to the others. A connection refused at accept is told why by a 503 ``Status`` naming the
 setting; one that sends no request head within 10 s is closed, as is one idle for 30 s
@@ -45,9 +45,9 @@ from nodetask.label_selectors import Requirement, SelectorError, labels_match, p
 from nodetask.names import clip
 from roles.common.httpserver import DEFAULT_HEADER_TIMEOUT, Request, Response, Send, serve_http
 from roles.common.slots import Refusal
-from roles.edge.cache.cache_view import CacheView, Change, ChangeType, Object, resource_version
 from roles.edge.cache.kinds import Resource
-from roles.edge.local_api.local_api_paths import (
+from roles.edge.cache.view import CacheView, Change, ChangeType, Object, resource_version
+from roles.edge.local_api.paths import (
     Target,
     api_group_list,
     api_resource_list,
@@ -55,7 +55,7 @@ from roles.edge.local_api.local_api_paths import (
     parse_target,
     version_info,
 )
-from roles.edge.local_api.local_api_peers import client_name
+from roles.edge.local_api.peers import client_name
 
 __all__ = ["LOOPBACK", "LocalApi", "Serving", "refusal_status", "serve_local_api", "watch_event"]
 

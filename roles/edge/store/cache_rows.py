@@ -2,7 +2,7 @@
 
 Plain functions over an open connection, run by :class:`roles.edge.store.store.EdgeStore` in its worker
 thread; each write is one transaction, so a failed one (a full disk) changes nothing. The rules are
-:class:`roles.edge.cache.cache_view.MemoryCache`'s: an older resource version never overwrites a newer
+:class:`roles.edge.cache.view.MemoryCache`'s: an older resource version never overwrites a newer
 one, and a deletion older than the cached object is ignored. Bodies are the JSON the API server
 sent, stored as received.
 
@@ -20,7 +20,7 @@ from collections.abc import Collection, Sequence
 
 import msgspec
 
-from roles.edge.store.store_schema import transaction
+from roles.edge.store.schema import transaction
 
 __all__ = [
     "Deletion",

@@ -16,7 +16,7 @@ Every SQLite failure surfaces as :class:`StoreError`, naming the file and what w
 full, read-only, corrupt...). Each write is one transaction, so a failed write changes nothing.
 
 The file itself - opening and checking it, its schema and migrations, and how SQLite's errors
-become :class:`StoreError` - is :mod:`roles.edge.store.store_schema`'s.
+become :class:`StoreError` - is :mod:`roles.edge.store.schema`'s.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import structlog
 
 from roles.edge.store import cache_rows
 from roles.edge.store.cache_rows import Deletion, Key, Replacement, Row, Written
-from roles.edge.store.store_schema import SCHEMA_VERSION, StoreError, StoreFault, connect, store_error, transaction
+from roles.edge.store.schema import SCHEMA_VERSION, StoreError, StoreFault, connect, store_error, transaction
 
 __all__ = [
     "SCHEMA_VERSION",

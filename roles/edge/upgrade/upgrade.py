@@ -36,7 +36,7 @@ import msgspec
 from roles.common.config import ConfigError, EdgeConfig, load_config
 from roles.common.restart import SUPERVISOR_ENV, RestartRequested
 from roles.edge.context import Outcome, TaskContext
-from roles.edge.upgrade.upgrade_marker import (
+from roles.edge.upgrade.marker import (
     MarkerState,
     UpgradeMarker,
     current_target,
