@@ -69,7 +69,8 @@ from roles.edge.control import serve_control
 from roles.edge.outbox import Outbox
 from roles.edge.session import HubConnection, Session
 from roles.edge.settings import AgentSettings
-from roles.edge.store.store import EdgeStore, StoreError, TaskState
+from roles.edge.store.records import TaskState
+from roles.edge.store.store import EdgeStore, StoreError
 from roles.edge.task_runner import TaskRunner
 from roles.edge.ws_link import open_ws_link
 

@@ -9,7 +9,8 @@ from typing import Any
 import msgspec
 
 from roles.edge.checks.checks import Thresholds
-from roles.edge.store.store import EdgeStore, NodeTask
+from roles.edge.store.records import NodeTask
+from roles.edge.store.store import EdgeStore
 
 __all__ = ["Action", "Actions", "Outcome", "TaskContext", "take_exclusive"]
 

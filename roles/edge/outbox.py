@@ -16,7 +16,8 @@ import anyio
 
 from nodetask.messages import Report
 from nodetask.route import Route
-from roles.edge.store.store import EdgeStore, NodeTask
+from roles.edge.store.records import NodeTask
+from roles.edge.store.store import EdgeStore
 
 __all__ = ["Outbox"]
 

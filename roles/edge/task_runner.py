@@ -33,7 +33,8 @@ from roles.common.restart import RestartRequested
 from roles.edge.context import Actions, Outcome, TaskContext
 from roles.edge.outbox import Outbox
 from roles.edge.settings import AgentSettings
-from roles.edge.store.store import ActionProgress, EdgeStore, NodeTask, StoreError, TaskState
+from roles.edge.store.records import ActionProgress, NodeTask, TaskState
+from roles.edge.store.store import EdgeStore, StoreError
 from roles.edge.task_limits import Turns, diagnosis_turns
 
 __all__ = ["TaskRunner"]

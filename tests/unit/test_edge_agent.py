@@ -61,7 +61,8 @@ from roles.edge.checks.checks import Thresholds
 from roles.edge.context import Action, Outcome, TaskContext
 from roles.edge.processors import ProcessorEnv, ProcessorOutcome
 from roles.edge.settings import AgentSettings
-from roles.edge.store.store import EdgeStore, TaskState, open_store
+from roles.edge.store.records import TaskState
+from roles.edge.store.store import EdgeStore, open_store
 from schemas.diagnosis import Task, TaskSpec
 from schemas.meta import ObjectMeta
 from schemas.processors import HTTPServer, Processor

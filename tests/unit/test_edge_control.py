@@ -9,7 +9,8 @@ import anyio
 import structlog
 
 from roles.edge.control import control_socket, serve_control
-from roles.edge.store.store import EdgeStore, NodeTask, TaskState
+from roles.edge.store.records import NodeTask, TaskState
+from roles.edge.store.store import EdgeStore
 
 
 class _NoneWaiting:

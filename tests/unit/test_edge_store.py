@@ -17,18 +17,9 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from roles.edge.store.records import ActionProgress, TaskNotFoundError, TaskState
 from roles.edge.store.schema import store_error
-from roles.edge.store.store import (
-    SCHEMA_VERSION,
-    ActionProgress,
-    EdgeStore,
-    StoreError,
-    StoreFault,
-    TaskNotFoundError,
-    TaskState,
-    open_store,
-    quarantine_store,
-)
+from roles.edge.store.store import SCHEMA_VERSION, EdgeStore, StoreError, StoreFault, open_store, quarantine_store
 
 ROUTE = "operations.kubeedge.io/v1alpha2/nodeupgradejob/up-1/nodes/edge-1"
 

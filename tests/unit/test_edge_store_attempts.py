@@ -9,8 +9,9 @@ import pytest
 
 from roles.edge.checks.checks import Thresholds
 from roles.edge.context import TaskContext
+from roles.edge.store.records import ActionProgress, NodeTask, TaskNotFoundError, TaskState
 from roles.edge.store.schema import SCHEMA_VERSION
-from roles.edge.store.store import ActionProgress, EdgeStore, NodeTask, TaskNotFoundError, TaskState, open_store
+from roles.edge.store.store import EdgeStore, open_store
 from roles.edge.upgrade import upgrade
 from schemas.v1alpha2 import NodeUpgradeJobSpec
 

@@ -7,7 +7,8 @@ import sqlite3
 from datetime import timedelta
 from pathlib import Path
 
-from roles.edge.store.store import EdgeStore, NodeTask, TaskState, open_store
+from roles.edge.store.records import NodeTask, TaskState
+from roles.edge.store.store import EdgeStore, open_store
 from tests.unit.test_edge_store import ROUTE, progress, ticking_clock
 
 SPEC = b'{"version":"v1.2.3","padding":"' + b"x" * (600 << 10) + b'"}'

@@ -25,7 +25,7 @@ from roles.common.httpserver import Request, Response, Route, router, serve_http
 from roles.edge import processors, task_limits
 from roles.edge.processors import ProcessorEnv, ProcessorOutcome
 from roles.edge.processors.http import MAX_BODY_BYTES
-from roles.edge.store.store import TaskState
+from roles.edge.store.records import TaskState
 from schemas.diagnosis import Task, TaskSpec
 from schemas.meta import ObjectMeta
 from schemas.processors import HTTPServer, Processor

@@ -12,7 +12,8 @@ from flows import nodeupgradejob
 from roles.edge.actions import build_actions
 from roles.edge.checks.checks import Thresholds
 from roles.edge.context import TaskContext
-from roles.edge.store.store import EdgeStore, NodeTask, TaskState
+from roles.edge.store.records import NodeTask, TaskState
+from roles.edge.store.store import EdgeStore
 from schemas.v1alpha2 import NodeUpgradeJobSpec
 from schemas.validation import is_version, validate_create
 

@@ -16,7 +16,11 @@ Every SQLite failure surfaces as :class:`StoreError`, naming the file and what w
 full, read-only, corrupt...). Each write is one transaction, so a failed write changes nothing.
 
 The file itself - opening and checking it, its schema and migrations, and how SQLite's errors
-become :class:`StoreError` - is :mod:`roles.edge.store.schema`'s.
+become :class:`StoreError` - is :mod:`roles.edge.store.schema`'s; the values it returns are
+:mod:`roles.edge.store.records`'; each group of tables has its module of plain functions over the
+connection, which this store runs: :mod:`~roles.edge.store.task_rows` (node tasks and their results),
+:mod:`~roles.edge.store.outbox_rows` (reports), :mod:`~roles.edge.store.hold_rows` (the exclusive
+hold), :mod:`~roles.edge.store.cache_rows` (cached objects) and :mod:`~roles.edge.store.fact_rows`.
 """
 
 from __future__ import annotations
@@ -26,258 +30,31 @@ import os
 import sqlite3
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
-from enum import StrEnum
 from pathlib import Path
-from typing import Any, Final, TypeVar, final
+from typing import Any, TypeVar, final
 
 import anyio
 import anyio.to_thread
 import msgspec
 import structlog
 
-from roles.edge.store import cache_rows
+from roles.edge.store import cache_rows, fact_rows, hold_rows, outbox_rows, task_rows
 from roles.edge.store.cache_rows import Deletion, Key, Replacement, Row, Written
-from roles.edge.store.schema import SCHEMA_VERSION, StoreError, StoreFault, connect, store_error, transaction
+from roles.edge.store.records import (
+    ActionProgress,
+    DroppedReport,
+    ExclusiveHold,
+    NodeTask,
+    OutboxReport,
+    TaskState,
+    stamp,
+    utc_now,
+)
+from roles.edge.store.schema import SCHEMA_VERSION, StoreError, StoreFault, connect, store_error
 
-__all__ = [
-    "SCHEMA_VERSION",
-    "ActionProgress",
-    "DroppedReport",
-    "EdgeStore",
-    "ExclusiveHold",
-    "NodeTask",
-    "OutboxReport",
-    "StoreError",
-    "StoreFault",
-    "TaskNotFoundError",
-    "TaskState",
-    "open_store",
-    "quarantine_store",
-]
+__all__ = ["SCHEMA_VERSION", "EdgeStore", "StoreError", "StoreFault", "open_store", "quarantine_store"]
 
 T = TypeVar("T")
-
-_DROPPED_KEPT: Final = 1000
-"""How many dropped reports are kept for inspection; older ones are pruned as new ones arrive."""
-_NO_SPEC: Final = b""
-"""The spec of a task refused on arrival, and of a finished one once its reports have left the outbox."""
-
-
-# ------------------------------------------------------------------------------------------ records
-
-
-class TaskNotFoundError(LookupError):
-    """No node task with this job UID is stored."""
-
-
-class TaskState(StrEnum):
-    """Where a received node task stands on this node."""
-
-    RUNNING = "running"
-    WAITING_CONFIRMATION = "waiting_confirmation"
-    FINISHED = "finished"
-
-
-class _Record(msgspec.Struct, frozen=True, kw_only=True):
-    """Base of the values the store returns."""
-
-
-class NodeTask(_Record, frozen=True):
-    """A node task as received from a hub (a RunAction), and how far it has come.
-
-    A task is its job UID and its attempt (1 unless the job was retried); the store keeps the latest
-    attempt of each job, which replaced the ones before it.
-    """
-
-    job_uid: str
-    route: str
-    job_type: str
-    spec: bytes
-    """The job's spec as the hub sent it (JSON); empty for a task refused on arrival, and for a finished one
-    once its reports have left the outbox."""
-    run_action_id: str
-    received_at: datetime
-    state: TaskState
-    current_action: str
-    attempt: int = 1
-
-    @property
-    def key(self) -> str:
-        """What names this attempt's own records on the device (facts, backups, the launcher's marker):
-        the job UID for attempt 1, as before retries existed, so an upgrade in flight across an agent
-        upgrade finds its records; ``<uid>.attempt-<n>`` for a retry, which must not find attempt 1's."""
-        return self.job_uid if self.attempt <= 1 else f"{self.job_uid}.attempt-{self.attempt}"
-
-
-class ActionProgress(_Record, frozen=True):
-    """The result of one action of one node task."""
-
-    job_uid: str
-    action: str
-    succ: bool
-    finish_time: str = ""
-    """RFC 3339, as reported."""
-    reason: str = ""
-    extend: str = ""
-
-
-class OutboxReport(_Record, frozen=True):
-    """A report waiting for a hub's acknowledgement; ``seq`` is never reused by this store file."""
-
-    seq: int
-    route: str
-    job_uid: str
-    action: str
-    succ: bool
-    finish_time: str = ""
-    reason: str = ""
-    extend: str = ""
-    attempt: int = 0
-    """The attempt the result belongs to; 0 for a report queued by an agent that knew no attempts."""
-
-
-class DroppedReport(_Record, frozen=True):
-    """A report given up on (the hub refused it for good), kept for inspection."""
-
-    report: OutboxReport
-    reason: str
-    dropped_at: datetime
-
-
-class ExclusiveHold(_Record, frozen=True):
-    """The node task currently running an upgrade or config update on this node."""
-
-    job_uid: str
-    route: str
-    kind: str
-    since: datetime
-
-    def describe(self) -> str:
-        """A human description of the holder, for a refusal's reason."""
-        return f"{self.kind} {self.route} (job {self.job_uid}) since {self.since.isoformat()}"
-
-
-# --------------------------------------------------------------------------------------------- store
-
-
-def _utc_now() -> datetime:
-    return datetime.now(UTC)
-
-
-def _stamp(moment: datetime) -> str:
-    # One zone for every stored time, so that their text sorts as the times do.
-    return moment.astimezone(UTC).isoformat()
-
-
-def _time(text: str) -> datetime:
-    return datetime.fromisoformat(text)
-
-
-_TASK_COLUMNS: Final = "job_uid, route, job_type, spec, run_action_id, received_at, state, current_action, attempt"
-_REPORT_COLUMNS: Final = "seq, route, job_uid, action, succ, finish_time, reason, extend, attempt"
-_REPORT_FIELDS: Final = len(_REPORT_COLUMNS.split(","))
-
-
-def _task(row: tuple[Any, ...]) -> NodeTask:
-    uid, route, job_type, spec, run_action_id, received_at, state, action, attempt = row
-    return NodeTask(
-        job_uid=uid,
-        route=route,
-        job_type=job_type,
-        spec=bytes(spec),
-        run_action_id=run_action_id,
-        received_at=_time(received_at),
-        state=TaskState(state),
-        current_action=action,
-        attempt=attempt,
-    )
-
-
-def _report(row: tuple[Any, ...]) -> OutboxReport:
-    seq, route, uid, action, succ, finish_time, reason, extend, attempt = row
-    return OutboxReport(
-        seq=seq,
-        route=route,
-        job_uid=uid,
-        action=action,
-        succ=bool(succ),
-        finish_time=finish_time,
-        reason=reason,
-        extend=extend,
-        attempt=attempt,
-    )
-
-
-def _get_task(conn: sqlite3.Connection, job_uid: str) -> NodeTask | None:
-    row = conn.execute(f"SELECT {_TASK_COLUMNS} FROM node_tasks WHERE job_uid = ?", (job_uid,)).fetchone()
-    return None if row is None else _task(row)
-
-
-def _require_task(conn: sqlite3.Connection, job_uid: str) -> NodeTask:
-    task = _get_task(conn, job_uid)
-    if task is None:
-        raise TaskNotFoundError(f"no node task with job UID {job_uid!r} is stored")
-    return task
-
-
-def _insert_report(conn: sqlite3.Connection, report: OutboxReport) -> OutboxReport:
-    cursor = conn.execute(
-        "INSERT INTO outbox (route, job_uid, action, succ, finish_time, reason, extend, attempt)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        (
-            report.route,
-            report.job_uid,
-            report.action,
-            report.succ,
-            report.finish_time,
-            report.reason,
-            report.extend,
-            report.attempt,
-        ),
-    )
-    assert cursor.lastrowid is not None
-    return msgspec.structs.replace(report, seq=cursor.lastrowid)
-
-
-def _insert_result(conn: sqlite3.Connection, task: NodeTask, progress: ActionProgress) -> OutboxReport:
-    """Record an action's result of ``task`` (replacing an earlier one of that action) and queue its report."""
-    conn.execute(
-        "INSERT INTO action_progress (job_uid, action, succ, finish_time, reason, extend)"
-        " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (job_uid, action) DO UPDATE SET succ = excluded.succ,"
-        " finish_time = excluded.finish_time, reason = excluded.reason, extend = excluded.extend",
-        (progress.job_uid, progress.action, progress.succ, progress.finish_time, progress.reason, progress.extend),
-    )
-    return _insert_report(
-        conn,
-        OutboxReport(
-            seq=0,
-            route=task.route,
-            job_uid=progress.job_uid,
-            action=progress.action,
-            succ=progress.succ,
-            finish_time=progress.finish_time,
-            reason=progress.reason,
-            extend=progress.extend,
-            attempt=task.attempt,
-        ),
-    )
-
-
-def _report_left(conn: sqlite3.Connection, seq: int) -> None:
-    """Take report ``seq`` out of the outbox; once its task has finished and has no report left, forget its spec.
-
-    A finished task is never walked again: what answers its RunAction again (its state, attempt and
-    results) stays, but its spec (a Task's request data, up to a hub's 768 KiB) would only take room
-    until the task's retention ends.
-    """
-    row = conn.execute("SELECT job_uid FROM outbox WHERE seq = ?", (seq,)).fetchone()
-    conn.execute("DELETE FROM outbox WHERE seq = ?", (seq,))
-    if row is not None:
-        conn.execute(
-            "UPDATE node_tasks SET spec = ? WHERE job_uid = ? AND state = ? AND spec != ?"
-            " AND NOT EXISTS (SELECT 1 FROM outbox WHERE job_uid = ?)",
-            (_NO_SPEC, row[0], str(TaskState.FINISHED), _NO_SPEC, row[0]),
-        )
 
 
 @final
@@ -346,88 +123,36 @@ class EdgeStore:
         With ``refusal``, a task this call stores is stored finished, without its spec: ``action``
         failed with ``refusal`` as its reason (at ``finish_time``) and its report is queued, all in the
         same transaction. What a refused task keeps is what answers its RunAction again."""
-        received_at = self._now()
-
-        def op(conn: sqlite3.Connection) -> tuple[NodeTask, bool]:
-            with transaction(conn):
-                existing = _get_task(conn, job_uid)
-                if existing is not None and existing.attempt >= attempt:
-                    return existing, False
-                task = NodeTask(
-                    job_uid=job_uid,
-                    route=route,
-                    job_type=job_type,
-                    spec=spec,
-                    run_action_id=run_action_id,
-                    received_at=received_at,
-                    state=TaskState.RUNNING,
-                    current_action=action,
-                    attempt=attempt,
-                )
-                if existing is not None:
-                    conn.execute("DELETE FROM action_progress WHERE job_uid = ?", (job_uid,))
-                    conn.execute("DELETE FROM exclusive_hold WHERE job_uid = ?", (job_uid,))
-                    conn.execute("DELETE FROM node_tasks WHERE job_uid = ?", (job_uid,))
-                if refusal:
-                    task = msgspec.structs.replace(task, spec=_NO_SPEC, state=TaskState.FINISHED)
-                conn.execute(
-                    f"INSERT INTO node_tasks ({_TASK_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        job_uid,
-                        route,
-                        job_type,
-                        task.spec,
-                        run_action_id,
-                        _stamp(received_at),
-                        str(task.state),
-                        action,
-                        attempt,
-                    ),
-                )
-                if refusal:
-                    failure = ActionProgress(
-                        job_uid=job_uid, action=action, succ=False, finish_time=finish_time, reason=refusal
-                    )
-                    _insert_result(conn, task, failure)
-                return task, True
-
-        return await self._call(op)
+        draft = NodeTask(
+            job_uid=job_uid,
+            route=route,
+            job_type=job_type,
+            spec=spec,
+            run_action_id=run_action_id,
+            received_at=self._now(),
+            state=TaskState.RUNNING,
+            current_action=action,
+            attempt=attempt,
+        )
+        return await self._call(lambda conn: task_rows.add_task(conn, draft, refusal=refusal, finish_time=finish_time))
 
     async def get_task(self, job_uid: str) -> NodeTask | None:
         """The stored node task with this job UID, if any."""
-        return await self._call(lambda conn: _get_task(conn, job_uid))
+        return await self._call(lambda conn: task_rows.get_task(conn, job_uid))
 
     async def tasks(self, state: TaskState | None = None) -> tuple[NodeTask, ...]:
         """The stored node tasks (in ``state`` if given), oldest first."""
-
-        def op(conn: sqlite3.Connection) -> tuple[NodeTask, ...]:
-            where, args = ("WHERE state = ?", (str(state),)) if state is not None else ("", ())
-            rows = conn.execute(f"SELECT {_TASK_COLUMNS} FROM node_tasks {where} ORDER BY received_at, rowid", args)
-            return tuple(_task(row) for row in rows)
-
-        return await self._call(op)
+        return await self._call(lambda conn: task_rows.tasks(conn, state))
 
     async def set_task_state(self, job_uid: str, *, state: TaskState, current_action: str) -> NodeTask:
         """Move a node task on without a result (e.g. resumed after confirmation).
 
         Errors: :class:`TaskNotFoundError`."""
-
-        def op(conn: sqlite3.Connection) -> NodeTask:
-            with transaction(conn):
-                task = _require_task(conn, job_uid)
-                conn.execute(
-                    "UPDATE node_tasks SET state = ?, current_action = ? WHERE job_uid = ?",
-                    (str(state), current_action, job_uid),
-                )
-            return msgspec.structs.replace(task, state=state, current_action=current_action)
-
-        return await self._call(op)
+        return await self._call(lambda conn: task_rows.set_task_state(conn, job_uid, state, current_action))
 
     async def remove_task(self, job_uid: str) -> bool:
         """Forget a node task with its progress and any exclusive hold it has; its reports stay in the outbox."""
-        return await self._call(
-            lambda conn: conn.execute("DELETE FROM node_tasks WHERE job_uid = ?", (job_uid,)).rowcount == 1
-        )
+        return await self._call(lambda conn: task_rows.remove_task(conn, job_uid))
 
     async def prune_finished(self, received_before: datetime) -> int:
         """Forget the finished tasks received before ``received_before``, with their progress; how many.
@@ -436,23 +161,7 @@ class EdgeStore:
         exclusive slot, is kept: the first is still needed to answer the hub's RunAction again, the
         second to release the slot when the work it guards is proven.
         """
-
-        def op(conn: sqlite3.Connection) -> int:
-            with transaction(conn):
-                # Also those a store from before specs were forgotten on acknowledgement still holds.
-                conn.execute(
-                    "UPDATE node_tasks SET spec = ? WHERE state = ? AND spec != ?"
-                    " AND job_uid NOT IN (SELECT job_uid FROM outbox)",
-                    (_NO_SPEC, str(TaskState.FINISHED), _NO_SPEC),
-                )
-                return conn.execute(
-                    "DELETE FROM node_tasks WHERE state = ? AND received_at < ?"
-                    " AND job_uid NOT IN (SELECT job_uid FROM outbox)"
-                    " AND job_uid NOT IN (SELECT job_uid FROM exclusive_hold)",
-                    (str(TaskState.FINISHED), _stamp(received_before)),
-                ).rowcount
-
-        return await self._call(op)
+        return await self._call(lambda conn: task_rows.prune_finished(conn, received_before))
 
     # --------------------------------------------------------------------------------- progress
 
@@ -469,38 +178,11 @@ class EdgeStore:
 
         Errors: :class:`TaskNotFoundError`, also when the stored task is not at ``attempt`` (when given):
         a retry replaced it, and this result belongs to nothing stored any more."""
-
-        def op(conn: sqlite3.Connection) -> OutboxReport:
-            with transaction(conn):
-                task = _require_task(conn, progress.job_uid)
-                if attempt is not None and task.attempt != attempt:
-                    raise TaskNotFoundError(
-                        f"the node task of job UID {progress.job_uid!r} is at attempt {task.attempt}, not {attempt}"
-                    )
-                report = _insert_result(conn, task, progress)
-                conn.execute(
-                    "UPDATE node_tasks SET state = ?, current_action = ? WHERE job_uid = ?",
-                    (str(state), current_action or progress.action, progress.job_uid),
-                )
-            return report
-
-        return await self._call(op)
+        return await self._call(lambda conn: task_rows.record_result(conn, progress, state, current_action, attempt))
 
     async def progress(self, job_uid: str) -> tuple[ActionProgress, ...]:
         """The recorded results of a node task's actions, in the order they were first recorded."""
-
-        def op(conn: sqlite3.Connection) -> tuple[ActionProgress, ...]:
-            rows = conn.execute(
-                "SELECT action, succ, finish_time, reason, extend FROM action_progress"
-                " WHERE job_uid = ? ORDER BY rowid",
-                (job_uid,),
-            )
-            return tuple(
-                ActionProgress(job_uid=job_uid, action=a, succ=bool(s), finish_time=f, reason=r, extend=e)
-                for a, s, f, r, e in rows
-            )
-
-        return await self._call(op)
+        return await self._call(lambda conn: task_rows.progress(conn, job_uid))
 
     # ----------------------------------------------------------------------------------- outbox
 
@@ -528,19 +210,11 @@ class EdgeStore:
             extend=extend,
             attempt=attempt,
         )
-        return await self._call(lambda conn: _insert_report(conn, draft))
+        return await self._call(lambda conn: outbox_rows.insert_report(conn, draft))
 
     async def pending(self, *, after: int = 0, limit: int | None = None) -> tuple[OutboxReport, ...]:
         """The unacknowledged reports with a seq above ``after``, in seq order (at most ``limit``)."""
-
-        def op(conn: sqlite3.Connection) -> tuple[OutboxReport, ...]:
-            rows = conn.execute(
-                f"SELECT {_REPORT_COLUMNS} FROM outbox WHERE seq > ? ORDER BY seq LIMIT ?",
-                (after, -1 if limit is None else limit),
-            )
-            return tuple(_report(row) for row in rows)
-
-        return await self._call(op)
+        return await self._call(lambda conn: outbox_rows.pending(conn, after, limit))
 
     async def used_bytes(self) -> int:
         """Bytes of the store's file in use, free pages not counted: what ``storeQuotaBytes`` is measured against."""
@@ -555,87 +229,37 @@ class EdgeStore:
 
     async def outbox_depth(self) -> int:
         """How many reports wait for a hub's acknowledgement."""
-        return await self._call(lambda conn: int(conn.execute("SELECT COUNT(*) FROM outbox").fetchone()[0]))
+        return await self._call(outbox_rows.depth)
 
     async def acknowledge(self, seq: int) -> bool:
         """Forget a report a hub has durably applied; False if it was not pending (a repeated ack). The last
         report of a finished task takes the task's spec with it."""
-
-        def op(conn: sqlite3.Connection) -> bool:
-            with transaction(conn):
-                pending = conn.execute("SELECT 1 FROM outbox WHERE seq = ?", (seq,)).fetchone() is not None
-                _report_left(conn, seq)
-            return pending
-
-        return await self._call(op)
+        return await self._call(lambda conn: outbox_rows.acknowledge(conn, seq))
 
     async def drop(self, seq: int, reason: str) -> bool:
         """Give up on a report a hub refused for good; it moves to the dropped reports. False if not pending."""
-        dropped_at = _stamp(self._now())
-
-        def op(conn: sqlite3.Connection) -> bool:
-            with transaction(conn):
-                moved = conn.execute(
-                    f"INSERT INTO dropped_reports ({_REPORT_COLUMNS}, drop_reason, dropped_at)"
-                    f" SELECT {_REPORT_COLUMNS}, ?, ? FROM outbox WHERE seq = ?",
-                    (reason, dropped_at, seq),
-                ).rowcount
-                _report_left(conn, seq)
-                conn.execute(
-                    "DELETE FROM dropped_reports WHERE seq NOT IN"
-                    " (SELECT seq FROM dropped_reports ORDER BY seq DESC LIMIT ?)",
-                    (_DROPPED_KEPT,),
-                )
-            return moved == 1
-
-        return await self._call(op)
+        dropped_at = stamp(self._now())
+        return await self._call(lambda conn: outbox_rows.drop(conn, seq, reason, dropped_at))
 
     async def dropped(self) -> tuple[DroppedReport, ...]:
         """The most recently dropped reports, in seq order."""
-
-        def op(conn: sqlite3.Connection) -> tuple[DroppedReport, ...]:
-            rows = conn.execute(f"SELECT {_REPORT_COLUMNS}, drop_reason, dropped_at FROM dropped_reports ORDER BY seq")
-            return tuple(
-                DroppedReport(
-                    report=_report(row[:_REPORT_FIELDS]),
-                    reason=row[_REPORT_FIELDS],
-                    dropped_at=_time(row[_REPORT_FIELDS + 1]),
-                )
-                for row in rows
-            )
-
-        return await self._call(op)
+        return await self._call(outbox_rows.dropped)
 
     # ------------------------------------------------------------------------ exclusive operation
 
     async def try_begin_exclusive(self, job_uid: str, kind: str) -> str | None:
         """Take the node's one upgrade-or-config-update slot for a stored task: None when taken (or already
         held by this task, as after a restart), else the holder's description. Errors: :class:`TaskNotFoundError`."""
-        since = _stamp(self._now())
-
-        def op(conn: sqlite3.Connection) -> str | None:
-            with transaction(conn):
-                _require_task(conn, job_uid)
-                holder = _hold(conn)
-                if holder is not None:
-                    return None if holder.job_uid == job_uid else holder.describe()
-                conn.execute(
-                    "INSERT INTO exclusive_hold (slot, job_uid, kind, since) VALUES ('node', ?, ?, ?)",
-                    (job_uid, kind, since),
-                )
-                return None
-
-        return await self._call(op)
+        since = stamp(self._now())
+        return await self._call(lambda conn: hold_rows.begin(conn, job_uid, kind, since))
 
     async def end_exclusive(self, job_uid: str) -> bool:
         """Release the slot if this task holds it; False otherwise."""
-        return await self._call(
-            lambda conn: conn.execute("DELETE FROM exclusive_hold WHERE job_uid = ?", (job_uid,)).rowcount == 1
-        )
+        return await self._call(lambda conn: hold_rows.end(conn, job_uid))
 
     async def exclusive_hold(self) -> ExclusiveHold | None:
         """Who holds the slot, if anyone."""
-        return await self._call(_hold)
+        return await self._call(hold_rows.hold)
 
     # -------------------------------------------------------------------------------------- cache
 
@@ -691,48 +315,29 @@ class EdgeStore:
     async def set_fact(self, key: str, value: Any) -> None:
         """Store a fact about the agent (any msgspec-encodable value) under ``key``, replacing the old one."""
         encoded = msgspec.json.encode(value)
-        updated_at = _stamp(self._now())
-        await self._call(
-            lambda conn: conn.execute(
-                "INSERT INTO agent_facts (key, value, updated_at) VALUES (?, ?, ?) ON CONFLICT (key) DO UPDATE"
-                " SET value = excluded.value, updated_at = excluded.updated_at",
-                (key, encoded, updated_at),
-            )
-        )
+        updated_at = stamp(self._now())
+        await self._call(lambda conn: fact_rows.put(conn, key, encoded, updated_at))
 
     async def get_fact(self, key: str, type_: type[T]) -> T | None:
         """The fact under ``key`` decoded as ``type_``, or None. Errors: :class:`StoreError` if it is not one."""
-        row = await self._call(
-            lambda conn: conn.execute("SELECT value FROM agent_facts WHERE key = ?", (key,)).fetchone()
-        )
-        if row is None:
+        value = await self._call(lambda conn: fact_rows.get(conn, key))
+        if value is None:
             return None
         try:
-            return msgspec.json.decode(row[0], type=type_)
+            return msgspec.json.decode(value, type=type_)
         except msgspec.DecodeError as exc:
             raise StoreError(self.path, StoreFault.SCHEMA, f"fact {key!r}: {exc}") from exc
 
     async def delete_fact(self, key: str) -> bool:
         """Forget a fact; False if there was none."""
-        return await self._call(
-            lambda conn: conn.execute("DELETE FROM agent_facts WHERE key = ?", (key,)).rowcount == 1
-        )
-
-
-def _hold(conn: sqlite3.Connection) -> ExclusiveHold | None:
-    row = conn.execute(
-        "SELECT h.job_uid, t.route, h.kind, h.since FROM exclusive_hold h JOIN node_tasks t USING (job_uid)"
-    ).fetchone()
-    if row is None:
-        return None
-    return ExclusiveHold(job_uid=row[0], route=row[1], kind=row[2], since=_time(row[3]))
+        return await self._call(lambda conn: fact_rows.delete(conn, key))
 
 
 @contextlib.asynccontextmanager
 async def open_store(
     path: str | os.PathLike[str],
     *,
-    now: Callable[[], datetime] = _utc_now,
+    now: Callable[[], datetime] = utc_now,
     max_bytes: int | None = None,
     log: structlog.typing.FilteringBoundLogger | None = None,
 ) -> AsyncIterator[EdgeStore]:
@@ -765,7 +370,7 @@ async def open_store(
 async def quarantine_store(
     path: str | os.PathLike[str],
     *,
-    now: Callable[[], datetime] = _utc_now,
+    now: Callable[[], datetime] = utc_now,
     log: structlog.typing.FilteringBoundLogger | None = None,
 ) -> Path:
     """Move a corrupt store (with its -wal and -shm files) aside so that a fresh one can be created; returns
