@@ -22,7 +22,9 @@ from structlog.testing import capture_logs
 
 from roles.common.httpserver import Request, Response
 from roles.edge.cache.view import Change, ChangeType, Listing, MemoryCache, Object
-from roles.edge.local_api.local_api import LOOPBACK, LocalApi, Serving, _watch_start, serve_local_api, watch_event
+from roles.edge.local_api.answers import watch_event
+from roles.edge.local_api.local_api import LOOPBACK, LocalApi, Serving, serve_local_api
+from roles.edge.local_api.requests import watch_start
 
 NODE = "edge-1"
 
@@ -601,4 +603,4 @@ async def test_numeric_query_parameters_too_long_or_malformed_are_a_400_naming_t
 @pytest.mark.parametrize(("query", "since"), [("resourceVersion=00", None), ("resourceVersion=0007", 7)])
 def test_a_resource_version_is_read_as_the_api_server_reads_it(query: str, since: int | None) -> None:
     """Leading zeros are allowed (as by ParseUint): ``00`` is ``0``, the current objects first."""
-    assert _watch_start(parse_qs(query)) == since
+    assert watch_start(parse_qs(query)) == since

@@ -26,27 +26,34 @@ Import this module only when the local API is on: an agent with it off then load
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Any, Final, NoReturn, final
+from typing import Final, NoReturn, final
 from urllib.parse import parse_qs
 
 import anyio
 import anyio.abc
-import msgspec
 import structlog
 import trio
 from anyio.streams.memory import MemoryObjectReceiveStream
 
-from nodetask.field_selectors import FieldRequirement, check_fields, field_set, fields_match, parse_field_selector
-from nodetask.label_requirements import go_int
-from nodetask.label_selectors import Requirement, SelectorError, labels_match, parse_label_selector
-from nodetask.names import clip
+from nodetask.label_selectors import SelectorError
 from roles.common.httpserver import DEFAULT_HEADER_TIMEOUT, Request, Response, Send, serve_http
 from roles.common.slots import Refusal
 from roles.edge.cache.kinds import Resource
-from roles.edge.cache.view import CacheView, Change, ChangeType, Object, resource_version
+from roles.edge.cache.view import CacheView, Change, ChangeType, resource_version
+from roles.edge.local_api.answers import (
+    JSON,
+    details,
+    encode,
+    event_line,
+    expired,
+    failure,
+    named,
+    refusal_status,
+    watch_event,
+    with_kind,
+)
 from roles.edge.local_api.paths import (
     Target,
     api_group_list,
@@ -56,8 +63,9 @@ from roles.edge.local_api.paths import (
     version_info,
 )
 from roles.edge.local_api.peers import client_name
+from roles.edge.local_api.requests import BadRequest, Selection, host_name, selection, watch_start, watch_timeout
 
-__all__ = ["LOOPBACK", "LocalApi", "Serving", "refusal_status", "serve_local_api", "watch_event"]
+__all__ = ["LOOPBACK", "LocalApi", "Serving", "serve_local_api"]
 
 Log = structlog.typing.FilteringBoundLogger
 
@@ -67,53 +75,9 @@ MAX_CONNECTIONS: Final = 100
 MAX_CONNECTIONS_PER_CLIENT: Final = 25
 """Connections at once from one client (the user owning its socket): a quarter, so that one user's
 programs leave three quarters to the others'."""
-MAX_WATCH_S: Final = 1800.0
-"""Longest a watch lasts without ``timeoutSeconds`` (the API server's default minRequestTimeout)."""
 _READS: Final = frozenset({"GET", "HEAD"})
 _WRITES: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 _LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "localhost", "[::1]"})
-_JSON: Final = "application/json"
-_SHOWN: Final = 64
-"""Characters of a refused query parameter's value quoted back."""
-_UINT64_DIGITS: Final = 20
-_encode = msgspec.json.Encoder().encode
-
-
-class _BadRequest(Exception):
-    """The request's query cannot be served as asked; the message says why (a 400 ``Status``)."""
-
-
-def _status(code: int, reason: str, message: str, details: dict[str, str] | None = None) -> Response:
-    """A Kubernetes ``Status`` failure, which clients show as ``Error from server (<reason>): <message>``."""
-    status: dict[str, Any] = {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    }
-    if details:
-        status["details"] = details
-    return Response.json(code, _encode(status))
-
-
-def _named(target: Target) -> str:
-    """How the API server names the target in its messages: ``pods "web-1"``, or ``pods``."""
-    return f'{target.resource.plural} "{target.name}"' if target.name else target.resource.plural
-
-
-def _details(target: Target) -> dict[str, str]:
-    return {"name": target.name, "kind": target.resource.plural} if target.name else {"kind": target.resource.plural}
-
-
-def _host_name(host: str) -> str:
-    """The name in a ``Host`` header, without its port."""
-    host = host.lower()
-    if host.startswith("["):
-        return host[: host.find("]") + 1] if "]" in host else host
-    return host.partition(":")[0]
 
 
 def _document(request: Request) -> bytes | None:
@@ -130,129 +94,12 @@ def _document(request: Request) -> bytes | None:
     return None
 
 
-def _with_kind(obj: Object, resource: Resource) -> Object:
-    # Lists' items may come without kind and apiVersion (the API server leaves them out); a single
-    # object or a watch event's object must carry them for clients to decode it.
-    if obj.get("kind") == resource.kind and obj.get("apiVersion") == "v1":
-        return obj
-    return {"kind": resource.kind, "apiVersion": "v1", **obj}
-
-
-@dataclass(frozen=True, slots=True)
-class _Selection:
-    """Which objects a request selects: its namespace, label and field selectors."""
-
-    kind: str
-    namespace: str
-    labels: tuple[Requirement, ...] = ()
-    fields: tuple[FieldRequirement, ...] = ()
-
-    def __call__(self, obj: Object) -> bool:
-        meta = obj.get("metadata") or {}
-        if self.namespace and meta.get("namespace") != self.namespace:
-            return False
-        if self.labels and not labels_match(self.labels, meta.get("labels") or {}):
-            return False
-        return not self.fields or fields_match(self.fields, field_set(self.kind, obj))
-
-
-def _selection(target: Target, query: dict[str, list[str]]) -> _Selection:
-    """The request's selection; the label selector is read first, then the field selector, as the API
-    server does (so its first error is the one reported). ``limit`` is checked as the API server checks
-    it, and then not applied: a device's lists are small, so they come whole (with no ``continue``),
-    as the API server's watch cache answers a list at ``resourceVersion=0``."""
-    _int_parameter(query, "limit", "a number of objects")
-    labels = parse_label_selector(query.get("labelSelector", [""])[0])
-    fields = parse_field_selector(query.get("fieldSelector", [""])[0])
-    check_fields(target.resource.kind, fields)
-    if target.name:  # a watch of one object: the API server makes it a field selector
-        fields = (*fields, FieldRequirement("metadata.name", target.name))
-    return _Selection(kind=target.resource.kind, namespace=target.namespace, labels=labels, fields=fields)
-
-
-def _int_parameter(query: dict[str, list[str]], name: str, what: str) -> int | None:
-    """Query parameter ``name`` read as the API server reads an int64 one (``strconv.ParseInt``); None if absent.
-
-    Errors: :class:`_BadRequest` naming the parameter (its value clipped) for anything else, however
-    long: it is never handed to ``int()`` whole, which refuses more than 4,300 digits with a ValueError.
-    """
-    text = query.get(name, [""])[0]
-    if not text:
-        return None
-    value = go_int(text)
-    if value is None:
-        raise _BadRequest(f"{name} {clip(text, _SHOWN)!r} is not {what} (a whole number from -2^63 to 2^63-1)")
-    return value
-
-
-def _watch_start(query: dict[str, list[str]]) -> int | None:
-    """The resource version a watch starts after; None for ``""`` and ``"0"``: the current objects first."""
-    text = query.get("resourceVersion", [""])[0]
-    # The API server's resource versions are uint64s; checked by length before int() reads a digit.
-    digits = text.lstrip("0") or "0"
-    if text and not (text.isascii() and text.isdecimal() and len(digits) <= _UINT64_DIGITS and int(digits) < 2**64):
-        raise _BadRequest(
-            f"resourceVersion {clip(text, _SHOWN)!r} is not one of this API's resource versions"
-            " (decimal numbers below 2^64)"
-        )
-    since = int(digits)
-    return since or None
-
-
-def _watch_timeout(query: dict[str, list[str]]) -> float:
-    seconds = _int_parameter(query, "timeoutSeconds", "a number of seconds")
-    return float(seconds) if seconds is not None and seconds > 0 else MAX_WATCH_S
-
-
-def watch_event(change: Change, selected: Callable[[Object], bool]) -> tuple[ChangeType, Object] | None:
-    """The event a watch with selection ``selected`` sees for ``change``, or None.
-
-    As in the API server's watch cache, an object updated into the selection is ADDED for the watch,
-    one updated out of it is DELETED (with its new state), and one outside it before and after is
-    not seen at all.
-    """
-    now = selected(change.object)
-    if change.type is not ChangeType.MODIFIED or change.previous is None:
-        return (change.type, change.object) if now else None
-    before = selected(change.previous)
-    if now and before:
-        return (ChangeType.MODIFIED, change.object)
-    if now:
-        return (ChangeType.ADDED, change.object)
-    if before:
-        return (ChangeType.DELETED, change.object)
-    return None
-
-
-def _event(kind: str, obj: Object) -> bytes:
-    return _encode({"type": kind, "object": obj}) + b"\n"
-
-
-def _expired(since: int, current: int) -> bytes:
-    """The ERROR event that makes a client list again: the watch cannot start at ``since``."""
-    message = (
-        f"too old resource version: {since} ({current})"
-        if since < current
-        else f"too large resource version: {since}, current: {current}"
-    )
-    status = {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": "Expired",
-        "code": HTTPStatus.GONE,
-    }
-    return _event("ERROR", status)
-
-
 @dataclass(frozen=True, slots=True)
 class _WatchPlan:
     """A watch as asked for, checked: what it streams, from where, for how long, and what ends it."""
 
     resource: Resource
-    selection: _Selection
+    selection: Selection
     since: int | None
     """The resource version it starts after; None: the current objects first, as ADDED."""
     lifetime_s: float
@@ -297,7 +144,7 @@ class LocalApi:
         if document is not None:
             return Response.json(HTTPStatus.OK, document)
         if target is None:
-            return _status(HTTPStatus.NOT_FOUND, "NotFound", "the server could not find the requested resource")
+            return failure(HTTPStatus.NOT_FOUND, "NotFound", "the server could not find the requested resource")
         return await self._serve(target, parse_qs(request.query, keep_blank_values=True))
 
     async def _serve(self, target: Target, query: dict[str, list[str]]) -> Response:
@@ -306,50 +153,50 @@ class LocalApi:
                 return self._watch(target, query)
             if target.name:
                 return await self._get(target)
-            return await self._list(target, _selection(target, query))
-        except (SelectorError, _BadRequest) as exc:
-            return _status(HTTPStatus.BAD_REQUEST, "BadRequest", str(exc))
+            return await self._list(target, selection(target, query))
+        except (SelectorError, BadRequest) as exc:
+            return failure(HTTPStatus.BAD_REQUEST, "BadRequest", str(exc))
 
     def _refusal(self, request: Request, target: Target | None) -> Response | None:
         """The answer to a request the local API does not serve at all, or None."""
-        host = _host_name(request.header("host") or LOOPBACK)
+        host = host_name(request.header("host") or LOOPBACK)
         if host not in _LOOPBACK_HOSTS:
-            return _status(
+            return failure(
                 HTTPStatus.FORBIDDEN,
                 "Forbidden",
                 f"the local API answers only requests addressed to 127.0.0.1 or localhost, not {host}",
             )
         if request.method in _WRITES:
-            return _status(
+            return failure(
                 HTTPStatus.FORBIDDEN,
                 "Forbidden",
-                f"{_named(target) if target else request.path} is forbidden: this is the device's read-only copy"
+                f"{named(target) if target else request.path} is forbidden: this is the device's read-only copy"
                 " of cloud objects (its local API); write through the cloud's API server",
-                _details(target) if target else None,
+                details(target) if target else None,
             )
         if request.method not in _READS:
-            return _status(HTTPStatus.METHOD_NOT_ALLOWED, "MethodNotAllowed", f"{request.method} is not supported")
+            return failure(HTTPStatus.METHOD_NOT_ALLOWED, "MethodNotAllowed", f"{request.method} is not supported")
         if target is not None and target.resource.kind == "Secret" and not self._serve_secrets:
-            return _status(
+            return failure(
                 HTTPStatus.FORBIDDEN,
                 "Forbidden",
-                f"{_named(target)} is forbidden: the local API serves Secrets only with localApi.serveSecrets"
+                f"{named(target)} is forbidden: the local API serves Secrets only with localApi.serveSecrets"
                 " (any local process can read what it serves)",
-                _details(target),
+                details(target),
             )
         return None
 
     async def _get(self, target: Target) -> Response:
         obj = await self._cache.get(target.resource.kind, target.namespace, target.name)
         if obj is None:
-            return _status(HTTPStatus.NOT_FOUND, "NotFound", f"{_named(target)} not found", _details(target))
-        return Response.json(HTTPStatus.OK, _encode(_with_kind(obj, target.resource)))
+            return failure(HTTPStatus.NOT_FOUND, "NotFound", f"{named(target)} not found", details(target))
+        return Response.json(HTTPStatus.OK, encode(with_kind(obj, target.resource)))
 
-    async def _list(self, target: Target, selection: _Selection) -> Response:
+    async def _list(self, target: Target, selection: Selection) -> Response:
         listing = await self._cache.list(target.resource.kind, target.namespace)
         return Response.json(
             HTTPStatus.OK,
-            _encode(
+            encode(
                 {
                     "kind": f"{target.resource.kind}List",
                     "apiVersion": "v1",
@@ -363,12 +210,12 @@ class LocalApi:
         # Everything that can be refused is checked here, before the 200 goes out.
         plan = _WatchPlan(
             resource=target.resource,
-            selection=_selection(target, query),
-            since=_watch_start(query),
-            lifetime_s=_watch_timeout(query),
+            selection=selection(target, query),
+            since=watch_start(query),
+            lifetime_s=watch_timeout(query),
             end=self._end,
         )
-        return Response.streamed(HTTPStatus.OK, functools.partial(self._stream, plan), content_type=_JSON)
+        return Response.streamed(HTTPStatus.OK, functools.partial(self._stream, plan), content_type=JSON)
 
     async def _stream(self, plan: _WatchPlan, send: Send) -> None:
         """Stream the watch for its lifetime, until its ``end`` is set, or until the cache ends it."""
@@ -396,31 +243,15 @@ class LocalApi:
         if plan.since is None:
             for obj in listing.items:
                 if selected(obj):
-                    await send(_event(ChangeType.ADDED, _with_kind(obj, resource)))
+                    await send(event_line(ChangeType.ADDED, with_kind(obj, resource)))
         elif plan.since != current:
-            await send(_expired(plan.since, current))
+            await send(expired(plan.since, current))
             return
         async for change in changes:
             if resource_version(change.object) <= current:
                 continue
             if (event := watch_event(change, selected)) is not None:
-                await send(_event(event[0], _with_kind(event[1], resource)))
-
-
-def refusal_status(refusal: Refusal, client: str, *, total: int, per_client: int) -> Response:
-    """The 503 ``Status`` of a connection refused at accept, naming the cap it met and the setting that raises it.
-
-    client-go retries a 503 that carries Retry-After, so kubectl waits for a place rather than failing at once.
-    """
-    if refusal == "per_peer":
-        message = (
-            f"the local API holds its limit of {per_client} connections from one client ({client}):"
-            " close some, or raise localApi.maxConnectionsPerClient"
-        )
-    else:
-        message = f"the local API holds its limit of {total} connections: raise localApi.maxConnections"
-    status = _status(HTTPStatus.SERVICE_UNAVAILABLE, "ServiceUnavailable", message)
-    return Response(status=status.status, body=status.body, content_type=_JSON, headers=(("retry-after", "1"),))
+                await send(event_line(event[0], with_kind(event[1], resource)))
 
 
 def _client(stream: trio.SocketStream) -> str:
