@@ -19,7 +19,18 @@ from nodetask.messages import CacheChunk, CacheKey
 from roles.edge.cache.durable_cache import DurableCache
 from roles.edge.cache.view import Object
 from roles.edge.store.store import EdgeStore
-from tests.unit.test_durable_cache import PAGE, full, key, mirror, obj, opened, raw, relist, upsert, versions
+from tests.unit.roles.edge.cache.test_durable_cache import (
+    PAGE,
+    full,
+    key,
+    mirror,
+    obj,
+    opened,
+    raw,
+    relist,
+    upsert,
+    versions,
+)
 
 KIND = "ConfigMap"
 LIMIT = 600

@@ -1,6 +1,6 @@
 """What one device takes of diagnosis Tasks: request data, the store's quota, turns, and what it keeps after.
 
-The agent runs against the fake hub of :mod:`tests.unit.test_edge_agent`, with its real store on disk;
+The agent runs against the fake hub of :mod:`tests.unit.roles.edge.test_agent`, with its real store on disk;
 the turns are also shown with the real ``httpServer`` processor against a real server on loopback.
 """
 
@@ -29,7 +29,7 @@ from roles.edge.store.records import TaskState
 from schemas.diagnosis import Task, TaskSpec
 from schemas.meta import ObjectMeta
 from schemas.processors import HTTPServer, Processor
-from tests.unit.test_edge_agent import NODE, PROCESSOR, FakeActions, clock, run_action, running_edge, summary
+from tests.unit.roles.edge.test_agent import NODE, PROCESSOR, FakeActions, clock, run_action, running_edge, summary
 
 __all__ = ["clock"]  # the fixture, shared with test_edge_agent
 

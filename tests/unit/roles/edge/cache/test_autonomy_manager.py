@@ -31,7 +31,7 @@ from nodetask.messages import (
 )
 from roles.edge.cache.autonomy_manager import CHECK_PERIOD_S, RELIST_GRACE_S, REPAIR_PERIOD_S
 from roles.edge.store.store import EdgeStore, StoreError
-from tests.unit.test_edge_agent import NODE, Edge, HubSession, clock, running_edge
+from tests.unit.roles.edge.test_agent import NODE, Edge, HubSession, clock, running_edge
 
 __all__ = ["clock"]  # the fixture, used by name
 
