@@ -31,8 +31,8 @@ from trio.testing import MockClock
 
 from nodetask.messages import Autonomy, AutonomyCondition, CacheFetch
 from roles.edge.cache.ledger import key_text
-from tests.unit.roles.edge.cache.test_autonomy_manager import CACHE, next_of, objects, pod, welcomed
-from tests.unit.roles.edge.test_agent import running_edge
+from tests.unit.roles.edge.cache.cache_sessions import CACHE, next_of, objects, pod, welcomed
+from tests.unit.roles.edge.doubles import running_edge
 
 PODS = ("web-0", "web-1", "web-2")
 CHUNK = 64 * 1024

@@ -22,7 +22,7 @@ from roles.kube.resources import SECRETS
 from schemas.core import Secret
 from schemas.meta import ObjectMeta
 from tests.unit.hub_doubles import PREPULLS, MemoryApi, edge_nodes, prepull_job, running_hub
-from tests.unit.roles.edge.test_agent import AUTH, IMAGE, OLD_FORM, run_action
+from tests.unit.roles.edge.doubles import AUTH, IMAGE, OLD_FORM, run_action
 
 
 def _job_with_secret(api: MemoryApi, nodes: list[str]) -> None:

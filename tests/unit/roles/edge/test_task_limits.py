@@ -29,9 +29,7 @@ from roles.edge.store.records import TaskState
 from schemas.diagnosis import Task, TaskSpec
 from schemas.meta import ObjectMeta
 from schemas.processors import HTTPServer, Processor
-from tests.unit.roles.edge.test_agent import NODE, PROCESSOR, FakeActions, clock, run_action, running_edge, summary
-
-__all__ = ["clock"]  # the fixture, shared with test_edge_agent
+from tests.unit.roles.edge.doubles import NODE, PROCESSOR, FakeActions, run_action, running_edge, summary
 
 LOOPBACK: Final = "127.0.0.1"
 

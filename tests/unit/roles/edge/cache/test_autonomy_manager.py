@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 import anyio
 import msgspec
@@ -26,49 +26,17 @@ from nodetask.messages import (
     CacheDeleted,
     CacheFetch,
     CacheKey,
-    CacheObjects,
-    Upstream,
 )
 from roles.edge.cache.autonomy_manager import CHECK_PERIOD_S, RELIST_GRACE_S, REPAIR_PERIOD_S
 from roles.edge.store.store import EdgeStore, StoreError
-from tests.unit.roles.edge.test_agent import NODE, Edge, HubSession, clock, running_edge
+from tests.unit.roles.edge.cache.cache_sessions import CACHE, next_of, objects, pod, welcomed
+from tests.unit.roles.edge.doubles import NODE, Edge, HubSession, running_edge
 
-__all__ = ["clock"]  # the fixture, used by name
-
-CACHE: Final = (CACHE_CAPABILITY,)
 PAGE: Final = 4096
-M = TypeVar("M", bound=Upstream)
-
-
-def pod(name: str, rv: int, *, data: str = "") -> dict[str, Any]:
-    return {
-        "metadata": {"name": name, "namespace": "default", "resourceVersion": str(rv)},
-        "spec": {"nodeName": NODE, "filler": data},
-    }
-
-
-def objects(kind: str, *items: dict[str, Any], replace: bool = False, version: str = "") -> CacheObjects:
-    raw = tuple(msgspec.Raw(msgspec.json.encode(item)) for item in items)
-    return CacheObjects(kind=kind, objects=raw, replace=replace, resource_version=version)
 
 
 def pod_key(name: str) -> CacheKey:
     return CacheKey(kind="Pod", namespace="default", name=name)
-
-
-async def next_of(session: HubSession, kind: type[M]) -> M:
-    """The next frame of type ``kind`` from the agent, skipping others."""
-    while True:
-        frame = await session.receive()
-        if isinstance(frame, kind):
-            return frame
-
-
-async def welcomed(edge: Edge) -> HubSession:
-    """The agent's next session with a ``cache.v1`` hub, past the condition it sends first (not requested)."""
-    session = await edge.hub.accept()
-    assert (await next_of(session, AutonomyCondition)).reason == DISABLED
-    return session
 
 
 async def fill(store: EdgeStore) -> list[str]:

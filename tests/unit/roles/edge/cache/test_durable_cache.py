@@ -6,74 +6,18 @@ import itertools
 import os
 import stat
 import tempfile
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import anyio
-import msgspec
 import pytest
 import structlog
 import trio
-from anyio.streams.memory import MemoryObjectReceiveStream
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nodetask.messages import CacheDeleted, CacheKey, CacheObjects
-from roles.edge.cache.durable_cache import DurableCache
-from roles.edge.cache.view import Change, ChangeType, Object
-from roles.edge.store.store import EdgeStore, StoreError, StoreFault, open_store
-
-PAGE = 4096
-
-
-def obj(name: str, rv: int, *, ns: str = "ns", data: str = "") -> Object:
-    return {"metadata": {"name": name, "namespace": ns, "resourceVersion": str(rv)}, "data": {"v": data}}
-
-
-def raw(*objects: Object) -> tuple[msgspec.Raw, ...]:
-    return tuple(msgspec.Raw(msgspec.json.encode(o)) for o in objects)
-
-
-def upsert(kind: str, *objects: Object) -> CacheObjects:
-    return CacheObjects(kind=kind, objects=raw(*objects))
-
-
-def relist(kind: str, version: int | None, *objects: Object) -> CacheObjects:
-    return CacheObjects(kind=kind, objects=raw(*objects), replace=True, resource_version=str(version or ""))
-
-
-def key(name: str, kind: str = "ConfigMap", ns: str = "ns") -> CacheKey:
-    return CacheKey(kind=kind, namespace=ns, name=name)
-
-
-@asynccontextmanager
-async def opened(
-    home: Path, *, keep_secrets: bool = False, max_bytes: int | None = None
-) -> AsyncIterator[DurableCache]:
-    async with open_store(home / "store.sqlite", max_bytes=max_bytes) as store:
-        yield await DurableCache.open(store, home, keep_secrets=keep_secrets, log=structlog.get_logger())
-
-
-async def versions(cache: DurableCache, kind: str = "ConfigMap") -> dict[str, int]:
-    listing = await cache.list(kind, "")
-    return {o["metadata"]["name"]: int(o["metadata"]["resourceVersion"]) for o in listing.items}
-
-
-def mirror(changes: MemoryObjectReceiveStream[Change], into: dict[str, int]) -> None:
-    """Apply the changes waiting in a subscription to ``into``, as a watch client would."""
-    while True:
-        try:
-            change = changes.receive_nowait()
-        except anyio.WouldBlock:
-            return
-        name = change.object["metadata"]["name"]
-        if change.type is ChangeType.DELETED:
-            del into[name]
-        else:
-            into[name] = int(change.object["metadata"]["resourceVersion"])
-
+from nodetask.messages import CacheDeleted
+from roles.edge.cache.view import ChangeType
+from tests.unit.roles.edge.cache.world import PAGE, full, key, mirror, obj, opened, relist, upsert, versions
 
 # ------------------------------------------------------------------------------------------ the model
 
@@ -240,22 +184,6 @@ async def test_an_object_that_cannot_be_stored_is_an_error_key_until_a_good_vers
         assert await versions(cache) == {"b": 2}
         assert await cache.apply(upsert("ConfigMap", obj("a", 4)))
         assert cache.ledger.errors == {}
-
-
-async def _fill(store: EdgeStore) -> None:
-    for i in itertools.count():
-        await store.set_fact(f"filler-{i}", "x" * PAGE)
-
-
-@asynccontextmanager
-async def full(home: Path) -> AsyncIterator[DurableCache]:
-    """The cache in ``home`` with its store filled up (by facts, not cached objects): no room for a page more."""
-    size = (home / "store.sqlite").stat().st_size
-    async with open_store(home / "store.sqlite", max_bytes=size + 8 * PAGE) as store:
-        with pytest.raises(StoreError) as caught:
-            await _fill(store)
-        assert caught.value.fault is StoreFault.FULL
-        yield await DurableCache.open(store, home, keep_secrets=False, log=structlog.get_logger())
 
 
 async def test_writes_that_fail_on_a_full_store_are_error_keys_until_rewritten(tmp_path: Path) -> None:

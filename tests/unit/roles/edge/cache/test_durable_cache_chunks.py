@@ -19,7 +19,7 @@ from nodetask.messages import CacheChunk, CacheKey
 from roles.edge.cache.durable_cache import DurableCache
 from roles.edge.cache.view import Object
 from roles.edge.store.store import EdgeStore
-from tests.unit.roles.edge.cache.test_durable_cache import (
+from tests.unit.roles.edge.cache.world import (
     PAGE,
     full,
     key,

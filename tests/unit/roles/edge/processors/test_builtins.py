@@ -22,7 +22,7 @@ from roles.edge.processors.probe import Probe, parse_targets, probe_outcome
 from roles.edge.processors.request_keys import RequestError, json_list
 from roles.edge.processors.tail import allowed_path, last_lines
 from schemas.processors import BUILTIN_PROCESSORS, Builtin, Processor
-from tests.unit.roles.edge.processors.env import make_env
+from tests.unit.roles.edge.processors.doubles import make_env
 from tools.ports import held
 
 LOOPBACK = "127.0.0.1"

@@ -22,7 +22,7 @@ from roles.common.tls import generate_serving_certificate, server_ssl_context
 from roles.edge import processors
 from roles.edge.processors.http import MAX_BODY_BYTES, target_of, verdict
 from schemas.processors import HTTPServer, Processor
-from tests.unit.roles.edge.processors.env import Events, make_env
+from tests.unit.roles.edge.processors.doubles import Events, make_env
 from tools.ports import held
 
 LOOPBACK = "127.0.0.1"

@@ -17,7 +17,7 @@ from roles.common.config import ConfigError, DiagnosisConfig, EdgeConfig, LocalA
 from roles.common.httpserver import Request, Response, Route, router, serve_http
 from roles.edge import processors
 from schemas.processors import Builtin, HTTPServer, Processor
-from tests.unit.roles.edge.processors.env import make_env
+from tests.unit.roles.edge.processors.doubles import make_env
 
 LOOPBACK = "127.0.0.1"
 REQUEST = {"node": "edge-1"}

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from roles.edge import processors
 from roles.edge.processors.outcome import MAX_RESULTS_CHARS, MAX_VALUE_CHARS, ProcessorOutcome, bounded, clip_value
 from schemas.processors import Builtin, Function, HTTPServer, Processor, ScriptRunner
-from tests.unit.roles.edge.processors.env import make_env
+from tests.unit.roles.edge.processors.doubles import make_env
 
 
 @pytest.mark.parametrize(

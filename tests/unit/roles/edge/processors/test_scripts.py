@@ -20,7 +20,7 @@ from roles.common.config import DiagnosisConfig, ScriptsConfig
 from roles.edge import processors
 from roles.edge.processors.scripts import DEFAULT_RESULT_KEY, REAPER, SCRIPTS_DIR, refusal, script_argv
 from schemas.processors import Processor, ScriptRunner
-from tests.unit.roles.edge.processors.env import make_env
+from tests.unit.roles.edge.processors.doubles import make_env
 
 
 def digest(script: str) -> str:

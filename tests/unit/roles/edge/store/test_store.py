@@ -5,8 +5,7 @@ from __future__ import annotations
 import itertools
 import sqlite3
 import tempfile
-from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 
 import anyio
@@ -17,33 +16,10 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from roles.edge.store.records import ActionProgress, TaskNotFoundError, TaskState
+from roles.edge.store.records import TaskNotFoundError, TaskState
 from roles.edge.store.schema import store_error
 from roles.edge.store.store import SCHEMA_VERSION, EdgeStore, StoreError, StoreFault, open_store, quarantine_store
-
-ROUTE = "operations.kubeedge.io/v1alpha2/nodeupgradejob/up-1/nodes/edge-1"
-
-
-def ticking_clock() -> Callable[[], datetime]:
-    """A wall clock that advances one second per reading, so stored times are predictable."""
-    ticks = itertools.count()
-    base = datetime(2026, 1, 1, tzinfo=UTC)
-    return lambda: base + timedelta(seconds=next(ticks))
-
-
-async def add(store: EdgeStore, uid: str, *, action: str = "Check") -> None:
-    await store.add_task(
-        job_uid=uid,
-        route=ROUTE,
-        job_type="nodeupgradejob",
-        spec=b'{"version":"v1.2.3"}',
-        run_action_id="r1",
-        action=action,
-    )
-
-
-def progress(uid: str, action: str, *, succ: bool = True, extend: str = "") -> ActionProgress:
-    return ActionProgress(job_uid=uid, action=action, succ=succ, finish_time="2026-01-01T00:00:05Z", extend=extend)
+from tests.unit.roles.edge.store.task_builders import ROUTE, add, progress, ticking_clock
 
 
 async def test_tasks_progress_and_outbox_survive_a_restart(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from roles.edge.store.records import NodeTask, TaskState
 from roles.edge.store.store import EdgeStore, open_store
-from tests.unit.roles.edge.store.test_store import ROUTE, progress, ticking_clock
+from tests.unit.roles.edge.store.task_builders import ROUTE, progress, ticking_clock
 
 SPEC = b'{"version":"v1.2.3","padding":"' + b"x" * (600 << 10) + b'"}'
 """A spec of 600 KiB, as a Task's request data can be when a hub sends it."""
