@@ -79,18 +79,20 @@ def run_action(job: str, *, action: str = imageprepulljob.CHECK, attempt: int = 
     )
 
 
-def task_action(name: str) -> RunAction:
+def task_action(
+    name: str, *, parameters: Mapping[str, str] | None = None, processor: Processor = PROCESSOR
+) -> RunAction:
     """The RunAction a hub sends for the diagnosis Task ``name`` (uid ``uid-<name>``) on this node."""
     task = Task(
         metadata=ObjectMeta(name=name, namespace="ns", uid=f"uid-{name}"),
-        spec=TaskSpec(operation="check", node_name=NODE, parameters={"target": "10.0.0.1"}),
+        spec=TaskSpec(operation="check", node_name=NODE, parameters=dict(parameters or {"target": "10.0.0.1"})),
     )
     return RunAction(
         id=f"run-{name}",
         route=diagnosis_dispatch.route_of(task),
         job_uid=task.metadata.uid,
         action=diagnosis_job.RUN,
-        spec=msgspec.Raw(diagnosis_dispatch.task_run(task, PROCESSOR)),
+        spec=msgspec.Raw(diagnosis_dispatch.task_run(task, processor)),
     )
 
 

@@ -18,37 +18,17 @@ import structlog
 import trio
 from trio.testing import MockClock
 
-from flows import diagnosis_dispatch, diagnosis_job
-from nodetask.messages import Ack, Cancel, Report, ReportAck, RunAction
+from nodetask.messages import Ack, Cancel, Report, ReportAck
 from roles.common.config import DiagnosisConfig
 from roles.common.httpserver import Request, Response, Route, router, serve_http
 from roles.edge import processors, task_limits
 from roles.edge.processors import ProcessorEnv, ProcessorOutcome
 from roles.edge.processors.http import MAX_BODY_BYTES
 from roles.edge.store.records import TaskState
-from schemas.diagnosis import Task, TaskSpec
-from schemas.meta import ObjectMeta
 from schemas.processors import HTTPServer, Processor
-from tests.unit.roles.edge.doubles import NODE, PROCESSOR, FakeActions, run_action, running_edge, summary
+from tests.unit.roles.edge.doubles import PROCESSOR, FakeActions, run_action, running_edge, summary, task_action
 
 LOOPBACK: Final = "127.0.0.1"
-
-
-def task_action(
-    name: str, *, parameters: Mapping[str, str] | None = None, processor: Processor = PROCESSOR
-) -> RunAction:
-    """The RunAction a hub sends for the diagnosis Task ``name`` (uid ``uid-<name>``) on this node."""
-    task = Task(
-        metadata=ObjectMeta(name=name, namespace="ns", uid=f"uid-{name}"),
-        spec=TaskSpec(operation="check", node_name=NODE, parameters=dict(parameters or {"target": "10.0.0.1"})),
-    )
-    return RunAction(
-        id=f"run-{name}",
-        route=diagnosis_dispatch.route_of(task),
-        job_uid=task.metadata.uid,
-        action=diagnosis_job.RUN,
-        spec=msgspec.Raw(diagnosis_dispatch.task_run(task, processor)),
-    )
 
 
 # ------------------------------------------------------------------------------------------ request data
