@@ -68,8 +68,8 @@ IMPORT_STEPS: tuple[tuple[str, str], ...] = (
     ("+ structlog", "import structlog"),
     ("+ msgspec, sqlite3", "import msgspec, sqlite3"),
     ("+ the agent (roles.edge.role): an idle agent", "import roles.edge.role, roles.cli.main"),
-    ("+ psutil (loaded by the first Check)", "import roles.edge.host"),
-    ("+ the registry client (loaded by the first upgrade)", "import roles.edge.artifact"),
+    ("+ psutil (loaded by the first Check)", "import roles.edge.checks.host"),
+    ("+ the registry client (loaded by the first upgrade)", "import roles.edge.upgrade.artifact"),
     ("+ grpcio and the CRI client (only in the puller's child)", "import roles.edge.runtime.cri"),
 )
 """Cumulative imports, each row in a fresh interpreter with the rows above it."""

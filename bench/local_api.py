@@ -32,10 +32,10 @@ import structlog
 import trio
 
 from nodetask.messages import CacheObjects
-from roles.edge.cache_view import CacheView, MemoryCache, Object
-from roles.edge.durable_cache import DurableCache
-from roles.edge.local_api import LOOPBACK, Serving, serve_local_api
-from roles.edge.store import open_store
+from roles.edge.cache.durable_cache import DurableCache
+from roles.edge.cache.view import CacheView, MemoryCache, Object
+from roles.edge.local_api.local_api import LOOPBACK, Serving, serve_local_api
+from roles.edge.store.store import open_store
 
 NODE = "bench-edge"
 PODS = 10
@@ -288,8 +288,11 @@ def measure_memory() -> dict[str, float]:
     """RSS (MiB) of fresh interpreters: the edge role alone, with the local API imported, and serving."""
     runs = {
         "edge role imported (local API off)": ("import roles.edge.role", ""),
-        "+ local API imported": ("import roles.edge.role\nimport roles.edge.local_api", ""),
-        "+ serving 10 Pods, after 2 x 1,100 lists": ("import roles.edge.role\nimport roles.edge.local_api", _SERVE),
+        "+ local API imported": ("import roles.edge.role\nimport roles.edge.local_api.local_api", ""),
+        "+ serving 10 Pods, after 2 x 1,100 lists": (
+            "import roles.edge.role\nimport roles.edge.local_api.local_api",
+            _SERVE,
+        ),
     }
     # The median of three fresh interpreters each, as allocator arenas make single readings jumpy.
     return {name: statistics.median(_rss_mib(imports, run) for _ in range(3)) for name, (imports, run) in runs.items()}

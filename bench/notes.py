@@ -98,7 +98,7 @@ def _edge_notes(res: dict[str, Any]) -> list[str]:
         "adds about 1 MiB. Four choices keep it there. The base install is the edge's: the API client, metrics,",
         "certificates and the demo's terminal UI are extras (`[cloud]`, `[demo]`), and an import contract keeps",
         "the edge off them; structlog alone would load rich, about 4 MiB, if it were installed. What only some",
-        "jobs need is loaded by them: psutil by the first Check (`roles/edge/host.py`), the registry client by",
+        "jobs need is loaded by them: psutil by the first Check (`roles/edge/checks/host.py`), the registry client by",
         "the first upgrade, PyYAML by the first config update (through `msgspec.yaml`). And grpcio with",
         "protobuf, the CRI client and about 10 MiB, is never loaded by the agent: each pull runs in a child",
         "process (`roles/edge/runtime/puller.py`), which",

@@ -12,7 +12,7 @@ from typing import Final
 
 import msgspec
 
-from roles.edge.config_pending import pending_path
+from roles.edge.config_update.pending import pending_path
 
 __all__ = ["DEFAULT_DATA_DIR", "UNIT_NAME", "JoinError", "JoinRecord", "Layout", "ResetError", "load_record"]
 

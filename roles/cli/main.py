@@ -5,7 +5,7 @@
 Options come from the config file and flags (flags win). Any invalid option ends the process at
 once with exit status 2 and a single line on stderr naming what is wrong, except in an edge agent
 that a ConfigUpdateJob has just restarted: one that cannot start with the new file puts the
-previous one back and restarts onto it (``roles.edge.config_pending.restore_after_failed_start``).
+previous one back and restarts onto it (``roles.edge.config_update.pending.restore_after_failed_start``).
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def _restored_previous_config(role: str, args: argparse.Namespace, reason: str) 
     agent failed with it (``reason``) before proving it healthy: then it restarts onto the previous one."""
     if role != "edge" or args.config is None or args.confirm is not None or args.check_config:
         return False
-    from roles.edge.config_pending import restore_after_failed_start
+    from roles.edge.config_update.pending import restore_after_failed_start
 
     if not restore_after_failed_start(args.config, reason):
         return False

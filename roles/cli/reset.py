@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from roles.cli.join_layout import JoinError, Layout, ResetError, load_record
-from roles.edge.config_pending import pending_path
+from roles.edge.config_update.pending import pending_path
 from roles.edge.control import control_socket
 
 __all__ = ["agent_running", "reset"]

@@ -49,7 +49,7 @@ class LocalApiConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", 
 
 
 class AutonomyConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True):
-    """Edge autonomy (``roles.edge.autonomy_manager``): the cache's repair of keys it failed to store."""
+    """Edge autonomy (``roles.edge.cache.autonomy_manager``): the cache's repair of keys it failed to store."""
 
     repair_period: Seconds = 30.0
     """How often keys the cache failed to store are asked for again while a hub is connected."""

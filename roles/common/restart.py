@@ -3,7 +3,7 @@
 The request unwinds every task group first, so the store and the connections are closed
 cleanly. Then :func:`reexec` either replaces the process image with the same command line (the
 PID stays the same, so a service manager sees one long-lived process), or, when a supervisor
-started the agent (:data:`SUPERVISOR_ENV` is set, as ``roles.edge.launcher`` does), exits with
+started the agent (:data:`SUPERVISOR_ENV` is set, as ``roles.edge.launcher.launcher`` does), exits with
 :data:`EXIT_RESTART` so that the supervisor starts it again, possibly as another installed version.
 """
 

@@ -17,10 +17,12 @@ from flows.diagnosis_job import TaskRun
 from flows.jobtype import ExtendError
 from nodetask.messages import RegistryAuth
 from nodetask.phases import ConditionStatus
-from roles.edge import config_update, processors, upgrade
-from roles.edge.checks import run_checks
+from roles.edge import processors
+from roles.edge.checks.checks import run_checks
+from roles.edge.config_update import config_update
 from roles.edge.context import Action, Actions, Outcome, TaskContext, take_exclusive
 from roles.edge.processors import ProcessorEnv, ProcessorOutcome
+from roles.edge.upgrade import upgrade
 from schemas.processors import Processor
 from schemas.v1alpha2 import ImageStatus
 from schemas.version_rule import is_version

@@ -18,12 +18,12 @@
 
 * Every agent keeps a cache of its node's cloud objects for autonomy (its Hello lists
   ``cache.v1``, and ``cache.secrets`` when it may keep Secrets); the cache's messages are taken only
-  from a hub whose Welcome lists ``cache.v1`` (:mod:`roles.edge.autonomy_manager`).
+  from a hub whose Welcome lists ``cache.v1`` (:mod:`roles.edge.cache.autonomy_manager`).
 
 This module answers the hub's messages; the parts live beside it: the connection and its one
 writer per session (:mod:`roles.edge.session`), the outbox (:mod:`roles.edge.outbox`), the task
-walk (:mod:`roles.edge.walk`), the local control socket (:mod:`roles.edge.control`) and the
-autonomy manager with its cache (:mod:`roles.edge.autonomy_manager`).
+walk (:mod:`roles.edge.task_runner`), the local control socket (:mod:`roles.edge.control`) and the
+autonomy manager with its cache (:mod:`roles.edge.cache.autonomy_manager`).
 """
 
 from __future__ import annotations
@@ -62,15 +62,16 @@ from nodetask.messages import (
     Welcome,
 )
 from roles.edge import task_limits
-from roles.edge.autonomy_manager import AutonomyManager
+from roles.edge.cache.autonomy_manager import AutonomyManager
+from roles.edge.cache.durable_cache import DurableCache
 from roles.edge.context import Actions
 from roles.edge.control import serve_control
-from roles.edge.durable_cache import DurableCache
 from roles.edge.outbox import Outbox
 from roles.edge.session import HubConnection, Session
 from roles.edge.settings import AgentSettings
-from roles.edge.store import EdgeStore, StoreError, TaskState
-from roles.edge.walk import TaskRunner
+from roles.edge.store.records import TaskState
+from roles.edge.store.store import EdgeStore, StoreError
+from roles.edge.task_runner import TaskRunner
 from roles.edge.ws_link import open_ws_link
 
 __all__ = ["EdgeAgent"]

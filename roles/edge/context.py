@@ -8,8 +8,9 @@ from typing import Any
 
 import msgspec
 
-from roles.edge.checks import Thresholds
-from roles.edge.store import EdgeStore, NodeTask
+from roles.edge.checks.checks import Thresholds
+from roles.edge.store.records import NodeTask
+from roles.edge.store.store import EdgeStore
 
 __all__ = ["Action", "Actions", "Outcome", "TaskContext", "take_exclusive"]
 

@@ -1,6 +1,6 @@
 """The agent's side of the store's outbox: new reports go out as they land, acknowledged ones leave it.
 
-Reports are written by the task walk (:mod:`roles.edge.walk`), in the same transaction as the
+Reports are written by the task walk (:mod:`roles.edge.task_runner`), in the same transaction as the
 result they carry; each hub session feeds every unacknowledged one to its writer in ``seq`` order,
 then each new one as :meth:`Outbox.grew` announces it. A report leaves the outbox only when a hub
 acknowledges it, or refuses it for good (``report_rejected``, ``job_gone``), so an agent restart or
@@ -16,7 +16,8 @@ import anyio
 
 from nodetask.messages import Report
 from nodetask.route import Route
-from roles.edge.store import EdgeStore, NodeTask
+from roles.edge.store.records import NodeTask
+from roles.edge.store.store import EdgeStore
 
 __all__ = ["Outbox"]
 

@@ -22,10 +22,10 @@ from roles.common.config import ConfigError, EdgeConfig, RoleConfig
 from roles.common.jobtypes import edge_job_types
 from roles.edge.actions import AuthFor, PullImages, build_actions
 from roles.edge.agent import EdgeAgent
-from roles.edge.durable_cache import DurableCache
+from roles.edge.cache.durable_cache import DurableCache
 from roles.edge.processors import ProcessorEnv
 from roles.edge.settings import AgentSettings, settings_of
-from roles.edge.store import StoreError, StoreFault, open_store, quarantine_store
+from roles.edge.store.store import StoreError, StoreFault, open_store, quarantine_store
 from schemas.v1alpha2 import ImageStatus
 
 Log = structlog.typing.FilteringBoundLogger
@@ -105,7 +105,7 @@ async def _serve_local_api(
     Errors: OSError when its port cannot be bound (the agent stops: ``localApi.port`` is wrong).
     """
     # Loaded only when on: an agent with the local API off carries none of it.
-    from roles.edge.local_api import serve_local_api  # noqa: PLC0415 (deferred on purpose)
+    from roles.edge.local_api.local_api import serve_local_api  # noqa: PLC0415 (deferred on purpose)
 
     async with anyio.create_task_group() as tg:
         serve = functools.partial(

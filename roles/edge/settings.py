@@ -9,7 +9,7 @@ from pathlib import Path
 import msgspec
 
 from roles.common.config import ConfigError, EdgeConfig
-from roles.edge.checks import Thresholds
+from roles.edge.checks.checks import Thresholds
 
 __all__ = ["AgentSettings", "agent_version", "client_tls", "edge_ssl_context", "settings_of"]
 

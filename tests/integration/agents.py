@@ -16,9 +16,9 @@ from roles.common.jobtypes import job_types
 from roles.common.registry_auth import RegistryAuth
 from roles.edge.actions import AuthFor, build_actions
 from roles.edge.agent import EdgeAgent
-from roles.edge.checks import Thresholds
+from roles.edge.checks.checks import Thresholds
 from roles.edge.settings import AgentSettings
-from roles.edge.store import open_store
+from roles.edge.store.store import open_store
 from schemas.v1alpha2 import ImageStatus
 from tools.processes import role_command
 

@@ -3,7 +3,7 @@
     unshare -rm sh -c 'mount -t tmpfs -o size=<bytes> tmpfs "$0" && exec python -m tests.integration.full_disk "$0"' DIR
 
 ``DIR`` is then a small tmpfs of this process's own. The real agent keeps its store and ledger there
-and talks to a fake hub over memory links (``tests.unit.test_edge_agent``), in virtual time:
+and talks to a fake hub over memory links (``tests.unit.roles.edge.test_agent``), in virtual time:
 
 1. autonomy is requested and the node's objects are cached; the filesystem is filled up with a file;
 2. the hub sends three large Pods: their writes fail, the keys are errored, and the condition turns
@@ -30,9 +30,9 @@ import trio
 from trio.testing import MockClock
 
 from nodetask.messages import Autonomy, AutonomyCondition, CacheFetch
-from roles.edge.ledger import key_text
-from tests.unit.test_edge_agent import running_edge
-from tests.unit.test_edge_autonomy import CACHE, next_of, objects, pod, welcomed
+from roles.edge.cache.ledger import key_text
+from tests.unit.roles.edge.cache.cache_sessions import CACHE, next_of, objects, pod, welcomed
+from tests.unit.roles.edge.doubles import running_edge
 
 PODS = ("web-0", "web-1", "web-2")
 CHUNK = 64 * 1024

@@ -10,9 +10,9 @@ from pathlib import Path
 import anyio.to_thread
 import pytest
 
-from roles.edge import artifact, registry_token
-from roles.edge.artifact import ArtifactError
-from roles.edge.registry_client import RegistryClient
+from roles.edge.upgrade import artifact, registry_token
+from roles.edge.upgrade.artifact import ArtifactError
+from roles.edge.upgrade.registry_client import RegistryClient
 from tests.integration.token_server import SERVICE, TokenRequest, TokenServer, token_server
 from tools.provision import upgrade_artifact
 from tools.provision.containerd import Registry, Tools, start_registry

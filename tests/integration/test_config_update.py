@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from nodetask.phases import JobPhase, NodeTaskPhase
-from roles.edge import config_pending
+from roles.edge.config_update import pending as config_pending
 from roles.kube import Kube
 from roles.kube.resources import job_resource
 from schemas.kinds import CONFIG_UPDATE_JOB

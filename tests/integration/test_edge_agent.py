@@ -15,7 +15,8 @@ from flows import imageprepulljob
 from nodetask.phases import JobPhase, NodeTaskPhase
 from roles.edge.actions import AuthFor, build_actions
 from roles.edge.role import STORE_FILE
-from roles.edge.store import TaskState, open_store
+from roles.edge.store.records import TaskState
+from roles.edge.store.store import open_store
 from roles.kube import Kube
 from roles.kube.resources import job_resource
 from schemas.kinds import IMAGE_PRE_PULL_JOB

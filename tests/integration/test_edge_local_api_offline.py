@@ -16,8 +16,8 @@ import pytest
 import structlog
 
 from nodetask.messages import CacheObjects
-from roles.edge.durable_cache import DurableCache
-from roles.edge.store import open_store
+from roles.edge.cache.durable_cache import DurableCache
+from roles.edge.store.store import open_store
 from tests.integration.agents import agent_command, write_agent_config
 from tests.integration.hubs import eventually
 from tools.ports import free_port, held

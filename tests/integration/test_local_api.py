@@ -33,8 +33,8 @@ from hypothesis import strategies as st
 from nodetask.field_selectors import FieldRequirement
 from nodetask.label_selectors import Operator, format_label_selector, new_requirement
 from roles.common.httpserver import Request
-from roles.edge.cache_view import MemoryCache, Object
-from roles.edge.local_api import LocalApi, Serving, serve_local_api
+from roles.edge.cache.view import MemoryCache, Object
+from roles.edge.local_api.local_api import LocalApi, Serving, serve_local_api
 from tests.integration.controlplane import ControlPlane
 from tests.integration.objects import unique
 from tests.unit.selector_cases import ACCEPTED_FIELDS, FIELD_ERRORS, LABEL_ERRORS

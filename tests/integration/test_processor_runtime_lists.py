@@ -10,7 +10,7 @@ from roles.edge import processors
 from roles.edge.runtime.puller import PullRequest, pull_in_child
 from schemas.meta import ConditionStatus
 from schemas.processors import Builtin, Processor
-from tests.unit.processor_env import make_env
+from tests.unit.roles.edge.processors.doubles import make_env
 from tools.provision.containerd import Containerd, Registry
 
 

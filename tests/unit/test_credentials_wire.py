@@ -1,7 +1,7 @@
 """Registry credentials from hub to agent: typed for agents that say they read them, the old strings otherwise.
 
 A hub (whole, over memory links: :mod:`tests.unit.roles.cloud.doubles`) sends a new agent the typed form and
-an old one the strings; the agent's side, new or old hub, is in :mod:`tests.unit.test_edge_agent`.
+an old one the strings; the agent's side, new or old hub, is in :mod:`tests.unit.roles.edge.test_agent`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from roles.kube.resources import SECRETS
 from schemas.core import Secret
 from schemas.meta import ObjectMeta
 from tests.unit.roles.cloud.doubles import PREPULLS, MemoryApi, edge_nodes, prepull_job, running_hub
-from tests.unit.test_edge_agent import AUTH, IMAGE, OLD_FORM, run_action
+from tests.unit.roles.edge.doubles import AUTH, IMAGE, OLD_FORM, run_action
 
 
 def _job_with_secret(api: MemoryApi, nodes: list[str]) -> None:

@@ -40,7 +40,7 @@ def test_a_config_update_on_a_config_nested_too_deeply_is_refused(tmp_path: Path
     cfg = tmp_path / "edge.yaml"
     cfg.write_text(DEEP_YAML)
     code = (
-        "import sys, types; from pathlib import Path; from roles.edge.config_update import candidate; "
+        "import sys, types; from pathlib import Path; from roles.edge.config_update.config_update import candidate; "
         "spec = types.SimpleNamespace(update_fields={'maxCpuUsage': '90'}); "
         "print(candidate(types.SimpleNamespace(config_file=Path(sys.argv[1]), spec=spec))[1])"
     )

@@ -33,7 +33,7 @@ CHANGED_GREETING: Final = "changed in the cloud while the device was cut off"
 RECONNECTED: Final = "hub_connected"
 """What the edge agent logs once a hub has welcomed it (``roles/edge/session.py``)."""
 RELISTED: Final = "cache_relisted"
-"""What it logs once the hub has relisted every kind its cache takes (``roles/edge/autonomy_manager.py``)."""
+"""What it logs once the hub has relisted every kind its cache takes (``roles/edge/cache/autonomy_manager.py``)."""
 
 
 def app_manifest(node: str) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build an upgrade artifact of THIS project at a given version and push it to a registry.
 
-The artifact is what a NodeUpgradeJob installs on a device (``roles/edge/artifact.py``): an OCI
+The artifact is what a NodeUpgradeJob installs on a device (``roles/edge/upgrade/artifact.py``): an OCI
 image whose single gzip layer holds the agent's packages (``nodetask``, ``roles``, ``flows``,
 ``schemas``, as they are in this working tree) and a ``VERSION`` file. The image is pushed with the
 registry's own HTTP API (blob uploads, then the manifest), stdlib only, so no container tool is
