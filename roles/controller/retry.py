@@ -30,7 +30,7 @@ import msgspec
 from nodetask.clock import format_time
 from nodetask.phase import count_phases, job_phase
 from nodetask.phases import NodeTaskPhase
-from roles.common.events import event_name
+from nodetask.names import event_name
 from roles.controller import decide
 from schemas import v1alpha2
 from schemas.access import node_counts, targeting

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from nodetask.clock import format_time
 from nodetask.phases import ConditionStatus, JobPhase, NodeTaskPhase
-from roles.common.events import event_name
+from nodetask.names import event_name
 from roles.controller import decide
 from roles.controller.retry import announced, pending_event, retried
 from schemas import v1alpha2

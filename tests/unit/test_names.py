@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nodetask.names import MAX_SUBDOMAIN, InvalidName, check_object_name, clip, object_name_problem
+from nodetask.names import MAX_SUBDOMAIN, InvalidName, check_object_name, clip, event_name, object_name_problem
 
 label = st.from_regex(r"[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?", fullmatch=True)
 subdomains = st.lists(label, min_size=1, max_size=4).map(".".join)
@@ -87,3 +87,12 @@ def test_clip_keeps_short_text_and_says_how_long_long_text_was() -> None:
     """Short text is unchanged; long text keeps its first characters and its length."""
     assert clip("short") == "short"
     assert clip("y" * 300, 10) == "yyyyyyyyyy... (300 characters)"
+
+
+def test_a_key_fixes_the_name_and_no_key_gives_a_new_one() -> None:
+    """The same key gives the same name, another key another; without one every name differs; all fit in 253."""
+    assert event_name("job", "uid", "7", "x") == event_name("job", "uid", "7", "x")
+    assert event_name("job", "uid", "7", "x") != event_name("job", "uid", "8", "x")
+    assert event_name("job") != event_name("job")
+    assert event_name("j" * 253, "k").startswith("j" * 240 + ".")
+    assert len(event_name("j" * 253, "k")) <= 253
