@@ -8,8 +8,8 @@ from typing import Any
 import msgspec
 
 from nodetask import nesting
-from schemas import diagnosis
-from schemas.diagnosis_kinds import DIAGNOSIS_KINDS, DiagnosisKind
+from schemas.diagnosis import v1 as diagnosis
+from schemas.diagnosis.kinds import DIAGNOSIS_KINDS, DiagnosisKind
 from schemas.kinds import GROUP, KINDS, Kind
 
 __all__ = ["ManifestError", "decode_diagnosis_object", "decode_job", "diagnosis_kind_of", "kind_of"]

@@ -38,7 +38,7 @@ from nodetask.phases import JobPhase, NodeTaskPhase
 from schemas import retry, v1alpha2
 from schemas.access import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_SECONDS
 from schemas.core import RETRY_ANNOTATION
-from schemas.diagnosis import DEFAULT_MAX_TARGETS
+from schemas.diagnosis.v1 import DEFAULT_MAX_TARGETS
 from schemas.kinds import CONFIG_UPDATE_JOB, IMAGE_PRE_PULL_JOB, NODE_UPGRADE_JOB, Kind
 from schemas.manifest import ManifestError, kind_of
 from schemas.meta import parse_tolerance

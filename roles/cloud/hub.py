@@ -32,7 +32,8 @@ import anyio
 import anyio.abc
 import structlog
 
-from flows.jobtype import JobType
+from flows.nodejobs.changes import RecordOutcome
+from flows.nodejobs.jobtype import JobType
 from nodetask import messages
 from nodetask.clock import Clock
 from nodetask.messages import Report
@@ -40,7 +41,6 @@ from roles.cloud.api import HubApi
 from roles.cloud.auth import TokenBook
 from roles.cloud.autonomy_conditions import AutonomyConditions
 from roles.cloud.cache_streams import CacheStreams
-from roles.cloud.changes import RecordOutcome
 from roles.cloud.edges import WebSocketDoor
 from roles.cloud.image_secrets import ImageSecrets
 from roles.cloud.ingress import LogThrottle
@@ -57,7 +57,7 @@ from roles.cloud.settings import HubSettings
 from roles.cloud.tasks import Tasks
 from roles.common.health import Route
 from roles.common.server_tls import ServerTls
-from schemas import diagnosis
+from schemas.diagnosis import v1 as diagnosis
 
 __all__ = ["EdgeDoor", "Hub", "HubSettings"]
 

@@ -13,7 +13,7 @@ from typing import Final
 
 import structlog
 
-from flows.jobtype import JobType
+from flows.nodejobs.jobtype import JobType
 from nodetask import messages
 from nodetask.messages import MessageError
 from nodetask.names import clip, object_name_problem

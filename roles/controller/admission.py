@@ -2,7 +2,7 @@
 
 ``POST /validate`` (:data:`VALIDATE_PATH`) admits a job only if it follows ``schemas.validation``,
 and an Operation, OperationSet, Diagnosis or Task only if it follows
-``schemas.diagnosis_validation``; ``POST /mutate`` (:data:`MUTATE_PATH`) answers with a JSON Patch
+``schemas.diagnosis.validation``; ``POST /mutate`` (:data:`MUTATE_PATH`) answers with a JSON Patch
 that sets the defaults (a job's ``concurrency`` and ``timeoutSeconds``; an Operation's timeout,
 scheme and path, an OperationSet's node ids, a Diagnosis's ``stagePolicy``). Tasks are not sent to
 the mutating webhook: they have no defaults, and the controller creates one per node and stage.
@@ -40,8 +40,9 @@ from nodetask.names import clip
 from roles.common.config import ControllerConfig, EdgeConfig
 from roles.common.health import Request, Response, Route
 from roles.kube import ApiError, Conflict, Kube, NotFound, Resource
-from schemas import diagnosis, diagnosis_validation
-from schemas.diagnosis_kinds import DIAGNOSIS_KINDS, DIAGNOSIS_TASK
+from schemas.diagnosis import v1 as diagnosis
+from schemas.diagnosis import validation as diagnosis_validation
+from schemas.diagnosis.kinds import DIAGNOSIS_KINDS, DIAGNOSIS_TASK
 from schemas.kinds import GROUP, KINDS
 from schemas.meta import ApiStruct, LabelSelector, ObjectMeta
 from schemas.validation import (

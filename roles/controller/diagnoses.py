@@ -1,10 +1,10 @@
 """The diagnosis controller's I/O shell: watch the five kinds, one serial worker per object, write decisions.
 
 Nodes, Operations, OperationSets, Diagnoses and Tasks are watched into caches (of a Node, only its
-name and labels: a Diagnosis's Tasks are for existing edge Nodes only, :mod:`flows.diagnosis_targets`).
+name and labels: a Diagnosis's Tasks are for existing edge Nodes only, :mod:`flows.diagnosis.targets`).
 A Diagnosis's worker passes when the Diagnosis, one of its Tasks, its OperationSet or any Operation
 changes, or when its next deadline comes (a Task's timeout, its TTL); each pass asks
-:mod:`flows.diagnosis_run` what to do and does it, in an order that a crash at any point leaves
+:mod:`flows.diagnosis.run` what to do and does it, in an order that a crash at any point leaves
 resumable: metadata (the graph's hash, the pods), then the status (written conditionally, re-decided
 on a fresh copy after a conflict), then the Tasks the written status asks for. The controller is the
 only writer of a Diagnosis's status; the hubs write Tasks' status, and the controller writes a
@@ -30,8 +30,8 @@ import anyio.abc
 import msgspec
 import structlog
 
-from flows.diagnosis_pipeline import BrokenGraph, Pipeline, pipeline_of
-from flows.diagnosis_run import (
+from flows.diagnosis.pipeline import BrokenGraph, Pipeline, pipeline_of
+from flows.diagnosis.run import (
     FINAL_PHASES,
     PODS_ANNOTATION,
     Notice,
@@ -44,8 +44,8 @@ from flows.diagnosis_run import (
     progress_only,
     start,
 )
-from flows.diagnosis_targets import Resolution, readable, requested, resolve
-from flows.diagnosis_tasks import TASK_FINALIZER, owner_of, timed_out
+from flows.diagnosis.targets import Resolution, readable, requested, resolve
+from flows.diagnosis.tasks import TASK_FINALIZER, owner_of, timed_out
 from nodetask.clock import Clock, format_time
 from nodetask.names import is_object_name
 from roles.common.events import object_event, record_event
@@ -58,7 +58,7 @@ from roles.kube.following import mirror_by_name
 from roles.kube.resources import DIAGNOSES, NODES, OPERATION_SETS, OPERATIONS, PODS, TASKS
 from roles.kube.versions import revision
 from schemas.core import Node, Pod
-from schemas.diagnosis import (
+from schemas.diagnosis.v1 import (
     API_VERSION,
     DEFAULT_MAX_TARGETS,
     Diagnosis,
@@ -498,7 +498,7 @@ class DiagnosisController:
     async def _fail_too_large(self, diagnosis: Diagnosis, error: ApiError, now: datetime, log: Log) -> None:
         """The API server refused the Diagnosis's next status for its size: end the run Failed, saying so.
 
-        The run's own bound (:mod:`flows.diagnosis_size`) should have kept it from this; if it did not,
+        The run's own bound (:mod:`flows.diagnosis.size`) should have kept it from this; if it did not,
         the same write would be refused again at every retry. The failed status leaves out the node
         names and results; if even that is refused, nothing more can be written, which is logged.
         """

@@ -12,9 +12,10 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
 
-from flows import configupdatejob, diagnosis_job, imageprepulljob, nodeupgradejob
-from flows.diagnosis_job import TaskRun
-from flows.jobtype import ExtendError
+from flows.diagnosis import job as diagnosis_job
+from flows.diagnosis.job import TaskRun
+from flows.nodejobs import configupdatejob, imageprepulljob, nodeupgradejob
+from flows.nodejobs.jobtype import ExtendError
 from nodetask.messages import RegistryAuth
 from nodetask.phases import ConditionStatus
 from roles.edge import config_update, processors, upgrade

@@ -36,8 +36,8 @@ import anyio
 import anyio.abc
 import structlog
 
-from flows import diagnosis_job
-from flows.jobtype import EdgeJobType
+from flows.diagnosis import job as diagnosis_job
+from flows.nodejobs.jobtype import EdgeJobType
 from nodetask.clock import Clock
 from nodetask.link import OpenLink
 from nodetask.messages import (

@@ -18,7 +18,7 @@ from roles.controller.admission import (
     admission_routes,
     webhook_configurations,
 )
-from schemas.diagnosis import DEFAULT_MAX_TARGETS
+from schemas.diagnosis.v1 import DEFAULT_MAX_TARGETS
 
 V1 = "diagnosis.kubediag.org/v1"
 

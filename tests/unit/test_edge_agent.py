@@ -32,7 +32,9 @@ import trio.testing
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from trio.testing import MockClock
 
-from flows import diagnosis_dispatch, diagnosis_job, imageprepulljob
+from flows.diagnosis import dispatch as diagnosis_dispatch
+from flows.diagnosis import job as diagnosis_job
+from flows.nodejobs import imageprepulljob
 from nodetask import messages
 from nodetask.clock import Clock
 from nodetask.link import Link, LinkClosed, MemoryLink, memory_links
@@ -62,7 +64,7 @@ from roles.edge.context import Action, Outcome, TaskContext
 from roles.edge.processors import ProcessorEnv, ProcessorOutcome
 from roles.edge.settings import AgentSettings
 from roles.edge.store import EdgeStore, TaskState, open_store
-from schemas.diagnosis import Task, TaskSpec
+from schemas.diagnosis.v1 import Task, TaskSpec
 from schemas.meta import ObjectMeta
 from schemas.processors import HTTPServer, Processor
 from schemas.v1alpha2 import API_VERSION, ImagePrePullJobSpec, ImagePrePullTemplate

@@ -18,7 +18,8 @@ import structlog
 import trio
 from trio.testing import MockClock
 
-from flows import diagnosis_dispatch, diagnosis_job
+from flows.diagnosis import dispatch as diagnosis_dispatch
+from flows.diagnosis import job as diagnosis_job
 from nodetask.messages import Ack, Cancel, Report, ReportAck, RunAction
 from roles.common.config import DiagnosisConfig
 from roles.common.httpserver import Request, Response, Route, router, serve_http
@@ -26,7 +27,7 @@ from roles.edge import processors, task_limits
 from roles.edge.processors import ProcessorEnv, ProcessorOutcome
 from roles.edge.processors.http import MAX_BODY_BYTES
 from roles.edge.store import TaskState
-from schemas.diagnosis import Task, TaskSpec
+from schemas.diagnosis.v1 import Task, TaskSpec
 from schemas.meta import ObjectMeta
 from schemas.processors import HTTPServer, Processor
 from tests.unit.test_edge_agent import NODE, PROCESSOR, FakeActions, clock, run_action, running_edge, summary

@@ -10,12 +10,12 @@ import msgspec
 import pytest
 import trio.testing
 
-from flows.diagnosis_job import MAX_REQUEST_BYTES, RUN, TaskRun
+from flows.diagnosis.job import MAX_REQUEST_BYTES, RUN, TaskRun
 from nodetask.messages import Ack, Cancel, Error, Report, ReportAck, RunAction
 from nodetask.route import Route
 from roles.kube import ApiError, Resource
 from roles.kube.resources import DIAGNOSES, OPERATIONS, TASKS
-from schemas.diagnosis import (
+from schemas.diagnosis.v1 import (
     API_VERSION,
     Diagnosis,
     DiagnosisSpec,

@@ -19,8 +19,8 @@ import msgspec
 import trio
 import trio.testing
 
-from flows import imageprepulljob
-from flows.jobtype import apply_result
+from flows.nodejobs import imageprepulljob
+from flows.nodejobs.jobtype import apply_result
 from nodetask.clock import Clock
 from nodetask.messages import ActionResult
 from nodetask.phase import count_phases, job_phase
