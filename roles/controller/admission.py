@@ -40,21 +40,14 @@ from nodetask.names import clip
 from roles.common.config import ControllerConfig, EdgeConfig
 from roles.common.health import Request, Response, Route
 from roles.kube import ApiError, Conflict, Kube, NotFound, Resource
+from schemas.checker import MAX_ERRORS, FieldError, PatchOperation, capped
 from schemas.diagnosis import v1 as diagnosis
 from schemas.diagnosis import validation as diagnosis_validation
 from schemas.diagnosis.kinds import DIAGNOSIS_KINDS, DIAGNOSIS_TASK
+from schemas.job_updates import validate_update
 from schemas.kinds import GROUP, KINDS
 from schemas.meta import ApiStruct, LabelSelector, ObjectMeta
-from schemas.validation import (
-    MAX_ERRORS,
-    AdmissionPolicy,
-    FieldError,
-    PatchOperation,
-    capped,
-    default_patch,
-    validate_create,
-    validate_update,
-)
+from schemas.validation import AdmissionPolicy, default_patch, validate_create
 
 __all__ = [
     "CONFIGURATION_NAME",

@@ -2,7 +2,7 @@
 
 The same approach and error format as the node jobs' rules (:mod:`schemas.validation`): the rules
 read the object as the API server sends it, so a field of the wrong type becomes a
-:class:`~schemas.validation.FieldError` naming its path, and an object that passes them is also
+:class:`~schemas.checker.FieldError` naming its path, and an object that passes them is also
 converted to its msgspec type. Every rejection names the field.
 
 Beyond KubeDiag's webhooks (exactly one processor, http or https, port range, timeout above 0,
@@ -31,8 +31,10 @@ from typing import Any, Final
 import msgspec
 
 from nodetask.names import is_object_name
+from schemas.checker import MSGSPEC_PATH, Checker, FieldError, PatchOperation, json_type, without_nulls
 from schemas.diagnosis import graph as diagnosis_graph
 from schemas.diagnosis.kinds import DIAGNOSIS, DIAGNOSIS_TASK, OPERATION, OPERATION_SET, DiagnosisKind
+from schemas.diagnosis.manifest import diagnosis_kind_of
 from schemas.diagnosis.v1 import (
     DEFAULT_MAX_TARGETS,
     MAX_PARAMETERS_BYTES,
@@ -41,9 +43,8 @@ from schemas.diagnosis.v1 import (
     StagePolicy,
     parameters_bytes,
 )
-from schemas.manifest import ManifestError, diagnosis_kind_of
+from schemas.manifest import ManifestError
 from schemas.processors import BUILTIN_PROCESSORS, DEFAULT_TIMEOUT_SECONDS
-from schemas.validation import MSGSPEC_PATH, Checker, FieldError, PatchOperation, json_type, without_nulls
 
 __all__ = ["default_patch", "validate_create", "validate_update"]
 
@@ -325,7 +326,7 @@ def validate_create(
 
     ``namespace``: the request's, for an object whose metadata does not name one yet; ``max_targets``:
     how many node names or pod references a Diagnosis may list. At most
-    :data:`~schemas.validation.MAX_ERRORS`, then :data:`~schemas.validation.STOPPED` if there were
+    :data:`~schemas.checker.MAX_ERRORS`, then :data:`~schemas.checker.STOPPED` if there were
     more. Never raises: any JSON value is a valid input, and garbage yields errors naming its fields.
     """
     return Checker().run(_check_object, obj, namespace, max_targets)

@@ -9,6 +9,7 @@ from nodetask.phases import ConditionStatus
 from schemas import processors
 from schemas.diagnosis import v1 as diagnosis
 from schemas.diagnosis.kinds import DIAGNOSIS, DIAGNOSIS_KINDS, DIAGNOSIS_TASK, OPERATION, OPERATION_SET
+from schemas.diagnosis.manifest import decode_diagnosis_object, diagnosis_kind_of
 from schemas.diagnosis.v1 import (
     Diagnosis,
     DiagnosisPhase,
@@ -20,7 +21,7 @@ from schemas.diagnosis.v1 import (
     TaskPhase,
 )
 from schemas.kinds import KINDS
-from schemas.manifest import ManifestError, decode_diagnosis_object, decode_job, diagnosis_kind_of
+from schemas.manifest import ManifestError, decode_job
 from schemas.meta import LabelSelector
 
 HTTP_OPERATION = b"""

@@ -10,7 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from schemas.checker import MAX_ERRORS, STOPPED, PatchOperation
 from schemas.diagnosis.graph import MAX_NODES
+from schemas.diagnosis.manifest import decode_diagnosis_object
 from schemas.diagnosis.v1 import (
     DEFAULT_MAX_TARGETS,
     MAX_PARAMETERS_BYTES,
@@ -20,8 +22,6 @@ from schemas.diagnosis.v1 import (
     StagePolicy,
 )
 from schemas.diagnosis.validation import default_patch, validate_create, validate_update
-from schemas.manifest import decode_diagnosis_object
-from schemas.validation import MAX_ERRORS, STOPPED, PatchOperation
 
 V1 = "diagnosis.kubediag.org/v1"
 
