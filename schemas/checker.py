@@ -15,6 +15,7 @@ from typing import Any, Final
 import msgspec
 
 __all__ = [
+    "INT32_MAX",
     "MAX_ERRORS",
     "MSGSPEC_PATH",
     "STOPPED",
@@ -24,12 +25,16 @@ __all__ = [
     "capped",
     "join",
     "json_type",
+    "type_errors",
     "without_nulls",
 ]
 
 _JSON_TYPES: Final = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"), (list, "array"))
 
 MSGSPEC_PATH: Final = re.compile(r"(?s)(?P<message>.*) - at `\$\.?(?P<path>.*)`")
+
+INT32_MAX: Final = 2**31 - 1
+"""The largest int32: the bound of the API types' 32-bit integer fields."""
 
 MAX_ERRORS: Final = 20
 """Errors named for one object at most. A person fixes a handful at a time; past that, naming each
@@ -128,6 +133,18 @@ class Checker:
         value = self.typed(obj, key, path, int, "an integer")
         if value is not None and not minimum <= value <= maximum:
             self.fail(f"{path}.{key}", f"must be within [{minimum}, {maximum}] when set, got {value}")
+
+
+def type_errors(obj: object, object_type: type[Any]) -> list[FieldError]:
+    """Whatever the rules did not cover, as msgspec reports it when converting ``obj`` to ``object_type``."""
+    try:
+        msgspec.convert(obj, type=object_type)
+    except msgspec.ValidationError as exc:
+        match = MSGSPEC_PATH.fullmatch(str(exc))
+        if match is None:
+            return [FieldError(path="(object)", message=str(exc))]
+        return [FieldError(path=match["path"] or "(object)", message=match["message"])]
+    return []
 
 
 def without_nulls(value: Any) -> Any:

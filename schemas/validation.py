@@ -40,6 +40,7 @@ from schemas.checker import (
     FieldError,
     PatchOperation,
     json_type,
+    type_errors,
     without_nulls,
 )
 from schemas.diagnosis.v1 import DEFAULT_MAX_TARGETS
@@ -246,18 +247,6 @@ def _identify(c: Checker, obj: Mapping[str, Any]) -> tuple[Kind, str] | None:
         return None
 
 
-def _type_errors(obj: Mapping[str, Any], kind: Kind, version: str) -> list[FieldError]:
-    """Whatever the rules did not cover, as msgspec reports it when converting to the API type."""
-    try:
-        msgspec.convert(obj, type=kind.versions[version])
-    except msgspec.ValidationError as exc:
-        match = MSGSPEC_PATH.fullmatch(str(exc))
-        if match is None:
-            return [FieldError(path="(object)", message=str(exc))]
-        return [FieldError(path=match["path"] or "(object)", message=match["message"])]
-    return []
-
-
 def validate_create(obj: object, *, policy: AdmissionPolicy = CLOSED_POLICY) -> tuple[FieldError, ...]:
     """The broken rules of a node job of any served kind and version; empty when it is valid.
 
@@ -285,7 +274,7 @@ def _check_object(c: Checker, obj: object, policy: AdmissionPolicy) -> None:
     if not c.errors:
         # The API server prunes nulls of non-nullable fields before admission; do the same here so
         # that null keeps meaning absent, as it does in the rules above.
-        c.errors.extend(_type_errors(without_nulls(obj), kind, version))
+        c.errors.extend(type_errors(without_nulls(obj), kind.versions[version]))
 
 
 def default_patch(obj: object) -> tuple[PatchOperation, ...]:
