@@ -32,11 +32,6 @@ import structlog
 
 from flows.diagnosis.pipeline import BrokenGraph, Pipeline, pipeline_of
 from flows.diagnosis.run import (
-    FINAL_PHASES,
-    PODS_ANNOTATION,
-    Notice,
-    Step,
-    World,
     advance,
     awaiting_operation_set,
     fail_too_large,
@@ -44,6 +39,8 @@ from flows.diagnosis.run import (
     progress_only,
     start,
 )
+from flows.diagnosis.stages import PODS_ANNOTATION
+from flows.diagnosis.step import FINAL_PHASES, Notice, Step, World
 from flows.diagnosis.targets import Resolution, readable, requested, resolve
 from flows.diagnosis.tasks import TASK_FINALIZER, owner_of, timed_out
 from nodetask.clock import Clock, format_time

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from flows.diagnosis.counted import CountedNodes, InvalidCountError, counted_nodes
 from flows.diagnosis.paths import PathFlow
 from flows.diagnosis.pipeline import Pipeline, pipeline_of
-from flows.diagnosis.run import FINAL_PHASES, World, advance, start
+from flows.diagnosis.run import advance, start
+from flows.diagnosis.step import FINAL_PHASES, World
 from flows.diagnosis.targets import Resolution
 from flows.diagnosis.tasks import task_name
 from schemas.diagnosis.v1 import Checkpoint, Diagnosis, DiagnosisPhase, DiagnosisStatus, Task, TaskPhase

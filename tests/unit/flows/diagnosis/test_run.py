@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from flows.diagnosis.counted import CountedNodes
 from flows.diagnosis.pipeline import HASH_LABEL, pipeline_of
-from flows.diagnosis.run import FINAL_PHASES, OPERATION_SET_GRACE, World, advance, awaiting_operation_set, start
+from flows.diagnosis.run import OPERATION_SET_GRACE, advance, awaiting_operation_set, start
+from flows.diagnosis.step import FINAL_PHASES, World
 from flows.diagnosis.targets import Resolution, resolve
 from flows.diagnosis.tasks import request_data
 from nodetask.clock import parse_time

@@ -7,8 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flows.diagnosis.pipeline import Pipeline, pipeline_of
-from flows.diagnosis.run import FINAL_PHASES, PODS_ANNOTATION, advance, start
+from flows.diagnosis.run import advance, start
 from flows.diagnosis.size import MAX_OBJECT_BYTES, STATUS_TOO_LARGE, object_bytes
+from flows.diagnosis.stages import PODS_ANNOTATION
+from flows.diagnosis.step import FINAL_PHASES
 from flows.diagnosis.targets import Resolution
 from schemas.diagnosis.v1 import Diagnosis, DiagnosisPhase, PodReference
 from tests.unit.flows.diagnosis.test_run import runs

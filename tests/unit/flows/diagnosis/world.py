@@ -10,7 +10,8 @@ from datetime import UTC, datetime
 import msgspec
 
 from flows.diagnosis.pipeline import pipeline_of
-from flows.diagnosis.run import FINAL_PHASES, Step, World, advance, progress_only, start
+from flows.diagnosis.run import advance, progress_only, start
+from flows.diagnosis.step import FINAL_PHASES, Step, World
 from flows.diagnosis.targets import Resolution
 from flows.diagnosis.tasks import timed_out
 from nodetask.clock import format_time
