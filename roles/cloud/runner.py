@@ -37,9 +37,10 @@ from flows.nodejobs.changes import ClaimOutcome, awaits_confirmation, claim, ful
 from flows.nodejobs.jobtype import JobType
 from nodetask.backoff import Backoff
 from nodetask.clock import Clock, parse_time
-from nodetask.messages import ATTEMPTS_CAPABILITY, TYPED_CREDENTIALS, Cancel, Confirm, RunAction
+from nodetask.messages import ATTEMPTS_CAPABILITY, Cancel, Confirm, RunAction
 from nodetask.phases import ConditionStatus, NodeTaskPhase
 from nodetask.pool import JobPool, NodeTaskEnd, open_job_pool
+from nodetask.registry_credentials import TYPED_CREDENTIALS
 from nodetask.route import Route
 from roles.cloud.sessions import Session, SessionTable
 from roles.cloud.status_writer import StatusWriter

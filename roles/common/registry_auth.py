@@ -30,7 +30,8 @@ import re
 from dataclasses import dataclass, replace
 
 from nodetask import nesting
-from nodetask.messages import RegistryAuth, RunAction
+from nodetask.messages import RunAction
+from nodetask.registry_credentials import RegistryAuth
 
 __all__ = [
     "DOCKER_HUB",
@@ -315,7 +316,7 @@ def _json_type(value: object) -> str:
 
 # ------------------------------------------------- the string form of RunAction.credentials (old peers)
 # Agents and hubs built before RunAction.registry_credentials (the Hello capability
-# nodetask.messages.TYPED_CREDENTIALS) carry each image's credentials as this JSON string: a hub
+# nodetask.registry_credentials.TYPED_CREDENTIALS) carry each image's credentials as this JSON string: a hub
 # encodes them for an agent that does not advertise the capability, and an agent decodes them from
 # a hub that sends only these. Nothing else uses this form; it goes once no such peer is left.
 

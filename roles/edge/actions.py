@@ -16,8 +16,8 @@ from flows.diagnosis import job as diagnosis_job
 from flows.diagnosis.job import TaskRun
 from flows.nodejobs import configupdatejob, imageprepulljob, nodeupgradejob
 from flows.nodejobs.jobtype import ExtendError
-from nodetask.messages import RegistryAuth
 from nodetask.phases import ConditionStatus
+from nodetask.registry_credentials import RegistryAuth
 from roles.edge import config_update, processors, upgrade
 from roles.edge.checks import run_checks
 from roles.edge.context import Action, Actions, Outcome, TaskContext, take_exclusive

@@ -46,7 +46,6 @@ from nodetask.messages import (
     CACHE_CHUNKS_CAPABILITY,
     CACHE_SECRETS_CAPABILITY,
     PING_CAPABILITY,
-    TYPED_CREDENTIALS,
     Ack,
     Autonomy,
     CacheChunk,
@@ -56,11 +55,11 @@ from nodetask.messages import (
     Confirm,
     Downstream,
     Error,
-    RegistryAuth,
     ReportAck,
     RunAction,
     Welcome,
 )
+from nodetask.registry_credentials import TYPED_CREDENTIALS, RegistryAuth
 from roles.edge import task_limits
 from roles.edge.autonomy_manager import AutonomyManager
 from roles.edge.context import Actions

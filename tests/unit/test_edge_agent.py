@@ -41,19 +41,18 @@ from nodetask.link import Link, LinkClosed, MemoryLink, memory_links
 from nodetask.messages import (
     ATTEMPTS_CAPABILITY,
     PING_CAPABILITY,
-    TYPED_CREDENTIALS,
     Ack,
     Cancel,
     Error,
     Heartbeat,
     Hello,
-    RegistryAuth,
     Report,
     ReportAck,
     RunAction,
     Upstream,
     Welcome,
 )
+from nodetask.registry_credentials import TYPED_CREDENTIALS, RegistryAuth
 from nodetask.route import Route
 from roles.common.config import DiagnosisConfig
 from roles.common.jobtypes import edge_job_types

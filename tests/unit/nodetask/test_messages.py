@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from nodetask import messages as m
 from nodetask.nesting import MAX_DEPTH
+from nodetask.registry_credentials import RegistryAuth
 from nodetask.route import Route
 
 ROUTE = Route("operations.kubeedge.io/v1alpha2", "imageprepulljob", "prepull-1", "edge-7")
@@ -46,7 +47,7 @@ downstream = st.one_of(
         action=text,
         spec=st.just(msgspec.Raw(b'{"imagePrePullTemplate":{"images":["busybox"]}}')),
         credentials=st.dictionaries(text, text, max_size=2),
-        registry_credentials=st.dictionaries(text, st.builds(m.RegistryAuth, text, text, text, text, text), max_size=2),
+        registry_credentials=st.dictionaries(text, st.builds(RegistryAuth, text, text, text, text, text), max_size=2),
         attempt=st.integers(0, 2**31 - 1),
     ),
     st.builds(m.ReportAck, job_uid=text, seq=st.integers(0, 2**62)),
