@@ -33,6 +33,7 @@ from typing import Any, Final
 
 import msgspec
 
+from nodetask import image_reference
 from schemas.access import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_SECONDS
 from schemas.checker import (
     MSGSPEC_PATH,
@@ -71,19 +72,6 @@ _UPGRADE_IMAGE: Final = re.compile(
     re.ASCII,
 )
 
-# A container image reference as the CRI accepts it (the distribution/reference grammar): unlike
-# the upgrade image, a bare "busybox:latest" is valid, as in KubeEdge's own pre-pull sample.
-_ALNUM = r"[a-z0-9]+"
-_PATH_COMPONENT = rf"{_ALNUM}(?:(?:[._]|__|-+){_ALNUM})*"
-_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
-_DOMAIN = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
-_IMAGE_REFERENCE: Final = re.compile(
-    rf"(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
-    r"(?::[\w][\w.-]{0,127})?"
-    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?",
-    re.ASCII,
-)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AdmissionPolicy:
@@ -108,8 +96,12 @@ def is_upgrade_image(value: str) -> bool:
 
 
 def is_image_reference(value: str) -> bool:
-    """A container image reference the CRI can pull (``busybox:latest``, ``ghcr.io/a/b@sha256:...``)."""
-    return len(value) <= MAX_REFERENCE_LENGTH and _IMAGE_REFERENCE.fullmatch(value) is not None
+    """A container image reference the CRI can pull (``busybox:latest``, ``ghcr.io/a/b@sha256:...``).
+
+    Unlike KubeEdge's upgrade image (:func:`is_upgrade_image`), a bare ``busybox:latest`` is one, as in
+    KubeEdge's own pre-pull sample.
+    """
+    return len(value) <= MAX_REFERENCE_LENGTH and image_reference.REFERENCE.fullmatch(value) is not None
 
 
 def _check_tolerance(c: Checker, obj: Mapping[str, Any], path: str) -> None:
