@@ -39,6 +39,7 @@ __all__ = [
     "TaskRun",
     "decode_results",
     "encode_results",
+    "results_bytes",
 ]
 
 RESOURCE_TYPE: Final = "task"
@@ -46,9 +47,10 @@ RUN: Final = "Run"
 FLOW: Final = Flow(name=RESOURCE_TYPE, first=RUN, steps={RUN: Step()})
 
 MAX_RESULTS_BYTES: Final = 256 * 1024
-"""Longest ``extend`` (the results as JSON). A report frame escapes it at most to twice its length, so
-it stays under the hub's default frame limit of 1 MiB, and a Task's status stays far below etcd's
-1.5 MiB with its request data."""
+"""Longest ``extend``: the results as JSON, in UTF-8 bytes (:func:`results_bytes`), the one measure of a
+Task's results wherever they are bounded (the edge's processors, the edge's report, the hub). A report
+frame escapes it at most to twice its length, so it stays under the hub's default frame limit of
+1 MiB, and a Task's status stays far below etcd's 1.5 MiB with its request data."""
 MAX_REQUEST_BYTES: Final = 768 * 1024
 """Longest :class:`TaskRun` a hub sends: a RunAction carries it as it is, and an edge takes frames of
 at most 1 MiB. Each edge takes far less request data by default (its ``diagnosis.maxRequestBytes``,
@@ -89,6 +91,11 @@ JOB_TYPE: Final = TaskJobType()
 _RESULTS: Final = msgspec.json.Decoder(dict[str, str])
 
 
+def results_bytes(results: Mapping[str, str]) -> int:
+    """How large ``results`` are in the measure :data:`MAX_RESULTS_BYTES` bounds: bytes as JSON."""
+    return len(msgspec.json.encode(dict(results)))
+
+
 def encode_results(results: Mapping[str, str]) -> str:
     """The ``extend`` of a successful Run. Errors: :class:`ExtendError` when it exceeds :data:`MAX_RESULTS_BYTES`."""
     text = msgspec.json.encode(dict(results))
@@ -101,8 +108,9 @@ def encode_results(results: Mapping[str, str]) -> str:
 
 def decode_results(extend: str) -> dict[str, str]:
     """The results a report carries. Errors: :class:`ExtendError` for anything but a bounded JSON object of strings."""
-    if len(extend) > MAX_RESULTS_BYTES:
-        raise ExtendError(f"the results are {len(extend)} characters, more than the {MAX_RESULTS_BYTES} allowed")
+    size = len(extend.encode())
+    if size > MAX_RESULTS_BYTES:
+        raise ExtendError(f"the results are {size} bytes as JSON, more than the {MAX_RESULTS_BYTES} allowed")
     if not extend:
         return {}
     try:
