@@ -17,7 +17,7 @@ from typing import Final
 import msgspec
 
 from nodetask.clock import parse_time
-from nodetask.phase import count_phases, job_phase
+from nodetask.job_phase import count_phases, job_phase
 from nodetask.phases import JobPhase, NodeTaskPhase
 from schemas import v1alpha2
 from schemas.access import node_counts, targeting

@@ -29,8 +29,8 @@ import msgspec
 
 from flows.nodejobs import decide
 from nodetask.clock import format_time
+from nodetask.job_phase import count_phases, job_phase
 from nodetask.names import event_name
-from nodetask.phase import count_phases, job_phase
 from nodetask.phases import NodeTaskPhase
 from schemas import v1alpha2
 from schemas.access import node_counts, targeting

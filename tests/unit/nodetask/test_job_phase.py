@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nodetask.phase import PhaseCounts, count_phases, failure_ratio, job_phase
+from nodetask.job_phase import PhaseCounts, count_phases, failure_ratio, job_phase
 from nodetask.phases import JobPhase, NodeTaskPhase
 
 S, F, U, P, R = (
