@@ -55,7 +55,7 @@ from roles.cloud.session_handler import ServeEdge, SessionHandler
 from roles.cloud.sessions import Session, SessionTable
 from roles.cloud.settings import HubSettings
 from roles.cloud.tasks import Tasks
-from roles.common.health import Route
+from roles.common.health import HttpRoute
 from roles.common.server_tls import ServerTls
 from schemas.diagnosis import v1 as diagnosis
 
@@ -203,7 +203,7 @@ class Hub:
                 self.port = await tg.start(door, self._handler.serve)
                 ready.set()
 
-    def http_routes(self) -> tuple[Route, ...]:
+    def http_routes(self) -> tuple[HttpRoute, ...]:
         """``POST /task/{taskType}/name/{job}/node/{node}/status``, KubeEdge's report endpoint (see kubeedge_http)."""
         return self._task_status.routes()
 

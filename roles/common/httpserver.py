@@ -44,11 +44,11 @@ __all__ = [
     "DEFAULT_IDLE_TIMEOUT",
     "DEFAULT_MAX_BODY_BYTES",
     "Handler",
+    "HttpRoute",
     "PeerKey",
     "Refused",
     "Request",
     "Response",
-    "Route",
     "Send",
     "router",
     "serve_http",
@@ -129,7 +129,7 @@ Refused = Callable[[Refusal, str], Response]
 
 
 @dataclass(frozen=True, slots=True)
-class Route:
+class HttpRoute:
     """``handler`` answers ``method`` on ``path``, or on every path under it with ``prefix``."""
 
     method: str
@@ -141,7 +141,7 @@ class Route:
         return path == self.path or (self.prefix and path.startswith(self.path))
 
 
-def router(routes: Iterable[Route]) -> Handler:
+def router(routes: Iterable[HttpRoute]) -> Handler:
     """A handler that dispatches to ``routes``: 404 for an unknown path, 405 (with Allow) for a known
     path asked with another method. An exact path wins over a prefix, a longer prefix over a shorter.
     """

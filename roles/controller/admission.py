@@ -38,7 +38,7 @@ from prometheus_client import CollectorRegistry, Counter
 from nodetask import nesting
 from nodetask.names import clip
 from roles.common.config import ControllerConfig, EdgeConfig
-from roles.common.health import Request, Response, Route
+from roles.common.health import HttpRoute, Request, Response
 from roles.kube import ApiError, Conflict, Kube, NotFound, Resource
 from schemas.checker import MAX_ERRORS, FieldError, PatchOperation, capped
 from schemas.diagnosis import v1 as diagnosis
@@ -205,7 +205,7 @@ def _defaulted(body: bytes) -> tuple[AdmissionRequest, tuple[PatchOperation, ...
     return req, _defaults(req) if wanted else ()
 
 
-def admission_routes(*, policy: AdmissionPolicy, registry: CollectorRegistry, log: Log) -> tuple[Route, ...]:
+def admission_routes(*, policy: AdmissionPolicy, registry: CollectorRegistry, log: Log) -> tuple[HttpRoute, ...]:
     """The two webhook routes, admitting what ``policy`` allows and counting decisions in ``registry``.
 
     The counter ``nodetaskd_controller_admission_decisions_total`` has labels ``webhook`` (validating,
@@ -264,7 +264,7 @@ def admission_routes(*, policy: AdmissionPolicy, registry: CollectorRegistry, lo
             return _answer(AdmissionResponse(uid=req.uid, allowed=True))
         return _answer(AdmissionResponse(uid=req.uid, allowed=True, patch_type="JSONPatch", patch=_ENCODER.encode(ops)))
 
-    return (Route("POST", VALIDATE_PATH, validate), Route("POST", MUTATE_PATH, mutate))
+    return (HttpRoute("POST", VALIDATE_PATH, validate), HttpRoute("POST", MUTATE_PATH, mutate))
 
 
 def _errors(req: AdmissionRequest, policy: AdmissionPolicy) -> tuple[FieldError, ...]:
