@@ -23,7 +23,7 @@ from typing import Any
 
 import msgspec
 
-from flows import imageprepulljob
+from flows.nodejobs import imageprepulljob
 from nodetask import messages
 from nodetask.messages import Heartbeat, Report
 from nodetask.phases import ConditionStatus

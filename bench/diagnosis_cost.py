@@ -31,13 +31,13 @@ from bench import procs
 from bench.cluster import admin, first_label
 from bench.job_cost import _hub, _write_profile, capture_warnings
 from bench.waits import Stalled, deadline_for, until_count
-from flows.diagnosis_job import TaskRun
-from flows.diagnosis_tasks import DIAGNOSIS_UID_LABEL
+from flows.diagnosis.job import TaskRun
+from flows.diagnosis.tasks import DIAGNOSIS_UID_LABEL
 from nodetask.clock import Clock, parse_time
 from roles.controller.diagnosis.diagnoses import DiagnosisController
 from roles.kube import ApiError, Kube, NotFound, open_kube
 from roles.kube.resources import DIAGNOSES, OPERATION_SETS, OPERATIONS, TASKS
-from schemas.diagnosis import (
+from schemas.diagnosis.v1 import (
     AdjacencyNode,
     Diagnosis,
     DiagnosisPhase,

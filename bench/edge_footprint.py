@@ -49,7 +49,7 @@ import trio_websocket
 from bench.cluster import REPO
 from bench.local_api import list_latency, realistic_pod
 from bench.waits import deadline
-from flows import imageprepulljob
+from flows.nodejobs import imageprepulljob
 from nodetask import messages
 from nodetask.route import Route
 from roles.common.tls import generate_serving_certificate, server_ssl_context

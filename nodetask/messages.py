@@ -4,7 +4,7 @@ Every frame is one JSON object tagged by ``op``; there is one union per directio
 rules (msgspec's): a field added after v1 gets a default, no field changes type, and unknown fields
 are ignored so that an old hub and a new edge (or the reverse) still talk during an upgrade. A field
 that replaces an older one goes only to peers whose Hello names a capability for it, and the older
-field to the others (:data:`TYPED_CREDENTIALS`).
+field to the others (:data:`nodetask.registry_credentials.TYPED_CREDENTIALS`).
 
 The upstream report carries KubeEdge's body keys ``{action, succ, finishTime, reason, extend}``
 plus what reliable delivery needs: the job UID (so a re-created job is never confused with its
@@ -29,6 +29,7 @@ from typing import Annotated, Any, Final
 import msgspec
 
 from nodetask import nesting
+from nodetask.registry_credentials import RegistryAuth
 from nodetask.route import Route, RouteError
 
 __all__ = [
@@ -37,7 +38,6 @@ __all__ = [
     "CACHE_CHUNKS_CAPABILITY",
     "CACHE_SECRETS_CAPABILITY",
     "PING_CAPABILITY",
-    "TYPED_CREDENTIALS",
     "Ack",
     "ActionResult",
     "Autonomy",
@@ -54,7 +54,6 @@ __all__ = [
     "Heartbeat",
     "Hello",
     "MessageError",
-    "RegistryAuth",
     "Report",
     "ReportAck",
     "RunAction",
@@ -128,36 +127,6 @@ class Error(Message, frozen=True, tag="error"):
 
 
 # --------------------------------------------------------------------------------------- cloud -> edge
-
-
-class RegistryAuth(msgspec.Struct, frozen=True, omit_defaults=True, rename="camel"):
-    """Credentials for one registry, as the CRI ``AuthConfig`` carries them.
-
-    The one type from the hub's parse of a ``.dockerconfigjson`` Secret to the CRI call in the
-    edge's puller child. Secrets are kept out of ``repr`` so that an accidental log line or a
-    traceback's locals show only who, not how.
-    """
-
-    registry: str
-    """The key of the Secret's ``auths`` entry these came from, as written there."""
-    username: str = ""
-    password: str = ""
-    identity_token: str = ""
-    registry_token: str = ""
-
-    def __repr__(self) -> str:
-        return f"RegistryAuth(registry={self.registry!r}, username={self.username!r})"
-
-    def __rich_repr__(self) -> list[tuple[str, Any]]:
-        return [("registry", self.registry), ("username", self.username)]
-
-
-TYPED_CREDENTIALS: Final = "registryCredentials"
-"""The Hello capability of an agent that reads :attr:`RunAction.registry_credentials`.
-
-A hub sends that field only to agents advertising it and the string form (``credentials``) to the
-others: agents built before it read only the strings and ignore the field they do not know.
-"""
 
 
 class Welcome(Message, frozen=True, tag="welcome"):

@@ -8,7 +8,9 @@ cannot: it holds only ``a-z``, ``0-9``, ``-`` and ``.``, never ``..``, and is at
 
 from __future__ import annotations
 
+import hashlib
 import re
+import uuid
 from typing import Final
 
 __all__ = [
@@ -18,6 +20,7 @@ __all__ = [
     "InvalidName",
     "check_object_name",
     "clip",
+    "event_name",
     "is_object_name",
     "object_name_problem",
 ]
@@ -75,3 +78,13 @@ def clip(text: str, limit: int = CLIP) -> str:
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... ({len(text)} characters)"
+
+
+def event_name(object_name: str, *key: str) -> str:
+    """An Event's name about ``object_name``: random, or fixed by ``key`` (the same key, the same name).
+
+    A fixed name makes recording idempotent: a second create of it is refused with 409 instead of
+    showing the Event twice. The object's name is cut so that the Event's stays within 253 characters.
+    """
+    suffix = hashlib.sha256("\x00".join(key).encode()).hexdigest()[:12] if key else uuid.uuid4().hex[:12]
+    return f"{object_name[:240].rstrip('.-')}.{suffix}"

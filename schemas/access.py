@@ -14,7 +14,7 @@ from typing import Final, TypeVar
 
 import msgspec
 
-from nodetask.phase import count_phases
+from nodetask.job_phase import count_phases
 from schemas import v1alpha2
 from schemas.meta import LabelSelector, parse_tolerance
 

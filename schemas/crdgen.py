@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 import yaml
 
-from schemas.diagnosis_kinds import DIAGNOSIS_CATEGORY, DIAGNOSIS_KINDS, DiagnosisKind
+from schemas.diagnosis.kinds import DIAGNOSIS_CATEGORY, DIAGNOSIS_KINDS, DiagnosisKind
 from schemas.kinds import CATEGORY, GROUP, KINDS, Kind
 
 CRD_DIR = Path(__file__).parent / "crds"

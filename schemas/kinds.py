@@ -1,7 +1,7 @@
 """The kinds nodetaskd serves, described once.
 
 Everything that differs per kind but is not behaviour (names, versions, finalizer, API types) lives in
-:data:`KINDS` for the node jobs, and in :mod:`schemas.diagnosis_kinds` for KubeDiag's diagnosis API;
+:data:`KINDS` for the node jobs, and in :mod:`schemas.diagnosis.kinds` for KubeDiag's diagnosis API;
 behaviour lives in ``flows/``. The two are kept apart because every node job shares one status shape,
 which code iterating :data:`KINDS` relies on, and the diagnosis kinds do not (and an edge agent, which
 knows the node jobs' kinds, never loads the diagnosis objects).

@@ -1,4 +1,8 @@
-"""Decode a node-job or diagnosis object of any served kind and version, validated once, here."""
+"""Decode a node-job object of any served kind and version, validated once, here.
+
+The decoding itself (:func:`decode_document`) and :class:`ManifestError` serve the diagnosis kinds too
+(:mod:`schemas.diagnosis.manifest`).
+"""
 
 from __future__ import annotations
 
@@ -8,11 +12,9 @@ from typing import Any
 import msgspec
 
 from nodetask import nesting
-from schemas import diagnosis
-from schemas.diagnosis_kinds import DIAGNOSIS_KINDS, DiagnosisKind
 from schemas.kinds import GROUP, KINDS, Kind
 
-__all__ = ["ManifestError", "decode_diagnosis_object", "decode_job", "diagnosis_kind_of", "kind_of"]
+__all__ = ["ManifestError", "decode_document", "decode_job", "kind_of"]
 
 
 class ManifestError(ValueError):
@@ -37,20 +39,12 @@ def kind_of(api_version: str, kind: str) -> tuple[Kind, str]:
     raise ManifestError(f"kind {kind!r} is not a node job (known: {', '.join(k.kind for k in KINDS)})")
 
 
-def diagnosis_kind_of(api_version: str, kind: str) -> DiagnosisKind:
-    """The :class:`DiagnosisKind` for an object's ``apiVersion`` and ``kind``."""
-    group, _, version = api_version.partition("/")
-    if group != diagnosis.GROUP:
-        raise ManifestError(f"apiVersion {api_version!r} is not in the {diagnosis.GROUP} group")
-    if version != diagnosis.VERSION:
-        raise ManifestError(f"{diagnosis.GROUP} is served at version {diagnosis.VERSION!r} only, not {version!r}")
-    for k in DIAGNOSIS_KINDS:
-        if k.kind == kind:
-            return k
-    raise ManifestError(f"kind {kind!r} is not a diagnosis kind (known: {', '.join(k.kind for k in DIAGNOSIS_KINDS)})")
+def decode_document(document: bytes | str, fmt: str, object_type: Callable[[str, str], type[Any]]) -> Any:
+    """Decode one JSON or YAML object into ``object_type(apiVersion, kind)``, its nesting checked first.
 
-
-def _decode(document: bytes | str, fmt: str, object_type: Callable[[str, str], type[Any]]) -> Any:
+    Errors: :class:`msgspec.ValidationError`, or :class:`msgspec.DecodeError` (a
+    :class:`~nodetask.nesting.NestingError` past the nesting limit); the callers say what was decoded.
+    """
     if fmt == "yaml":
         raw = nesting.load_yaml(document)
         head = msgspec.convert(raw, type=_Head)
@@ -73,18 +67,6 @@ def decode_job(document: bytes | str, *, fmt: str = "json") -> Any:
         the nesting limit (``nesting.MAX_DEPTH``).
     """
     try:
-        return _decode(document, fmt, _job_type)
+        return decode_document(document, fmt, _job_type)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise ManifestError(f"invalid node job: {exc}") from None
-
-
-def decode_diagnosis_object(document: bytes | str, *, fmt: str = "json") -> diagnosis.DiagnosisObject:
-    """Decode an Operation, OperationSet, Diagnosis or Task from JSON or YAML.
-
-    Errors: :class:`ManifestError` naming the field path or the nesting limit, as :func:`decode_job`.
-    """
-    try:
-        obj: diagnosis.DiagnosisObject = _decode(document, fmt, lambda v, k: diagnosis_kind_of(v, k).object_type)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise ManifestError(f"invalid {diagnosis.GROUP} object: {exc}") from None
-    return obj

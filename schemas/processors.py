@@ -1,6 +1,6 @@
 """KubeDiag's processors: what an Operation runs on a node, and all of a diagnosis Task a device reads.
 
-Apart from :mod:`schemas.diagnosis` (which re-exports them) because an edge agent decodes a Task's
+Apart from :mod:`schemas.diagnosis.v1` (which re-exports them) because an edge agent decodes a Task's
 processor and nothing else of the diagnosis API: it loads these types, not the Diagnosis,
 OperationSet and Task objects, which a device never sees.
 """

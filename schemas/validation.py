@@ -9,10 +9,10 @@ to its msgspec type, which catches the remaining type errors with the same path 
 Beyond KubeEdge (whose webhook checks only v1alpha1 NodeUpgradeJobs): every kind in every served
 version is checked, ``failureTolerate``, ``concurrency`` and ``timeoutSeconds`` are bounded, images
 and ``updateFields`` must be non-empty, and an UPDATE that keeps the spec is admitted without
-re-checking it, so an object stored before the webhook existed can still lose its finalizer. Retries
-(:mod:`schemas.retry`): a Failure job may tune how it runs before a retry, each other spec change is
-refused naming its field, and a new retry annotation value is refused unless the job has finished
-with nodes to retry.
+re-checking it, so an object stored before the webhook existed can still lose its finalizer. Updates
+(:mod:`schemas.job_updates`) and retries (:mod:`schemas.retry`): a Failure job may tune how it runs
+before a retry, each other spec change is refused naming its field, and a new retry annotation value
+is refused unless the job has finished with nodes to retry.
 
 What the deployment allows beyond the schemas comes in as an :class:`AdmissionPolicy`, closed by
 default: which ``updateFields`` keys a ConfigUpdateJob may set (the edge configuration's allowlist,
@@ -26,19 +26,25 @@ answer says there is more instead of listing it.
 
 from __future__ import annotations
 
-import contextlib
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 import msgspec
 
-from nodetask.phases import JobPhase, NodeTaskPhase
-from schemas import retry, v1alpha2
+from nodetask import image_reference
 from schemas.access import DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_SECONDS
-from schemas.core import RETRY_ANNOTATION
-from schemas.diagnosis import DEFAULT_MAX_TARGETS
+from schemas.checker import (
+    MSGSPEC_PATH,
+    Checker,
+    FieldError,
+    PatchOperation,
+    json_type,
+    type_errors,
+    without_nulls,
+)
+from schemas.diagnosis.v1 import DEFAULT_MAX_TARGETS
 from schemas.kinds import CONFIG_UPDATE_JOB, IMAGE_PRE_PULL_JOB, NODE_UPGRADE_JOB, Kind
 from schemas.manifest import ManifestError, kind_of
 from schemas.meta import parse_tolerance
@@ -47,27 +53,14 @@ from schemas.version_rule import MAX_REFERENCE_LENGTH, is_version
 
 __all__ = [
     "CLOSED_POLICY",
-    "IMMUTABLE_SPEC_MESSAGE",
-    "MAX_ERRORS",
-    "MSGSPEC_PATH",
-    "STOPPED",
     "AdmissionPolicy",
-    "Checker",
-    "FieldError",
-    "PatchOperation",
-    "capped",
     "default_patch",
     "is_image_reference",
     "is_upgrade_image",
     "is_version",
-    "json_type",
     "validate_create",
-    "validate_update",
-    "without_nulls",
 ]
 
-IMMUTABLE_SPEC_MESSAGE: Final = "spec fields are not allowed to update once it's created"
-"""KubeEdge's exact text for a changed spec."""
 NEITHER_SELECTOR_MESSAGE: Final = "both NodeNames and LabelSelector are NOT specified"
 BOTH_SELECTORS_MESSAGE: Final = "both NodeNames and LabelSelector are specified"
 
@@ -78,53 +71,6 @@ _UPGRADE_IMAGE: Final = re.compile(
     r"(@sha256:[A-Fa-f0-9]{64}|:[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?",
     re.ASCII,
 )
-
-# A container image reference as the CRI accepts it (the distribution/reference grammar): unlike
-# the upgrade image, a bare "busybox:latest" is valid, as in KubeEdge's own pre-pull sample.
-_ALNUM = r"[a-z0-9]+"
-_PATH_COMPONENT = rf"{_ALNUM}(?:(?:[._]|__|-+){_ALNUM})*"
-_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
-_DOMAIN = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
-_IMAGE_REFERENCE: Final = re.compile(
-    rf"(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*"
-    r"(?::[\w][\w.-]{0,127})?"
-    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?",
-    re.ASCII,
-)
-
-_JSON_TYPES: Final = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"), (list, "array"))
-
-MSGSPEC_PATH: Final = re.compile(r"(?s)(?P<message>.*) - at `\$\.?(?P<path>.*)`")
-
-MAX_ERRORS: Final = 20
-"""Errors named for one object at most. A person fixes a handful at a time; past that, naming each
-bad entry of a long list only makes the answer (and the work) grow with whatever was sent."""
-
-
-class FieldError(msgspec.Struct, frozen=True, kw_only=True):
-    """One broken rule, at a JSON field path such as ``spec.version``; without a path, a remark on the
-    errors before it (that there are more)."""
-
-    path: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.path}: {self.message}" if self.path else self.message
-
-
-STOPPED: Final = FieldError(path="", message=f"and more: checking stops after the first {MAX_ERRORS} errors")
-"""Ends the errors of an object whose checking stopped at :data:`MAX_ERRORS`."""
-
-
-def capped(errors: Sequence[FieldError]) -> tuple[FieldError, ...]:
-    """The first :data:`MAX_ERRORS` of ``errors``, and how many more there were (unchanged if already capped)."""
-    if len(errors) <= MAX_ERRORS or (len(errors) == MAX_ERRORS + 1 and not errors[-1].path):
-        return tuple(errors)
-    return (*errors[:MAX_ERRORS], FieldError(path="", message=f"and {len(errors) - MAX_ERRORS} more"))
-
-
-class _Enough(Exception):
-    """Raised by :meth:`Checker.fail` past :data:`MAX_ERRORS`: the checks stop where they are."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -144,113 +90,53 @@ class AdmissionPolicy:
 CLOSED_POLICY: Final = AdmissionPolicy()
 
 
-class PatchOperation(msgspec.Struct, frozen=True, kw_only=True):
-    """One RFC 6902 JSON Patch operation, as admission responses carry them."""
-
-    op: str
-    path: str
-    value: Any
-
-
 def is_upgrade_image(value: str) -> bool:
     """KubeEdge's upgrade-image format: a repository with at least one ``/``, an optional tag or digest."""
     return len(value) <= MAX_REFERENCE_LENGTH and _UPGRADE_IMAGE.fullmatch(value) is not None
 
 
 def is_image_reference(value: str) -> bool:
-    """A container image reference the CRI can pull (``busybox:latest``, ``ghcr.io/a/b@sha256:...``)."""
-    return len(value) <= MAX_REFERENCE_LENGTH and _IMAGE_REFERENCE.fullmatch(value) is not None
+    """A container image reference the CRI can pull (``busybox:latest``, ``ghcr.io/a/b@sha256:...``).
 
-
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
-
-
-def json_type(value: object) -> str:
-    """The JSON name of a decoded value's type, for messages."""
-    if value is None:
-        return "null"
-    # bool before int: bool is a subclass of int in Python, but not a JSON integer.
-    for python_type, name in _JSON_TYPES:
-        if isinstance(value, python_type):
-            return name
-    return "object"
-
-
-class Checker:
-    """Collects the errors of one object; each ``check_*`` reads one field and never raises but to stop.
-
-    Run the checks through :meth:`run`: past :data:`MAX_ERRORS` errors, :meth:`fail` ends them (the
-    rest of the object is not read) and :meth:`result` says that there was more.
+    Unlike KubeEdge's upgrade image (:func:`is_upgrade_image`), a bare ``busybox:latest`` is one, as in
+    KubeEdge's own pre-pull sample.
     """
+    return len(value) <= MAX_REFERENCE_LENGTH and image_reference.REFERENCE.fullmatch(value) is not None
 
-    def __init__(self) -> None:
-        self.errors: list[FieldError] = []
-        self.stopped = False
 
-    def run(self, check: Callable[..., None], *args: Any) -> tuple[FieldError, ...]:
-        """``check(self, *args)``, then :meth:`result`."""
-        try:
-            check(self, *args)
-        except _Enough:
-            self.stopped = True
-        return self.result()
+def _check_tolerance(c: Checker, obj: Mapping[str, Any], path: str) -> None:
+    text = c.typed(obj, "failureTolerate", path, str, 'a decimal string such as "0.1"')
+    if text is None:
+        return
+    try:
+        # The same rule the API types apply, so admitted objects always decode.
+        parse_tolerance(text)
+    except ValueError:
+        c.fail(f"{path}.failureTolerate", f"must be a decimal number within [0, 1], got {text!r}")
 
-    def result(self) -> tuple[FieldError, ...]:
-        """The errors found, with :data:`STOPPED` last if checking stopped early."""
-        return (*self.errors, STOPPED) if self.stopped else tuple(self.errors)
 
-    def fail(self, path: str, message: str) -> None:
-        if len(self.errors) >= MAX_ERRORS:
-            raise _Enough
-        self.errors.append(FieldError(path=path, message=message))
+def _check_selectors(c: Checker, obj: Mapping[str, Any], path: str) -> None:
+    names = c.typed(obj, "nodeNames", path, list, "an array of node names")
+    selector = c.typed(obj, "labelSelector", path, dict, "a label selector object")
+    if (obj.get("nodeNames") is not None and names is None) or (
+        obj.get("labelSelector") is not None and selector is None
+    ):
+        return  # a wrong type, already reported
+    for i, name in enumerate(names or ()):
+        if not isinstance(name, str) or not name:
+            c.fail(f"{path}.nodeNames[{i}]", f"must be a non-empty node name, got {name!r}")
+    # KubeEdge's rule: an empty list means "not specified", an empty selector object does not.
+    if not names and selector is None:
+        c.fail(f"{path}.nodeNames", f"{NEITHER_SELECTOR_MESSAGE} (set exactly one of nodeNames, labelSelector)")
+    elif names and selector is not None:
+        c.fail(f"{path}.nodeNames", f"{BOTH_SELECTORS_MESSAGE} (set exactly one of nodeNames, labelSelector)")
 
-    def typed(self, obj: Mapping[str, Any], key: str, path: str, expected: type, name: str) -> Any:
-        """The field's value if present (null counts as absent) and of ``expected`` type, else None."""
-        value = obj.get(key)
-        if value is None:
-            return None
-        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):  # JSON has no bool ints
-            self.fail(_join(path, key), f"must be {name}, got {json_type(value)}")
-            return None
-        return value
 
-    def check_range(self, obj: Mapping[str, Any], key: str, path: str, minimum: int, maximum: int) -> None:
-        value = self.typed(obj, key, path, int, "an integer")
-        if value is not None and not minimum <= value <= maximum:
-            self.fail(f"{path}.{key}", f"must be within [{minimum}, {maximum}] when set, got {value}")
-
-    def check_tolerance(self, obj: Mapping[str, Any], path: str) -> None:
-        text = self.typed(obj, "failureTolerate", path, str, 'a decimal string such as "0.1"')
-        if text is None:
-            return
-        try:
-            # The same rule the API types apply, so admitted objects always decode.
-            parse_tolerance(text)
-        except ValueError:
-            self.fail(f"{path}.failureTolerate", f"must be a decimal number within [0, 1], got {text!r}")
-
-    def check_selectors(self, obj: Mapping[str, Any], path: str) -> None:
-        names = self.typed(obj, "nodeNames", path, list, "an array of node names")
-        selector = self.typed(obj, "labelSelector", path, dict, "a label selector object")
-        if (obj.get("nodeNames") is not None and names is None) or (
-            obj.get("labelSelector") is not None and selector is None
-        ):
-            return  # a wrong type, already reported
-        for i, name in enumerate(names or ()):
-            if not isinstance(name, str) or not name:
-                self.fail(f"{path}.nodeNames[{i}]", f"must be a non-empty node name, got {name!r}")
-        # KubeEdge's rule: an empty list means "not specified", an empty selector object does not.
-        if not names and selector is None:
-            self.fail(f"{path}.nodeNames", f"{NEITHER_SELECTOR_MESSAGE} (set exactly one of nodeNames, labelSelector)")
-        elif names and selector is not None:
-            self.fail(f"{path}.nodeNames", f"{BOTH_SELECTORS_MESSAGE} (set exactly one of nodeNames, labelSelector)")
-
-    def check_execution(self, obj: Mapping[str, Any], path: str) -> None:
-        """The limits every kind has: concurrency, timeoutSeconds, failureTolerate."""
-        self.check_range(obj, "concurrency", path, 1, 2**31 - 1)
-        self.check_range(obj, "timeoutSeconds", path, 1, 2**32 - 1)
-        self.check_tolerance(obj, path)
+def _check_execution(c: Checker, obj: Mapping[str, Any], path: str) -> None:
+    """The limits every kind has: concurrency, timeoutSeconds, failureTolerate."""
+    c.check_range(obj, "concurrency", path, 1, 2**31 - 1)
+    c.check_range(obj, "timeoutSeconds", path, 1, 2**32 - 1)
+    _check_tolerance(c, obj, path)
 
 
 def _check_upgrade(c: Checker, spec: Mapping[str, Any], policy: AdmissionPolicy) -> None:
@@ -263,8 +149,8 @@ def _check_upgrade(c: Checker, spec: Mapping[str, Any], policy: AdmissionPolicy)
     # Empty means the default installation-package image.
     if image and not is_upgrade_image(image):
         c.fail("spec.image", f"must be an image repository such as kubeedge/installation-package, got {image!r}")
-    c.check_selectors(spec, "spec")
-    c.check_execution(spec, "spec")
+    _check_selectors(c, spec, "spec")
+    _check_execution(c, spec, "spec")
 
 
 def _check_prepull(c: Checker, spec: Mapping[str, Any], policy: AdmissionPolicy) -> None:
@@ -293,8 +179,8 @@ def _check_prepull(c: Checker, spec: Mapping[str, Any], policy: AdmissionPolicy)
                 " (the controller's and the hubs' imageSecretNamespaces setting)",
             )
     c.check_range(template, "retryTimes", path, 0, 2**31 - 1)
-    c.check_selectors(template, path)
-    c.check_execution(template, path)
+    _check_selectors(c, template, path)
+    _check_execution(c, template, path)
 
 
 def _check_config_update(c: Checker, spec: Mapping[str, Any], policy: AdmissionPolicy) -> None:
@@ -312,8 +198,8 @@ def _check_config_update(c: Checker, spec: Mapping[str, Any], policy: AdmissionP
             typed[key] = typed_value(value)
     if typed and policy.edge_config is not None:
         _check_edge_values(c, typed, policy.edge_config)
-    c.check_selectors(spec, "spec")
-    c.check_execution(spec, "spec")
+    _check_selectors(c, spec, "spec")
+    _check_execution(c, spec, "spec")
 
 
 def _check_edge_values(c: Checker, typed: Mapping[str, object], edge_config: type[Any]) -> None:
@@ -353,18 +239,6 @@ def _identify(c: Checker, obj: Mapping[str, Any]) -> tuple[Kind, str] | None:
         return None
 
 
-def _type_errors(obj: Mapping[str, Any], kind: Kind, version: str) -> list[FieldError]:
-    """Whatever the rules did not cover, as msgspec reports it when converting to the API type."""
-    try:
-        msgspec.convert(obj, type=kind.versions[version])
-    except msgspec.ValidationError as exc:
-        match = MSGSPEC_PATH.fullmatch(str(exc))
-        if match is None:
-            return [FieldError(path="(object)", message=str(exc))]
-        return [FieldError(path=match["path"] or "(object)", message=match["message"])]
-    return []
-
-
 def validate_create(obj: object, *, policy: AdmissionPolicy = CLOSED_POLICY) -> tuple[FieldError, ...]:
     """The broken rules of a node job of any served kind and version; empty when it is valid.
 
@@ -392,112 +266,7 @@ def _check_object(c: Checker, obj: object, policy: AdmissionPolicy) -> None:
     if not c.errors:
         # The API server prunes nulls of non-nullable fields before admission; do the same here so
         # that null keeps meaning absent, as it does in the rules above.
-        c.errors.extend(_type_errors(without_nulls(obj), kind, version))
-
-
-def without_nulls(value: Any) -> Any:
-    # Absent and null are the same field to the API types; a client that sends nulls back must not
-    # look like it changed the spec.
-    if isinstance(value, dict):
-        return {k: without_nulls(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
-        return [without_nulls(v) for v in value]
-    return value
-
-
-def validate_update(new: object, old: object, *, policy: AdmissionPolicy = CLOSED_POLICY) -> tuple[FieldError, ...]:
-    """An update may change metadata and status; the spec only as a retry allows (:mod:`schemas.retry`).
-
-    A spec field that changes is refused with KubeEdge's text, naming it and why: only while the
-    job is Failure may it change, and then only the fields a retry may tune; a changed spec is then
-    validated whole, as on creation. A new value of the retry annotation is refused, with the
-    reason, unless the job has finished with nodes to retry. An unchanged spec is not re-validated,
-    so objects admitted under older rules (or stored before the webhook was registered) can still be
-    updated, e.g. to remove their finalizer on deletion.
-    """
-    if not isinstance(new, dict) or not isinstance(old, dict):
-        return validate_create(new, policy=policy)
-    kind = new.get("kind") if isinstance(new.get("kind"), str) else ""
-    phase, node_phases = _stored_phases(old)
-    errors = list(_spec_change_errors(str(kind), new, old, phase))
-    errors.extend(_retry_errors(new, old, phase, node_phases))
-    if errors:
-        # A spec of a million made-up fields changes a million fields.
-        return capped(errors)
-    if without_nulls(new.get("spec")) != without_nulls(old.get("spec")):
-        return validate_create(new, policy=policy)
-    return ()
-
-
-def _stored_phases(obj: Mapping[str, Any]) -> tuple[JobPhase | None, tuple[NodeTaskPhase, ...]]:
-    """The stored job's phase and node phases, as far as its status says (None: no phase to read)."""
-    status = obj.get("status")
-    if not isinstance(status, dict) or str(obj.get("apiVersion", "")).endswith("/v1alpha1"):
-        # v1alpha1's status has no phase: the API server serves it without one.
-        return None, ()
-    try:
-        phase = JobPhase(status.get("phase") or "")
-    except ValueError:
-        return None, ()
-    entries = status.get("nodeStatus")
-    node_phases: list[NodeTaskPhase] = []
-    for entry in entries if isinstance(entries, list) else ():
-        with contextlib.suppress(ValueError, AttributeError):
-            node_phases.append(NodeTaskPhase(entry.get("phase") or ""))
-    return phase, tuple(node_phases)
-
-
-def _spec_change_errors(
-    kind: str, new: Mapping[str, Any], old: Mapping[str, Any], phase: JobPhase | None
-) -> list[FieldError]:
-    changed = retry.changed_spec_fields(kind, without_nulls(new.get("spec")), without_nulls(old.get("spec")))
-    if not changed:
-        return []
-    tunable = retry.tunable_fields(kind)
-    allowed = {retry.spec_path(kind, field) for field in tunable}
-    listed = ", ".join(tunable)
-    errors = []
-    for path in changed:
-        if phase is not JobPhase.FAILURE:
-            shown = "not initialised yet" if phase in (None, JobPhase.NONE) else phase.value
-            why = f"the job is {shown}; only a Failure job may change {listed}, before a retry"
-        elif path not in allowed:
-            why = f"only {listed} may change before a retry; a different node task is a new job"
-        else:
-            continue
-        errors.append(FieldError(path=path, message=f"{IMMUTABLE_SPEC_MESSAGE} ({why})"))
-    return errors
-
-
-def _retry_errors(
-    new: Mapping[str, Any], old: Mapping[str, Any], phase: JobPhase | None, node_phases: tuple[NodeTaskPhase, ...]
-) -> list[FieldError]:
-    value = _annotation(new, RETRY_ANNOTATION)
-    if value is None or value == _annotation(old, RETRY_ANNOTATION) or value == _handled(old):
-        return []  # asks for nothing new
-    path = f"metadata.annotations[{RETRY_ANNOTATION}]"
-    if phase is None:
-        why = f"set it through {v1alpha2.API_VERSION}: the {old.get('apiVersion')} status has no phase to check"
-        return [FieldError(path=path, message=f"cannot retry: {why}")]
-    refusal = retry.retry_refusal(phase, node_phases)
-    return [FieldError(path=path, message=f"cannot retry: {refusal}")] if refusal else []
-
-
-def _handled(obj: Mapping[str, Any]) -> str | None:
-    """``status.retry.handled`` of a stored job (None: no retry value was ever handled)."""
-    status = obj.get("status")
-    record = status.get("retry") if isinstance(status, dict) else None
-    if not isinstance(record, dict):
-        return None
-    handled = record.get("handled", "")  # omitted when empty, as every default
-    return handled if isinstance(handled, str) else None
-
-
-def _annotation(obj: Mapping[str, Any], key: str) -> str | None:
-    metadata = obj.get("metadata")
-    annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
-    value = annotations.get(key) if isinstance(annotations, dict) else None
-    return value if isinstance(value, str) else None
+        c.errors.extend(type_errors(without_nulls(obj), kind.versions[version]))
 
 
 def default_patch(obj: object) -> tuple[PatchOperation, ...]:

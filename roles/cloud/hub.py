@@ -34,14 +34,14 @@ import anyio
 import anyio.abc
 import structlog
 
-from flows import diagnosis_job
-from flows.jobtype import JobType
+from flows.diagnosis import job as diagnosis_job
+from flows.nodejobs.changes import RecordOutcome
+from flows.nodejobs.jobtype import JobType
 from nodetask import messages
 from nodetask.clock import Clock
 from nodetask.messages import Error, Report, ReportAck
 from roles.cloud.api import HubApi
 from roles.cloud.cache.streams import CacheStreams
-from roles.cloud.changes import RecordOutcome
 from roles.cloud.jobs.image_secrets import ImageSecrets
 from roles.cloud.jobs.reports import Reports
 from roles.cloud.jobs.runner import JobRunner
@@ -58,7 +58,7 @@ from roles.cloud.transport.door import WebSocketDoor
 from roles.cloud.transport.ingress import LogThrottle
 from roles.cloud.transport.kubeedge_http import TaskStatusEndpoint
 from roles.cloud.transport.session_handler import ServeEdge, SessionHandler
-from roles.common.health import Route
+from roles.common.health import HttpRoute
 from roles.common.server_tls import ServerTls
 
 __all__ = ["EdgeDoor", "Hub", "HubSettings", "report_answers"]
@@ -217,7 +217,7 @@ class Hub:
                 self.port = await tg.start(door, self._handler.serve)
                 ready.set()
 
-    def http_routes(self) -> tuple[Route, ...]:
+    def http_routes(self) -> tuple[HttpRoute, ...]:
         """``POST /task/{taskType}/name/{job}/node/{node}/status``, KubeEdge's report endpoint (see kubeedge_http)."""
         return self._task_status.routes()
 

@@ -101,7 +101,7 @@ class ControllerConfig(BaseConfig, frozen=True, kw_only=True):
     """Target nodes a Diagnosis may have: each is a Task per stage. The webhook refuses a Diagnosis
     listing more node names or pod references; one whose selector matches more nodes (or stored while
     the webhook was away) fails with ``TooManyTargets``, creating no Task. (The default is
-    ``schemas.diagnosis.DEFAULT_MAX_TARGETS``, written out: the edge's launcher loads this module and
+    ``schemas.diagnosis.v1.DEFAULT_MAX_TARGETS``, written out: the edge's launcher loads this module and
     no API types.)"""
 
     def __post_init__(self) -> None:

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
-import uuid
 from typing import Any, Protocol, TypeVar
 
 import msgspec
 import structlog
 
+from nodetask.names import event_name
 from roles.kube import ApiError, Conflict, Resource
 from roles.kube.resources import EVENTS
 from schemas import v1alpha2
@@ -16,22 +15,12 @@ from schemas.core import Event, EventSource, ObjectReference
 from schemas.kinds import Kind
 from schemas.meta import ObjectMeta
 
-__all__ = ["EVENT_NAMESPACE", "EventSink", "event_name", "job_event", "object_event", "record_event"]
+__all__ = ["EVENT_NAMESPACE", "EventSink", "job_event", "object_event", "record_event"]
 
 T = TypeVar("T", bound=msgspec.Struct)
 
 EVENT_NAMESPACE = "default"
 """Jobs are cluster-scoped; their Events live here, as KubeEdge's do."""
-
-
-def event_name(object_name: str, *key: str) -> str:
-    """An Event's name about ``object_name``: random, or fixed by ``key`` (the same key, the same name).
-
-    A fixed name makes recording idempotent: a second create of it is refused with 409 instead of
-    showing the Event twice. The object's name is cut so that the Event's stays within 253 characters.
-    """
-    suffix = hashlib.sha256("\x00".join(key).encode()).hexdigest()[:12] if key else uuid.uuid4().hex[:12]
-    return f"{object_name[:240].rstrip('.-')}.{suffix}"
 
 
 class EventSink(Protocol):

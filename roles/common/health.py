@@ -17,9 +17,9 @@ from roles.common.httpserver import (
     DEFAULT_IDLE_TIMEOUT,
     DEFAULT_MAX_BODY_BYTES,
     Handler,
+    HttpRoute,
     Request,
     Response,
-    Route,
     Send,
     router,
     serve_http,
@@ -29,9 +29,9 @@ __all__ = [
     "DEFAULT_IDLE_TIMEOUT",
     "DEFAULT_MAX_BODY_BYTES",
     "Handler",
+    "HttpRoute",
     "Request",
     "Response",
-    "Route",
     "Send",
     "health_routes",
     "router",
@@ -41,7 +41,7 @@ __all__ = [
 
 def health_routes(
     *, ready: Callable[[], bool], registry: CollectorRegistry, why_not_ready: Callable[[], str] = lambda: ""
-) -> tuple[Route, ...]:
+) -> tuple[HttpRoute, ...]:
     """``/healthz`` and ``/livez`` (200 while the event loop serves), ``/readyz`` (200 when ``ready()``,
     else 503 saying ``why_not_ready()``) and ``/metrics`` (Prometheus text format from ``registry``)."""
 
@@ -57,8 +57,8 @@ def health_routes(
         return Response(status=HTTPStatus.OK, body=generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
     return (
-        Route("GET", "/healthz", live),
-        Route("GET", "/livez", live),
-        Route("GET", "/readyz", readyz),
-        Route("GET", "/metrics", metrics),
+        HttpRoute("GET", "/healthz", live),
+        HttpRoute("GET", "/livez", live),
+        HttpRoute("GET", "/readyz", readyz),
+        HttpRoute("GET", "/metrics", metrics),
     )

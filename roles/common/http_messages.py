@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from http import HTTPStatus
 
-__all__ = ["Handler", "Request", "Response", "Route", "Send", "router"]
+__all__ = ["Handler", "HttpRoute", "Request", "Response", "Send", "router"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +69,7 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 
 @dataclass(frozen=True, slots=True)
-class Route:
+class HttpRoute:
     """``handler`` answers ``method`` on ``path``, or on every path under it with ``prefix``."""
 
     method: str
@@ -81,7 +81,7 @@ class Route:
         return path == self.path or (self.prefix and path.startswith(self.path))
 
 
-def router(routes: Iterable[Route]) -> Handler:
+def router(routes: Iterable[HttpRoute]) -> Handler:
     """A handler that dispatches to ``routes``: 404 for an unknown path, 405 (with Allow) for a known
     path asked with another method. An exact path wins over a prefix, a longer prefix over a shorter.
     """

@@ -38,7 +38,7 @@ import structlog
 import trio
 
 from roles.common.http_connection import RECEIVE_CHUNK, Bodies, Limits, phrase, serve_connection
-from roles.common.http_messages import Handler, Request, Response, Route, Send, router
+from roles.common.http_messages import Handler, HttpRoute, Request, Response, Send, router
 from roles.common.server_tls import ServerTls, connection_context
 from roles.common.slots import PeerSlots, Refusal, Slots
 
@@ -47,11 +47,11 @@ __all__ = [
     "DEFAULT_IDLE_TIMEOUT",
     "DEFAULT_MAX_BODY_BYTES",
     "Handler",
+    "HttpRoute",
     "PeerKey",
     "Refused",
     "Request",
     "Response",
-    "Route",
     "Send",
     "router",
     "serve_http",

@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from flows import configupdatejob, diagnosis_job, imageprepulljob, nodeupgradejob
-from flows.jobtype import EdgeJobType, JobType
+from flows.diagnosis import job as diagnosis_job
+from flows.nodejobs import configupdatejob, imageprepulljob, nodeupgradejob
+from flows.nodejobs.jobtype import EdgeJobType, JobType
 
 
 def job_types() -> Mapping[str, JobType]:

@@ -29,8 +29,9 @@ import json
 import re
 from dataclasses import dataclass, replace
 
-from nodetask import nesting
-from nodetask.messages import RegistryAuth, RunAction
+from nodetask import image_reference, nesting
+from nodetask.messages import RunAction
+from nodetask.registry_credentials import RegistryAuth
 
 __all__ = [
     "DOCKER_HUB",
@@ -54,16 +55,8 @@ DOCKER_HUB_API = "registry-1.docker.io"
 
 _HUB_ALIASES = frozenset({"docker.io", "index.docker.io", "registry-1.docker.io"})
 
-# distribution/reference's grammar (regexp.go), anchored.
-_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
-_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
-_HOST = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])"
-_DOMAIN_RE = re.compile(rf"{_HOST}(?::[0-9]+)?")
-_PATH_RE = re.compile(rf"{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*")
-_TAG_RE = re.compile(r"[\w][\w.-]{0,127}", re.ASCII)
-_DIGEST_RE = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}")
-_IMAGE_ID_RE = re.compile(r"[0-9a-f]{64}")
 _MAX_NAME = 255
+"""Longest name (host and path) of a reference; the grammar is :mod:`nodetask.image_reference`."""
 # A key's host may hold ``*`` labels (``*.example.com``), which the reference grammar does not.
 _KEY_HOST_RE = re.compile(r"(?:[a-zA-Z0-9*-]+(?:\.[a-zA-Z0-9*-]+)*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?")
 
@@ -86,7 +79,7 @@ class ImageRef:
 
     def with_tag(self, tag: str) -> ImageRef:
         """This image at ``tag`` and no digest. Errors: :class:`ValueError` for a tag docker would refuse."""
-        if not _TAG_RE.fullmatch(tag):
+        if not image_reference.TAG.fullmatch(tag):
             raise ValueError(f"invalid tag {tag!r} for image {self.registry}/{self.repository}")
         return replace(self, tag=tag, digest="")
 
@@ -107,24 +100,24 @@ def parse_image(image: str) -> ImageRef:
     """
     if not image:
         raise ValueError("image reference is empty")
-    if _IMAGE_ID_RE.fullmatch(image):
+    if image_reference.IMAGE_ID.fullmatch(image):
         raise ValueError(f"image reference {image!r} is a bare image ID, not a name")
     rest, _, digest = image.partition("@")
-    if digest and not _DIGEST_RE.fullmatch(digest):
+    if digest and not image_reference.DIGEST.fullmatch(digest):
         raise ValueError(f"image reference {image!r} has an invalid digest {digest!r}")
     # A tag is whatever follows the last ':' after the last '/', so a port is never taken for one.
     name, tag = rest, ""
     colon = rest.rfind(":")
     if colon > rest.rfind("/"):
         name, tag = rest[:colon], rest[colon + 1 :]
-        if not _TAG_RE.fullmatch(tag):
+        if not image_reference.TAG.fullmatch(tag):
             raise ValueError(f"image reference {image!r} has an invalid tag {tag!r}")
     if len(name) > _MAX_NAME:
         raise ValueError(f"image reference {image!r} has a name longer than {_MAX_NAME} characters")
     registry, repository = _split_registry(name, image)
     if repository != repository.lower():
         raise ValueError(f"image reference {image!r}: the repository name must be lowercase")
-    if not _PATH_RE.fullmatch(repository):
+    if not image_reference.PATH.fullmatch(repository):
         raise ValueError(f"image reference {image!r} has an invalid repository name {repository!r}")
     return ImageRef(registry=registry, repository=repository, tag=tag, digest=digest)
 
@@ -136,7 +129,7 @@ def _split_registry(name: str, image: str) -> tuple[str, str]:
         registry, repository = DOCKER_HUB, name
     else:
         registry, repository = first, remainder
-        if not _DOMAIN_RE.fullmatch(registry):
+        if not image_reference.DOMAIN.fullmatch(registry):
             raise ValueError(f"image reference {image!r} has an invalid registry host {registry!r}")
     if registry.lower() in _HUB_ALIASES:
         registry = DOCKER_HUB
@@ -315,7 +308,7 @@ def _json_type(value: object) -> str:
 
 # ------------------------------------------------- the string form of RunAction.credentials (old peers)
 # Agents and hubs built before RunAction.registry_credentials (the Hello capability
-# nodetask.messages.TYPED_CREDENTIALS) carry each image's credentials as this JSON string: a hub
+# nodetask.registry_credentials.TYPED_CREDENTIALS) carry each image's credentials as this JSON string: a hub
 # encodes them for an agent that does not advertise the capability, and an agent decodes them from
 # a hub that sends only these. Nothing else uses this form; it goes once no such peer is left.
 

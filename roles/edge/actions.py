@@ -12,11 +12,12 @@ import dataclasses
 from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
 
-from flows import configupdatejob, diagnosis_job, imageprepulljob, nodeupgradejob
-from flows.diagnosis_job import TaskRun
-from flows.jobtype import ExtendError
-from nodetask.messages import RegistryAuth
+from flows.diagnosis import job as diagnosis_job
+from flows.diagnosis.job import TaskRun
+from flows.nodejobs import configupdatejob, imageprepulljob, nodeupgradejob
+from flows.nodejobs.jobtype import ExtendError
 from nodetask.phases import ConditionStatus
+from nodetask.registry_credentials import RegistryAuth
 from roles.edge import processors
 from roles.edge.checks.checks import run_checks
 from roles.edge.config_update import config_update

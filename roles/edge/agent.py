@@ -36,8 +36,8 @@ import anyio
 import anyio.abc
 import structlog
 
-from flows import diagnosis_job
-from flows.jobtype import EdgeJobType
+from flows.diagnosis import job as diagnosis_job
+from flows.nodejobs.jobtype import EdgeJobType
 from nodetask.clock import Clock
 from nodetask.link import OpenLink
 from nodetask.messages import (
@@ -46,7 +46,6 @@ from nodetask.messages import (
     CACHE_CHUNKS_CAPABILITY,
     CACHE_SECRETS_CAPABILITY,
     PING_CAPABILITY,
-    TYPED_CREDENTIALS,
     Ack,
     Autonomy,
     CacheChunk,
@@ -56,11 +55,11 @@ from nodetask.messages import (
     Confirm,
     Downstream,
     Error,
-    RegistryAuth,
     ReportAck,
     RunAction,
     Welcome,
 )
+from nodetask.registry_credentials import TYPED_CREDENTIALS, RegistryAuth
 from roles.edge import task_limits
 from roles.edge.cache.autonomy_manager import AutonomyManager
 from roles.edge.cache.durable_cache import DurableCache

@@ -17,7 +17,7 @@ import anyio.abc
 import structlog
 
 from nodetask.clock import Clock
-from nodetask.messages import RegistryAuth
+from nodetask.registry_credentials import RegistryAuth
 from roles.common.config import ConfigError, EdgeConfig, RoleConfig
 from roles.common.jobtypes import edge_job_types
 from roles.edge.actions import AuthFor, PullImages, build_actions

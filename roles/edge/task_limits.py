@@ -24,7 +24,7 @@ from typing import Final, final
 import anyio
 import msgspec
 
-from flows.diagnosis_job import TaskRun
+from flows.diagnosis.job import TaskRun
 
 __all__ = ["Turns", "diagnosis_turns", "quota_refusal", "request_refusal", "turn_patience"]
 

@@ -7,7 +7,7 @@
 * Each action's result and its report are written in one store transaction (:meth:`_record`),
   shielded, so a cancellation never leaves a result unreported.
 * Tasks interrupted by an agent restart resume at their first unrecorded action; which action
-  comes next, and whether to pause for confirmation, is :mod:`flows.jobtype`'s pure decision.
+  comes next, and whether to pause for confirmation, is :mod:`flows.nodejobs.jobtype`'s pure decision.
 * An action raising anything but a restart request or a store failure fails its task only.
 * Diagnosis Tasks take turns: at most ``diagnosis.maxConcurrentTasks`` are walked at once, the others
   wait without holding their data (:class:`roles.edge.task_limits.Turns`).
@@ -24,8 +24,8 @@ import anyio
 import anyio.abc
 import structlog
 
-from flows import diagnosis_job
-from flows.jobtype import EdgeJobType, NextStep, next_step, resume_at
+from flows.diagnosis import job as diagnosis_job
+from flows.nodejobs.jobtype import EdgeJobType, NextStep, next_step, resume_at
 from nodetask.clock import Clock
 from nodetask.messages import Report, Upstream
 from nodetask.route import Route

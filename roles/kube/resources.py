@@ -12,7 +12,8 @@ from typing import Any, Final, Generic, TypeVar
 import msgspec
 
 from nodetask.names import clip
-from schemas import core, diagnosis
+from schemas import core
+from schemas.diagnosis import v1 as diagnosis
 from schemas.kinds import GROUP, Kind
 
 T = TypeVar("T", bound=msgspec.Struct)

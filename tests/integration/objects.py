@@ -12,11 +12,11 @@ import anyio
 import anyio.to_thread
 import msgspec
 
-from flows.diagnosis_tasks import DIAGNOSIS_UID_LABEL
+from flows.diagnosis.tasks import DIAGNOSIS_UID_LABEL
 from nodetask.phases import ConditionStatus, JobPhase
 from roles.kube import Kube, Resource
 from roles.kube.resources import DIAGNOSES, TASKS
-from schemas.diagnosis import Condition, Diagnosis, DiagnosisPhase, Task, TaskPhase
+from schemas.diagnosis.v1 import Condition, Diagnosis, DiagnosisPhase, Task, TaskPhase
 from tests.integration.controlplane import ControlPlane
 
 T = TypeVar("T")

@@ -19,7 +19,7 @@ import msgspec
 import pytest
 import structlog
 
-from flows.toleration_binding import FOREVER, NOT_READY, ORIGINAL_ANNOTATIONS, UNREACHABLE
+from flows.autonomy.toleration_binding import FOREVER, NOT_READY, ORIGINAL_ANNOTATIONS, UNREACHABLE
 from nodetask.autonomy import AUTONOMY_ANNOTATION, BINDABLE_LABEL, CONDITION_TYPE, DURATION_ANNOTATION, STATUS_LABEL
 from nodetask.clock import Clock
 from roles.controller.autonomy.controller import AutonomyController

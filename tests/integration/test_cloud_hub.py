@@ -13,7 +13,7 @@ import pytest
 import structlog
 import trio_websocket
 
-from flows import imageprepulljob
+from flows.nodejobs import imageprepulljob
 from nodetask import messages
 from nodetask.messages import PING_CAPABILITY, Error, Heartbeat, Hello, Report, Welcome
 from nodetask.phases import JobPhase, NodeTaskPhase

@@ -12,10 +12,10 @@ import pytest
 import structlog
 
 import roles.controller.role as controller_role
+from flows.nodejobs import decide
 from nodetask.clock import Clock
 from nodetask.phases import JobPhase, NodeTaskPhase
 from roles.common.config import ControllerConfig
-from roles.controller import decide
 from roles.controller.nodejobs.reconciler import Reconciler
 from roles.kube import Kube, NotFound
 from roles.kube.resources import job_resource

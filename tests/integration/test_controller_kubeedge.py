@@ -17,12 +17,11 @@ import msgspec
 import pytest
 import structlog
 
-from flows import imageprepulljob, nodeupgradejob
-from flows.jobtype import JobType, apply_result
+from flows.nodejobs import decide, imageprepulljob, nodeupgradejob
+from flows.nodejobs.jobtype import JobType, apply_result
 from nodetask.clock import Clock, format_time, parse_time
 from nodetask.messages import ActionResult
 from nodetask.phases import JobPhase, NodeTaskPhase
-from roles.controller import decide
 from roles.controller.nodejobs.reconciler import Reconciler
 from roles.kube import Kube, Upserted, WatchEvent, open_kube
 from roles.kube.resources import NODES, job_resource

@@ -35,7 +35,7 @@ import msgspec
 import pytest
 import trio
 
-from flows.diagnosis_tasks import DIAGNOSIS_UID_LABEL
+from flows.diagnosis.tasks import DIAGNOSIS_UID_LABEL
 from schemas.core import EDGE_ROLE_LABEL
 from tests.integration.controlplane import ControlPlane
 from tests.integration.objects import unique

@@ -11,12 +11,11 @@ import msgspec
 import pytest
 import structlog
 
-from flows import nodeupgradejob
-from flows.jobtype import apply_result
+from flows.nodejobs import decide, nodeupgradejob
+from flows.nodejobs.jobtype import apply_result
 from nodetask.clock import Clock, format_time
 from nodetask.messages import ActionResult
 from nodetask.phases import JobPhase, NodeTaskPhase
-from roles.controller import decide
 from roles.controller.nodejobs.reconciler import Reconciler
 from roles.kube import Kube, open_kube
 from roles.kube.resources import EVENTS, NODES, job_resource

@@ -15,15 +15,15 @@ import msgspec
 import pytest
 import structlog
 
-from flows.diagnosis_counted import CountedNodes
-from flows.diagnosis_pipeline import HASH_LABEL
-from flows.diagnosis_tasks import DIAGNOSIS_UID_LABEL, TASK_FINALIZER
+from flows.diagnosis.counted import CountedNodes
+from flows.diagnosis.pipeline import HASH_LABEL
+from flows.diagnosis.tasks import DIAGNOSIS_UID_LABEL, TASK_FINALIZER
 from nodetask.clock import Clock
 from roles.controller.diagnosis.diagnoses import DiagnosisController
 from roles.kube import ApiError, Kube, NotFound
 from roles.kube.resources import DIAGNOSES, NODES, OPERATION_SETS, OPERATIONS, TASKS
 from schemas.core import EDGE_ROLE_LABEL, Node
-from schemas.diagnosis import (
+from schemas.diagnosis.v1 import (
     AdjacencyNode,
     Diagnosis,
     DiagnosisPhase,
@@ -716,7 +716,7 @@ async def test_a_diagnosis_naming_more_nodes_than_it_may_fails_saying_so_before_
 ) -> None:
     """8,000 target names of 100 characters (800 KB), stored while the webhook was away: more than the 5,000 a
     Diagnosis may have, so it ends Failed with TooManyTargets saying so, and no Task is created. (Fewer names as
-    long would still make too large a status: flows.diagnosis_size fails that run with StatusTooLarge.)"""
+    long would still make too large a status: flows.diagnosis.size fails that run with StatusTooLarge.)"""
     (probe,) = await objects.operations("probe")
     opset = await objects.operation_set([[1], []], [probe])
     prefix = unique("edge")

@@ -29,7 +29,7 @@ from roles.edge.processors.http import MAX_BODY_BYTES
 from roles.edge.role import STORE_FILE
 from roles.kube import Kube, NotFound
 from roles.kube.resources import OPERATIONS, TASKS
-from schemas.diagnosis import Operation, OperationSpec, Task, TaskPhase, TaskSpec
+from schemas.diagnosis.v1 import Operation, OperationSpec, Task, TaskPhase, TaskSpec
 from schemas.meta import ObjectMeta
 from schemas.processors import HTTPServer, Processor
 from tests.integration.agents import agent_command, write_agent_config

@@ -24,12 +24,12 @@ from typing import Any
 import anyio
 import pytest
 
-from flows.diagnosis_tasks import DIAGNOSIS_UID_LABEL
+from flows.diagnosis.tasks import DIAGNOSIS_UID_LABEL
 from nodetask.phases import ConditionStatus
 from roles.kube import Kube, NotFound
 from roles.kube.resources import DIAGNOSES, NODES, OPERATION_SETS, OPERATIONS, TASKS
 from schemas.core import HUB_ANNOTATION
-from schemas.diagnosis import (
+from schemas.diagnosis.v1 import (
     AdjacencyNode,
     Diagnosis,
     DiagnosisPhase,

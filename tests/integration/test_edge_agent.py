@@ -11,7 +11,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from flows import imageprepulljob
+from flows.nodejobs import imageprepulljob
 from nodetask.phases import JobPhase, NodeTaskPhase
 from roles.edge.actions import AuthFor, build_actions
 from roles.edge.role import STORE_FILE

@@ -37,7 +37,7 @@ from roles.edge.cache.view import MemoryCache, Object
 from roles.edge.local_api.local_api import LocalApi, Serving, serve_local_api
 from tests.integration.controlplane import ControlPlane
 from tests.integration.objects import unique
-from tests.unit.selector_cases import ACCEPTED_FIELDS, FIELD_ERRORS, LABEL_ERRORS
+from tests.unit.nodetask.selector_cases import ACCEPTED_FIELDS, FIELD_ERRORS, LABEL_ERRORS
 
 pytestmark = pytest.mark.integration
 NODE = "edge-1"

@@ -24,7 +24,7 @@ import msgspec
 import pytest
 import structlog
 
-from flows.imageprepulljob import CHECK, PULL
+from flows.nodejobs.imageprepulljob import CHECK, PULL
 from nodetask.clock import Clock
 from nodetask.messages import Report
 from nodetask.phases import ConditionStatus, JobPhase, NodeTaskPhase

@@ -15,8 +15,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rich.pretty import pretty_repr
 
-from nodetask.messages import TYPED_CREDENTIALS, RegistryAuth, RunAction
+from nodetask.messages import RunAction
 from nodetask.phases import NodeTaskPhase
+from nodetask.registry_credentials import TYPED_CREDENTIALS, RegistryAuth
 from roles.common.registry_auth import credentials_of, decode_credentials, encode_credentials
 from roles.kube.resources import SECRETS
 from schemas.core import Secret

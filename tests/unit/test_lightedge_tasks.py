@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import msgspec
 
-from flows import diagnosis_job
-from flows.diagnosis_dispatch import route_of, task_run
-from flows.diagnosis_job import RUN, decode_results
+from flows.diagnosis import job as diagnosis_job
+from flows.diagnosis.dispatch import route_of, task_run
+from flows.diagnosis.job import RUN, decode_results
 from nodetask.messages import RunAction
 from roles.common.jobtypes import edge_job_types
-from schemas.diagnosis import Task, TaskSpec
+from schemas.diagnosis.v1 import Task, TaskSpec
 from schemas.meta import ObjectMeta
 from schemas.processors import Builtin, Processor
 from tools.doubles.lightedge import LightEdge

@@ -25,18 +25,15 @@ from roles.controller.admission.reviews import (
     admission_policy,
     admission_routes,
 )
+from schemas.checker import MAX_ERRORS, STOPPED, FieldError
+from schemas.job_updates import IMMUTABLE_SPEC_MESSAGE, validate_update
 from schemas.manifest import decode_job
 from schemas.validation import (
-    IMMUTABLE_SPEC_MESSAGE,
-    MAX_ERRORS,
-    STOPPED,
-    FieldError,
     default_patch,
     is_image_reference,
     is_upgrade_image,
     is_version,
     validate_create,
-    validate_update,
 )
 
 

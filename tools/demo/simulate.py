@@ -19,11 +19,11 @@ import msgspec
 import trio
 import trio.testing
 
-from flows import imageprepulljob
-from flows.jobtype import apply_result
+from flows.nodejobs import imageprepulljob
+from flows.nodejobs.jobtype import apply_result
 from nodetask.clock import Clock
+from nodetask.job_phase import count_phases, job_phase
 from nodetask.messages import ActionResult
-from nodetask.phase import count_phases, job_phase
 from nodetask.phases import ConditionStatus, JobPhase, NodeTaskPhase
 from nodetask.pool import NodeTaskEnd, open_job_pool
 from schemas.v1alpha2 import ImagePrePullNodeTaskStatus, ImageStatus

@@ -27,8 +27,9 @@ import anyio
 import anyio.abc
 import trio_websocket
 
-from flows import diagnosis_job, imageprepulljob, nodeupgradejob
-from flows.jobtype import EdgeJobType
+from flows.diagnosis import job as diagnosis_job
+from flows.nodejobs import imageprepulljob, nodeupgradejob
+from flows.nodejobs.jobtype import EdgeJobType
 from nodetask import messages
 from nodetask.backoff import Backoff
 from nodetask.messages import (

@@ -14,7 +14,7 @@ from typing import Any, Final
 
 import msgspec
 
-from flows.nodeupgradejob import WAITING_CONFIRMATION
+from flows.nodejobs.nodeupgradejob import WAITING_CONFIRMATION
 from nodetask.phases import ConditionStatus, JobPhase, NodeTaskPhase
 from schemas.core import AGENT_VERSION_ANNOTATION, HUB_ANNOTATION, Event, Node
 from schemas.kinds import KINDS, NODE_UPGRADE_JOB, Kind

@@ -2,7 +2,7 @@
 
 A report reaches a hub over an edge's session (:meth:`Reports.answer`) or KubeEdge's HTTP endpoint
 (:mod:`roles.cloud.transport.kubeedge_http`); both go through :meth:`Reports.record`, which hands the pure
-change :func:`~roles.cloud.changes.record` to the job's status writer. The edge forgets a report
+change :func:`~flows.nodejobs.changes.record` to the job's status writer. The edge forgets a report
 only when told so: a ReportAck (written now or before), or an Error it drops the report on
 (:data:`REPORT_REJECTED`: it can never apply; :data:`JOB_GONE`: the job no longer exists).
 """
@@ -15,11 +15,11 @@ from typing import Final
 import structlog
 import trio
 
-from flows.jobtype import JobType
+from flows.nodejobs.changes import RecordOutcome, record
+from flows.nodejobs.jobtype import JobType
 from nodetask import messages
 from nodetask.clock import Clock
 from nodetask.messages import Error, Report, ReportAck
-from roles.cloud.changes import RecordOutcome, record
 from roles.cloud.jobs.watch import Jobs
 from roles.cloud.metrics import HubMetrics
 from roles.cloud.settings import HubSettings

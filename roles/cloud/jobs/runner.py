@@ -33,13 +33,14 @@ import anyio.abc
 import msgspec
 import structlog
 
-from flows.jobtype import JobType
+from flows.nodejobs.changes import ClaimOutcome, awaits_confirmation, claim, full, refuse
+from flows.nodejobs.jobtype import JobType
 from nodetask.clock import Clock, parse_time
-from nodetask.messages import ATTEMPTS_CAPABILITY, TYPED_CREDENTIALS, Cancel, Confirm, RunAction
+from nodetask.messages import ATTEMPTS_CAPABILITY, Cancel, Confirm, RunAction
 from nodetask.phases import ConditionStatus, NodeTaskPhase
 from nodetask.pool import JobPool, NodeTaskEnd, open_job_pool
+from nodetask.registry_credentials import TYPED_CREDENTIALS
 from nodetask.route import Route
-from roles.cloud.changes import ClaimOutcome, awaits_confirmation, claim, full, refuse
 from roles.cloud.jobs.status_writer import StatusWriter
 from roles.cloud.sessions import Session, SessionTable
 from roles.common.registry_auth import RegistryAuth, encode_credentials

@@ -2,7 +2,7 @@
 
 KubeEdge writes the whole job status once per action report, serialised per kind. Here every
 change a hub makes to a job (claims, reported results) is a pure function from
-:mod:`roles.cloud.changes`; the writer collects the ones submitted within ``window`` seconds,
+:mod:`flows.nodejobs.changes`; the writer collects the ones submitted within ``window`` seconds,
 applies them in order to a fresh copy of the job, writes once with the resourceVersion, and on a
 409 re-reads and re-applies them all. Each submitter then learns its own change's outcome - only
 after the write has succeeded, so an edge is never told a report is safe before it is.
@@ -18,8 +18,8 @@ import anyio
 import structlog
 import trio
 
+from flows.nodejobs.changes import Change
 from roles.cloud.api import JobStatusStore
-from roles.cloud.changes import Change
 from roles.kube import ApiError, Resource
 from roles.kube.errors import Unreachable, too_large
 from roles.kube.retrying import Outage

@@ -18,10 +18,10 @@ import anyio
 import anyio.abc
 import structlog
 
-from flows.jobtype import JobType
+from flows.nodejobs.changes import dispatchable
+from flows.nodejobs.jobtype import JobType
 from nodetask.clock import Clock
 from roles.cloud.api import JobApi
-from roles.cloud.changes import dispatchable
 from roles.cloud.jobs.runner import JobRunner, run_number
 from roles.cloud.jobs.status_writer import StatusWriter
 from roles.cloud.metrics import HubMetrics

@@ -1,6 +1,6 @@
 """The parameters of the Diagnoses whose Tasks a hub sends, read from the API server once each.
 
-A Task does not carry its Diagnosis's parameters (:mod:`flows.diagnosis_tasks`): copied into every
+A Task does not carry its Diagnosis's parameters (:mod:`flows.diagnosis.tasks`): copied into every
 Task they were that many copies in etcd and in the memory of the controller and of every hub. The
 hub reads them when it sends a Task instead, from the Diagnosis its ownerReference names, decoding
 nothing else of it (its status may be large). A stage sends a Task to each of its nodes at once, so
@@ -22,7 +22,7 @@ import structlog
 from roles.kube import ApiError, NotFound, Resource
 from roles.kube.resources import DIAGNOSIS_PARAMETERS
 from roles.kube.retrying import Outage
-from schemas.diagnosis import DiagnosisParameters
+from schemas.diagnosis.v1 import DiagnosisParameters
 
 __all__ = ["KEPT", "ParameterReader"]
 

@@ -11,7 +11,7 @@ import msgspec
 
 from roles.cloud.jobs.status_writer import StatusWriter
 from roles.kube.versions import fresher
-from schemas.diagnosis import Task, TaskPhase
+from schemas.diagnosis.v1 import Task, TaskPhase
 
 __all__ = ["FINAL", "TaskState", "is_fresher", "kept"]
 

@@ -1,7 +1,7 @@
 """The hub's diagnosis Tasks: each sent to its node while the node is connected here, its status written from
 what the node says.
 
-KubeDiag's Task runs as a job type of the node-task protocol (:mod:`flows.diagnosis_job`): route
+KubeDiag's Task runs as a job type of the node-task protocol (:mod:`flows.diagnosis.job`): route
 ``diagnosis.kubediag.org/v1/task/<task>/nodes/<node>``, the Task's uid as job UID, one action. A
 Task is namespaced and a route has no room for a namespace, so the hub keeps its Tasks by uid, the
 job UID every report carries; the RunAction's spec names the namespace for the edge.
@@ -33,10 +33,11 @@ import anyio.abc
 import msgspec
 import structlog
 
-from flows import diagnosis_dispatch, diagnosis_job
-from flows.diagnosis_dispatch import Recorded, accepted, dispatched, failed, route_of
-from flows.diagnosis_job import RUN
-from flows.diagnosis_tasks import owner_of
+from flows.diagnosis import dispatch as diagnosis_dispatch
+from flows.diagnosis import job as diagnosis_job
+from flows.diagnosis.dispatch import Recorded, accepted, dispatched, failed, route_of
+from flows.diagnosis.job import RUN
+from flows.diagnosis.tasks import owner_of
 from nodetask.clock import Clock
 from nodetask.messages import Cancel, Error, Report, ReportAck, RunAction
 from roles.cloud.api import TaskApi
@@ -50,8 +51,8 @@ from roles.kube import ApiError, Deleted, NotFound, Relisted, Upserted, WatchEve
 from roles.kube.following import follow, mirror_by_name
 from roles.kube.resources import OPERATIONS, TASKS
 from roles.kube.retrying import Outage
-from schemas import diagnosis
-from schemas.diagnosis import Operation, Task, TaskPhase
+from schemas.diagnosis import v1 as diagnosis
+from schemas.diagnosis.v1 import Operation, Task, TaskPhase
 
 __all__ = ["Tasks"]
 

@@ -13,14 +13,14 @@ from typing import Final
 
 import structlog
 
-from flows.jobtype import JobType
+from flows.nodejobs.jobtype import JobType
 from nodetask import messages
 from nodetask.messages import MessageError
 from nodetask.names import clip, object_name_problem
 from roles.cloud.jobs.reports import REPORT_REJECTED, Reports
 from roles.cloud.metrics import HubMetrics
 from roles.cloud.transport.auth import AuthError, TokenBook
-from roles.common.health import Request, Response, Route
+from roles.common.health import HttpRoute, Request, Response
 
 __all__ = ["LEGACY_TASK_TYPES", "TaskStatusEndpoint"]
 
@@ -42,9 +42,9 @@ class TaskStatusEndpoint:
         self._metrics = metrics
         self._log = log
 
-    def routes(self) -> tuple[Route, ...]:
+    def routes(self) -> tuple[HttpRoute, ...]:
         """The endpoint's one route (a prefix)."""
-        return (Route("POST", "/task/", self._task_status, prefix=True),)
+        return (HttpRoute("POST", "/task/", self._task_status, prefix=True),)
 
     async def _task_status(self, request: Request) -> Response:
         target = await self._task_target(request)

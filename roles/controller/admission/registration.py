@@ -18,8 +18,8 @@ import structlog
 
 from roles.controller.admission.reviews import MUTATE_PATH, VALIDATE_PATH
 from roles.kube import ApiError, Conflict, Kube, NotFound, Resource
-from schemas import diagnosis
-from schemas.diagnosis_kinds import DIAGNOSIS_KINDS, DIAGNOSIS_TASK
+from schemas.diagnosis import v1 as diagnosis
+from schemas.diagnosis.kinds import DIAGNOSIS_KINDS, DIAGNOSIS_TASK
 from schemas.kinds import GROUP, KINDS
 from schemas.meta import ApiStruct, LabelSelector, ObjectMeta
 

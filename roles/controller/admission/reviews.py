@@ -2,7 +2,7 @@
 
 ``POST /validate`` (:data:`VALIDATE_PATH`) admits a job only if it follows ``schemas.validation``,
 and an Operation, OperationSet, Diagnosis or Task only if it follows
-``schemas.diagnosis_validation``; ``POST /mutate`` (:data:`MUTATE_PATH`) answers with a JSON Patch
+``schemas.diagnosis.validation``; ``POST /mutate`` (:data:`MUTATE_PATH`) answers with a JSON Patch
 that sets the defaults (a job's ``concurrency`` and ``timeoutSeconds``; an Operation's timeout,
 scheme and path, an OperationSet's node ids, a Diagnosis's ``stagePolicy``). Tasks are not sent to
 the mutating webhook: they have no defaults, and the controller creates one per node and stage.
@@ -33,20 +33,14 @@ from prometheus_client import CollectorRegistry, Counter
 from nodetask import nesting
 from nodetask.names import clip
 from roles.common.config import ControllerConfig, EdgeConfig
-from roles.common.health import Request, Response, Route
-from schemas import diagnosis, diagnosis_validation
-from schemas.diagnosis_kinds import DIAGNOSIS_KINDS
+from roles.common.health import HttpRoute, Request, Response
+from schemas.checker import MAX_ERRORS, FieldError, PatchOperation, capped
+from schemas.diagnosis import v1 as diagnosis
+from schemas.diagnosis import validation as diagnosis_validation
+from schemas.diagnosis.kinds import DIAGNOSIS_KINDS
+from schemas.job_updates import validate_update
 from schemas.kinds import KINDS
-from schemas.validation import (
-    MAX_ERRORS,
-    AdmissionPolicy,
-    FieldError,
-    PatchOperation,
-    capped,
-    default_patch,
-    validate_create,
-    validate_update,
-)
+from schemas.validation import AdmissionPolicy, default_patch, validate_create
 
 __all__ = [
     "ERROR_CHARS",
@@ -189,7 +183,7 @@ def _defaulted(body: bytes) -> tuple[AdmissionRequest, tuple[PatchOperation, ...
     return req, _defaults(req) if wanted else ()
 
 
-def admission_routes(*, policy: AdmissionPolicy, registry: CollectorRegistry, log: Log) -> tuple[Route, ...]:
+def admission_routes(*, policy: AdmissionPolicy, registry: CollectorRegistry, log: Log) -> tuple[HttpRoute, ...]:
     """The two webhook routes, admitting what ``policy`` allows and counting decisions in ``registry``.
 
     The counter ``nodetaskd_controller_admission_decisions_total`` has labels ``webhook`` (validating,
@@ -248,7 +242,7 @@ def admission_routes(*, policy: AdmissionPolicy, registry: CollectorRegistry, lo
             return _answer(AdmissionResponse(uid=req.uid, allowed=True))
         return _answer(AdmissionResponse(uid=req.uid, allowed=True, patch_type="JSONPatch", patch=_ENCODER.encode(ops)))
 
-    return (Route("POST", VALIDATE_PATH, validate), Route("POST", MUTATE_PATH, mutate))
+    return (HttpRoute("POST", VALIDATE_PATH, validate), HttpRoute("POST", MUTATE_PATH, mutate))
 
 
 def _errors(req: AdmissionRequest, policy: AdmissionPolicy) -> tuple[FieldError, ...]:

@@ -1,8 +1,8 @@
 """The controller's side of edge autonomy: the approval label on Nodes, and the pod binding.
 
 Namespaces, Nodes and the Pods bound to a node (``spec.nodeName`` set) are watched into caches;
-every event is decided at once by the pure rules (:mod:`flows.autonomy_approval`,
-:mod:`flows.toleration_binding`, :mod:`flows.binding_pace`), and only an object with something to
+every event is decided at once by the pure rules (:mod:`flows.autonomy.approval`,
+:mod:`flows.autonomy.toleration_binding`, :mod:`flows.autonomy.binding_pace`), and only an object with something to
 write gets a worker (one per object, serial), which decides again on the newest copy before writing.
 Nothing is written before every watch has listed, so no Pod is ever restored because its Node had
 not been seen yet, and a restarted controller that finds everything right writes nothing.
@@ -26,9 +26,9 @@ import anyio
 import anyio.abc
 import structlog
 
-from flows.autonomy_approval import label_change
-from flows.binding_pace import Pace, paced
-from flows.toleration_binding import (
+from flows.autonomy.approval import label_change
+from flows.autonomy.binding_pace import Pace, paced
+from flows.autonomy.toleration_binding import (
     NOT_BOUND,
     NOT_RESTORED,
     Binding,

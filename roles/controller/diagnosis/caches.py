@@ -1,7 +1,7 @@
 """What the diagnosis controller's watches have shown of the five kinds, and which workers each change concerns.
 
 Of a Node only its name and labels are kept (whether it exists, and is an edge node:
-:mod:`flows.diagnosis_targets`). Tasks are kept under their Diagnosis's (namespace, name), so a
+:mod:`flows.diagnosis.targets`). Tasks are kept under their Diagnosis's (namespace, name), so a
 Diagnosis's worker finds its Tasks without a scan. Each handler updates the caches and answers the
 :class:`Pokes` its event calls for; the controller pokes those workers.
 """
@@ -14,14 +14,14 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any
 
-from flows.diagnosis_pipeline import BrokenGraph, Pipeline, pipeline_of
-from flows.diagnosis_run import World
-from flows.diagnosis_tasks import owner_of
+from flows.diagnosis.pipeline import BrokenGraph, Pipeline, pipeline_of
+from flows.diagnosis.step import World
+from flows.diagnosis.tasks import owner_of
 from roles.kube import Deleted, Invalid, Relisted, Upserted, WatchEvent
 from roles.kube.following import mirror_by_name
 from roles.kube.versions import revision
 from schemas.core import Node
-from schemas.diagnosis import Diagnosis, DiagnosisPhase, Operation, OperationSet, Task
+from schemas.diagnosis.v1 import Diagnosis, DiagnosisPhase, Operation, OperationSet, Task
 from schemas.meta import ObjectMeta
 
 __all__ = ["DiagnosisCaches", "Key", "Pokes", "slim"]

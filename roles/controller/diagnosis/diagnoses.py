@@ -5,7 +5,7 @@ Nodes, Operations, OperationSets, Diagnoses and Tasks are watched into caches
 reading is :mod:`roles.controller.diagnosis.targets`).
 A Diagnosis's worker passes when the Diagnosis, one of its Tasks, its OperationSet or any Operation
 changes, or when its next deadline comes (a Task's timeout, its TTL); each pass asks
-:mod:`flows.diagnosis_run` what to do and does it, in an order that a crash at any point leaves
+:mod:`flows.diagnosis.run` what to do and does it, in an order that a crash at any point leaves
 resumable: metadata (the graph's hash, the pods), then the status (written conditionally, re-decided
 on a fresh copy after a conflict), then the Tasks the written status asks for. The controller is the
 only writer of a Diagnosis's status; the hubs write Tasks' status, and the controller writes a
@@ -31,12 +31,8 @@ import anyio.abc
 import msgspec
 import structlog
 
-from flows.diagnosis_pipeline import Pipeline
-from flows.diagnosis_run import (
-    FINAL_PHASES,
-    PODS_ANNOTATION,
-    Notice,
-    Step,
+from flows.diagnosis.pipeline import Pipeline
+from flows.diagnosis.run import (
     advance,
     awaiting_operation_set,
     fail_too_large,
@@ -44,8 +40,10 @@ from flows.diagnosis_run import (
     progress_only,
     start,
 )
-from flows.diagnosis_targets import Resolution
-from flows.diagnosis_tasks import timed_out
+from flows.diagnosis.stages import PODS_ANNOTATION
+from flows.diagnosis.step import FINAL_PHASES, Notice, Step
+from flows.diagnosis.targets import Resolution
+from flows.diagnosis.tasks import timed_out
 from nodetask.clock import Clock, format_time
 from roles.common.events import object_event, record_event
 from roles.controller.diagnosis.caches import DiagnosisCaches, Key, Pokes
@@ -57,7 +55,7 @@ from roles.controller.watches import Watch, follow
 from roles.kube import ApiError, Conflict, Invalid, Kube, NotFound, WatchEvent
 from roles.kube.errors import too_large
 from roles.kube.resources import DIAGNOSES, NODES, OPERATION_SETS, OPERATIONS, TASKS
-from schemas.diagnosis import API_VERSION, DEFAULT_MAX_TARGETS, Diagnosis, DiagnosisPhase, TaskPhase
+from schemas.diagnosis.v1 import API_VERSION, DEFAULT_MAX_TARGETS, Diagnosis, DiagnosisPhase, TaskPhase
 
 __all__ = ["DiagnosisController"]
 
@@ -302,7 +300,7 @@ class DiagnosisController:
     async def _fail_too_large(self, diagnosis: Diagnosis, error: ApiError, now: datetime, log: Log) -> None:
         """The API server refused the Diagnosis's next status for its size: end the run Failed, saying so.
 
-        The run's own bound (:mod:`flows.diagnosis_size`) should have kept it from this; if it did not,
+        The run's own bound (:mod:`flows.diagnosis.size`) should have kept it from this; if it did not,
         the same write would be refused again at every retry. The failed status leaves out the node
         names and results; if even that is refused, nothing more can be written, which is logged.
         """

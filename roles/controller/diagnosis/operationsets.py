@@ -1,7 +1,7 @@
 """The OperationSet pass: paths and readiness into the status, the graph's hash onto a label.
 
 KubeDiag's graph builder retries a bad graph silently forever; here one pass writes the verdict
-(:func:`flows.diagnosis_pipeline.operation_set_status`): ready with the paths, or not ready with a
+(:func:`flows.diagnosis.pipeline.operation_set_status`): ready with the paths, or not ready with a
 condition naming each bad node and a Warning Event, and nothing more until the spec changes.
 """
 
@@ -12,8 +12,8 @@ from datetime import datetime
 import msgspec
 import structlog
 
-from flows.diagnosis_conditions import find_condition
-from flows.diagnosis_pipeline import (
+from flows.diagnosis.conditions import find_condition
+from flows.diagnosis.pipeline import (
     HASH_LABEL,
     READY_CONDITION,
     operation_set_status,
@@ -25,7 +25,7 @@ from roles.common.events import object_event, record_event
 from roles.kube import ApiError, Conflict, Kube
 from roles.kube.errors import too_large
 from roles.kube.resources import OPERATION_SETS
-from schemas.diagnosis import API_VERSION, OperationSet
+from schemas.diagnosis.v1 import API_VERSION, OperationSet
 
 __all__ = ["reconcile_operation_set", "report_undecodable"]
 

@@ -1,4 +1,4 @@
-"""Reading a Diagnosis's targets from the API server, for :func:`flows.diagnosis_targets.resolve` to decide.
+"""Reading a Diagnosis's targets from the API server, for :func:`flows.diagnosis.targets.resolve` to decide.
 
 Nothing is read for a Diagnosis listing more targets than it may have; only pods of its own namespace
 are read, and only Nodes the watch has not shown (made-up names cost a 404 each).
@@ -11,13 +11,13 @@ from collections.abc import Iterable, Mapping
 
 import anyio
 
-from flows.diagnosis_targets import Resolution, readable, requested, resolve
+from flows.diagnosis.targets import Resolution, readable, requested, resolve
 from nodetask.names import is_object_name
 from roles.controller.diagnosis.caches import slim
 from roles.kube import Kube, NotFound
 from roles.kube.resources import NODES, PODS
 from schemas.core import Node, Pod
-from schemas.diagnosis import Diagnosis, Targets
+from schemas.diagnosis.v1 import Diagnosis, Targets
 
 __all__ = ["read_targets"]
 

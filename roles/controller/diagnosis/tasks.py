@@ -11,11 +11,11 @@ from collections.abc import Iterable
 import anyio
 import structlog
 
-from flows.diagnosis_tasks import TASK_FINALIZER, owner_of
+from flows.diagnosis.tasks import TASK_FINALIZER, owner_of
 from roles.controller.diagnosis.caches import DiagnosisCaches, Key
 from roles.kube import ApiError, Conflict, Kube, NotFound
 from roles.kube.resources import TASKS
-from schemas.diagnosis import Task
+from schemas.diagnosis.v1 import Task
 
 __all__ = ["create_tasks", "release_tasks"]
 

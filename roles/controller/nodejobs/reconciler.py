@@ -21,10 +21,10 @@ import msgspec
 import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from flows.nodejobs import decide, retry
 from nodetask.clock import Clock, format_time
 from nodetask.phases import JobPhase
 from roles.common.events import job_event, record_event
-from roles.controller import decide, retry
 from roles.kube import ApiError, Deleted, Invalid, Kube, NotFound, Relisted, Upserted, WatchEvent
 from roles.kube.resources import NODES, Resource, job_resource
 from roles.kube.retrying import Outage

@@ -1,4 +1,4 @@
-"""The ``builtin`` processor: nodetaskd's in-process collectors, by name (``schemas.diagnosis.BUILTIN_PROCESSORS``).
+"""The ``builtin`` processor: nodetaskd's in-process collectors, by name (``schemas.diagnosis.v1.BUILTIN_PROCESSORS``).
 
 Each collector's module is imported when a Task first names it (psutil, the CRI child's protocol),
 not with the agent. Results are flat strings under keys that start with the collector's name;

@@ -2,7 +2,8 @@
 
 Results go into the Task's status (an object in etcd, 1.5 MiB at most), into the Diagnosis's
 context and into the request of the next stage on the path, so each value is clipped to
-:data:`MAX_VALUE_CHARS` and all of them together may not exceed :data:`MAX_RESULTS_CHARS`.
+:data:`MAX_VALUE_CHARS` and all of them together may not exceed
+:data:`flows.diagnosis.job.MAX_RESULTS_BYTES` as JSON, the bound the hub checks.
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
 
-__all__ = ["MAX_RESULTS_CHARS", "MAX_VALUE_CHARS", "ProcessorOutcome", "bounded", "clip_value", "failed"]
+from flows.diagnosis.job import MAX_RESULTS_BYTES, results_bytes
+
+__all__ = ["MAX_VALUE_CHARS", "ProcessorOutcome", "bounded", "clip_value", "failed"]
 
 MAX_VALUE_CHARS: Final = 64 << 10
 """The most characters one result value keeps; a longer one ends in :func:`clip_value`'s marker."""
-MAX_RESULTS_CHARS: Final = 256 << 10
-"""The most characters (keys and values) a Task's results may have; more fails the Task."""
 REASON_CHARS: Final = 512
 """The most characters of outside text (a response body, stderr) a failure reason quotes."""
 
@@ -50,11 +51,12 @@ def bounded(outcome: ProcessorOutcome) -> ProcessorOutcome:
     if not outcome.results:
         return outcome
     results = {key: clip_value(value) for key, value in outcome.results.items()}
-    size = sum(len(k) + len(v) for k, v in results.items())
-    if size <= MAX_RESULTS_CHARS:
+    size = results_bytes(results)
+    if size <= MAX_RESULTS_BYTES:
         return ProcessorOutcome(succeeded=outcome.succeeded, results=results, reason=outcome.reason)
     if not outcome.succeeded:
         return ProcessorOutcome(succeeded=False, reason=outcome.reason)
     return failed(
-        f"the results ({len(results)} keys) have {size} characters, more than the {MAX_RESULTS_CHARS} a Task may carry"
+        f"the results ({len(results)} keys) are {size} bytes as JSON,"
+        f" more than the {MAX_RESULTS_BYTES} a Task may carry"
     )

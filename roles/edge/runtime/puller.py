@@ -29,8 +29,8 @@ import structlog
 import trio
 
 import roles
-from nodetask.messages import RegistryAuth
 from nodetask.phases import ConditionStatus
+from nodetask.registry_credentials import RegistryAuth
 from roles.common.logs import configure_logging
 from schemas.v1alpha2 import ImageStatus
 

@@ -9,7 +9,7 @@ import structlog
 import trio.testing
 from prometheus_client import CollectorRegistry
 
-from flows.imageprepulljob import CHECK, PULL, encode_extend
+from flows.nodejobs.imageprepulljob import CHECK, PULL, encode_extend
 from nodetask.clock import Clock
 from nodetask.link import LinkClosed
 from nodetask.messages import PING_CAPABILITY, Cancel, Error, Heartbeat, Report, ReportAck, RunAction

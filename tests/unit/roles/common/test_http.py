@@ -17,7 +17,7 @@ import trio
 from cryptography import x509
 from structlog.testing import capture_logs
 
-from roles.common.health import Handler, Request, Response, Route, Send, health_routes, router, serve_http
+from roles.common.health import Handler, HttpRoute, Request, Response, Send, health_routes, router, serve_http
 from roles.common.tls import (
     ServingCertificate,
     TlsError,
@@ -38,10 +38,10 @@ async def _boom(request: Request) -> Response:
 
 
 ROUTES = (
-    Route("POST", "/echo", _echo),
-    Route("GET", "/echo", _echo),
-    Route("GET", "/files/", _echo, prefix=True),
-    Route("GET", "/boom", _boom),
+    HttpRoute("POST", "/echo", _echo),
+    HttpRoute("GET", "/echo", _echo),
+    HttpRoute("GET", "/files/", _echo, prefix=True),
+    HttpRoute("GET", "/boom", _boom),
 )
 
 
@@ -138,9 +138,9 @@ async def test_router_prefers_exact_path_over_prefix() -> None:
 
     handle = router(
         [
-            Route("GET", "/", partial(tag, "root"), prefix=True),
-            Route("GET", "/a/", partial(tag, "a"), prefix=True),
-            Route("GET", "/a/exact", partial(tag, "exact")),
+            HttpRoute("GET", "/", partial(tag, "root"), prefix=True),
+            HttpRoute("GET", "/a/", partial(tag, "a"), prefix=True),
+            HttpRoute("GET", "/a/exact", partial(tag, "exact")),
         ]
     )
 
@@ -393,7 +393,7 @@ def _streaming(stream: Callable[[Send], Awaitable[None]]) -> Handler:
     async def handle(_: Request) -> Response:
         return Response.streamed(200, stream, content_type="application/json")
 
-    return router([Route("GET", "/stream", handle), Route("HEAD", "/stream", handle), *ROUTES])
+    return router([HttpRoute("GET", "/stream", handle), HttpRoute("HEAD", "/stream", handle), *ROUTES])
 
 
 async def _read_until(stream: trio.abc.Stream, marker: bytes, received: bytes = b"") -> bytes:
@@ -541,7 +541,7 @@ async def test_request_bodies_past_what_the_server_holds_at_once_get_503_until_o
         await release.wait()
         return Response.text(200, f"held {len(request.body)}")
 
-    handler = router((*ROUTES, Route("POST", "/hold", hold)))
+    handler = router((*ROUTES, HttpRoute("POST", "/hold", hold)))
     with trio.fail_after(10):
         async with serving(handler=handler, max_body_bytes=100, max_buffered_bytes=100) as port:
             async with trio.open_nursery() as nursery:

@@ -24,19 +24,21 @@ import msgspec
 import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from flows import diagnosis_dispatch, diagnosis_job, imageprepulljob
+from flows.diagnosis import dispatch as diagnosis_dispatch
+from flows.diagnosis import job as diagnosis_job
+from flows.nodejobs import imageprepulljob
 from nodetask import messages
 from nodetask.clock import Clock
 from nodetask.link import Link, LinkClosed, MemoryLink, memory_links
 from nodetask.messages import (
     Heartbeat,
     Hello,
-    RegistryAuth,
     Report,
     RunAction,
     Upstream,
     Welcome,
 )
+from nodetask.registry_credentials import RegistryAuth
 from nodetask.route import Route
 from roles.common.config import DiagnosisConfig
 from roles.common.jobtypes import edge_job_types
@@ -47,7 +49,7 @@ from roles.edge.context import Action, Outcome, TaskContext
 from roles.edge.processors import ProcessorEnv, ProcessorOutcome
 from roles.edge.settings import AgentSettings
 from roles.edge.store.store import EdgeStore, open_store
-from schemas.diagnosis import Task, TaskSpec
+from schemas.diagnosis.v1 import Task, TaskSpec
 from schemas.meta import ObjectMeta
 from schemas.processors import HTTPServer, Processor
 from schemas.v1alpha2 import API_VERSION, ImagePrePullJobSpec, ImagePrePullTemplate

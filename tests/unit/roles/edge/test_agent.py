@@ -17,17 +17,18 @@ import pytest
 import trio.testing
 from trio.testing import MockClock
 
-from flows import diagnosis_job, imageprepulljob
+from flows.diagnosis import job as diagnosis_job
+from flows.nodejobs import imageprepulljob
 from nodetask.messages import (
     ATTEMPTS_CAPABILITY,
     PING_CAPABILITY,
-    TYPED_CREDENTIALS,
     Ack,
     Cancel,
     Error,
     Report,
     ReportAck,
 )
+from nodetask.registry_credentials import TYPED_CREDENTIALS
 from roles.edge.processors import ProcessorOutcome
 from roles.edge.store.records import TaskState
 from tests.unit.roles.edge.doubles import (

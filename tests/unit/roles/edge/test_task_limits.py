@@ -20,7 +20,7 @@ from trio.testing import MockClock
 
 from nodetask.messages import Ack, Cancel, Report, ReportAck
 from roles.common.config import DiagnosisConfig
-from roles.common.httpserver import Request, Response, Route, router, serve_http
+from roles.common.httpserver import HttpRoute, Request, Response, router, serve_http
 from roles.edge import processors, task_limits
 from roles.edge.processors import ProcessorEnv, ProcessorOutcome
 from roles.edge.processors.http import MAX_BODY_BYTES
@@ -268,7 +268,7 @@ async def test_forty_tasks_posting_to_a_real_server_have_at_most_their_turns_of_
     async with trio.open_nursery() as nursery:
         serve = functools.partial(
             serve_http,
-            router([Route("POST", "/diag", answers.answer)]),
+            router([HttpRoute("POST", "/diag", answers.answer)]),
             host=LOOPBACK,
             port=0,
             log=structlog.get_logger(),

@@ -10,7 +10,7 @@ import structlog
 from roles.kube import Kube
 from roles.kube.aio import AioApi
 from roles.kube.resources import TASKS
-from schemas.diagnosis import Task, TaskSpec
+from schemas.diagnosis.v1 import Task, TaskSpec
 from schemas.meta import ObjectMeta
 
 

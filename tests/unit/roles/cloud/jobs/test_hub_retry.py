@@ -7,12 +7,12 @@ from typing import Any
 import msgspec
 import trio.testing
 
-from flows import imageprepulljob
-from flows.imageprepulljob import CHECK, PULL
+from flows.nodejobs import imageprepulljob
+from flows.nodejobs.changes import RecordOutcome, record, refuse
+from flows.nodejobs.imageprepulljob import CHECK, PULL
 from nodetask.messages import ATTEMPTS_CAPABILITY, ActionResult, Cancel, Report, ReportAck, RunAction
 from nodetask.phases import JobPhase, NodeTaskPhase
 from nodetask.route import Route
-from roles.cloud.changes import RecordOutcome, record, refuse
 from schemas.v1alpha2 import API_VERSION, ImagePrePullJob, PreviousAttempt, RetryStatus
 from tests.unit.roles.cloud.doubles import PREPULLS, MemoryApi, edge_nodes, prepull_job, running_hub
 

@@ -8,11 +8,11 @@ import msgspec
 import pytest
 import trio.testing
 
-from flows.diagnosis_job import RUN
+from flows.diagnosis.job import RUN
 from nodetask.messages import Ack, Cancel, Error, Report, ReportAck, RunAction
 from nodetask.route import Route
 from roles.kube.resources import TASKS
-from schemas.diagnosis import (
+from schemas.diagnosis.v1 import (
     API_VERSION,
     TaskPhase,
     TaskStatus,

@@ -7,10 +7,10 @@ import anyio
 import msgspec
 import trio.testing
 
-from flows.diagnosis_job import MAX_REQUEST_BYTES, TaskRun
+from flows.diagnosis.job import MAX_REQUEST_BYTES, TaskRun
 from nodetask.messages import Ack, Cancel, Error, ReportAck, RunAction
 from roles.kube.resources import DIAGNOSES, OPERATIONS, TASKS
-from schemas.diagnosis import (
+from schemas.diagnosis.v1 import (
     API_VERSION,
     Diagnosis,
     DiagnosisSpec,

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import trio.testing
 
-from flows.diagnosis_job import RUN
+from flows.diagnosis.job import RUN
 from nodetask.messages import Error, Report, ReportAck, RunAction
 from roles.kube.resources import OPERATIONS, TASKS
-from schemas.diagnosis import (
+from schemas.diagnosis.v1 import (
     Operation,
     OperationSpec,
     Task,

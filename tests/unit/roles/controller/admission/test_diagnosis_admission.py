@@ -18,7 +18,7 @@ from roles.controller.admission.reviews import (
     admission_policy,
     admission_routes,
 )
-from schemas.diagnosis import DEFAULT_MAX_TARGETS
+from schemas.diagnosis.v1 import DEFAULT_MAX_TARGETS
 
 V1 = "diagnosis.kubediag.org/v1"
 

@@ -18,9 +18,10 @@ from roles.edge.config_update import config_update
 from roles.edge.context import TaskContext
 from roles.edge.settings import client_tls
 from roles.edge.store.store import EdgeStore, open_store
+from schemas.checker import FieldError
 from schemas.update_fields import MAX_KEY_DEPTH, MAX_KEY_LENGTH, key_problem
 from schemas.v1alpha2 import ConfigUpdateJobSpec
-from schemas.validation import FieldError, validate_create
+from schemas.validation import validate_create
 
 POLICY = admission_policy(ControllerConfig())
 NEVER = (

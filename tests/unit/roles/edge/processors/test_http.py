@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from roles.common.config import DiagnosisConfig
-from roles.common.httpserver import Request, Response, Route, Send, router, serve_http
+from roles.common.httpserver import HttpRoute, Request, Response, Send, router, serve_http
 from roles.common.tls import generate_serving_certificate, server_ssl_context
 from roles.edge import processors
 from roles.edge.processors.http import MAX_BODY_BYTES, target_of, verdict
@@ -38,7 +38,7 @@ async def serving(
         bound: int = await nursery.start(
             partial(
                 serve_http,
-                router([Route("POST", "/diag", handler)]),
+                router([HttpRoute("POST", "/diag", handler)]),
                 host=LOOPBACK,
                 port=port,
                 log=structlog.get_logger(),

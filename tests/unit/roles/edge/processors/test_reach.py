@@ -14,7 +14,7 @@ import structlog
 import trio
 
 from roles.common.config import ConfigError, DiagnosisConfig, EdgeConfig, LocalApiConfig, load_config
-from roles.common.httpserver import Request, Response, Route, router, serve_http
+from roles.common.httpserver import HttpRoute, Request, Response, router, serve_http
 from roles.edge import processors
 from schemas.processors import Builtin, HTTPServer, Processor
 from tests.unit.roles.edge.processors.doubles import make_env
@@ -69,7 +69,9 @@ async def serving() -> AsyncIterator[tuple[int, list[Request]]]:
 
     async with trio.open_nursery() as nursery:
         port: int = await nursery.start(
-            partial(serve_http, router([Route("POST", "/", answer)]), host=LOOPBACK, port=0, log=structlog.get_logger())
+            partial(
+                serve_http, router([HttpRoute("POST", "/", answer)]), host=LOOPBACK, port=0, log=structlog.get_logger()
+            )
         )
         yield port, received
         nursery.cancel_scope.cancel()

@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from flows.diagnosis.job import MAX_RESULTS_BYTES, decode_results, encode_results
 from roles.edge import processors
-from roles.edge.processors.outcome import MAX_RESULTS_CHARS, MAX_VALUE_CHARS, ProcessorOutcome, bounded, clip_value
+from roles.edge.processors.outcome import MAX_VALUE_CHARS, ProcessorOutcome, bounded, clip_value
 from schemas.processors import Builtin, Function, HTTPServer, Processor, ScriptRunner
 from tests.unit.roles.edge.processors.doubles import make_env
 
@@ -50,10 +51,22 @@ def test_a_long_value_is_clipped_with_a_marker() -> None:
 
 def test_results_too_large_in_all_fail_the_run() -> None:
     """Many values each under the cap can still be too much for a Task: that is a failure saying so."""
-    results = {f"k{i}": "v" * MAX_VALUE_CHARS for i in range(MAX_RESULTS_CHARS // MAX_VALUE_CHARS + 1)}
+    results = {f"k{i}": "v" * MAX_VALUE_CHARS for i in range(MAX_RESULTS_BYTES // MAX_VALUE_CHARS + 1)}
     outcome = bounded(ProcessorOutcome(succeeded=True, results=results))
     assert not outcome.succeeded
-    assert f"more than the {MAX_RESULTS_CHARS} a Task may carry" in outcome.reason
+    assert f"more than the {MAX_RESULTS_BYTES} a Task may carry" in outcome.reason
+
+
+def test_results_are_bounded_in_bytes_as_json_as_the_hub_bounds_them() -> None:
+    """Results under the bound in characters but over it in UTF-8 bytes fail on the edge; what passes, the hub takes."""
+    wide = {f"k{i}": "\u00e9" * MAX_VALUE_CHARS for i in range(3)}
+    assert sum(len(k) + len(v) for k, v in wide.items()) < MAX_RESULTS_BYTES
+    outcome = bounded(ProcessorOutcome(succeeded=True, results=wide))
+    assert not outcome.succeeded
+    assert "bytes as JSON" in outcome.reason
+    fits = bounded(ProcessorOutcome(succeeded=True, results={"k": "\u00e9" * MAX_VALUE_CHARS}))
+    assert fits.succeeded
+    assert decode_results(encode_results(fits.results)) == fits.results
 
 
 @given(

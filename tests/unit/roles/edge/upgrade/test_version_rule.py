@@ -8,7 +8,7 @@ from typing import cast
 
 import pytest
 
-from flows import nodeupgradejob
+from flows.nodejobs import nodeupgradejob
 from roles.edge.actions import build_actions
 from roles.edge.checks.checks import Thresholds
 from roles.edge.context import TaskContext
