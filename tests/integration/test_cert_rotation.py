@@ -1,7 +1,7 @@
 """Real hub and controller processes take up a rotated certificate without a restart, and keep theirs on a broken one.
 
 Each role mounts its certificate as the kubelet mounts a Secret (``..data`` swapped atomically,
-:mod:`tests.unit.secret_volume`) and looks at it every 0.2 s (``tlsReloadInterval``). What the
+:mod:`tests.unit.containers.secret_volume`) and looks at it every 0.2 s (``tlsReloadInterval``). What the
 processes serve is read from TLS handshakes; what they refused, from their JSON logs.
 """
 
@@ -33,7 +33,7 @@ from roles.common.tls import CA_FILE, CERT_FILE, KEY_FILE
 from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import register_edges
 from tests.integration.objects import kubectl, unique
-from tests.unit.secret_volume import Pem, SecretVolume, make_pem
+from tests.unit.containers.secret_volume import Pem, SecretVolume, make_pem
 from tools.ports import free_port
 from tools.processes import role_command
 from tools.provision.controlplane import ControlPlaneError

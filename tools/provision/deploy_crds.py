@@ -4,7 +4,7 @@
 Why copies: ``kubectl apply -k`` reads only files inside the kustomization's own directory tree, and
 a directory base may not be an ancestor of it, so ``containers/deploy`` cannot point at
 ``schemas/crds``. ``just crds`` runs this after generating the CRDs, and a unit test
-(``tests/unit/test_deploy_manifests.py``) fails while the copies differ from the generated files.
+(``tests/unit/containers/test_deploy_manifests.py``) fails while the copies differ from the generated files.
 Usage: ``python3 tools/provision/deploy_crds.py`` (``--check`` only reports the differences).
 """
 

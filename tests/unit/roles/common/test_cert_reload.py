@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 from roles.common.cert_reload import ReloadingCertificate, Stamps, Step, Watch, check_files, loaded, next_step, refused
 from roles.common.config import ConfigError, load_config
 from roles.common.tls import CA_FILE, CERT_FILE, KEY_FILE, ServingCertificate, TlsError
-from tests.unit.secret_volume import Pem, SecretVolume, make_pem
+from tests.unit.containers.secret_volume import Pem, SecretVolume, make_pem
 
 A: Stamps = ((1, 10, 500, 1000), (1, 11, 200, 1000))
 B: Stamps = ((1, 20, 510, 2000), (1, 11, 200, 1000))

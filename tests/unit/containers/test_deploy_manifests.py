@@ -18,7 +18,7 @@ from roles.common.config import ControllerConfig, load_config
 from roles.controller.admission.registration import webhook_configurations
 from tools.provision import deploy_crds
 
-DEPLOY = Path(__file__).resolve().parents[2] / "containers" / "deploy"
+DEPLOY = Path(__file__).resolve().parents[3] / "containers" / "deploy"
 
 
 def _documents(name: str) -> list[dict[str, Any]]:

@@ -45,7 +45,7 @@ def without_nulls(value: Any) -> Any:
     return value
 
 
-DATA = Path(__file__).parent.parent / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 V1 = "operations.kubeedge.io/v1alpha1"
 V2 = "operations.kubeedge.io/v1alpha2"
 
