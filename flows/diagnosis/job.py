@@ -13,7 +13,7 @@ Both directions are bounded so that nothing is stuck on a link that cannot carry
 :data:`MAX_RESULTS_BYTES` are not reported as such (the edge reports a failure saying so).
 
 What a hub does with a Task (the RunAction it builds, its writes to the Task's status) is in
-:mod:`flows.diagnosis.dispatch`: an edge loads only this module and the processor types.
+:mod:`flows.diagnosis.hub_task`: an edge loads only this module and the processor types.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The hub's writes of its diagnosis Tasks' status: one coalescing status writer per Task that has not ended.
 
-Each write is a pure change of a Task (:mod:`flows.diagnosis.dispatch`: sent, accepted, finished, failed)
+Each write is a pure change of a Task (:mod:`flows.diagnosis.hub_task`: sent, accepted, finished, failed)
 handed to the Task's :class:`~roles.cloud.jobs.status_writer.StatusWriter`, which writes it with those
 submitted beside it. No write moves a Task out of a final phase. API errors are retried with backoff
 (:class:`~roles.kube.retrying.Outage`) until the change is written or the Task ends; a reported result
@@ -15,8 +15,8 @@ import anyio
 import anyio.abc
 import structlog
 
-from flows.diagnosis import dispatch as diagnosis_dispatch
-from flows.diagnosis.dispatch import Recorded, TaskChange, failed, finished
+from flows.diagnosis import hub_task
+from flows.diagnosis.hub_task import Recorded, TaskChange, failed, finished
 from nodetask.clock import Clock
 from nodetask.messages import Report
 from roles.cloud.api import TaskApi
@@ -119,7 +119,7 @@ class TaskStatusWrites:
                     message = f"the API server refused the results of node {node} as too large: {exc.message}"
                     change = failed(
                         uid=report.job_uid,
-                        reason=diagnosis_dispatch.RESULTS_TOO_LARGE,
+                        reason=hub_task.RESULTS_TOO_LARGE,
                         message=message,
                         now=self._clock.now(),
                     )

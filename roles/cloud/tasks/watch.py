@@ -33,9 +33,9 @@ import anyio.abc
 import msgspec
 import structlog
 
-from flows.diagnosis import dispatch as diagnosis_dispatch
+from flows.diagnosis import hub_task
 from flows.diagnosis import job as diagnosis_job
-from flows.diagnosis.dispatch import Recorded, accepted, dispatched, failed, route_of
+from flows.diagnosis.hub_task import Recorded, accepted, failed, route_of, sent
 from flows.diagnosis.job import RUN
 from flows.diagnosis.tasks import owner_of
 from nodetask.clock import Clock
@@ -174,7 +174,7 @@ class Tasks:
         task = state.task
         meta, node = task.metadata, task.spec.node_name
         log = self._log.bind(task=f"{meta.namespace}/{meta.name}", node=node, uid=meta.uid)
-        sent = False
+        was_sent = False
         try:
             with scope:
                 async with anyio.create_task_group() as tg:
@@ -193,10 +193,10 @@ class Tasks:
                         if not await session.send(msg):
                             continue
                         log.debug("task_sent", attempt=sends)
-                        if not sent:
-                            sent = True
+                        if not was_sent:
+                            was_sent = True
                             tg.start_soon(
-                                self._writes.write_retrying, state, dispatched(uid=meta.uid, now=self._clock.now()), log
+                                self._writes.write_retrying, state, sent(uid=meta.uid, now=self._clock.now()), log
                             )
                         async with anyio.create_task_group() as this_session:
                             this_session.start_soon(self._accept_when_acked, state, acked, tg, log)
@@ -206,7 +206,7 @@ class Tasks:
             if state.worker is scope:
                 state.worker = None
             with anyio.CancelScope(shield=True):
-                await self._cancel_if_abandoned(state, node, sent, log)
+                await self._cancel_if_abandoned(state, node, was_sent, log)
 
     async def _until_closed(self, state: TaskState, scope: anyio.CancelScope) -> None:
         while state.open:
@@ -224,9 +224,9 @@ class Tasks:
             message = f"Operation {name} is not found"
             change = failed(
                 uid=uid,
-                reason=diagnosis_dispatch.OPERATION_NOT_FOUND,
+                reason=hub_task.OPERATION_NOT_FOUND,
                 message=message,
-                condition_type=diagnosis_dispatch.OPERATION_NOT_FOUND,
+                condition_type=hub_task.OPERATION_NOT_FOUND,
                 now=self._clock.now(),
             )
             await self._writes.write_retrying(state, change, log)
@@ -241,21 +241,17 @@ class Tasks:
             if parameters is None:
                 log.warning("task_diagnosis_not_found", diagnosis=owner.name)
                 message = f"Diagnosis {owner.name} (uid {owner.uid}) is not found: its parameters cannot be read"
-                change = failed(
-                    uid=uid, reason=diagnosis_dispatch.DIAGNOSIS_NOT_FOUND, message=message, now=self._clock.now()
-                )
+                change = failed(uid=uid, reason=hub_task.DIAGNOSIS_NOT_FOUND, message=message, now=self._clock.now())
                 await self._writes.write_retrying(state, change, log)
                 return None
-        raw = diagnosis_dispatch.task_run(task, operation.spec.processor, parameters)
+        raw = hub_task.task_run(task, operation.spec.processor, parameters)
         if len(raw) > diagnosis_job.MAX_REQUEST_BYTES:
             message = (
                 f"the request data is {len(raw)} bytes as JSON, more than the"
                 f" {diagnosis_job.MAX_REQUEST_BYTES} a node takes in one task"
             )
             log.warning("task_request_too_large", size=len(raw))
-            change = failed(
-                uid=uid, reason=diagnosis_dispatch.REQUEST_TOO_LARGE, message=message, now=self._clock.now()
-            )
+            change = failed(uid=uid, reason=hub_task.REQUEST_TOO_LARGE, message=message, now=self._clock.now())
             await self._writes.write_retrying(state, change, log)
             return None
         return msgspec.Raw(raw)

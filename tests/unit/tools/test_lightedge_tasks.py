@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from flows.diagnosis import job as diagnosis_job
-from flows.diagnosis.dispatch import route_of, task_run
+from flows.diagnosis.hub_task import route_of, task_run
 from flows.diagnosis.job import RUN, decode_results
 from nodetask.messages import RunAction
 from roles.common.jobtypes import edge_job_types

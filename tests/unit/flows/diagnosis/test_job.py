@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from flows.diagnosis import job as diagnosis_job
-from flows.diagnosis.dispatch import Recorded, TaskChange, accepted, dispatched, failed, finished, route_of, task_run
+from flows.diagnosis.hub_task import Recorded, TaskChange, accepted, failed, finished, route_of, sent, task_run
 from flows.diagnosis.job import MAX_RESULTS_BYTES, RUN, TaskRun, decode_results, encode_results
 from flows.diagnosis.tasks import is_final
 from flows.nodejobs.jobtype import ExtendError, next_step, resume_at
@@ -123,14 +123,14 @@ def test_results_that_are_not_an_object_of_strings_are_an_error(extend: str) -> 
 @pytest.mark.parametrize("phase", list(TaskPhase))
 def test_the_job_types_final_phases_are_the_controllers(phase: TaskPhase) -> None:
     """The changes treat as final exactly the phases the controller counts as ended."""
-    outcome = dispatched(uid=UID, now=T0)(task(phase=phase))[1]
+    outcome = sent(uid=UID, now=T0)(task(phase=phase))[1]
     assert (outcome is Recorded.FINAL) == is_final(phase)
 
 
-def test_dispatch_then_ack_then_result_give_pending_running_and_succeeded_with_the_conditions() -> None:
-    """startTime at dispatch, Running with Accepted at the ack, Succeeded with Complete and the results at the end."""
+def test_sent_then_ack_then_result_give_pending_running_and_succeeded_with_the_conditions() -> None:
+    """startTime when sent, Running with Accepted at the ack, Succeeded with Complete and the results at the end."""
     t0 = task()
-    t1, outcome = dispatched(uid=UID, now=T0)(t0)
+    t1, outcome = sent(uid=UID, now=T0)(t0)
     assert outcome is Recorded.APPLIED
     assert t1 is not None
     assert (t1.status.phase, t1.status.start_time) == (TaskPhase.PENDING, "2026-01-01T00:00:00Z")
@@ -187,7 +187,7 @@ def test_a_missing_operation_fails_the_task_with_a_condition_naming_it() -> None
 
 CHANGES = st.sampled_from(
     [
-        dispatched(uid=UID, now=T0),
+        sent(uid=UID, now=T0),
         accepted(uid=UID, node="edge-1", now=T0),
         finished(report(succ=True, extend='{"k": "v"}'), uid=UID, node="edge-1", now=T0),
         finished(report(succ=False, reason="no"), uid=UID, node="edge-1", now=T0),

@@ -24,7 +24,7 @@ import msgspec
 import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from flows.diagnosis import dispatch as diagnosis_dispatch
+from flows.diagnosis import hub_task as diagnosis_dispatch
 from flows.diagnosis import job as diagnosis_job
 from flows.nodejobs import imageprepulljob
 from nodetask import messages

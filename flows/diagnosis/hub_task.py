@@ -34,10 +34,10 @@ __all__ = [
     "Recorded",
     "TaskChange",
     "accepted",
-    "dispatched",
     "failed",
     "finished",
     "route_of",
+    "sent",
     "task_run",
 ]
 
@@ -120,7 +120,7 @@ def _accepted(task: Task, node: str, now: datetime) -> tuple[Condition, ...]:
     return set_condition(task.status.conditions, condition, now)
 
 
-def dispatched(*, uid: str, now: datetime) -> TaskChange:
+def sent(*, uid: str, now: datetime) -> TaskChange:
     """The hub sent the Task to its node: ``startTime`` (from which the controller's timeout counts) and Pending."""
 
     def apply(task: Task) -> Task | None:
