@@ -11,9 +11,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from flows.nodejobs import imageprepulljob
 from nodetask.phases import JobPhase, NodeTaskPhase
-from roles.edge.actions import AuthFor, build_actions
+from roles.edge.actions import AuthFor
 from roles.edge.role import STORE_FILE
 from roles.edge.store.records import TaskState
 from roles.edge.store.store import open_store
@@ -155,12 +154,6 @@ async def test_killed_agent_process_delivers_its_results_after_restart(
     assert [(a.action, a.status) for a in entry.action_flow] == [("Check", "True"), ("Pull", "False")]
     assert entry.reason == "a container runtime is not available in nodetaskd v0.1.0 on this node"
     assert code == 0
-
-
-def test_prepull_flow_is_what_the_agent_walks() -> None:
-    """The agent's actions cover every action of the ImagePrePullJob flow."""
-    actions = build_actions(pull=FakeRuntime().pull, credentials=lambda _: ({}, ""))
-    assert {a for (t, a) in actions if t == "imageprepulljob"} == set(imageprepulljob.FLOW.actions)
 
 
 async def test_a_full_store_is_reported_upstream_with_its_reason_and_loses_nothing_stored(
