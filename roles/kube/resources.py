@@ -143,6 +143,8 @@ NODE_METADATA: Resource[core.RawObject] = Resource(
     "v1", "nodes", core.RawObject, snapshot_type=core.NodeHead, metadata_only=MetadataOnly.ALWAYS
 )
 """Nodes as their metadata only (the changes undecoded), for a watch of the hubs' marks alone."""
+NODE_HEADS: Resource[core.Node] = Resource("v1", "nodes", core.Node, metadata_only=MetadataOnly.ALWAYS)
+"""Nodes as their metadata only: which exist, and their labels (whether each is an edge node)."""
 
 OPERATIONS: Resource[diagnosis.Operation] = Resource(diagnosis.API_VERSION, "operations", diagnosis.Operation)
 OPERATION_SETS: Resource[diagnosis.OperationSet] = Resource(
