@@ -2,6 +2,7 @@
 and hypothesis without its per-example deadline."""
 
 import pytest
+import structlog
 from hypothesis import settings
 
 pytest_plugins = ["tests.integration.controlplane", "tools.provision.containerd", "pytester"]
@@ -9,6 +10,17 @@ pytest_plugins = ["tests.integration.controlplane", "tools.provision.containerd"
 # A deadline is a timed assertion: on a loaded 2-core machine a slow example is not a failing one.
 settings.register_profile("nodetaskd", deadline=None)
 settings.load_profile("nodetaskd")
+
+# Roles run inside test processes log through structlog's default console renderer, whose rich tracebacks
+# (with every frame's locals) took seconds to render an action's exception on a loaded machine, on the
+# event loop the in-process hub and agent share: the agent missed its heartbeats. Plain tracebacks, as the
+# daemon's own logging renders them (roles/common/logs.py).
+structlog.configure(
+    processors=[
+        *structlog.get_config()["processors"][:-1],
+        structlog.dev.ConsoleRenderer(exception_formatter=structlog.dev.plain_traceback),
+    ]
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

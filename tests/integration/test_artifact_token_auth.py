@@ -60,7 +60,7 @@ async def test_an_artifact_in_a_token_registry_is_resolved_and_installed(
 
     assert resolved.digest == digest
     assert (installed / "VERSION").read_text() == "v0.5.0\n"
-    assert (installed / "roles" / "edge" / "artifact.py").is_file()
+    assert (installed / "roles" / "edge" / "upgrade" / "artifact.py").is_file()
     # The install reused the token the resolve fetched: one exchange, anonymous, for pulling only.
     assert tokens.requests == [
         TokenRequest(service=SERVICE, scopes=(f"repository:{repository}:pull",), authorization=False)

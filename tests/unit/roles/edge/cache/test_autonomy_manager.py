@@ -305,4 +305,8 @@ async def test_the_repair_loop_asks_again_every_period_while_keys_stay_errored(
             fetch = await next_of(session, CacheFetch)
             assert fetch.keys == (pod_key("web"),)
             arrivals.append(anyio.current_time() - session.welcomed_at)
-        assert arrivals == pytest.approx([REPAIR_PERIOD_S, 2 * REPAIR_PERIOD_S, 3 * REPAIR_PERIOD_S], abs=1.0)
+        # The mock clock jumps while the ledger's file writes run in worker threads (as long as they take on
+        # a loaded machine), so the period is checked between fetches, not counted from the welcome.
+        gaps = [later - earlier for earlier, later in itertools.pairwise(arrivals)]
+        assert arrivals[0] >= REPAIR_PERIOD_S
+        assert gaps == pytest.approx([REPAIR_PERIOD_S, REPAIR_PERIOD_S], abs=1.0)
