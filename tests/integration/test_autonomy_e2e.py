@@ -41,7 +41,7 @@ from tests.integration.tmpfs import on_tmpfs, seen_by, usable
 from tools.ports import free_port
 from tools.processes import terminate
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow(95)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow(150)]
 NS = "default"
 REPO = Path(__file__).resolve().parents[2]
 CACHE_SECRETS_RBAC = REPO / "containers" / "rbac" / "cache-secrets"

@@ -16,7 +16,7 @@ from tests.integration.fleet import TOKEN_NAMESPACE, admin, register_edges
 from tests.integration.hubs import light_edge, running_hub
 from tests.integration.objects import unique
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow(130)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow(70)]
 
 STORM = 1000
 """Edges connecting at once: enough that their Node marks queue far longer than closeGrace."""

@@ -42,7 +42,7 @@ from tests.integration.objects import unique
 from tools.ports import free_port
 from tools.processes import http_get, role_command, terminate
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow(70)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow(170)]
 
 MEMORY_LIMIT = 512 << 20
 """``resources.limits.memory`` of the controller in containers/deploy/controller.yaml."""

@@ -20,7 +20,7 @@ import pytest
 
 from tools.processes import processes_mentioning
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow(240)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow(330)]
 
 REPO = Path(__file__).resolve().parents[2]
 DISK_REASON = "current disk usage is"

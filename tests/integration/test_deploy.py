@@ -34,7 +34,7 @@ from tools.ports import free_ports
 from tools.processes import answers_ok
 from tools.provision.controlplane import ControlPlane, ensure_binaries, start
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow(90)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow(130)]
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "containers" / "deploy"

@@ -50,7 +50,7 @@ from tests.integration.fleet import admin
 from tests.integration.objects import diagnosis_when, finished, polled, tasks_of, unique
 from tests.integration.processes import Fleet, fleet
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow(90)]
 NS = "default"
 
 Answer = tuple[int, dict[str, str] | str]

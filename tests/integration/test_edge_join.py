@@ -35,7 +35,7 @@ from tests.integration.objects import unique
 from tests.integration.processes import RoleProcess
 from tools.processes import terminate
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow(75)]
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -28,7 +28,7 @@ from tests.integration.controlplane import ControlPlane
 from tests.integration.objects import create_job, job_when, kubectl, settled, unique
 from tests.integration.processes import Fleet, JobHistory, fleet, recording
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow(360)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow(250)]
 JOBS = job_resource(CONFIG_UPDATE_JOB)
 CONCURRENCY = 2
 EXPECTED = [("Check", "True"), ("BackUp", "True"), ("Update", "True")]

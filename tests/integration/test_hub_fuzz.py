@@ -31,7 +31,7 @@ from tests.integration.fleet import register_edges
 from tests.integration.hubs import RunningHub, light_edge, running_controller, running_edges, running_hub
 from tests.integration.objects import create_job, job_when, unique
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow(40)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow(75)]
 PREPULLS = job_resource(IMAGE_PRE_PULL_JOB)
 LOOPBACK = "127.0.0.1"
 FUZZ = settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 
 from flows.diagnosis.run import advance, progress_only
 from schemas.diagnosis.v1 import DiagnosisPhase
 from tests.unit.flows.diagnosis.test_run import runs
 from tests.unit.flows.diagnosis.world import Outcome, Run, diagnosis, operation_set, operations
+
+pytestmark = pytest.mark.slow(45)
 
 CHAIN = [[1], [2], []]
 

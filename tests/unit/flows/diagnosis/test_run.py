@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import msgspec
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +20,8 @@ from schemas.diagnosis.graph import enumerate_paths, problems
 from schemas.diagnosis.v1 import MAX_PARAMETERS_BYTES, DiagnosisPhase, PodReference, StagePolicy, Targets, TaskPhase
 from tests.unit.flows.diagnosis.world import T0, TIMEOUT, Outcome, Run, diagnosis, operation_set, operations
 from tests.unit.schemas.diagnosis.strategies import dags
+
+pytestmark = pytest.mark.slow(90)
 
 NODES = ("n0", "n1", "n2")
 
