@@ -450,14 +450,20 @@ async def test_job_recreated_under_the_same_name_gets_a_fresh_runner_after_the_o
     nodes = [unique("again") for _ in range(3)]
     tokens = await register_edges(crds, nodes)
     name = unique("again")
+    held = anyio.Event()
     async with (
         running_controller(crds),
         running_hub(crds, "hub-again") as hub,
-        # Actions long enough that the deletion reaches the hub before the first node's Pull is done.
-        running_edges(light_edge(n, hub.url, tokens[n], delay=1.5) for n in nodes) as edges,
+        # The first job's actions are held until it is deleted, however long its deletion takes to reach the hub.
+        running_edges(light_edge(n, hub.url, tokens[n], gate=held) for n in nodes) as edges,
     ):
         await create_job(crds, "ImagePrePullJob", name, _prepull(nodes, concurrency=1))
-        first = await job_when(cloud_kube, PREPULLS, name, lambda j: any(e.action_flow for e in j.status.node_status))
+        first = await cloud_kube.get(PREPULLS, name)
+        with anyio.fail_after(60):
+            while True:
+                if any(edge.run_actions for edge in edges):
+                    break
+                await anyio.sleep(0.1)
         # kubectl blocks this thread: never let it wait for the finalizer the controller must remove.
         await kubectl(crds, "delete", "imageprepulljob", name, "--wait=false")
         with anyio.fail_after(20):
@@ -467,6 +473,12 @@ async def test_job_recreated_under_the_same_name_gets_a_fresh_runner_after_the_o
                 except NotFound:
                     break
                 await anyio.sleep(0.1)
+        with anyio.fail_after(60):
+            while True:
+                if any(edge.cancels for edge in edges):
+                    break
+                await anyio.sleep(0.1)
+        held.set()
         await create_job(crds, "ImagePrePullJob", name, _prepull(nodes, concurrency=1))
         second = await job_when(cloud_kube, PREPULLS, name, lambda j: j.status.phase is JobPhase.COMPLETED)
     assert second.metadata.uid != first.metadata.uid

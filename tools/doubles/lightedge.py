@@ -113,6 +113,9 @@ class LightEdge:
     sending Heartbeats (as the real agent does); otherwise behave as an agent from before pings."""
     capabilities: tuple[str, ...] = ()
     """Listed in Hello: with ``cache.v1`` the hub sends cache frames, counted in ``cache_replaces``."""
+    gate: anyio.Event | None = None
+    """When given, every action waits for it to be set before it ends: a test holds the edge's work in
+    flight until it has done what must happen meanwhile (deleted the job, say), with no race on a delay."""
 
     outbox: dict[int, Report] = field(default_factory=dict)
     acked: list[Report] = field(default_factory=list)
@@ -266,6 +269,8 @@ class LightEdge:
         action: str | None = run.action
         while action is not None:
             await anyio.sleep(self.delay + self.jitter * _spread(self.node, action))
+            if self.gate is not None:
+                await self.gate.wait()
             ok = action not in self.fail
             extend = self._extend(jt, run, action, ok)
             report = self._report(run.route, run.job_uid, action, ok, extend, attempt=attempt)
