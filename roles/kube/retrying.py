@@ -8,13 +8,22 @@ operator needs to read is that it happened, and that it ended; not every try.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import anyio
+import msgspec
 
 from nodetask.backoff import Backoff
+from roles.kube.errors import ApiError, NotFound
+from roles.kube.resources import Resource
 
-__all__ = ["Outage"]
+__all__ = ["Outage", "read_through_outage"]
+
+T = TypeVar("T", bound=msgspec.Struct)
+
+
+class _Reader(Protocol):
+    async def get(self, resource: Resource[T], name: str, *, namespace: str = "") -> T: ...
 
 
 class Outage:
@@ -54,3 +63,20 @@ class Outage:
             self._log.info("api_recovered", after=self._event, failures=self.failures)
         self.failures = 0
         self._backoff.reset()
+
+
+async def read_through_outage(
+    api: _Reader, resource: Resource[T], name: str, *, log: Any, event: str, namespace: str = ""
+) -> T | None:
+    """The object, read again through any outage (logged once under ``event``); None when it does not exist."""
+    outage = Outage(log, event)
+    while True:
+        try:
+            found = await api.get(resource, name, namespace=namespace)
+        except NotFound:
+            return None
+        except ApiError as exc:
+            await outage.wait(exc)
+            continue
+        outage.recovered()
+        return found

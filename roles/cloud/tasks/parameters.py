@@ -14,15 +14,14 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Final, Protocol
+from typing import Final
 
 import anyio
 import structlog
 
-from roles.kube import ApiError, NotFound, Resource
+from roles.cloud.api import ObjectReader
 from roles.kube.resources import DIAGNOSIS_PARAMETERS
-from roles.kube.retrying import Outage
-from schemas.diagnosis.v1 import DiagnosisParameters
+from roles.kube.retrying import read_through_outage
 
 __all__ = ["KEPT", "ParameterReader"]
 
@@ -32,18 +31,10 @@ KEPT: Final = 64
 """Diagnoses whose parameters are kept (at most 64 KiB each, as the webhook admits them)."""
 
 
-class DiagnosisReader(Protocol):
-    """The one call the reader makes; the hub's API client has it."""
-
-    async def get(
-        self, resource: Resource[DiagnosisParameters], name: str, *, namespace: str = ""
-    ) -> DiagnosisParameters: ...
-
-
 class ParameterReader:
     """Reads and keeps Diagnoses' parameters; share one per hub."""
 
-    def __init__(self, api: DiagnosisReader, *, log: Log, kept: int = KEPT) -> None:
+    def __init__(self, api: ObjectReader, *, log: Log, kept: int = KEPT) -> None:
         self._api = api
         self._log = log
         self._limit = kept
@@ -80,18 +71,11 @@ class ParameterReader:
             done.set()
 
     async def _get(self, namespace: str, name: str, uid: str) -> Mapping[str, str] | None:
+        self.reads += 1
         log = self._log.bind(diagnosis=f"{namespace}/{name}")
-        outage = Outage(log, "diagnosis_read_retry")
-        while True:
-            self.reads += 1
-            try:
-                diagnosis = await self._api.get(DIAGNOSIS_PARAMETERS, name, namespace=namespace)
-            except NotFound:
-                return None
-            except ApiError as exc:
-                await outage.wait(exc)
-                continue
-            outage.recovered()
-            if diagnosis.metadata.uid != uid:
-                return None
-            return MappingProxyType(dict(diagnosis.spec.parameters))
+        diagnosis = await read_through_outage(
+            self._api, DIAGNOSIS_PARAMETERS, name, namespace=namespace, log=log, event="diagnosis_read_retry"
+        )
+        if diagnosis is None or diagnosis.metadata.uid != uid:
+            return None
+        return MappingProxyType(dict(diagnosis.spec.parameters))

@@ -47,10 +47,10 @@ from roles.cloud.settings import HubSettings
 from roles.cloud.tasks.parameters import ParameterReader
 from roles.cloud.tasks.state import TaskState, is_fresher, kept
 from roles.cloud.tasks.status_writes import TaskStatusWrites
-from roles.kube import ApiError, Deleted, NotFound, Relisted, Upserted, WatchEvent
+from roles.kube import ApiError, Deleted, Relisted, Upserted, WatchEvent
 from roles.kube.following import follow, mirror_by_name
 from roles.kube.resources import OPERATIONS, TASKS
-from roles.kube.retrying import Outage
+from roles.kube.retrying import Outage, read_through_outage
 from schemas.diagnosis import v1 as diagnosis
 from schemas.diagnosis.v1 import Operation, Task, TaskPhase
 
@@ -258,17 +258,9 @@ class Tasks:
 
     async def _read_operation(self, name: str, log: Log) -> Operation | None:
         """The Operation from the API server: the Task may have come through its watch before the Operation did."""
-        outage = Outage(log.bind(operation=name), "operation_read_retry")
-        while True:
-            try:
-                operation = await self._api.get(OPERATIONS, name)
-            except NotFound:
-                return None
-            except ApiError as exc:
-                await outage.wait(exc)
-                continue
-            outage.recovered()
-            return operation
+        return await read_through_outage(
+            self._api, OPERATIONS, name, log=log.bind(operation=name), event="operation_read_retry"
+        )
 
     async def _accept_when_acked(
         self, state: TaskState, acked: anyio.Event, worker: anyio.abc.TaskGroup, log: Log
