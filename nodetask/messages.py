@@ -38,6 +38,7 @@ __all__ = [
     "CACHE_CHUNKS_CAPABILITY",
     "CACHE_SECRETS_CAPABILITY",
     "PING_CAPABILITY",
+    "TUNNEL_CAPABILITY",
     "Ack",
     "ActionResult",
     "Autonomy",
@@ -57,6 +58,10 @@ __all__ = [
     "Report",
     "ReportAck",
     "RunAction",
+    "TunnelClose",
+    "TunnelCredit",
+    "TunnelOpen",
+    "TunnelOpened",
     "Upstream",
     "Welcome",
     "decode_downstream",
@@ -124,6 +129,30 @@ class Error(Message, frozen=True, tag="error"):
     message: str
     ref: str = ""
     """The id or seq of the refused message, when it could be read."""
+
+
+# Tunnels (:mod:`nodetask.tunnel`): a device's TLS connections to the API server, relayed by its hub.
+# Both sides list TUNNEL_CAPABILITY (Hello, Welcome) before any of these flow.
+
+TUNNEL_CAPABILITY: Final = "tunnel.v1"
+"""The tunnel messages below and the data frames of :mod:`nodetask.tunnel`."""
+MAX_TUNNEL: Final = 2**32 - 1
+"""Highest tunnel number (a data frame carries it in four bytes)."""
+TunnelNumber = Annotated[int, msgspec.Meta(ge=1, le=MAX_TUNNEL)]
+
+
+class TunnelCredit(Message, frozen=True, tag="tunnel_credit"):
+    """Both ways: the sender has read ``size`` more bytes of the tunnel; as many more may come."""
+
+    stream: TunnelNumber
+    size: Annotated[int, msgspec.Meta(ge=1, le=2**31)]
+
+
+class TunnelClose(Message, frozen=True, tag="tunnel_close"):
+    """Both ways: the tunnel is closed; with a ``reason`` it broke (and the reason says why)."""
+
+    stream: TunnelNumber
+    reason: Annotated[str, msgspec.Meta(max_length=1024)] = ""
 
 
 # --------------------------------------------------------------------------------------- cloud -> edge
@@ -255,6 +284,12 @@ class Cancel(Message, frozen=True, tag="cancel"):
     """The attempt to stop; 0: whichever runs."""
 
 
+class TunnelOpened(Message, frozen=True, tag="tunnel_opened"):
+    """The hub connected the tunnel the edge opened to the API server: bytes may flow."""
+
+    stream: TunnelNumber
+
+
 # --------------------------------------------------------------------------------------- edge -> cloud
 
 
@@ -314,6 +349,12 @@ class AutonomyCondition(Message, frozen=True, tag="autonomy_condition"):
     message: str = ""
 
 
+class TunnelOpen(Message, frozen=True, tag="tunnel_open"):
+    """Open tunnel ``stream`` to the API server (the hub's; the edge names no address)."""
+
+    stream: TunnelNumber
+
+
 Downstream = (
     Welcome
     | RunAction
@@ -326,8 +367,13 @@ Downstream = (
     | CacheChunk
     | CacheDeleted
     | Autonomy
+    | TunnelOpened
+    | TunnelCredit
+    | TunnelClose
 )
-Upstream = Hello | Ack | Report | Heartbeat | Error | CacheFetch | AutonomyCondition
+Upstream = (
+    Hello | Ack | Report | Heartbeat | Error | CacheFetch | AutonomyCondition | TunnelOpen | TunnelCredit | TunnelClose
+)
 
 
 def _enc_hook(obj: Any) -> Any:

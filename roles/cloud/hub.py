@@ -50,6 +50,7 @@ from roles.cloud.metrics import HubMetrics
 from roles.cloud.nodes.autonomy_conditions import AutonomyConditions
 from roles.cloud.nodes.marked_nodes import MarkedNodes
 from roles.cloud.nodes.marks import FAILED, SKIPPED, WRITTEN, NodeMarks, PendingMarks
+from roles.cloud.relay.api_relay import ApiAddress, ApiRelay
 from roles.cloud.sessions import Session, SessionTable
 from roles.cloud.settings import HubSettings
 from roles.cloud.tasks.watch import Tasks
@@ -148,6 +149,8 @@ class Hub:
         self.websockets: Final = WebSocketDoor(
             settings=settings, tokens=self.tokens, metrics=metrics, throttle=throttle, log=self._log
         )
+        relay_address = None if settings.api_relay is None else ApiAddress(*settings.api_relay)
+        self.relay: Final = ApiRelay(relay_address, metrics=metrics, max_tunnels=settings.max_tunnels_per_node)
         self._handler = SessionHandler(
             settings=settings,
             sessions=self.sessions,
@@ -158,6 +161,7 @@ class Hub:
             on_report=self._apply_report,
             cache=self.cache,
             conditions=self.conditions,
+            relay=self.relay,
             log=self._log,
         )
         self._task_status = TaskStatusEndpoint(

@@ -47,6 +47,21 @@ class _FrameCounts(Collector):
             yield family
 
 
+class _TunnelBytes(Collector):
+    """Bytes relayed through tunnels, by direction, read at scrape time (counted per data frame)."""
+
+    def __init__(self, counts: dict[str, int]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "nodetaskd_hub_tunnel_bytes", "Bytes relayed between devices and the API server.", labels=["direction"]
+        )
+        for direction, count in list(self._counts.items()):
+            family.add_metric([direction], count)
+        yield family
+
+
 class HubMetrics:
     """Counters, gauges and histograms of one hub."""
 
@@ -60,6 +75,18 @@ class HubMetrics:
         self.frames_out: dict[str, int] = {}
         """Frames sent, by op."""
         registry.register(_FrameCounts(self.frames_in, self.frames_out))
+        self.tunnels = Gauge(
+            "nodetaskd_hub_tunnels", "Devices' tunnels to the API server open through this hub.", registry=registry
+        )
+        self.tunnels_opened = Counter(
+            "nodetaskd_hub_tunnels_opened",
+            "Tunnels devices asked for, by outcome (opened, refused, unreachable).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.tunnel_bytes: dict[str, int] = {"up": 0, "down": 0}
+        """Bytes relayed, to the API server (up) and to devices (down): add to them directly."""
+        registry.register(_TunnelBytes(self.tunnel_bytes))
         self.rejected = Counter(
             "nodetaskd_hub_rejected_frames", "Frames refused, by reason.", ["reason"], registry=registry
         )

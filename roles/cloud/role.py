@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import socket
+import urllib.parse
 from pathlib import Path
 
 import anyio
@@ -45,6 +47,7 @@ def settings_of(cfg: CloudConfig) -> HubSettings:
         cache_fetch_rate=cfg.cache_fetch_rate,
         cache_fetch_burst=cfg.cache_fetch_burst,
         autonomy_condition_interval=cfg.autonomy_condition_interval,
+        max_tunnels_per_node=cfg.api_relay.max_tunnels_per_node,
     )
 
 
@@ -59,6 +62,19 @@ def server_tls(cfg: CloudConfig) -> ReloadingCertificate | None:
         return ReloadingCertificate(load_serving_certificate(Path(cfg.tls_cert_file), Path(cfg.tls_key_file)))
     except TlsError as exc:
         raise ConfigError(f"tlsCertFile, tlsKeyFile: {exc}") from None
+
+
+def relay_address(cfg: CloudConfig, server: str) -> tuple[str, int] | None:
+    """Where devices' tunnels go: the API server in the hub's kubeconfig, when ``apiRelay.enabled``.
+
+    Errors: :class:`~roles.common.config.ConfigError` when that server is not an https URL.
+    """
+    if not cfg.api_relay.enabled:
+        return None
+    url = urllib.parse.urlsplit(server)
+    if url.scheme != "https" or not url.hostname:
+        raise ConfigError(f"apiRelay.enabled: the API server {server!r} in the kubeconfig is not an https:// URL")
+    return url.hostname, url.port or 443
 
 
 async def run(cfg: RoleConfig, *, log: structlog.typing.FilteringBoundLogger, config_path: Path | None = None) -> None:
@@ -84,7 +100,7 @@ async def run(cfg: RoleConfig, *, log: structlog.typing.FilteringBoundLogger, co
             kube=kube,
             clock=Clock.start(),
             log=log,
-            settings=settings_of(cfg),
+            settings=dataclasses.replace(settings_of(cfg), api_relay=relay_address(cfg, kube.server)),
             job_types=job_types(),
             metrics=HubMetrics(
                 registry, sessions=lambda: len(hub.sessions), kube=lambda: (kube.writes, kube.conflicts)

@@ -110,9 +110,13 @@ class Session:
         Waits while the queue is full, for at most ``send_timeout``; then the edge is taken as not
         reading, the session is ended with :data:`NOT_READING` and False is returned.
         """
+        return await self.send_frame(messages.encode(msg), str(type(msg).__struct_config__.tag), own=own)
+
+    async def send_frame(self, frame: bytes, op: str, *, own: bool = False) -> bool:
+        """:meth:`send` for a frame already encoded (``op`` names it in the metrics): a tunnel's bytes."""
         if self.closed.is_set():
             return False
-        item = (messages.encode(msg), str(type(msg).__struct_config__.tag))
+        item = (frame, op)
         if self._writing or self._queue or not own:
             return await self._enqueue(item)
         self._writing = True

@@ -41,6 +41,10 @@ class HubSettings:
     its sessions); a frame naming more than is left is refused whole with a ``rate_limited`` Error."""
     cache_fetch_burst: int = 1000
     """Keys a node's edge may fetch at once (at least ``MAX_FETCH_KEYS``, so that any frame can pass)."""
+    api_relay: tuple[str, int] | None = None
+    """Where devices' tunnels go (the API server's host and port, from the hub's kubeconfig); None: no relay."""
+    max_tunnels_per_node: int = 64
+    """Tunnels one node may hold open through this hub at once."""
     autonomy_condition_interval: float = 10.0
     """Seconds between writes of one Node's Autonomy condition (each with its Event, if any): a condition
     sent sooner waits, replaced by any sent after it, so that the latest one is written."""

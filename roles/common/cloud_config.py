@@ -18,7 +18,17 @@ from roles.common.config_types import (
     check_namespaces,
 )
 
-__all__ = ["CloudConfig"]
+__all__ = ["ApiRelayConfig", "CloudConfig"]
+
+
+class ApiRelayConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True):
+    """Devices' tunnels to the API server (``roles.cloud.relay``): how a kubelet behind its agent reaches
+    the cluster. The hub relays TLS it cannot read, to the API server its own kubeconfig names, so a
+    device can do exactly what its node's credentials allow; off unless ``enabled``."""
+
+    enabled: bool = False
+    max_tunnels_per_node: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 64
+    """Tunnels one node may hold at once through a hub (a kubelet holds about a dozen); more are refused."""
 
 
 class CloudConfig(BaseConfig, frozen=True, kw_only=True):
@@ -98,6 +108,9 @@ class CloudConfig(BaseConfig, frozen=True, kw_only=True):
     written when the interval is over. Each write costs a read and a patch of the Node, an Event when the
     status changes, and the controller's approval label: an edge flapping its condition costs at most
     that every interval."""
+
+    api_relay: ApiRelayConfig = ApiRelayConfig()
+    """``apiRelay: {enabled: true}`` relays devices' tunnels to the API server (a kubelet behind its agent)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

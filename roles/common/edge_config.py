@@ -48,6 +48,23 @@ class LocalApiConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", 
             )
 
 
+class NodeApiConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True):
+    """The API endpoint for the device's node components (``roles.edge.node_api``): the server a kubelet's
+    kubeconfig names. Online it relays every request to the API server as the node (the hub must relay:
+    its ``apiRelay.enabled``); offline it answers from the cache as OpenYurt's YurtHub does."""
+
+    enabled: bool = False
+    """Off by default: when on, any local process can act as the node through it (as through YurtHub).
+    The device then keeps its node's Secrets (its pods' volumes need them offline)."""
+    port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 10262
+    """The port on 127.0.0.1 (the only address it listens on)."""
+    credentials_dir: str = ""
+    """Where the node's client certificate (``node.crt``, ``node.key``) and the cluster's CA (``ca.crt``)
+    are; empty: ``<dataDir>/node-credentials``."""
+    server_name: str = "kubernetes.default.svc"
+    """The name the API server's certificate must carry."""
+
+
 class AutonomyConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True):
     """Edge autonomy (``roles.edge.cache.autonomy_manager``): the cache's repair of keys it failed to store."""
 
@@ -174,6 +191,9 @@ class EdgeConfig(BaseConfig, frozen=True, kw_only=True):
     local_api: LocalApiConfig = LocalApiConfig()
     """``localApi: {enabled: true, port: 10261}`` serves the device's cached cloud objects on loopback.
     Not updatable by a ConfigUpdateJob: whoever may create jobs must not open it on every device."""
+    node_api: NodeApiConfig = NodeApiConfig()
+    """``nodeApi: {enabled: true}`` serves the node's kubelet its API server on loopback. Not updatable by a
+    ConfigUpdateJob: whoever may create jobs must not open it on every device."""
     autonomy: AutonomyConfig = AutonomyConfig()
     """Edge autonomy's settings. Not updatable by a ConfigUpdateJob (nothing in it needs to be)."""
 
@@ -194,14 +214,18 @@ class EdgeConfig(BaseConfig, frozen=True, kw_only=True):
         socket = self.cri_endpoint.removeprefix("unix://")
         if self.cri_endpoint and not socket.startswith("/"):
             raise ValueError(f"criEndpoint {self.cri_endpoint!r} is not a unix socket (unix:///path or /path)")
+        if self.local_api.enabled and self.node_api.enabled and self.local_api.port == self.node_api.port:
+            raise ValueError(f"localApi.port and nodeApi.port are both {self.node_api.port}: give each its own")
         for port in self.served_ports:
             if port in self.diagnosis.loopback_ports:
                 raise ValueError(
-                    f"diagnosis.loopbackPorts lists {port}, the port of this agent's local API (localApi.port):"
+                    f"diagnosis.loopbackPorts lists {port}, a port of this agent's (localApi.port, nodeApi.port):"
                     " no diagnosis Task may reach the agent's own ports"
                 )
 
     @property
     def served_ports(self) -> tuple[int, ...]:
         """The TCP ports this agent itself listens on, on the device: no diagnosis Task may reach them."""
-        return (self.local_api.port,) if self.local_api.enabled else ()
+        return ((self.local_api.port,) if self.local_api.enabled else ()) + (
+            (self.node_api.port,) if self.node_api.enabled else ()
+        )

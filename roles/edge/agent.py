@@ -46,6 +46,7 @@ from nodetask.messages import (
     CACHE_CHUNKS_CAPABILITY,
     CACHE_SECRETS_CAPABILITY,
     PING_CAPABILITY,
+    TUNNEL_CAPABILITY,
     Ack,
     Autonomy,
     CacheChunk,
@@ -57,6 +58,9 @@ from nodetask.messages import (
     Error,
     ReportAck,
     RunAction,
+    TunnelClose,
+    TunnelCredit,
+    TunnelOpened,
     Welcome,
 )
 from nodetask.registry_credentials import TYPED_CREDENTIALS, RegistryAuth
@@ -65,6 +69,7 @@ from roles.edge.cache.autonomy_manager import AutonomyManager
 from roles.edge.cache.durable_cache import DurableCache
 from roles.edge.context import Actions
 from roles.edge.control import serve_control
+from roles.edge.node_api.tunnel_client import TunnelClient
 from roles.edge.outbox import Outbox
 from roles.edge.session import HubConnection, Session
 from roles.edge.settings import AgentSettings
@@ -97,10 +102,12 @@ class EdgeAgent:
         open_link: OpenLink = open_ws_link,
         cache: DurableCache | None = None,
         relisted: Callable[[], object] | None = None,
+        tunnels: TunnelClient | None = None,
     ) -> None:
         """``cache`` is the node's cache of cloud objects (opened over ``store`` at start when None);
         ``relisted`` is called once the hub has relisted it after a reconnect (the local API's
-        ``end_watches``)."""
+        ``end_watches``); ``tunnels`` opens tunnels to the API server through the hub session for the node's
+        API endpoint (:mod:`roles.edge.node_api`), when it is on."""
         self.settings = settings
         self._store = store
         self._clock = clock
@@ -110,6 +117,7 @@ class EdgeAgent:
         self._cache = cache
         self._relisted = relisted
         self._autonomy: AutonomyManager | None = None
+        self._tunnels = tunnels
         keep_secrets = cache.keep_secrets if cache is not None else settings.cache_secrets
         self._hub = HubConnection(
             settings=settings,
@@ -125,12 +133,14 @@ class EdgeAgent:
                         TYPED_CREDENTIALS,
                     }
                     | ({CACHE_SECRETS_CAPABILITY} if keep_secrets else set())
+                    | ({TUNNEL_CAPABILITY} if tunnels is not None else set())
                 )
             ),
             outbox=self._outbox,
             dispatch=self._dispatch,
             log=self._log,
             started=self._session_started,
+            tunnel_data=None if tunnels is None else tunnels.data,
         )
         self._tasks = TaskRunner(
             settings=settings,
@@ -242,17 +252,21 @@ class EdgeAgent:
                 await self.autonomy.handle(msg)
             case CacheChunk() if {CACHE_CAPABILITY, CACHE_CHUNKS_CAPABILITY} <= session.capabilities:
                 await self.autonomy.handle(msg)
+            case TunnelOpened() | TunnelCredit() | TunnelClose() if self._tunnels is not None:
+                self._tunnels.handle(msg)
             case _:
                 pass
 
     async def _session_started(
         self, session: Session, welcome: Welcome, *, task_status: anyio.abc.TaskStatus[None]
     ) -> None:
-        if CACHE_CAPABILITY not in welcome.capabilities:
+        async with anyio.create_task_group() as tg:
+            if self._tunnels is not None and TUNNEL_CAPABILITY in welcome.capabilities:
+                await tg.start(self._tunnels.serve_session, session)
+            if CACHE_CAPABILITY in welcome.capabilities:
+                secrets = CACHE_SECRETS_CAPABILITY in welcome.capabilities
+                await tg.start(functools.partial(self.autonomy.serve_session, session.send, hub_sends_secrets=secrets))
             task_status.started()
-            return
-        secrets = CACHE_SECRETS_CAPABILITY in welcome.capabilities
-        await self.autonomy.serve_session(session.send, hub_sends_secrets=secrets, task_status=task_status)
 
     async def _on_run_action(self, run: RunAction, session: Session) -> None:
         attempt = max(run.attempt, 1)  # 0: a hub that knows no attempts, which only sends first ones

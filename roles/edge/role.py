@@ -23,6 +23,7 @@ from roles.common.jobtypes import edge_job_types
 from roles.edge.actions import AuthFor, PullImages, build_actions
 from roles.edge.agent import EdgeAgent
 from roles.edge.cache.durable_cache import DurableCache
+from roles.edge.node_api.tunnel_client import TunnelClient
 from roles.edge.processors import ProcessorEnv
 from roles.edge.settings import AgentSettings, settings_of
 from roles.edge.store.store import StoreError, StoreFault, open_store, quarantine_store
@@ -121,6 +122,36 @@ async def _serve_local_api(
         task_status.started(serving.api.end_watches)
 
 
+async def _serve_node_api(
+    settings: AgentSettings,
+    cfg: EdgeConfig,
+    cache: DurableCache,
+    log: Log,
+    *,
+    task_status: anyio.abc.TaskStatus[TunnelClient],
+) -> None:
+    """Serve the node's API endpoint until cancelled; reports, once listening, the tunnels it opens.
+
+    Errors: :class:`ConfigError` when the node's credentials cannot be used; OSError when its port
+    cannot be bound (``nodeApi.port`` is taken).
+    """
+    # Loaded only when on, like the local API.
+    from roles.edge.node_api.credentials import load_node_tls  # noqa: PLC0415 (deferred on purpose)
+    from roles.edge.node_api.endpoint import serve_node_api  # noqa: PLC0415 (deferred on purpose)
+
+    directory = (
+        Path(cfg.node_api.credentials_dir) if cfg.node_api.credentials_dir else settings.data_dir / "node-credentials"
+    )
+    tls = await anyio.to_thread.run_sync(load_node_tls, directory, cfg.node_api.server_name)
+    tunnels = TunnelClient(log=log.bind(component="node_api"))
+    async with anyio.create_task_group() as tg:
+        serve = functools.partial(
+            serve_node_api, cache, tunnels, tls, node=settings.node, port=cfg.node_api.port, log=log
+        )
+        await tg.start(serve)
+        task_status.started(tunnels)
+
+
 async def _run(settings: AgentSettings, cfg: EdgeConfig, path: Path, clock: Clock, log: Log) -> None:
     async with contextlib.AsyncExitStack() as stack:
         store = await stack.enter_async_context(open_store(path, now=clock.now, log=log))
@@ -153,6 +184,7 @@ async def _run(settings: AgentSettings, cfg: EdgeConfig, path: Path, clock: Cloc
             relisted: Callable[[], object] | None = None
             if cfg.local_api.enabled:
                 relisted = await tg.start(_serve_local_api, cfg, cache, log)
+            tunnels = await tg.start(_serve_node_api, settings, cfg, cache, log) if cfg.node_api.enabled else None
             agent = EdgeAgent(
                 settings=settings,
                 store=store,
@@ -162,6 +194,7 @@ async def _run(settings: AgentSettings, cfg: EdgeConfig, path: Path, clock: Cloc
                 log=log,
                 cache=cache,
                 relisted=relisted,
+                tunnels=tunnels,
             )
             await agent.run()
             tg.cancel_scope.cancel()

@@ -34,6 +34,7 @@ from nodetask import messages
 from nodetask.backoff import Backoff
 from nodetask.link import Link, LinkClosed, OpenLink
 from nodetask.messages import PING_CAPABILITY, Downstream, Heartbeat, Hello, MessageError, Upstream, Welcome
+from nodetask.tunnel import is_data
 from roles.edge.outbox import Outbox
 from roles.edge.settings import AgentSettings
 
@@ -48,7 +49,8 @@ FIRST_RETRY_S: Final = 0.5
 
 
 class _Outgoing(msgspec.Struct, frozen=True):
-    msg: Upstream
+    msg: Upstream | bytes
+    """A message, or a frame already encoded (a tunnel's bytes)."""
     written: anyio.Event | None = None
     """Set by the writer once the frame is on the link, for a sender that waits for that."""
 
@@ -65,6 +67,10 @@ class Session:
     async def send(self, msg: Upstream) -> None:
         """Queue ``msg`` for the hub. Errors: :class:`LinkClosed` once the session has ended."""
         await self._put(_Outgoing(msg))
+
+    async def send_frame(self, frame: bytes) -> None:
+        """Queue an encoded frame (a tunnel's bytes) for the hub. Errors: :class:`LinkClosed`."""
+        await self._put(_Outgoing(frame))
 
     async def send_and_wait(self, msg: Upstream) -> None:
         """Queue ``msg`` and wait until the writer has put it on the link. Errors: :class:`LinkClosed`."""
@@ -108,9 +114,11 @@ class HubConnection:
         dispatch: Dispatch,
         log: Log,
         started: SessionStarted | None = None,
+        tunnel_data: Callable[[bytes], None] | None = None,
     ) -> None:
         self._settings = settings
         self._started = started
+        self._tunnel_data = tunnel_data
         self._open_link = open_link
         self._capabilities = capabilities
         self._outbox = outbox
@@ -192,7 +200,7 @@ class HubConnection:
 
     async def _write(self, link: Link, outbound: MemoryObjectReceiveStream[_Outgoing]) -> None:
         async for item in outbound:
-            await link.send(messages.encode(item.msg))
+            await link.send(item.msg if isinstance(item.msg, bytes) else messages.encode(item.msg))
             if item.written is not None:
                 item.written.set()
 
@@ -212,6 +220,9 @@ class HubConnection:
         while True:
             with anyio.fail_after(deadline):
                 frame = await link.receive()
+            if self._tunnel_data is not None and is_data(frame):
+                self._tunnel_data(frame)
+                continue
             try:
                 msg = messages.decode_downstream(frame)
             except MessageError as exc:

@@ -61,6 +61,11 @@ class Kube:
         self._in_flight = anyio.CapacityLimiter(REQUESTS_IN_FLIGHT)
         self._priority = anyio.CapacityLimiter(PRIORITY_REQUESTS_IN_FLIGHT)
 
+    @property
+    def server(self) -> str:
+        """The API server's URL, as the kubeconfig names it."""
+        return self._api.host
+
     def _slots(self, resource: Resource[Any]) -> anyio.CapacityLimiter:
         return self._priority if resource.priority else self._in_flight
 

@@ -49,13 +49,18 @@ from nodetask.messages import (
     Hello,
     MessageError,
     Report,
+    TunnelClose,
+    TunnelCredit,
+    TunnelOpen,
     Upstream,
     Welcome,
 )
 from nodetask.names import clip
+from nodetask.tunnel import is_data
 from roles.cloud.cache.streams import CacheStreams
 from roles.cloud.metrics import HubMetrics
 from roles.cloud.nodes.autonomy_conditions import AutonomyConditions, condition_problem
+from roles.cloud.relay.api_relay import ApiRelay, SessionTunnels
 from roles.cloud.sessions import (
     GOING_AWAY,
     HEARTBEAT_MISSED,
@@ -78,6 +83,9 @@ ServeEdge = Callable[[str, Link], Coroutine[Any, Any, None]]
 _UNEXPLAINED: Final = "the hub stopped serving it"
 _OFFERED: Final = (PING_CAPABILITY,)
 """What this hub lists in its Welcome."""
+_NO_TUNNELS: Final = (
+    f"both ends must list {messages.TUNNEL_CAPABILITY} (and the hub relay, apiRelay.enabled) for tunnels"
+)
 _NOT_AGREED: Final = f"both ends must list {messages.CACHE_CAPABILITY} for cache and autonomy messages"
 
 
@@ -96,6 +104,7 @@ class SessionHandler:
         on_report: Callable[[Session, Report, Log], Coroutine[Any, Any, None]],
         cache: CacheStreams,
         conditions: AutonomyConditions,
+        relay: ApiRelay,
         log: Log,
     ) -> None:
         self._settings = settings
@@ -107,6 +116,7 @@ class SessionHandler:
         self._on_report = on_report
         self._cache = cache
         self._conditions = conditions
+        self._relay = relay
         self._log = log
         self._deadline = settings.heartbeat_interval * settings.missed_heartbeats
         self._frames_in = metrics.frames_in
@@ -130,12 +140,13 @@ class SessionHandler:
         welcome = Welcome(
             hub=self._settings.hub_id,
             heartbeat_interval=self._settings.heartbeat_interval,
-            capabilities=(*_OFFERED, *self._cache.capabilities),
+            capabilities=(*_OFFERED, *self._cache.capabilities, *self._relay.capabilities),
         )
         await session.send(welcome, own=True)
         replaced = self._sessions.add(session)
         removed: bool | None = None
         ended = _UNEXPLAINED
+        tunnels: SessionTunnels | None = None
         try:
             if replaced is not None:
                 log.info("session_replaced")
@@ -145,6 +156,8 @@ class SessionHandler:
             log.info("edge_connected", version=clip(hello.version, 64))
             if self._cache.offered(session):
                 self._cache.attach(session, log)
+            if self._relay.offered(session):
+                tunnels = self._relay.attach(session)
             # trio's nurseries, not anyio's task groups, for a session's tasks: anyio gives each task a
             # cancel scope and an event of its own, a fifth of a report's CPU (docs/benchmarks.md).
             async with trio.open_nursery() as tg:
@@ -153,7 +166,7 @@ class SessionHandler:
                 # reconnecting at once must not time its sessions out behind thousands of marks.
                 tg.start_soon(self._admit, node, hello.version, log)
                 try:
-                    ended = await self._receive(session, log)
+                    ended = await self._receive(session, tunnels, log)
                 finally:
                     # Out of the table at once, so nothing more is dispatched to it, while a mark under
                     # way finishes (see NodeMarks.mark) so that the unmark below comes after it.
@@ -162,6 +175,8 @@ class SessionHandler:
         finally:
             current = self._sessions.remove(session) if removed is None else removed
             self._cache.detach(session)
+            if tunnels is not None:
+                self._relay.detach(tunnels, f"the session ended: {ended}")
             with anyio.CancelScope(shield=True):
                 await self._close(session, GOING_AWAY, "")  # nothing to do unless an error ended it
                 session.discard_queue()
@@ -249,12 +264,12 @@ class SessionHandler:
             await link.close(PROTOCOL, "no hello")
         return None
 
-    async def _receive(self, session: Session, log: Log) -> str:
+    async def _receive(self, session: Session, tunnels: SessionTunnels | None, log: Log) -> str:
         """Serve frames until the edge goes or the session is ended (then closed at once); says which."""
         ended = _UNEXPLAINED
         with session.end_scope:
             async with trio.open_nursery() as reports:
-                ended = await self._read(session, reports, log)
+                ended = await self._read(session, tunnels, reports, log)
                 reports.cancel_scope.cancel()
         if session.ending is None:
             return ended
@@ -262,7 +277,7 @@ class SessionHandler:
         await self._close(session, code, reason)
         return f"closed by the hub with {code}: {reason}"
 
-    async def _read(self, session: Session, reports: trio.Nursery, log: Log) -> str:
+    async def _read(self, session: Session, tunnels: SessionTunnels | None, reports: trio.Nursery, log: Log) -> str:
         # No deadline here: watch() keeps it for every session (a timer per frame costs more than the frame).
         link = session.link
         while True:
@@ -270,6 +285,9 @@ class SessionHandler:
                 frame = await link.receive()
             except LinkClosed as exc:
                 return str(exc)
+            if is_data(frame):
+                await self._tunnel_data(tunnels, session, frame, log)
+                continue
             try:
                 msg: Upstream = messages.decode_upstream(frame)
             except MessageError as exc:
@@ -280,9 +298,7 @@ class SessionHandler:
                 case Heartbeat():
                     await session.send(Heartbeat(sent_at=msg.sent_at), own=True)
                 case Ack(id=msg_id):
-                    latency = session.acked(msg_id)
-                    if latency is not None:
-                        self._metrics.ack_latency.observe(latency)
+                    self._acked(session, msg_id)
                 case Report():
                     if msg.route.node != session.node:
                         text = f"report for node {msg.route.node} refused"
@@ -294,8 +310,41 @@ class SessionHandler:
                     await self._autonomy_message(session, msg, log)
                 case Error(code=code, message=text):
                     self._warn(log, "edge_error", code=clip(code, 64), error=clip(text))
+                case TunnelOpen() | TunnelCredit() | TunnelClose():
+                    await self._tunnel_message(tunnels, session, msg, reports, log)
                 case Hello():
                     await self._reject(session, "unexpected", "hello was already received", log)
+
+    def _acked(self, session: Session, msg_id: str) -> None:
+        latency = session.acked(msg_id)
+        if latency is not None:
+            self._metrics.ack_latency.observe(latency)
+
+    async def _tunnel_data(self, tunnels: SessionTunnels | None, session: Session, frame: bytes, log: Log) -> None:
+        """A tunnel's bytes: handed to their tunnel without waiting (a stalled tunnel is its own problem)."""
+        if tunnels is None:
+            await self._reject(session, "unexpected", _NO_TUNNELS, log)
+        elif problem := tunnels.tunnels.data(frame):
+            await self._reject(session, "bad_tunnel_data", problem, log)
+
+    async def _tunnel_message(
+        self,
+        tunnels: SessionTunnels | None,
+        session: Session,
+        msg: TunnelOpen | TunnelCredit | TunnelClose,
+        tasks: trio.Nursery,
+        log: Log,
+    ) -> None:
+        """A tunnel message, from an edge that agreed on ``tunnel.v1`` with a hub that relays."""
+        if tunnels is None:
+            await self._reject(session, "unexpected", _NO_TUNNELS, log)
+        elif isinstance(msg, TunnelOpen):
+            # Each tunnel relays in a task of the session's, so that none holds up its frames.
+            tasks.start_soon(self._relay.open, tunnels, msg, log.bind(stream=msg.stream))
+        elif isinstance(msg, TunnelCredit):
+            tunnels.tunnels.credit(msg)
+        else:
+            tunnels.tunnels.close(msg)
 
     async def _autonomy_message(self, session: Session, msg: CacheFetch | AutonomyCondition, log: Log) -> None:
         """A cache fetch or an Autonomy condition, from an edge that agreed on ``cache.v1``."""

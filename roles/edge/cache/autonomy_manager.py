@@ -37,7 +37,7 @@ from nodetask.messages import (
     CacheObjects,
     Upstream,
 )
-from roles.edge.cache.durable_cache import KINDS, SECRET, DurableCache
+from roles.edge.cache.durable_cache import SECRET, STREAMED, DurableCache
 from roles.edge.cache.ledger import key_text
 
 __all__ = ["CHECK_PERIOD_S", "FETCH_BATCH", "RELIST_GRACE_S", "REPAIR_PERIOD_S", "AutonomyManager", "Send"]
@@ -89,7 +89,7 @@ class AutonomyManager:
     def expected_kinds(self, *, hub_sends_secrets: bool) -> frozenset[str]:
         """The kinds the hub relists after each Welcome: what this edge takes and the hub sends (Secrets only
         from a hub whose Welcome lists ``cache.secrets``; one with ``cacheSecrets`` off never relists them)."""
-        return KINDS if self.cache.keep_secrets and hub_sends_secrets else KINDS - {SECRET}
+        return STREAMED if self.cache.keep_secrets and hub_sends_secrets else STREAMED - {SECRET}
 
     # ---------------------------------------------------------------------------------- messages
 

@@ -49,12 +49,15 @@ from roles.edge.cache.view import Change, ChangeType, Listing, Object, Subscribe
 from roles.edge.store.cache_rows import Key, Replacement, Row, Written
 from roles.edge.store.store import EdgeStore, StoreError
 
-__all__ = ["KINDS", "SECRET", "DurableCache"]
+__all__ = ["KINDS", "SECRET", "STREAMED", "DurableCache"]
 
 Log = structlog.typing.FilteringBoundLogger
 
 KINDS: Final = frozenset(resource.kind for resource in RESOURCES.values())
-"""What a node may cache (Kubernetes' Node authorizer rule): its Node, its Pods, and their ConfigMaps and Secrets."""
+"""What a node may cache (Kubernetes' Node authorizer rule): its Node, its Pods, and their ConfigMaps and
+Secrets; and what its kubelet reads through the device besides (its Lease, Services)."""
+STREAMED: Final = frozenset(resource.kind for resource in RESOURCES.values() if resource.streamed)
+"""What the hub's cache streams send (and relist after every Welcome)."""
 SECRET: Final = "Secret"
 
 _decode: Final = msgspec.json.Decoder(dict[str, Any]).decode

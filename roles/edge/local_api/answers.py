@@ -62,9 +62,9 @@ def details(target: Target) -> dict[str, str]:
 def with_kind(obj: Object, resource: Resource) -> Object:
     # Lists' items may come without kind and apiVersion (the API server leaves them out); a single
     # object or a watch event's object must carry them for clients to decode it.
-    if obj.get("kind") == resource.kind and obj.get("apiVersion") == "v1":
+    if obj.get("kind") == resource.kind and obj.get("apiVersion") == resource.api_version:
         return obj
-    return {"kind": resource.kind, "apiVersion": "v1", **obj}
+    return {**obj, "kind": resource.kind, "apiVersion": resource.api_version}
 
 
 def watch_event(change: Change, selected: Callable[[Object], bool]) -> tuple[ChangeType, Object] | None:

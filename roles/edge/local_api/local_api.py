@@ -199,7 +199,7 @@ class LocalApi:
             encode(
                 {
                     "kind": f"{target.resource.kind}List",
-                    "apiVersion": "v1",
+                    "apiVersion": target.resource.api_version,
                     "metadata": {"resourceVersion": listing.resource_version},
                     "items": [obj for obj in listing.items if selection(obj)],
                 }

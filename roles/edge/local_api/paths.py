@@ -30,6 +30,7 @@ its selector syntax and error messages, and what ``/version`` reports."""
 
 
 VERBS: Final = ("get", "list", "watch")
+_GROUP_VERSIONS: Final = frozenset((r.group, r.version) for r in RESOURCES.values() if r.group)
 
 
 class Target(msgspec.Struct, frozen=True):
@@ -43,19 +44,20 @@ class Target(msgspec.Struct, frozen=True):
 
 
 def parse_target(path: str) -> Target | None:
-    """The target of an ``/api/v1/...`` resource path, or None when the path names nothing served
+    """The target of an ``/api/v1/...`` (or a cached group's ``/apis/...``) resource path, or None when the
+    path names nothing served
     (another kind, a subresource, a namespaced path for a cluster-scoped kind, or the reverse)."""
-    parts = [unquote(p) for p in path.split("/")]
-    if parts[:3] != ["", "api", "v1"] or any(not p for p in parts[3:]):
+    split = _group_and_rest(path)
+    if split is None:
         return None
-    rest = parts[3:]
+    group, rest = split
     watch = rest[:1] == ["watch"]
     if watch:
         rest = rest[1:]
     namespace = ""
     if len(rest) >= 3 and rest[0] == "namespaces":
         namespace, rest = rest[1], rest[2:]
-    if not rest or len(rest) > 2 or (resource := RESOURCES.get(rest[0])) is None:
+    if not rest or len(rest) > 2 or (resource := RESOURCES.get(rest[0])) is None or resource.group != group:
         return None
     name = rest[1] if len(rest) == 2 else ""
     if namespace and not resource.namespaced:
@@ -63,6 +65,18 @@ def parse_target(path: str) -> Target | None:
     if name and resource.namespaced and not namespace:
         return None  # a namespaced object is only ever named with its namespace
     return Target(resource=resource, namespace=namespace, name=name, watch=watch)
+
+
+def _group_and_rest(path: str) -> tuple[str, list[str]] | None:
+    """The API group a path is under (``""``: the core group) and its parts after the version."""
+    parts = [unquote(p) for p in path.split("/")]
+    if parts[:3] == ["", "api", "v1"]:
+        group, rest = "", parts[3:]
+    elif parts[:2] == ["", "apis"] and len(parts) >= 4 and (parts[2], parts[3]) in _GROUP_VERSIONS:
+        group, rest = parts[2], parts[4:]
+    else:
+        return None
+    return None if any(not p for p in rest) else (group, rest)
 
 
 def api_versions(server_address: str) -> bytes:
@@ -92,6 +106,7 @@ def api_resource_list() -> bytes:
                     **({"shortNames": list(r.short_names)} if r.short_names else {}),
                 }
                 for r in RESOURCES.values()
+                if not r.group
             ],
         }
     )

@@ -80,7 +80,7 @@ async def test_discovery_documents_describe_the_served_kinds() -> None:
     assert (status, versions["kind"], versions["versions"]) == (200, "APIVersions", ["v1"])
     _, resources = await get(api, "/api/v1")
     served = {r["name"]: r for r in resources["resources"]}
-    assert set(served) == {"nodes", "pods", "configmaps", "secrets"}
+    assert set(served) == {"nodes", "pods", "configmaps", "secrets", "services"}
     assert served["pods"]["namespaced"]
     assert not served["nodes"]["namespaced"]
     assert all(r["verbs"] == ["get", "list", "watch"] for r in served.values())
@@ -192,7 +192,7 @@ async def test_writes_are_forbidden_naming_why(method: str, path: str, named: st
 @pytest.mark.parametrize(
     "path",
     [
-        "/api/v1/services",
+        "/api/v1/endpoints",
         "/api/v1/namespaces",
         "/api/v1/namespaces/ns",
         f"/api/v1/nodes/{NODE}/status",

@@ -245,7 +245,7 @@ def test_the_config_refuses_a_loopback_port_out_of_range(port: int) -> None:
 def test_the_config_refuses_listing_the_local_apis_port() -> None:
     """The agent's own port in loopbackPorts is a mistake reported at start, naming both settings."""
     local_api = LocalApiConfig(enabled=True, port=10261)
-    with pytest.raises(ValueError, match=r"diagnosis\.loopbackPorts lists 10261, the port of this agent's local API"):
+    with pytest.raises(ValueError, match=r"loopbackPorts lists 10261, a port of this agent's \(localApi.port"):
         EdgeConfig(local_api=local_api, diagnosis=DiagnosisConfig(loopback_ports=(8080, 10261)))
     assert EdgeConfig(local_api=local_api).served_ports == (10261,)
     assert EdgeConfig(local_api=LocalApiConfig(port=10261)).served_ports == ()
