@@ -38,9 +38,9 @@ from bench import (
     hub_profile,
     job_cost,
     machine,
-    report,
 )
 from bench.fleet import raise_fd_limit
+from bench.report import page as report
 from bench.waits import Stalled
 from roles.common.logs import configure_logging
 

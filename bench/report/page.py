@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import notes, plots
+from bench.report import notes, plots
 
 MIB = 1 << 20
 KIB = 1 << 10
