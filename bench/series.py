@@ -22,6 +22,7 @@ from bench import (
     edge_footprint,
     hub_cache,
     hub_capacity,
+    hub_heap,
     hub_profile,
     job_cost,
     progress,
@@ -55,7 +56,7 @@ async def cluster_series(args: argparse.Namespace, results: dict[str, Any], fail
             if "heap" in args.only and args.heap_sessions:
                 progress.log(f"hub heap profile: {args.heap_sessions} sessions")
                 try:
-                    heap = await hub_capacity.heap_profile(cp, sessions=args.heap_sessions, seed=seed)
+                    heap = await hub_heap.heap_profile(cp, sessions=args.heap_sessions, seed=seed)
                 except Exception as exc:  # the job series still runs
                     progress.note_failure(failed, f"hub heap profile, {args.heap_sessions} sessions", exc)
                 else:

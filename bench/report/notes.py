@@ -11,7 +11,7 @@ from typing import Any
 from bench.report.cells import KIB, MIB, median
 
 HEARTBEAT_S = 15.0
-"""The hub-capacity benchmark's heartbeat interval (``bench.hub_capacity.HEARTBEAT_S``)."""
+"""The hub-capacity benchmark's heartbeat interval (``bench.hub_process.HEARTBEAT_S``)."""
 
 
 def keepalives_per_s(run: dict[str, Any]) -> float:
