@@ -90,7 +90,8 @@ from tools.ports import free_port, free_ports, held, reported
 from tools.processes import http_get, processes_in_sessions, role_command
 from tools.provision import controlplane as _cp
 from tools.provision.containerd import RuntimeServicesError
-from tools.provision.image import ImageError, build_and_push, project_version
+from tools.provision.image import build_and_push, project_version
+from tools.provision.image_tools import ImageError
 from tools.provision.upgrade_artifact import push as push_artifact
 
 SAMPLES_DIR: Final = _cp.REPO_ROOT / "containers" / "samples"
