@@ -2,9 +2,9 @@
 
 The agent is the real edge role (``python -m roles.cli --role=edge``) in its own process, run as a
 device runs it: by an interpreter whose virtualenv holds only the base install's dependencies
-(:func:`device_python`; no cloud or demo extra), with its SQLite store and a real containerd (CRI)
+(:func:`bench.edge_device.device_python`; no cloud or demo extra), with its SQLite store and a real containerd (CRI)
 on loopback, pulling from a real registry. Its hub is a
-minimal one in this process (:class:`_Hub`): the real wire codec over trio-websocket and TLS (a
+minimal one in this process (:class:`bench.edge_hub.MinimalHub`): the real wire codec over trio-websocket and TLS (a
 generated CA, which the agent trusts through ``caFile``, as a device trusts its cloud's), answering
 the Hello, echoing heartbeats and acknowledging reports, so that nothing else in the agent's
 process is measured. For each run, a fresh agent:
@@ -24,41 +24,38 @@ parts costs, to show where an idle agent's memory goes.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
-import os
 import secrets
-import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
-import tomllib
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
-import anyio.abc
 import msgspec
 import psutil
-import trio_websocket
 
 from bench.cluster import REPO
+from bench.edge_device import (
+    NODE,
+    Memory,
+    agent_config,
+    device_process,
+    device_python,
+    repo_env,
+    rss_with_children,
+    settled_memory,
+)
+from bench.edge_hub import MinimalHub, serving
 from bench.local_api import list_latency, realistic_pod
 from bench.waits import deadline
-from flows.nodejobs import imageprepulljob
 from nodetask import messages
-from nodetask.route import Route
-from roles.common.tls import generate_serving_certificate, server_ssl_context
-from schemas.v1alpha2 import API_VERSION, ImagePrePullJobSpec, ImagePrePullTemplate
 from tools.ports import free_port
-from tools.processes import role_command, terminate
+from tools.processes import role_command
 from tools.provision.containerd import Containerd, Registry, ensure_tools, start_containerd, start_registry
 
-NODE = "bench-edge"
 SAMPLE_S = 0.02
 
 IMPORT_STEPS: tuple[tuple[str, str], ...] = (
@@ -73,13 +70,6 @@ IMPORT_STEPS: tuple[tuple[str, str], ...] = (
     ("+ grpcio and the CRI client (only in the puller's child)", "import roles.edge.runtime.cri"),
 )
 """Cumulative imports, each row in a fresh interpreter with the rows above it."""
-
-
-@dataclass(frozen=True, slots=True)
-class Memory:
-    rss: int
-    uss: int
-    pss: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,191 +98,27 @@ class ImportStep:
     rss: int
 
 
-def device_python() -> Path:
-    """The interpreter of a virtualenv with only the base dependencies, built once per dependency list.
-
-    Only the installed libraries are a device's; the package itself is installed editable (without
-    dependencies) for its metadata, which the agent reads its version from. The virtualenv is shared
-    by every checkout on the machine, so its editable install may point at another one (or at one
-    since removed): every process is therefore started with this repository first on its path
-    (:func:`_repo_env`), and the measurement follows this repository's code.
-    """
-    deps: list[str] = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
-    key = hashlib.sha256("\n".join(sorted(deps)).encode()).hexdigest()[:12]
-    venv = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "nodetaskd" / f"edge-venv-{key}"
-    python = venv / "bin" / "python"
-    if not (venv / ".complete").exists():
-        shutil.rmtree(venv, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-        subprocess.run([*pip, *deps], check=True)
-        subprocess.run([*pip, "--no-deps", "--editable", str(REPO)], check=True)
-        (venv / ".complete").touch()
-    return python
-
-
-def _repo_env() -> dict[str, str]:
-    """The environment with this repository first on ``PYTHONPATH``, which also reaches an agent the launcher
-    starts with ``-P`` (its working directory off ``sys.path``)."""
-    paths = [str(REPO), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
-
-
-def _rss_with_children(process: psutil.Process) -> tuple[int, int]:
-    """The RSS of ``process``, and of its children together (one that just ended counts 0)."""
-    own = int(process.memory_info().rss)
-    children = 0
-    for child in process.children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            children += int(child.memory_info().rss)
-    return own, children
-
-
-def _memory(pid: int) -> Memory:
-    info = psutil.Process(pid).memory_full_info()
-    return Memory(rss=info.rss, uss=info.uss, pss=info.pss)
-
-
-async def _settled_memory(pid: int) -> Memory:
-    readings = []
-    for _ in range(3):
-        readings.append(_memory(pid))
-        await anyio.sleep(1)
-    return Memory(
-        rss=int(statistics.median(r.rss for r in readings)),
-        uss=int(statistics.median(r.uss for r in readings)),
-        pss=int(statistics.median(r.pss for r in readings)),
-    )
-
-
-@dataclass(slots=True)
-class _Hub:
-    """Just enough of a hub for one agent: welcome, echo heartbeats, dispatch one pull, ack reports."""
-
-    image: str
-    cache: tuple[messages.CacheObjects, ...] | None = None
-    """With these, the hub lists ``cache.v1``, requests autonomy and sends them after its Welcome."""
-    welcomed: anyio.Event = field(default_factory=anyio.Event)
-    start_pull: anyio.Event = field(default_factory=anyio.Event)
-    pulled: anyio.Event = field(default_factory=anyio.Event)
-    autonomous: anyio.Event = field(default_factory=anyio.Event)
-    """Set when the agent reports its Autonomy condition True (everything sent is cached)."""
-    pull_report: messages.Report | None = None
-
-    async def handle(self, request: trio_websocket.WebSocketRequest) -> None:
-        ws = await request.accept()
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self._dispatch, ws)
-            with contextlib.suppress(trio_websocket.ConnectionClosed):
-                while True:
-                    msg = messages.decode_upstream(await ws.get_message())
-                    await self._answer(ws, msg)
-            tg.cancel_scope.cancel()
-
-    async def _answer(self, ws: trio_websocket.WebSocketConnection, msg: messages.Upstream) -> None:
-        if isinstance(msg, messages.Hello):
-            capabilities = () if self.cache is None else (messages.CACHE_CAPABILITY,)
-            welcome = messages.Welcome(hub="bench", heartbeat_interval=15.0, capabilities=capabilities)
-            await ws.send_message(messages.encode(welcome))
-            if self.cache is not None:
-                for frame in (*self.cache, messages.Autonomy(requested=True)):
-                    await ws.send_message(messages.encode(frame))
-            self.welcomed.set()
-        elif isinstance(msg, messages.AutonomyCondition) and msg.status == "True":
-            self.autonomous.set()
-        elif isinstance(msg, messages.Heartbeat):
-            await ws.send_message(messages.encode(msg))
-        elif isinstance(msg, messages.Report):
-            await ws.send_message(messages.encode(messages.ReportAck(job_uid=msg.job_uid, seq=msg.seq)))
-            if msg.action == imageprepulljob.PULL:
-                self.pull_report = msg
-                self.pulled.set()
-
-    async def _dispatch(self, ws: trio_websocket.WebSocketConnection) -> None:
-        await self.start_pull.wait()
-        spec = ImagePrePullJobSpec(image_pre_pull_template=ImagePrePullTemplate(images=(self.image,)))
-        await ws.send_message(
-            messages.encode(
-                messages.RunAction(
-                    id="bench-pull",
-                    route=Route(API_VERSION, imageprepulljob.JOB_TYPE.resource_type, "bench-pull", NODE),
-                    job_uid=secrets.token_hex(8),
-                    action=imageprepulljob.CHECK,
-                    spec=msgspec.Raw(msgspec.json.encode(spec)),
-                )
-            )
-        )
-
-
-@contextlib.asynccontextmanager
-async def _serving(hub: _Hub, home: Path) -> AsyncIterator[tuple[int, Path]]:
-    """``hub`` serving wss:// on loopback with a certificate made in ``home``: its port, and the CA file an
-    agent trusts it by."""
-    cert = generate_serving_certificate(home / "tls", dns_names=["localhost"])
-    ca_file = home / "ca.pem"
-    ca_file.write_bytes(cert.ca_bundle)
-    async with anyio.create_task_group() as tg:
-        server = await tg.start(trio_websocket.serve_websocket, hub.handle, "127.0.0.1", 0, server_ssl_context(cert))
-        yield server.port, ca_file
-        tg.cancel_scope.cancel()
-
-
-@contextlib.asynccontextmanager
-async def _device_process(*argv: str) -> AsyncIterator[anyio.abc.Process]:
-    """``argv`` run with this repository's code (:func:`_repo_env`), output dropped; stopped at the end."""
-    process = await anyio.open_process(
-        list(argv), cwd=REPO, env=_repo_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        yield process
-    finally:
-        await terminate(process)
-        await process.aclose()
-
-
-def _agent_config(
-    home: Path, *, port: int, cri_endpoint: str, ca_file: Path, local_api_port: int | None = None
-) -> Path:
-    (home / "token").write_text("bench-token\n")
-    config: dict[str, Any] = {
-        "nodeName": NODE,
-        "hubUrls": [f"wss://127.0.0.1:{port}/nodes/{NODE}"],
-        "caFile": str(ca_file),
-        "tokenFile": str(home / "token"),
-        "dataDir": str(home / "data"),
-        "criEndpoint": cri_endpoint,
-        "maxCpuUsage": 100,
-        "maxMemUsage": 100,
-        "maxDiskUsage": 100,
-    }
-    if local_api_port is not None:
-        config["localApi"] = {"enabled": True, "port": local_api_port}
-    path = home / "edge.yaml"
-    path.write_bytes(msgspec.yaml.encode(config))
-    return path
-
-
 async def _one_run(
     python: Path, ctd: Containerd, registry: Registry, *, index: int, layer: bytes, settle_s: float
 ) -> FootprintRun:
     image = registry.push("bench/footprint", f"run{index}-{secrets.token_hex(4)}", content=layer)
-    hub = _Hub(image=image)
+    hub = MinimalHub(image=image)
     with tempfile.TemporaryDirectory(prefix="ntd-edge-") as tmp:
-        async with _serving(hub, Path(tmp)) as (port, ca_file):
-            config = _agent_config(Path(tmp), port=port, cri_endpoint=ctd.endpoint, ca_file=ca_file)
+        async with serving(hub, Path(tmp)) as (port, ca_file):
+            config = agent_config(Path(tmp), port=port, cri_endpoint=ctd.endpoint, ca_file=ca_file)
             argv = (*role_command("edge", config, python=python), "--log-level=warning")
-            async with _device_process(*argv) as process:
+            async with device_process(*argv) as process:
                 with deadline("the agent's Hello", 60):
                     await hub.welcomed.wait()
                 await anyio.sleep(settle_s)
-                idle = await _settled_memory(process.pid)
+                idle = await settled_memory(process.pid)
                 peak = peak_total = 0
                 agent = psutil.Process(process.pid)
                 started = time.perf_counter()
                 hub.start_pull.set()
                 with deadline("the agent's pull report", 300):
                     while not hub.pulled.is_set():
-                        own, children = _rss_with_children(agent)
+                        own, children = rss_with_children(agent)
                         peak, peak_total = max(peak, own), max(peak_total, own + children)
                         with anyio.move_on_after(SAMPLE_S):
                             await hub.pulled.wait()
@@ -301,7 +127,7 @@ async def _one_run(
                 if report is None or not report.succ:
                     raise RuntimeError(f"the pull failed: {report.reason if report else 'no report'}")
                 await anyio.sleep(settle_s)
-                after = await _settled_memory(process.pid)
+                after = await settled_memory(process.pid)
     return FootprintRun(
         idle=idle, peak_rss=peak, peak_total_rss=peak_total, after_pull=after, pull_s=pull_s, layer_bytes=len(layer)
     )
@@ -332,17 +158,17 @@ async def run(*, runs: int = 3, settle_s: float = 5.0, layer_mib: int = 32) -> l
 async def launcher_run(*, settle_s: float = 5.0) -> LauncherRun:
     """A launcher supervising a fresh agent: both processes' memory ``settle_s`` after the agent's Welcome."""
     python = device_python()
-    hub = _Hub(image="")
+    hub = MinimalHub(image="")
     with tempfile.TemporaryDirectory(prefix="ntd-launcher-") as tmp:
-        async with _serving(hub, Path(tmp)) as (port, ca_file):
-            config = _agent_config(Path(tmp), port=port, cri_endpoint="", ca_file=ca_file)
-            async with _device_process(str(python), "-m", "roles.edge.launcher", f"--config={config}") as process:
+        async with serving(hub, Path(tmp)) as (port, ca_file):
+            config = agent_config(Path(tmp), port=port, cri_endpoint="", ca_file=ca_file)
+            async with device_process(str(python), "-m", "roles.edge.launcher", f"--config={config}") as process:
                 with anyio.fail_after(60):
                     await hub.welcomed.wait()
                 await anyio.sleep(settle_s)
                 (agent,) = psutil.Process(process.pid).children()
-                launcher = await _settled_memory(process.pid)
-                idle_agent = await _settled_memory(agent.pid)
+                launcher = await settled_memory(process.pid)
+                idle_agent = await settled_memory(agent.pid)
     return LauncherRun(launcher=launcher, agent=idle_agent)
 
 
@@ -374,17 +200,17 @@ async def cache_run(*, local_api: bool, settle_s: float = 5.0, requests: int = 1
     """A fresh agent (no container runtime) whose hub fills its cache: its idle memory with the local API
     on or off, and with it on, how fast it lists the node's Pods from that cache over HTTP."""
     python = device_python()
-    hub = _Hub(image="", cache=cache_frames())
+    hub = MinimalHub(image="", cache=cache_frames())
     api_port = free_port() if local_api else None
     with tempfile.TemporaryDirectory(prefix="ntd-cache-") as tmp:
-        async with _serving(hub, Path(tmp)) as (port, ca_file):
-            config = _agent_config(Path(tmp), port=port, cri_endpoint="", ca_file=ca_file, local_api_port=api_port)
+        async with serving(hub, Path(tmp)) as (port, ca_file):
+            config = agent_config(Path(tmp), port=port, cri_endpoint="", ca_file=ca_file, local_api_port=api_port)
             argv = (*role_command("edge", config, python=python), "--log-level=warning")
-            async with _device_process(*argv) as process:
+            async with device_process(*argv) as process:
                 with deadline("the agent's Autonomy condition", 60):
                     await hub.autonomous.wait()
                 await anyio.sleep(settle_s)
-                idle = await _settled_memory(process.pid)
+                idle = await settled_memory(process.pid)
                 latency = None if api_port is None else await list_latency(api_port, requests)
     return CacheRun(local_api=local_api, idle=idle, list_pods=latency)
 
@@ -401,7 +227,7 @@ def import_costs() -> list[ImportStep]:
         for _ in range(3):
             out = subprocess.run(
                 [str(python), "-c", "; ".join([*imported, probe])],
-                cwd=REPO, env=_repo_env(), check=True, capture_output=True, text=True,
+                cwd=REPO, env=repo_env(), check=True, capture_output=True, text=True,
             )  # fmt: skip
             readings.append(int(out.stdout.strip()) * 1024)
         steps.append(ImportStep(what=what, rss=int(statistics.median(readings))))

@@ -27,7 +27,7 @@ import msgspec
 
 from bench import procs
 from bench.cluster import REGISTER_PARALLEL, REPO, node_name
-from bench.hub_capacity import _bound, _config, _read_metrics, _ready, _wait_metric, psutil_nofile
+from bench.hub_process import bound_ports, hub_ready, psutil_nofile, read_metrics, wait_metric, write_config
 from bench.waits import Stalled, deadline_for
 from roles.kube import Conflict, Kube, Resource
 from schemas.meta import ApiStruct, ObjectMeta
@@ -150,7 +150,9 @@ async def run_size(
     """Start a hub process and a caching fleet of ``sessions`` edges, measure, stop both."""
     hub_id = f"bench-cache-{sessions}-{index}"
     cfg, ports_file = state_dir / f"{hub_id}.yaml", state_dir / f"{hub_id}.ports.json"
-    _config(cp, cfg, hub_id=hub_id, port=0, http_port=0, cache_streams=True, log_level="warning", ports_file=ports_file)
+    write_config(
+        cp, cfg, hub_id=hub_id, port=0, http_port=0, cache_streams=True, log_level="warning", ports_file=ports_file
+    )
     argv = role_command("cloud", cfg, module="bench.hubproc")
     started = time.perf_counter()
     log = state_dir / f"{hub_id}.log"
@@ -158,10 +160,10 @@ async def run_size(
         hub = await anyio.open_process(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
     fleet: procs.Fleet | None = None
     try:
-        bound = await _bound(ports_file, hub)
+        bound = await bound_ports(ports_file, hub)
         port, http_port = bound["listen"], bound["httpListen"]
-        await _ready(http_port, hub)
-        await _wait_metric("cache watches listed", http_port, "nodetaskd_hub_cache_watches_listed", WATCHED_KINDS, 600)
+        await hub_ready(http_port, hub)
+        await wait_metric("cache watches listed", http_port, "nodetaskd_hub_cache_watches_listed", WATCHED_KINDS, 600)
         listed_s = time.perf_counter() - started
         await anyio.sleep(2)
         run = CacheRun(
@@ -178,11 +180,11 @@ async def run_size(
         run.connect_s = float((await fleet.expect("connected", limit_s=limit))["seconds"])
         cached = await fleet.expect("cached", limit_s=limit)
         run.cached_s, run.cache_frames = float(cached["seconds"]), float(cached["frames"])
-        await _wait_metric("Nodes marked", http_port, "nodetaskd_hub_api_writes_total", sessions, limit_s=limit)
+        await wait_metric("Nodes marked", http_port, "nodetaskd_hub_api_writes_total", sessions, limit_s=limit)
         await anyio.sleep(3)
         run.rss = procs.rss_bytes(hub.pid)
         run.fleet_rss = procs.rss_bytes(fleet.pid)
-        metrics = await _read_metrics(http_port)
+        metrics = await read_metrics(http_port)
         run.relists = metrics.get("nodetaskd_hub_cache_relists_total", 0.0)
         run.list_failures = sum(
             v for k, v in metrics.items() if k.startswith("nodetaskd_hub_cache_list_failures_total")

@@ -31,55 +31,42 @@ size, a fresh hub and fleet:
 from __future__ import annotations
 
 import contextlib
-import functools
-import gc
-import os
-import re
-import resource
 import subprocess
 import time
-import tracemalloc
-import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import anyio
 import anyio.abc
-import psutil
-import structlog
-from prometheus_client import CollectorRegistry
 
 from bench import procs
 from bench.cluster import REPO, admin
+from bench.hub_process import (
+    HEARTBEAT_S,
+    MARKS,
+    hub_ready,
+    marks_settled,
+    psutil_nofile,
+    read_metrics,
+    wait_metric,
+    write_config,
+)
 from bench.hub_profile import Sampler
-from bench.waits import Stalled, deadline_for, until_count
-from nodetask.clock import Clock
-from roles.cloud.hub import Hub, HubSettings
-from roles.cloud.metrics import HubMetrics
-from roles.cloud.transport.ingress import connection_limits
-from roles.common.jobtypes import job_types
-from roles.kube import Kube, NotFound, open_kube
+from bench.waits import Stalled, deadline_for
+from roles.kube import Kube, NotFound
 from roles.kube.resources import job_resource
 from schemas.kinds import IMAGE_PRE_PULL_JOB
 from schemas.v1alpha2 import API_VERSION
 from tools.ports import free_ports
-from tools.processes import NotReady, role_command, terminate, until_ports, until_ready
+from tools.processes import role_command, terminate
 from tools.provision.controlplane import ControlPlane
 
 PREPULLS = job_resource(IMAGE_PRE_PULL_JOB)
-HEARTBEAT_S = 15.0
 STEADY_S = 30.0
 HEARTBEAT_BURST = 20_000
 """Heartbeats in a burst, at least 5 per edge."""
 REPORT_BURST = 10_000
 """Reports in a burst, at least 2 per edge."""
-_SAMPLE = re.compile(r'^(\w+)(?:\{(\w+)="([^"]*)"\})? ([0-9.e+-]+)$')
-MARKS = "nodetaskd_hub_node_marks_total"
-MANY_SESSIONS_HANDSHAKES = 500
-"""``maxHandshakes`` when ``maxSessions`` is raised to the fleet's size (see :func:`_limits`)."""
-"""Node marks settled, by outcome (``written``, ``skipped``, ``failed``)."""
 
 
 @dataclass(slots=True)
@@ -132,93 +119,6 @@ class CapacityRun:
         return (self.rss - self.baseline_rss) / self.sessions
 
 
-def _metrics(port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if m:
-            name, _, label, value = m.groups()
-            out[f"{name}:{label}" if label else name] = float(value)
-    return out
-
-
-async def _read_metrics(port: int) -> dict[str, float]:
-    return await anyio.to_thread.run_sync(_metrics, port)
-
-
-async def _bound(ports_file: Path, process: anyio.abc.Process) -> dict[str, int]:
-    """The ports a hub started on port 0 wrote to its ``portsFile``, by setting (``listen``, ``httpListen``)."""
-    try:
-        return await until_ports(process, ports_file, limit_s=60)
-    except NotReady as exc:
-        raise Stalled(f"the hub {exc}") from None
-
-
-async def _ready(port: int, process: anyio.abc.Process) -> None:
-    try:
-        await until_ready(process, f"http://127.0.0.1:{port}/readyz", limit_s=60)
-    except NotReady as exc:
-        raise Stalled(f"the hub {exc}") from None
-
-
-def _config(
-    cp: ControlPlane,
-    path: Path,
-    *,
-    hub_id: str,
-    port: int,
-    http_port: int,
-    cache_streams: bool = False,
-    log_level: str = "error",
-    sessions: int = 0,
-    ports_file: Path | None = None,
-) -> None:
-    # This series measures sessions alone, as before cache streams existed (bench/hub_cache.py has them on).
-    ports = f"portsFile: {ports_file}\n" if ports_file else ""
-    path.write_text(
-        _limits(sessions) + ports + f"kubeconfig: {cp.kubeconfig('cloud')}\n"
-        f"hubId: {hub_id}\n"
-        f"listen: 127.0.0.1:{port}\n"
-        f"httpListen: 127.0.0.1:{http_port}\n"
-        f"heartbeatInterval: {HEARTBEAT_S}\n"
-        f"cacheStreams: {'true' if cache_streams else 'false'}\n"
-        "closeGrace: 2\n"
-        f"logLevel: {log_level}\n"
-    )
-
-
-def _limits(sessions: int) -> str:
-    """Config lines for a fleet past the session cap the hub derives from its file limit (a quarter of the
-    limit kept for handshakes): what an operator holding that many edges on one process sets."""
-    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]  # the hub raises its soft limit to this
-    if hard == resource.RLIM_INFINITY or sessions <= connection_limits(hard).sessions:
-        return ""
-    return f"maxSessions: {sessions}\nmaxHandshakes: {MANY_SESSIONS_HANDSHAKES}\n"
-
-
-def _settled(metrics: dict[str, float]) -> float:
-    """Node marks settled, whatever their outcome."""
-    return sum(value for key, value in metrics.items() if key.startswith(f"{MARKS}:"))
-
-
-async def _wait_metric(
-    what: str, port: int, key: str | Callable[[dict[str, float]], float], target: float, limit_s: float
-) -> dict[str, float]:
-    """The hub's metrics once ``key`` (a sample, or a function of them all) reaches ``target``; Stalled
-    naming ``what`` after ``limit_s`` seconds."""
-    latest: dict[str, float] = {}
-
-    async def count() -> float:
-        nonlocal latest
-        latest = await _read_metrics(port)
-        return key(latest) if callable(key) else latest.get(key, 0.0)
-
-    await until_count(what, count, target, limit_s=limit_s, interval_s=0.1)
-    return latest
-
-
 async def _target_job(kube: Kube, name: str) -> str:
     """A job targeting one node outside the fleet; its UID."""
     doc = {
@@ -245,14 +145,14 @@ async def run_size(
     # Unique, so that no Node still carries this hub's mark from an earlier run: every first mark is written.
     hub_id = f"bench-cap-{sessions}-{index}-{int(time.time())}"
     cfg = state_dir / f"{hub_id}.yaml"
-    _config(cp, cfg, hub_id=hub_id, port=port, http_port=http_port, sessions=sessions)
+    write_config(cp, cfg, hub_id=hub_id, port=port, http_port=http_port, sessions=sessions)
     job = f"bench-cap-{sessions}-{index}-{int(time.time())}"
     argv = role_command("cloud", cfg, module="bench.hubproc")
     async with admin(cp) as kube:
         hub = await anyio.open_process(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         fleet: procs.Fleet | None = None
         try:
-            await _ready(http_port, hub)
+            await hub_ready(http_port, hub)
             await anyio.sleep(2)
             baseline = procs.rss_bytes(hub.pid)
             fleet = await procs.Fleet.spawn(
@@ -271,7 +171,7 @@ async def run_size(
             await anyio.sleep(1)  # the hub's job watch picks the job up
             async with _sampled(sample, "report", hub.pid):
                 await _report_burst(run, fleet, pids, job, uid)
-            hellos = (await _read_metrics(http_port)).get("nodetaskd_hub_messages_in_total:hello", 0.0)
+            hellos = (await read_metrics(http_port)).get("nodetaskd_hub_messages_in_total:hello", 0.0)
             run.reopened = hellos - sessions
             await fleet.command("reconnects")  # the fleet counts each edge's sessions from here
             commanded = time.perf_counter()
@@ -315,10 +215,10 @@ async def _reconnect_storm(
     same id after the fleet was told (``commanded``) to count reconnects."""
     fleet_cpu = procs.cpu_seconds({"fleet": fleet.pid})
     async with _sampled(sample, "reconnect", hub.pid):
-        await _ready(http_port, hub)
+        await hub_ready(http_port, hub)
         run.reconnect_ready_s = time.perf_counter() - started
         limit = deadline_for(run.sessions)
-        marks = await _wait_metric("Nodes marked again", http_port, _settled, run.sessions, limit_s=limit)
+        marks = await wait_metric("Nodes marked again", http_port, marks_settled, run.sessions, limit_s=limit)
         run.reconnect_marked_s = time.perf_counter() - started
         run.reconnect_cpu_s = procs.cpu_seconds({"hub": hub.pid})["hub"]
         run.reconnect_fleet_cpu_s = procs.cpu_delta(fleet_cpu, procs.cpu_seconds({"fleet": fleet.pid}))["fleet"]
@@ -327,7 +227,7 @@ async def _reconnect_storm(
     run.reconnect_welcomed_s = float(reconnected["seconds"]) - (started - commanded)
     # A session the hub was too slow for ends after three silent heartbeat intervals; its edge says Hello again.
     await anyio.sleep(3 * HEARTBEAT_S)
-    hellos = (await _read_metrics(http_port)).get("nodetaskd_hub_messages_in_total:hello", 0.0)
+    hellos = (await read_metrics(http_port)).get("nodetaskd_hub_messages_in_total:hello", 0.0)
     run.reconnect_reopened = hellos - run.sessions
 
 
@@ -341,18 +241,18 @@ async def _connect(run: CapacityRun, fleet: procs.Fleet, hub_pid: int, http_port
     run.connect_s = float(connected["seconds"])
     # The hub marks each Node after welcoming its edge (the hub id is new: every mark is written).
     limit = deadline_for(run.sessions)
-    await _wait_metric("Nodes marked", http_port, _settled, run.sessions, limit_s=limit)
+    await wait_metric("Nodes marked", http_port, marks_settled, run.sessions, limit_s=limit)
     run.marked_s = time.perf_counter() - started
-    run.token_reads = (await _read_metrics(http_port)).get("nodetaskd_hub_token_reads_total", 0.0)
+    run.token_reads = (await read_metrics(http_port)).get("nodetaskd_hub_token_reads_total", 0.0)
     await anyio.sleep(3)
     run.rss = procs.rss_bytes(hub_pid)
     run.fleet_rss = procs.rss_bytes(fleet.pid)
 
 
 async def _steady(run: CapacityRun, pids: dict[str, int], http_port: int) -> None:
-    m0, cpu0 = await _read_metrics(http_port), procs.cpu_seconds(pids)
+    m0, cpu0 = await read_metrics(http_port), procs.cpu_seconds(pids)
     await anyio.sleep(STEADY_S)
-    m1, cpu1 = await _read_metrics(http_port), procs.cpu_seconds(pids)
+    m1, cpu1 = await read_metrics(http_port), procs.cpu_seconds(pids)
     run.steady_cpu_pct = procs.cpu_delta(cpu0, cpu1)["hub"] / STEADY_S * 100
     key = "nodetaskd_hub_messages_in_total:heartbeat"
     run.steady_heartbeats_per_s = (m1.get(key, 0.0) - m0.get(key, 0.0)) / STEADY_S
@@ -361,11 +261,11 @@ async def _steady(run: CapacityRun, pids: dict[str, int], http_port: int) -> Non
 async def _heartbeat_burst(run: CapacityRun, fleet: procs.Fleet, pids: dict[str, int], http_port: int) -> None:
     key = "nodetaskd_hub_messages_out_total:heartbeat"
     each = max(5, -(-HEARTBEAT_BURST // run.sessions))
-    m0, cpu0, started = await _read_metrics(http_port), procs.cpu_seconds(pids), time.perf_counter()
+    m0, cpu0, started = await read_metrics(http_port), procs.cpu_seconds(pids), time.perf_counter()
     await fleet.command(f"heartbeats {each}")
     await fleet.expect("sent", limit_s=600)
     target = m0.get(key, 0.0) + run.sessions * each
-    m1 = await _wait_metric("heartbeats echoed", http_port, key, target, limit_s=600)
+    m1 = await wait_metric("heartbeats echoed", http_port, key, target, limit_s=600)
     elapsed, cpu = time.perf_counter() - started, procs.cpu_delta(cpu0, procs.cpu_seconds(pids))
     run.heartbeat_burst_per_s = (m1[key] - m0.get(key, 0.0)) / elapsed
     run.heartbeat_burst_cpu_pct = cpu["hub"] / elapsed * 100
@@ -392,72 +292,3 @@ async def _report_burst(run: CapacityRun, fleet: procs.Fleet, pids: dict[str, in
     each = max(2, -(-REPORT_BURST // run.sessions))
     seconds, run.report_burst_cpu_pct = await _fleet_burst(fleet, pids, f"reports {each} {job} {uid}", "answered")
     run.report_burst_per_s = run.sessions * each / seconds
-
-
-def psutil_nofile(pid: int) -> tuple[int, int]:
-    soft, hard = psutil.Process(pid).rlimit(psutil.RLIMIT_NOFILE)
-    return int(soft), int(hard)
-
-
-# ------------------------------------------------------------------------ where a session's memory goes
-
-
-async def heap_profile(cp: ControlPlane, *, sessions: int, seed: str) -> dict[str, Any]:
-    """Python heap per session, by source file (tracemalloc), with the hub in this process.
-
-    The same Hub class as the cloud role, run in the benchmark process so that tracemalloc can
-    compare the heap before and after ``sessions`` edges connect. tracemalloc counts Python
-    allocations only: the rest of the RSS growth is the allocator's overhead and fragmentation,
-    and buffers allocated outside Python.
-    """
-    tracemalloc.start(1)
-    log = structlog.get_logger()
-    fleet: procs.Fleet | None = None
-    try:
-        async with open_kube(kubeconfig=str(cp.kubeconfig("cloud")), log=log) as kube:
-            settings = HubSettings(hub_id="bench-heap", heartbeat_interval=HEARTBEAT_S, close_grace=2.0)
-            hub: Hub
-            metrics = HubMetrics(CollectorRegistry(), sessions=lambda: len(hub.sessions), kube=lambda: (0, 0))
-            hub = Hub(
-                kube=kube, clock=Clock.start(), log=log, settings=settings, job_types=job_types(), metrics=metrics
-            )
-            async with anyio.create_task_group() as tg:
-                port = await tg.start(functools.partial(hub.run, host="127.0.0.1", port=0, ssl_context=None))
-                await anyio.sleep(1)
-                gc.collect()
-                before, rss0 = tracemalloc.take_snapshot(), procs.rss_bytes(os.getpid())
-                fleet = await procs.Fleet.spawn(url=f"ws://127.0.0.1:{port}", seed=seed, count=sessions, lean=True)
-                await fleet.expect("connected", limit_s=deadline_for(sessions))
-
-                async def writes() -> float:
-                    return kube.writes
-
-                await until_count("Nodes marked", writes, sessions, limit_s=deadline_for(sessions))
-                await anyio.sleep(3)
-                gc.collect()
-                after, rss1 = tracemalloc.take_snapshot(), procs.rss_bytes(os.getpid())
-                tg.cancel_scope.cancel()
-    finally:
-        if fleet is not None:
-            await fleet.aclose()
-        tracemalloc.stop()
-    stats = after.compare_to(before, "filename")
-    total = sum(s.size_diff for s in stats)
-    top = [
-        (_short(s.traceback[0].filename), s.size_diff / sessions, s.count_diff / sessions)
-        for s in stats[:12]
-        if s.size_diff > 0
-    ]
-    return {
-        "sessions": sessions,
-        "python_heap_per_session": total / sessions,
-        "rss_per_session": (rss1 - rss0) / sessions,
-        "top": top,
-    }
-
-
-def _short(filename: str) -> str:
-    for marker in ("site-packages/", "/lib/python3.11/", str(REPO) + "/"):
-        if marker in filename:
-            return filename.split(marker, 1)[1]
-    return filename

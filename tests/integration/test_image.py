@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tools.provision import containerd as ctd
-from tools.provision import image
+from tools.provision import image, image_layout, image_tools
 
 pytestmark = pytest.mark.integration
 
@@ -54,7 +54,7 @@ def test_the_registry_serves_the_built_image_under_the_printed_digest(
     layout, reference = pushed
     repository, _, digest = reference.partition("@")
     assert repository == f"{image_registry.host}/nodetaskd"
-    assert digest == image.manifest_digest(layout, "0.1.0")
+    assert digest == image_layout.manifest_digest(layout, "0.1.0")
     by_tag = _registry_json(f"http://{image_registry.host}/v2/nodetaskd/manifests/0.1.0")
     by_digest = _registry_json(f"http://{image_registry.host}/v2/nodetaskd/manifests/{digest}")
     assert by_tag == by_digest
@@ -99,5 +99,5 @@ def test_the_image_runs_nodetaskd_as_its_non_root_user_with_the_cloud_extra_only
 def test_the_same_tree_builds_the_same_digest(pushed: tuple[Path, str], tmp_path: Path) -> None:
     """A second build of the same tree, into another layout, gives the same manifest digest."""
     layout, reference = pushed
-    again = image.build(tmp_path / "oci", "0.1.0", tools=image.ensure_tools())
-    assert again == reference.partition("@")[2] == image.manifest_digest(layout, "0.1.0")
+    again = image_layout.build(tmp_path / "oci", "0.1.0", tools=image_tools.ensure_tools())
+    assert again == reference.partition("@")[2] == image_layout.manifest_digest(layout, "0.1.0")

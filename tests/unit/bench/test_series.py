@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bench import cluster, diagnosis_cost, hub_cache, job_cost, run
+from bench import cluster, diagnosis_cost, hub_cache, job_cost, series, store
 from bench.waits import Stalled
 
 
@@ -20,8 +20,8 @@ async def _stalls(*args: Any, **kwargs: Any) -> Any:
 @pytest.mark.parametrize(
     ("series", "module", "runner", "option"),
     [
-        (run._job_cost, job_cost, "run_job", "profile_job"),
-        (run._diagnosis_cost, diagnosis_cost, "run_diagnosis", "profile_diagnosis"),
+        (series._job_cost, job_cost, "run_job", "profile_job"),
+        (series._diagnosis_cost, diagnosis_cost, "run_diagnosis", "profile_diagnosis"),
     ],
 )
 async def test_a_profiled_run_that_stalls_is_reported_failed_and_the_series_goes_on(
@@ -64,7 +64,7 @@ async def test_a_hub_cache_run_of_some_sizes_keeps_the_stored_runs_of_the_others
     monkeypatch.setattr(cluster, "admin", admin)
     monkeypatch.setattr(hub_cache, "ensure_objects", ensure_objects)
     monkeypatch.setattr(hub_cache, "run_size", lambda cp, **kw: run_size(**kw))
-    monkeypatch.setattr(run, "_save", lambda results, args: None)
+    monkeypatch.setattr(store, "save", lambda results, args: None)
     stored = {
         "measured": "earlier",
         "pods_per_node": 10,
@@ -74,12 +74,12 @@ async def test_a_hub_cache_run_of_some_sizes_keeps_the_stored_runs_of_the_others
     args = argparse.Namespace(hub_cache_sizes=[1000], hub_cache_repeats=1, cache_pods=10)
 
     results: dict[str, Any] = {"hub_cache": dict(stored)}
-    await run._hub_cache(None, "seed", args, tmp_path, results, failed=[])
+    await series._hub_cache(None, "seed", args, tmp_path, results, failed=[])
     entry = results["hub_cache"]
     assert sorted((r["sessions"], r["rss"]) for r in entry["runs"]) == [(1000, 7), (10000, 2)]
     assert entry["cluster_nodes"] == 10000
 
     results = {"hub_cache": {**stored, "pods_per_node": 20}}
-    await run._hub_cache(None, "seed", args, tmp_path, results, failed=[])
+    await series._hub_cache(None, "seed", args, tmp_path, results, failed=[])
     assert [(r["sessions"], r["rss"]) for r in results["hub_cache"]["runs"]] == [(1000, 7)]
     assert results["hub_cache"]["cluster_nodes"] == 1000

@@ -6,27 +6,18 @@ in the text are computed from the stored results.
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Iterable
 from typing import Any
 
-MIB = 1 << 20
-KIB = 1 << 10
-
+from bench.report.cells import KIB, MIB, median
 
 HEARTBEAT_S = 15.0
-"""The hub-capacity benchmark's heartbeat interval (``bench.hub_capacity.HEARTBEAT_S``)."""
+"""The hub-capacity benchmark's heartbeat interval (``bench.hub_process.HEARTBEAT_S``)."""
 
 
 def keepalives_per_s(run: dict[str, Any]) -> float:
     """Keep-alives a second in a hub run's steady phase: the Heartbeats the hub counted, or, from a fleet
     that pings (the hub's code never sees a ping), one per edge per interval."""
     return float(run["steady_heartbeats_per_s"]) or run["sessions"] / HEARTBEAT_S
-
-
-def _med(values: Iterable[float]) -> float:
-    vals = list(values)
-    return statistics.median(vals) if vals else float("nan")
 
 
 def write(results: dict[str, Any]) -> list[str]:
@@ -63,10 +54,10 @@ def _hub_cache_notes(res: dict[str, Any], plain: list[dict[str, Any]]) -> list[s
         return []
     top = max(r["sessions"] for r in runs)
     at_top = [r for r in runs if r["sessions"] == top]
-    per = _med(r["per_session_bytes"] for r in at_top) / KIB
+    per = median(r["per_session_bytes"] for r in at_top) / KIB
     plain_top = [r for r in plain if r["sessions"] == top]
-    plain_per = _med(r["per_session_bytes"] for r in plain_top) / KIB if plain_top else float("nan")
-    cached = _med(r["cached_s"] for r in at_top)
+    plain_per = median(r["per_session_bytes"] for r in plain_top) / KIB if plain_top else float("nan")
+    cached = median(r["cached_s"] for r in at_top)
     requests = top * 4
     return [
         f"**Hub capacity with cache streams.** At {top:,} sessions a cache session costs the hub {per:.1f} KiB,"
@@ -89,8 +80,8 @@ def _edge_notes(res: dict[str, Any]) -> list[str]:
     runs: list[dict[str, Any]] = res["runs"]
     if not runs:
         return []
-    idle = _med(r["idle"]["rss"] for r in runs) / MIB
-    puller = _med(r["peak_total_rss"] - r["peak_rss"] for r in runs) / MIB
+    idle = median(r["idle"]["rss"] for r in runs) / MIB
+    puller = median(r["peak_total_rss"] - r["peak_rss"] for r in runs) / MIB
     return [
         f"**Edge footprint.** An idle agent is {idle:.1f} MiB, and the import table says where it goes: the",
         "interpreter, then trio and anyio (with the `ssl` and `socket` machinery they load), structlog (which",
@@ -119,12 +110,12 @@ def _diagnosis_notes(runs: list[dict[str, Any]]) -> list[str]:
         return []
 
     def med(key: str) -> float:
-        return _med(r["timeline"].get(key, float("nan")) for r in quick)
+        return median(r["timeline"].get(key, float("nan")) for r in quick)
 
     first = med("stage 1 created until") - med("stage 1 created from")
     second = med("stage 2 created until") - med("stage 2 created from")
-    load = _med(r.get("load", float("nan")) for r in quick)
-    lag = _med(r["seconds"] - r["timeline"].get("stage 2 ended until", float("nan")) for r in quick)
+    load = median(r.get("load", float("nan")) for r in quick)
+    lag = median(r["seconds"] - r["timeline"].get("stage 2 ended until", float("nan")) for r in quick)
     return [
         "**Diagnosis cost.** A diagnosis is made of objects: one Task per node and stage, created by the",
         "controller and written by a hub, so its writes grow with nodes x stages where a job's grow with its",
@@ -204,10 +195,10 @@ def _hub_notes(res: dict[str, Any]) -> list[str]:
     out = ["**Hub capacity.**"]
     if len(sizes) >= 2:
         lo, hi = sizes[0], sizes[-1]
-        rss_lo = _med(r["rss"] for r in runs if r["sessions"] == lo)
-        rss_hi = _med(r["rss"] for r in runs if r["sessions"] == hi)
+        rss_lo = median(r["rss"] for r in runs if r["sessions"] == lo)
+        rss_hi = median(r["rss"] for r in runs if r["sessions"] == hi)
         marginal = (rss_hi - rss_lo) / (hi - lo) / KIB
-        fixed = (rss_lo - _med(r["baseline_rss"] for r in runs if r["sessions"] == lo)) / MIB - marginal * lo / KIB
+        fixed = (rss_lo - median(r["baseline_rss"] for r in runs if r["sessions"] == lo)) / MIB - marginal * lo / KIB
         out += [
             f"Memory is a fixed part plus a part per session: from {lo:,} to {hi:,} sessions the hub grew by"
             f" {marginal:.1f} KiB per added session, and about {fixed:.0f} MiB of the growth does not depend on the",
@@ -306,8 +297,8 @@ def _hub_notes(res: dict[str, Any]) -> list[str]:
     ]
     if sizes:
         top = [r for r in runs if r["sessions"] == sizes[-1]]
-        steady = _med(r["steady_cpu_pct"] for r in top)
-        per_beat = steady / 100 / _med(keepalives_per_s(r) for r in top) * 1e6
+        steady = median(r["steady_cpu_pct"] for r in top)
+        per_beat = steady / 100 / median(keepalives_per_s(r) for r in top) * 1e6
         out += [
             f"Holding {sizes[-1]:,} idle sessions at the default 15 s heartbeat costs the hub {steady:.0f}% of one",
             f"core, about {per_beat:.0f} µs of CPU per keep-alive (a ping, or a Heartbeat received and echoed) with",
@@ -315,16 +306,16 @@ def _hub_notes(res: dict[str, Any]) -> list[str]:
         ]
         pinged = [r for r in top if r.get("ping_burst_per_s")]
         if pinged:
-            echo = steady / 100 / _med(r["heartbeat_burst_per_s"] for r in pinged) * 1e6
-            ping = steady / 100 / _med(r["ping_burst_per_s"] for r in pinged) * 1e6
+            echo = steady / 100 / median(r["heartbeat_burst_per_s"] for r in pinged) * 1e6
+            ping = steady / 100 / median(r["ping_burst_per_s"] for r in pinged) * 1e6
             out.append(
                 f"That share runs through every burst of the table: at {sizes[-1]:,} sessions it is about {echo:.0f} µs"
                 f" of each heartbeat echo's and {ping:.0f} µs of each ping's hub CPU."
             )
         stormed = [r for r in top if r.get("reconnect_marked_s") and not r.get("reconnect_error")]
         if stormed:
-            hub_cpu = _med(r["reconnect_cpu_s"] for r in stormed)
-            fleet_cpu = _med(r["reconnect_fleet_cpu_s"] for r in stormed)
+            hub_cpu = median(r["reconnect_cpu_s"] for r in stormed)
+            fleet_cpu = median(r["reconnect_fleet_cpu_s"] for r in stormed)
             out += [
                 f"In the reconnect storm of {sizes[-1]:,} the new hub used {hub_cpu:.0f} s of CPU (its start and",
                 f"lists included: {hub_cpu / sizes[-1] * 1e3:.1f} ms a session) and the fleet {fleet_cpu:.0f} s;",

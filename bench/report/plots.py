@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-KIB = 1 << 10
-
-
-def _med(values: Iterable[float]) -> float:
-    vals = list(values)
-    return statistics.median(vals) if vals else float("nan")
+from bench.report.cells import KIB, median
 
 
 def _pyplot() -> Any:
@@ -44,12 +37,12 @@ def job(runs: list[dict[str, Any]], path: Path) -> bool:
         done = [r for r in runs if bool(r["window"]) is window and r["completed"]]
         sizes = sorted({r["nodes"] for r in done})
         if sizes:
-            times = [_med(r["seconds"] for r in done if r["nodes"] == n) for n in sizes]
+            times = [median(r["seconds"] for r in done if r["nodes"] == n) for n in sizes]
             left.plot(sizes, times, "o-", label=label)
         # Writes per finished node: a run cut off early still says what each node cost.
         some = [r for r in runs if bool(r["window"]) is window and r["finished_nodes"]]
         sizes = sorted({r["nodes"] for r in some})
-        per_node = [_med(r["hub_writes"] / r["finished_nodes"] for r in some if r["nodes"] == n) for n in sizes]
+        per_node = [median(r["hub_writes"] / r["finished_nodes"] for r in some if r["nodes"] == n) for n in sizes]
         right.plot(sizes, per_node, "o-", label=label)
     left.set(xscale="log", yscale="log", xlabel="nodes in the job", ylabel="seconds to Completed")
     right.set(xscale="log", xlabel="nodes in the job", ylabel="hub status writes per finished node")
@@ -66,11 +59,11 @@ def hub(runs: list[dict[str, Any]], path: Path) -> bool:
         return False
     sizes = sorted({r["sessions"] for r in runs})
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    left.plot(sizes, [_med(r["per_session_bytes"] / KIB for r in runs if r["sessions"] == n) for n in sizes], "o-")
+    left.plot(sizes, [median(r["per_session_bytes"] / KIB for r in runs if r["sessions"] == n) for n in sizes], "o-")
     left.axhline(50, color="grey", linestyle=":", label="target")
     left.set(xlabel="sessions", ylabel="hub RSS per session (KiB)", ylim=(0, None))
     for key, label in (("connect_s", "welcomed"), ("marked_s", "Nodes marked")):
-        right.plot(sizes, [_med(r[key] for r in runs if r["sessions"] == n) for n in sizes], "o-", label=label)
+        right.plot(sizes, [median(r[key] for r in runs if r["sessions"] == n) for n in sizes], "o-", label=label)
     right.set(xlabel="sessions", ylabel="seconds to connect all")
     for ax in (left, right):
         ax.grid(True, alpha=0.3)
