@@ -132,22 +132,19 @@ async def _serve_node_api(
 ) -> None:
     """Serve the node's API endpoint until cancelled; reports, once listening, the tunnels it opens.
 
-    Errors: :class:`ConfigError` when the node's credentials cannot be used; OSError when its port
-    cannot be bound (``nodeApi.port`` is taken).
+    Errors: OSError when its port cannot be bound (``nodeApi.port`` is taken).
     """
     # Loaded only when on, like the local API.
-    from roles.edge.node_api.credentials import load_node_tls  # noqa: PLC0415 (deferred on purpose)
+    from roles.edge.node_api.credentials import CredentialFiles  # noqa: PLC0415 (deferred on purpose)
     from roles.edge.node_api.endpoint import serve_node_api  # noqa: PLC0415 (deferred on purpose)
 
-    directory = (
-        Path(cfg.node_api.credentials_dir) if cfg.node_api.credentials_dir else settings.data_dir / "node-credentials"
-    )
-    tls = await anyio.to_thread.run_sync(load_node_tls, directory, cfg.node_api.server_name)
-    tunnels = TunnelClient(log=log.bind(component="node_api"))
+    node_api = cfg.node_api
+    directory = Path(node_api.credentials_dir) if node_api.credentials_dir else settings.data_dir / "node-credentials"
+    log = log.bind(component="node_api")
+    tls = CredentialFiles(directory, node_api.server_name, log=log)
+    tunnels = TunnelClient(log=log)
     async with anyio.create_task_group() as tg:
-        serve = functools.partial(
-            serve_node_api, cache, tunnels, tls, node=settings.node, port=cfg.node_api.port, log=log
-        )
+        serve = functools.partial(serve_node_api, cache, tunnels, tls, node=settings.node, port=node_api.port, log=log)
         await tg.start(serve)
         task_status.started(tunnels)
 

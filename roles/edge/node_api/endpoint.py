@@ -40,7 +40,7 @@ from roles.edge.local_api.requests import host_name
 from roles.edge.node_api.cache_feed import CacheFeed, WatchLines, answer_feed, event_feed, object_target, wants_watch
 from roles.edge.node_api.offline import OfflineAnswers
 from roles.edge.node_api.tunnel_client import Offline, TunnelClient
-from roles.edge.node_api.upstream import HEAD_TIMEOUT_S, NodeTls, Upstream
+from roles.edge.node_api.upstream import HEAD_TIMEOUT_S, NodeTlsSource, Upstream
 
 __all__ = ["NodeApi", "serve_node_api"]
 
@@ -188,7 +188,7 @@ async def _write_feed(cache: DurableCache, items: MemoryObjectReceiveStream[Cach
 async def serve_node_api(
     cache: DurableCache,
     tunnels: TunnelClient,
-    tls: NodeTls,
+    tls: NodeTlsSource,
     *,
     node: str,
     port: int,
@@ -221,7 +221,7 @@ async def serve_node_api(
                     max_body_bytes=MAX_REQUEST_BYTES,
                 )
             )
-            log.info("node_api_listening", port=bound, server_name=tls.server_name)
+            log.info("node_api_listening", port=bound)
             task_status.started(bound)
     finally:
         with anyio.CancelScope(shield=True):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ssl
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final, final
 
@@ -26,7 +26,7 @@ from anyio.streams.tls import TLSStream
 
 from roles.edge.node_api.tunnel_client import Offline, TunnelClient
 
-__all__ = ["ApiResponse", "NodeTls", "Upstream"]
+__all__ = ["ApiResponse", "NodeTls", "NodeTlsSource", "Upstream"]
 
 RECEIVE: Final = 65536
 MAX_IDLE: Final = 8
@@ -44,12 +44,17 @@ class NodeTls:
     """The name the API server's certificate must carry (the device was given it at join)."""
 
 
+NodeTlsSource = Callable[[], NodeTls | None]
+"""The node's TLS as it is now (credentials are issued, and renewed, while the agent runs); None: none yet."""
+
+
 @final
 @dataclass(eq=False, slots=True)
 class _Connection:
     stream: TLSStream
     http: h11.Connection
     session: int
+    server_name: str
 
 
 @final
@@ -126,7 +131,7 @@ async def _next_event(connection: _Connection) -> h11.Event:
 class Upstream:
     """Sends requests to the API server as the node, through ``tunnels``."""
 
-    def __init__(self, tunnels: TunnelClient, tls: NodeTls, *, max_idle: int = MAX_IDLE) -> None:
+    def __init__(self, tunnels: TunnelClient, tls: NodeTlsSource, *, max_idle: int = MAX_IDLE) -> None:
         self._tunnels = tunnels
         self._tls = tls
         self._max_idle = max_idle
@@ -169,7 +174,7 @@ class Upstream:
     ) -> ApiResponse:
         http = connection.http
         out = [(k, v) for k, v in headers]
-        out.append(("host", self._tls.server_name))
+        out.append(("host", connection.server_name))
         if body or method in ("POST", "PUT", "PATCH"):
             out.append(("content-length", str(len(body))))
         data = http.send(h11.Request(method=method, target=target, headers=out)) or b""
@@ -199,6 +204,9 @@ class Upstream:
             raise anyio.BrokenResourceError("the API server closed the connection before answering")
 
     async def _connect(self) -> _Connection:
+        tls = self._tls()
+        if tls is None:
+            raise Offline("the node has no credentials for the API server yet (nodeApi.credentialsDir)")
         session = self._tunnels.sessions
         tunnel = await self._tunnels.open()
         try:
@@ -206,15 +214,15 @@ class Upstream:
                 stream = await TLSStream.wrap(
                     tunnel,
                     server_side=False,
-                    hostname=self._tls.server_name,
-                    ssl_context=self._tls.context,
+                    hostname=tls.server_name,
+                    ssl_context=tls.context,
                     standard_compatible=False,
                 )
         except (TimeoutError, ssl.SSLError, anyio.BrokenResourceError, anyio.EndOfStream, OSError) as exc:
             await tunnel.aclose()
             raise Offline(f"TLS with the API server failed: {str(exc) or type(exc).__name__}") from None
         self.connections += 1
-        return _Connection(stream, h11.Connection(h11.CLIENT), session)
+        return _Connection(stream, h11.Connection(h11.CLIENT), session, tls.server_name)
 
     def _take(self) -> _Connection | None:
         while self._idle:

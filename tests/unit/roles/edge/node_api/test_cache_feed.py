@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 from hypothesis import given
 from hypothesis import strategies as st
@@ -10,11 +12,15 @@ from nodetask.messages import CacheDeleted, CacheKey, CacheObjects
 from roles.edge.node_api.cache_feed import WatchLines, answer_feed, event_feed, object_target, wants_watch
 
 NODE = "edge-1"
-POD = {"kind": "Pod", "apiVersion": "v1", "metadata": {"name": "web", "namespace": "ns", "resourceVersion": "7"}}
-NODE_OBJ = {"kind": "Node", "apiVersion": "v1", "metadata": {"name": NODE, "resourceVersion": "9"}}
+POD: dict[str, Any] = {
+    "kind": "Pod",
+    "apiVersion": "v1",
+    "metadata": {"name": "web", "namespace": "ns", "resourceVersion": "7"},
+}
+NODE_OBJ: dict[str, Any] = {"kind": "Node", "apiVersion": "v1", "metadata": {"name": NODE, "resourceVersion": "9"}}
 
 
-def _list(kind: str, *items: dict[str, object], rv: str = "12") -> bytes:
+def _list(kind: str, *items: dict[str, Any], rv: str = "12") -> bytes:
     return msgspec.json.encode({"kind": f"{kind}List", "metadata": {"resourceVersion": rv}, "items": list(items)})
 
 
@@ -76,7 +82,7 @@ def test_watch_events_become_upserts_and_deletions() -> None:
     added = msgspec.json.encode({"type": "ADDED", "object": POD})
     deleted = msgspec.json.encode(
         {"type": "DELETED", "object": {**POD, "metadata": {**POD["metadata"], "resourceVersion": "8"}}}
-    )  # type: ignore[dict-item]
+    )
     bookmark = msgspec.json.encode({"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}})
     upsert = event_feed("Pod", added)
     assert isinstance(upsert, CacheObjects)
