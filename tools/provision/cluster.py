@@ -1,6 +1,7 @@
-"""The handle on a running local control plane: etcd and kube-apiserver on 127.0.0.1, owned by PID, with a
-kubeconfig per identity. :func:`tools.provision.cluster_start.start` starts one; :meth:`ControlPlane.load`
-finds one started by the CLI again.
+"""The handle on a running local control plane: etcd, kube-apiserver and kube-controller-manager on
+127.0.0.1, owned by PID, with a kubeconfig per identity and the cluster CA that signs everyone's
+certificates. :func:`tools.provision.cluster_start.start` starts one; :meth:`ControlPlane.load` finds one
+started by the CLI again.
 
 Standard library only, like the scripts that use it.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import ssl
 import subprocess
@@ -21,7 +23,7 @@ from http import HTTPStatus
 from pathlib import Path
 from typing import Any, Final
 
-from tools.provision import children, host
+from tools.provision import children, host, pki
 
 DEFAULT_RBAC_DIR: Final = host.REPO_ROOT / "containers" / "rbac"
 WEBHOOK_REGISTRATION_RBAC: Final = DEFAULT_RBAC_DIR / "webhook-registration"
@@ -33,8 +35,11 @@ STATE_FILE: Final = "controlplane.json"
 
 APISERVER_READY_TIMEOUT: Final = 90.0
 ETCD_READY_TIMEOUT: Final = 30.0
-PROCESSES: Final = ("etcd", "kube-apiserver")
+CONTROLLER_MANAGER_READY_TIMEOUT: Final = 60.0
+PROCESSES: Final = ("etcd", "kube-apiserver", "kube-controller-manager")
 """In start order; stopped in reverse."""
+
+_NODE_NAME: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 @dataclass(frozen=True)
@@ -66,6 +71,7 @@ class Binaries:
     etcd: Path
     kube_apiserver: Path
     kubectl: Path
+    kube_controller_manager: Path
 
 
 def http_get(url: str, *, token: str | None = None, context: ssl.SSLContext | None = None) -> tuple[int, str]:
@@ -81,24 +87,29 @@ def http_get(url: str, *, token: str | None = None, context: ssl.SSLContext | No
 
 @dataclass
 class ControlPlane:
-    """A running etcd + kube-apiserver pair on 127.0.0.1.
+    """A running etcd + kube-apiserver + kube-controller-manager on 127.0.0.1.
 
-    ``kubeconfigs``/``tokens`` are keyed by identity name (see
-    :data:`IDENTITIES`: admin, controller, cloud, edge).  The serving
-    certificate is self-signed by kube-apiserver into ``state_dir/pki`` and
-    kept across :meth:`restart_apiserver`, so clients need no reconfiguring.
+    ``kubeconfigs``/``tokens`` are keyed by identity name (see :data:`IDENTITIES`: admin, controller,
+    cloud, edge). ``ca_file`` is the cluster CA: it signed the API server's serving certificate (so
+    clients verify the server against it) and every client certificate (:meth:`node_kubeconfig`); its
+    key is ``ca_key_file``. All of it is kept across :meth:`restart_apiserver`, so clients need no
+    reconfiguring.
     """
 
     state_dir: Path
     server: str
     etcd_url: str
     ca_file: Path
+    ca_key_file: Path
     kubeconfigs: dict[str, Path]
     tokens: dict[str, str]
     pids: dict[str, int]
     logs: dict[str, Path]
     binaries: Binaries
     apiserver_args: list[str]
+    controller_manager_args: list[str]
+    controller_manager_health: str
+    """The ``/healthz`` URL of kube-controller-manager's own (self-signed) HTTPS port."""
     detached: bool = False
     _children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False, compare=False)
 
@@ -122,6 +133,10 @@ class ControlPlane:
     @property
     def edge_kubeconfig(self) -> Path:
         return self.kubeconfigs["edge"]
+
+    @property
+    def ca(self) -> pki.KeyPair:
+        return pki.KeyPair(self.ca_file, self.ca_key_file)
 
     def kubectl(
         self,
@@ -169,10 +184,33 @@ class ControlPlane:
                 args += ["-f", str(manifest)]
             self.kubectl(*args)
 
+    # -- node credentials ----------------------------------------------------
+
+    def node_certificate(self, node: str, directory: Path | None = None) -> pki.KeyPair:
+        """A client certificate for ``system:node:<node>`` in group ``system:nodes``, signed by the cluster
+        CA, as ``<directory>/<node>.crt`` and ``.key`` (default directory: ``state_dir/nodes``).
+
+        What a kubelet needs to be that node: the Node authorizer and NodeRestriction admission then let
+        it do exactly a node's work. (The product gets its nodes' certificates through the CSR API.)"""
+        if len(node) > 253 or not _NODE_NAME.match(node):
+            raise host.ControlPlaneError(f"{node!r} is not a valid node name (a lower-case DNS subdomain)")
+        directory = directory or self.state_dir / "nodes"
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return pki.issue(self.ca, directory, node, common_name=f"system:node:{node}", organizations=("system:nodes",))
+
+    def node_kubeconfig(self, node: str, directory: Path | None = None) -> Path:
+        """A kubeconfig ``<directory>/<node>.kubeconfig`` for this API server as ``system:node:<node>``
+        (:meth:`node_certificate`, embedded)."""
+        pair = self.node_certificate(node, directory)
+        path = pair.cert.with_suffix(".kubeconfig")
+        config = pki.cert_kubeconfig(self.server, self.ca_file.read_bytes(), f"system:node:{node}", pair)
+        host.write_atomic(path, config, mode=0o600)
+        return path
+
     # -- health ------------------------------------------------------------
 
     def ssl_context(self) -> ssl.SSLContext:
-        """TLS context that verifies the apiserver against our CA (hostname
+        """TLS context that verifies the apiserver against the cluster CA (hostname
         127.0.0.1 is in the certificate's SANs)."""
         return ssl.create_default_context(cafile=str(self.ca_file))
 
@@ -184,13 +222,24 @@ class ControlPlane:
             return False
         return status == HTTPStatus.OK
 
+    def controller_manager_healthy(self) -> bool:
+        """GET kube-controller-manager's /healthz (its serving certificate is its own, self-signed)."""
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        try:
+            status, _ = http_get(self.controller_manager_health, context=context)
+        except (OSError, ssl.SSLError):
+            return False
+        return status == HTTPStatus.OK
+
     def processes_alive(self) -> dict[str, bool]:
         return {name: children.pid_is_ours(pid, str(self.state_dir)) for name, pid in self.pids.items()}
 
     # -- lifecycle ---------------------------------------------------------
 
     def stop(self) -> None:
-        """Stop kube-apiserver then etcd (by recorded PID; SIGKILL after
+        """Stop kube-controller-manager, kube-apiserver, then etcd (by recorded PID; SIGKILL after
         :data:`children.STOP_GRACE` seconds). Idempotent."""
         errors: list[str] = []
         for name in reversed(PROCESSES):
@@ -257,8 +306,6 @@ class ControlPlane:
 
     def _wait_apiserver_ready(self, timeout: float) -> None:
         def probe() -> str | None:
-            if not self.ca_file.is_file():
-                return f"{self.ca_file} not written yet"
             try:
                 status, body = http_get(f"{self.server}/readyz", token=self.tokens["admin"], context=self.ssl_context())
             except (OSError, ssl.SSLError) as exc:
@@ -267,12 +314,20 @@ class ControlPlane:
 
         self._wait("kube-apiserver", timeout, probe)
 
+    def _wait_controller_manager_ready(self, timeout: float) -> None:
+        self._wait(
+            "kube-controller-manager",
+            timeout,
+            lambda: None if self.controller_manager_healthy() else f"{self.controller_manager_health} not 200",
+        )
+
     def _to_json(self) -> dict[str, Any]:
         return {
-            "version": 1,
+            "version": 2,
             "server": self.server,
             "etcd_url": self.etcd_url,
             "ca_file": str(self.ca_file),
+            "ca_key_file": str(self.ca_key_file),
             "kubeconfigs": {k: str(v) for k, v in self.kubeconfigs.items()},
             "tokens": self.tokens,
             "pids": self.pids,
@@ -281,8 +336,11 @@ class ControlPlane:
                 "etcd": str(self.binaries.etcd),
                 "kube_apiserver": str(self.binaries.kube_apiserver),
                 "kubectl": str(self.binaries.kubectl),
+                "kube_controller_manager": str(self.binaries.kube_controller_manager),
             },
             "apiserver_args": self.apiserver_args,
+            "controller_manager_args": self.controller_manager_args,
+            "controller_manager_health": self.controller_manager_health,
             "detached": self.detached,
         }
 
@@ -292,7 +350,8 @@ class ControlPlane:
     @classmethod
     def load(cls, state_dir: Path) -> ControlPlane:
         """Re-attach to a control plane started earlier (e.g. by ``up``) from
-        its state record; processes are not checked."""
+        its state record; processes are not checked. A record of an earlier version (no controller
+        manager, a self-signed server) is read far enough to stop it."""
         state_dir = state_dir.resolve()
         try:
             raw = json.loads((state_dir / STATE_FILE).read_text())
@@ -302,17 +361,26 @@ class ControlPlane:
             raise host.ControlPlaneError(f"corrupt {state_dir / STATE_FILE}: {exc}") from None
         try:
             b = raw["binaries"]
+            ca_file = Path(raw["ca_file"])
             return cls(
                 state_dir=state_dir,
                 server=raw["server"],
                 etcd_url=raw["etcd_url"],
-                ca_file=Path(raw["ca_file"]),
+                ca_file=ca_file,
+                ca_key_file=Path(raw.get("ca_key_file", ca_file.with_suffix(".key"))),
                 kubeconfigs={k: Path(v) for k, v in raw["kubeconfigs"].items()},
                 tokens=dict(raw["tokens"]),
                 pids={k: int(v) for k, v in raw["pids"].items()},
                 logs={k: Path(v) for k, v in raw["logs"].items()},
-                binaries=Binaries(Path(b["etcd"]), Path(b["kube_apiserver"]), Path(b["kubectl"])),
+                binaries=Binaries(
+                    Path(b["etcd"]),
+                    Path(b["kube_apiserver"]),
+                    Path(b["kubectl"]),
+                    Path(b.get("kube_controller_manager", "")),
+                ),
                 apiserver_args=list(raw["apiserver_args"]),
+                controller_manager_args=list(raw.get("controller_manager_args", [])),
+                controller_manager_health=str(raw.get("controller_manager_health", "")),
                 detached=bool(raw.get("detached", True)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -1,19 +1,35 @@
 #!/usr/bin/env python3
-"""A real kube-apiserver + etcd on loopback, for tests and the demo.
+"""A real control plane on loopback, for tests and the demo: etcd, kube-apiserver, kube-controller-manager.
 
 Why this exists: nodetaskd talks to Kubernetes through CRDs, the status
 subresource, optimistic concurrency (409 on a stale resourceVersion), watches
-and RBAC.  Fakes get those details subtly wrong, so tests and the demo run
-against a genuine kube-apiserver backed by a genuine etcd, both bound to
-127.0.0.1 and owned (by PID) by whoever started them.
+and RBAC, and its devices are real nodes whose kubelets the Node authorizer
+confines. Fakes get those details subtly wrong, so tests and the demo run
+against a genuine kube-apiserver backed by a genuine etcd, with a genuine
+kube-controller-manager, all bound to 127.0.0.1 and owned (by PID) by whoever
+started them.
 
 Where the parts live, by concern:
 
 - ``kubebuild.py``: kube-apiserver, kube-controller-manager, kubelet and the pause program, built from
   Debian's ``kubernetes`` source package (Debian ships no binaries) and cached in ``~/.cache/nodetaskd``;
+- ``pki.py``: the cluster CA, the certificates it signs, kubeconfigs;
 - ``cluster_start.py``: the flags and the start, in order; ``cluster.py``: the running cluster's handle;
 - ``host.py`` (packages, files, locks), ``children.py`` (processes);
 - this file: the command line, and the names other modules import from here.
+
+The cluster, as far as nodes go, is a real one: one CA signs the serving certificate and every
+client certificate (``ca_file``, ``ca_key_file``); ``--authorization-mode=Node,RBAC`` and
+NodeRestriction admission; kube-controller-manager runs the controllers of
+``cluster_start.CONTROLLERS`` (each with why). Left out, and why: ``podgc`` (it deletes, 40 s after it
+first sees them, the pods bound to a node name no Node has, which many tests make on purpose as pods of
+edges that are not real nodes; a real node's Node exists); ``ttl`` (it only annotates Nodes with
+a cache TTL that kubelets read under the ``Cache`` change-detection strategy, not the default ``Watch``,
+and its writes would race tests writing Nodes); ``nodeipam`` (each node's CNI configuration names its
+own range); the workload controllers (deployment, replicaset, daemonset, job, statefulset, cronjob:
+no scheduler runs, pods are bound by ``nodeName``); services, endpoints and routes (nothing routes
+Services here); volumes and quotas; ``bootstrapsigner``/``tokencleaner`` and ``root-ca-cert-publisher``
+(bootstrap tokens and projected service-account tokens are not used).
 
 This file and its siblings are stdlib-only on purpose (like ``tools/ports.py``, which picks its
 servers' ports): they must run before (or without) the project's virtualenv. Usage::
@@ -28,6 +44,7 @@ It is also importable (see ``tests/integration/controlplane.py``)::
     cp = start(state_dir, ensure_binaries())
     try:
         cp.apply_rbac()
+        kubeconfig = cp.node_kubeconfig("node-a")   # system:node:node-a, signed by the cluster CA
         ...
     finally:
         cp.stop()
@@ -60,7 +77,7 @@ from tools.provision.cluster import (
     ControlPlane,
     Identity,
 )
-from tools.provision.cluster_start import ensure_binaries, start
+from tools.provision.cluster_start import CONTROLLERS, NodeMonitor, ensure_binaries, start
 from tools.provision.host import REPO_ROOT, ControlPlaneError, cache_dir
 from tools.provision.kubebuild import APISERVER_BUILD_REVISION, KUBERNETES_VERSION
 
@@ -107,7 +124,7 @@ def _running(state_dir: Path) -> ControlPlane | None:
     alive = cp.processes_alive()
     if set(alive) != set(PROCESSES) or not all(alive.values()):
         return None
-    return cp if cp.is_ready() else None
+    return cp if cp.is_ready() and cp.controller_manager_healthy() else None
 
 
 def _cmd_up(state_dir: Path, rbac_dir: Path) -> int:
@@ -170,7 +187,7 @@ def _cmd_env(state_dir: Path) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="controlplane.py",
-        description="Real kube-apiserver + etcd on 127.0.0.1 for tests and demos.",
+        description="Real etcd + kube-apiserver + kube-controller-manager on 127.0.0.1 for tests and demos.",
     )
     parser.add_argument("command", choices=("up", "down", "status", "env"))
     parser.add_argument(
@@ -209,6 +226,7 @@ if __name__ == "__main__":
 __all__ = [
     "APISERVER_BUILD_REVISION",
     "APISERVER_READY_TIMEOUT",
+    "CONTROLLERS",
     "DEFAULT_RBAC_DIR",
     "IDENTITIES",
     "KUBERNETES_VERSION",
@@ -218,6 +236,7 @@ __all__ = [
     "ControlPlane",
     "ControlPlaneError",
     "Identity",
+    "NodeMonitor",
     "apiserver_binary_path",
     "cache_dir",
     "default_cluster_dir",
