@@ -1,7 +1,7 @@
 """The machine the provisioning scripts run on: its Debian packages, files written whole, locks, commands.
 
-Shared by ``tools/provision/controlplane.py`` (and its sibling modules), ``containerd.py`` and
-``image.py``. Standard library only: these scripts run before (or without) the project's virtualenv.
+Shared by ``tools/provision/controlplane.py`` (and its sibling modules), ``containerd.py``, ``image.py``
+and ``node.py``. Standard library only: these scripts run before (or without) the project's virtualenv.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ REPO_ROOT: Final = Path(__file__).resolve().parents[2]
 
 
 class ControlPlaneError(RuntimeError):
-    """Anything that prevents a usable control plane (or a build); the message is one line
+    """Anything that prevents a usable control plane (or a node, or a build); the message is one line
     (plus, for start-up failures, the tail of the relevant log). Named for the first of the scripts; the
     others catch it under this name."""
 
