@@ -74,11 +74,14 @@ _NOT_RETURNED: Final = frozenset(
 )
 
 
-def forwarded_headers(headers: tuple[tuple[str, str], ...]) -> list[tuple[str, str]]:
-    """A request's headers as the endpoint sends them on: no hop-by-hop ones, no credentials, JSON asked."""
-    out = [(k, v) for k, v in headers if k not in _NOT_FORWARDED and not k.startswith("impersonate-") and k != "accept"]
-    accept = next((v for k, v in headers if k == "accept"), "")
-    out.append(("accept", accept if accept and "protobuf" not in accept else "application/json"))
+def forwarded_headers(headers: tuple[tuple[str, str], ...], *, cached: bool) -> list[tuple[str, str]]:
+    """A request's headers as the endpoint sends them on: no hop-by-hop ones, no credentials; JSON asked
+    for the kinds the cache keeps (``cached``), whatever else as the client asked."""
+    out = [(k, v) for k, v in headers if k not in _NOT_FORWARDED and not k.startswith("impersonate-")]
+    if cached:
+        accept = next((v for k, v in out if k == "accept"), "")
+        out = [(k, v) for k, v in out if k != "accept"]
+        out.append(("accept", accept if accept and "protobuf" not in accept else "application/json"))
     return out
 
 
@@ -124,7 +127,7 @@ class NodeApi:
             answer = await self._upstream.request(
                 request.method,
                 path,
-                forwarded_headers(request.headers),
+                forwarded_headers(request.headers, cached=target is not None),
                 request.body,
                 head_timeout=None if watch else HEAD_TIMEOUT_S,
             )

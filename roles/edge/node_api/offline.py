@@ -38,7 +38,7 @@ __all__ = ["OfflineAnswers"]
 
 Log = structlog.typing.FilteringBoundLogger
 
-RETRY_AFTER_S: Final = "5"
+RETRY_AFTER_S: Final = "1"
 
 
 @final
