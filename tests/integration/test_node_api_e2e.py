@@ -116,7 +116,9 @@ async def test_kubectl_through_the_device_is_the_node_online_and_reads_its_cache
         cached = await device.json("get", "node", node)
         assert cached["metadata"]["name"] == node
         renewal = {**online, "spec": {**online["spec"], "leaseDurationSeconds": 99}}
-        renewed = await device.kubectl("replace", "--validate=false", "-f", "-", "-o", "json", stdin=json.dumps(renewal).encode())
+        renewed = await device.kubectl(
+            "replace", "--validate=false", "-f", "-", "-o", "json", stdin=json.dumps(renewal).encode()
+        )
         assert renewed.returncode == 0, renewed.stderr
         assert json.loads(renewed.stdout)["spec"]["leaseDurationSeconds"] == 40  # the cached Lease, unchanged
 
@@ -124,7 +126,9 @@ async def test_kubectl_through_the_device_is_the_node_online_and_reads_its_cache
         await hub.until_ready()
 
         async def renewed_online() -> subprocess.CompletedProcess[bytes]:
-            return await device.kubectl("replace", "--validate=false", "-f", "-", "-o", "json", stdin=json.dumps(renewal).encode())
+            return await device.kubectl(
+                "replace", "--validate=false", "-f", "-", "-o", "json", stdin=json.dumps(renewal).encode()
+            )
 
         def applied(result: subprocess.CompletedProcess[bytes]) -> bool:
             return result.returncode == 0 and json.loads(result.stdout)["spec"]["leaseDurationSeconds"] == 99
