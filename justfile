@@ -11,11 +11,25 @@ default:
 # Test processes at once (pytest-xdist; 0: all in this one), each with its own control plane.
 workers := env("NODETASKD_TEST_WORKERS", "2")
 
-# Lint, type-check, check import contracts, then run every test (unit + integration), in parallel processes.
+# Lint, then run every test (unit + integration) in parallel processes while mypy and the import contracts
+# are checked beside them (the tests wait on timers more than they compute); fails if either part did.
 # The tests start hundreds of role processes: the project's modules are byte-compiled once for all of them.
-test: lint
+test:
+    #!/usr/bin/env bash
+    set -uo pipefail
+    .venv/bin/ruff check . || exit 1
     {{py}} -m compileall -q nodetask roles flows schemas tools
+    checks_log=$(mktemp)
+    { .venv/bin/mypy && .venv/bin/lint-imports; } > "$checks_log" 2>&1 &
+    checking=$!
     {{py}} -m pytest -q -n {{workers}} --dist loadscope --no-loadscope-reorder --durations=25
+    tests=$?
+    wait "$checking"
+    checks=$?
+    echo "--- mypy --strict and the import contracts (exit $checks):"
+    cat "$checks_log"
+    rm -f "$checks_log"
+    exit $(( tests != 0 || checks != 0 ))
 
 # Ruff, mypy --strict and the import-linter contracts.
 lint:

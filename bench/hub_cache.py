@@ -87,7 +87,7 @@ async def ensure_objects(cp: ControlPlane, kube: Kube, *, nodes: int, pods_per_n
     """Pods and ConfigMaps for nodes 0..nodes-1 (those missing are created); returns seconds taken."""
     started = time.perf_counter()
     for args in (("create", "namespace", NAMESPACE), ("create", "serviceaccount", "default", "-n", NAMESPACE)):
-        # Pod admission wants the namespace's default ServiceAccount (no controller-manager here).
+        # Pod admission wants the namespace's default ServiceAccount (the controller manager may not have made it yet).
         await anyio.to_thread.run_sync(functools.partial(cp.kubectl, *args, check=False))
     pods, _, _ = await kube.list(PODS, namespace=NAMESPACE)
     maps, _, _ = await kube.list(CONFIG_MAPS, namespace=NAMESPACE)

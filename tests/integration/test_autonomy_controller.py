@@ -55,6 +55,7 @@ class Cluster:
         self.nodes: list[str] = []
         self.pods: dict[str, list[str]] = {}
         """Names of the Pods made, by namespace."""
+        self.daemon_sets: list[str] = []
 
     async def node(self, **annotations: str) -> str:
         name = unique("edge")
@@ -93,9 +94,30 @@ class Cluster:
         self.pods.setdefault(namespace, []).append(name)
         return msgspec.json.decode(created.stdout, type=Pod)  # as created: the controller may change it at once
 
+    async def daemon_set(self) -> dict[str, str]:
+        """A DaemonSet in NS (no controller makes its Pods here) as a Pod's owner reference: the owner must
+        exist, or the garbage collector deletes the Pod."""
+        name = unique("ds")
+        labels = {"app": name}
+        doc = {
+            "apiVersion": "apps/v1",
+            "kind": "DaemonSet",
+            "metadata": {"name": name},
+            "spec": {
+                "selector": {"matchLabels": labels},
+                "template": {"metadata": {"labels": labels}, "spec": {"containers": [{"name": "c", "image": "x"}]}},
+            },
+        }
+        created = await kubectl(self.cp, "create", "-n", NS, "-f", "-", "-o", "json", input=json.dumps(doc))
+        self.daemon_sets.append(name)
+        uid = json.loads(created.stdout)["metadata"]["uid"]
+        return {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": name, "uid": uid}
+
     async def cleanup(self) -> None:
         for namespace, pods in self.pods.items():
             await kubectl(self.cp, "delete", "pod", "-n", namespace, "--grace-period=0", "--force", *pods)
+        if self.daemon_sets:
+            await kubectl(self.cp, "delete", "daemonset", "-n", NS, *self.daemon_sets)
         await self.opt(NS, bindable=False)
         for name in self.nodes:
             with contextlib.suppress(NotFound):
@@ -112,7 +134,7 @@ async def admin_kube(crds: ControlPlane) -> AsyncIterator[Kube]:
 async def cluster(crds: ControlPlane, admin_kube: Kube) -> AsyncIterator[Cluster]:
     await anyio.to_thread.run_sync(functools.partial(crds.kubectl, "create", "namespace", CLOSED, check=False))
     for namespace in (NS, CLOSED):
-        # Pod admission wants the namespace's default ServiceAccount, which no controller-manager makes here.
+        # Pod admission wants the namespace's default ServiceAccount; the controller manager may not have made it yet.
         await anyio.to_thread.run_sync(
             functools.partial(crds.kubectl, "create", "serviceaccount", "default", "-n", namespace, check=False)
         )
@@ -251,7 +273,7 @@ async def test_pods_on_a_node_with_a_duration_tolerate_it_and_get_their_own_tole
     node = await cluster.node(**{DURATION_ANNOTATION: "90s"})
     other = await cluster.node()
     no_seconds = [{"key": NOT_READY, "operator": "Exists", "effect": "NoExecute"}]
-    daemon = {"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "ds", "uid": "6d1b5c2e-0000-4000-8000-000000000001"}
+    daemon = await cluster.daemon_set()
     plain = await cluster.pod(node)
     forever = await cluster.pod(node, tolerations=no_seconds)
     daemon_pod = await cluster.pod(node, ownerReferences=[daemon])

@@ -50,7 +50,7 @@ CACHE_SECRETS_RBAC = REPO / "containers" / "rbac" / "cache-secrets"
 @pytest.fixture
 def secrets_cached(crds: ControlPlane) -> Iterator[ControlPlane]:
     """The hubs' extra RBAC for cacheSecrets, bound while the test runs (and the ServiceAccount Pods need)."""
-    # Pod admission wants the namespace's default ServiceAccount, which no controller-manager makes here.
+    # Pod admission wants the namespace's default ServiceAccount; the controller manager may not have made it yet.
     crds.kubectl("create", "serviceaccount", "default", "-n", NS, check=False)
     crds.kubectl("apply", "-k", str(CACHE_SECRETS_RBAC))
     try:

@@ -189,7 +189,8 @@ async def objects(crds: ControlPlane, admin_kube: Kube, controller: DiagnosisCon
 
 @pytest.fixture
 async def pods_allowed(crds: ControlPlane) -> None:
-    """The namespaces' default ServiceAccount, which pod admission wants (no controller-manager makes it here)."""
+    """The namespaces' default ServiceAccount, which pod admission wants (the controller manager may not have made
+    it yet)."""
     for namespace in (NS, OTHER_NS):
         await anyio.to_thread.run_sync(
             functools.partial(crds.kubectl, "create", "serviceaccount", "default", "-n", namespace, check=False)

@@ -145,7 +145,7 @@ async def test_an_edge_gets_its_nodes_pods_config_map_and_secret_and_a_changed_c
     tokens = await register_edges(cp, [node])
     cm, secret, free, foreign = unique("cm"), unique("s"), unique("s-free"), unique("s-foreign")
     pod, foreign_pod = unique("pod"), unique("pod-foreign")
-    # Pod admission wants the namespace's default ServiceAccount, which no controller-manager makes here.
+    # Pod admission wants the namespace's default ServiceAccount; the controller manager may not have made it yet.
     cp.kubectl("create", "serviceaccount", "default", "-n", "default", check=False)
     await _apply(
         cp,

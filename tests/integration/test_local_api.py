@@ -313,7 +313,8 @@ def cluster_pods(control_plane: ControlPlane) -> Iterator[tuple[str, Any]]:
     """A namespace of Pods with assorted labels, nodes and restart policies, as the API server lists them."""
     namespace = unique("local-api")
     control_plane.kubectl("create", "namespace", namespace)
-    control_plane.kubectl("create", "serviceaccount", "default", "-n", namespace)
+    # Pod admission wants the namespace's default ServiceAccount; the controller manager may have made it already.
+    control_plane.kubectl("create", "serviceaccount", "default", "-n", namespace, check=False)
     pods = []
     for i in range(12):
         labels = {
@@ -321,7 +322,7 @@ def cluster_pods(control_plane: ControlPlane) -> Iterator[tuple[str, Any]]:
         }
         spec = {
             "nodeName": NODES[i % 2],
-            "automountServiceAccountToken": False,  # no token controller runs: the Pod would be refused
+            "automountServiceAccountToken": False,  # the account's token may not exist yet: the Pod would be refused
             "restartPolicy": ("Always", "Never", "OnFailure")[i % 3],
             "containers": [{"name": "c", "image": "busybox"}],
         }

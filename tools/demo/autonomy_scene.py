@@ -32,7 +32,7 @@ def cut_off_edge(demo: Demo) -> None:
     edge = next(e for e in demo.edges if e.local_api_port)
     hub, port = edge.hubs[0], edge.local_api_port
     autonomy.request_autonomy(api, edge.name)
-    # Pod admission wants the namespace's default ServiceAccount, which no controller-manager makes here.
+    # Pod admission wants the namespace's default ServiceAccount; the controller manager may not have made it yet.
     cp.kubectl("create", "serviceaccount", "default", "-n", autonomy.NAMESPACE, check=False)
     cp.kubectl("apply", "-f", "-", input=json.dumps(autonomy.app_manifest(edge.name)))
     demo.say(
