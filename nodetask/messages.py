@@ -37,6 +37,7 @@ __all__ = [
     "CACHE_CAPABILITY",
     "CACHE_CHUNKS_CAPABILITY",
     "CACHE_SECRETS_CAPABILITY",
+    "NODE_CREDENTIALS_CAPABILITY",
     "PING_CAPABILITY",
     "TUNNEL_CAPABILITY",
     "Ack",
@@ -55,6 +56,8 @@ __all__ = [
     "Heartbeat",
     "Hello",
     "MessageError",
+    "NodeCredentials",
+    "NodeCredentialsRequest",
     "Report",
     "ReportAck",
     "RunAction",
@@ -290,6 +293,32 @@ class TunnelOpened(Message, frozen=True, tag="tunnel_opened"):
     stream: TunnelNumber
 
 
+# The node's client certificate, issued through the cluster's CSR API. Both sides list
+# NODE_CREDENTIALS_CAPABILITY (Hello, Welcome) before either of these flows.
+
+NODE_CREDENTIALS_CAPABILITY: Final = "node-credentials.v1"
+""":class:`NodeCredentialsRequest` and its answer :class:`NodeCredentials`."""
+MAX_REQUEST_ID: Final = 64
+MAX_CSR_PEM: Final = 16 << 10
+"""A PKCS#10 request in PEM: an EC P-256 one is about 500 bytes, an RSA 4096 one under 2 KiB."""
+MAX_CERTIFICATE_PEM: Final = 64 << 10
+"""The issued certificate in PEM, with any intermediates the signer adds."""
+MAX_CA_BUNDLE_PEM: Final = 256 << 10
+"""The CA bundle in PEM: a few hundred certificates."""
+MAX_CREDENTIALS_ERROR: Final = 1024
+
+
+class NodeCredentials(Message, frozen=True, tag="node_credentials"):
+    """The answer to the :class:`NodeCredentialsRequest` ``id``: the signed certificate and the CA bundle the
+    API server is verified with, or (``error`` not empty) why there is none. The edge checks both before it
+    keeps them (the certificate's key must be its own, its subject the node's, and the CA its issuer)."""
+
+    id: Annotated[str, msgspec.Meta(max_length=MAX_REQUEST_ID)]
+    certificate: Annotated[str, msgspec.Meta(max_length=MAX_CERTIFICATE_PEM)] = ""
+    ca_bundle: Annotated[str, msgspec.Meta(max_length=MAX_CA_BUNDLE_PEM)] = ""
+    error: Annotated[str, msgspec.Meta(max_length=MAX_CREDENTIALS_ERROR)] = ""
+
+
 # --------------------------------------------------------------------------------------- edge -> cloud
 
 
@@ -355,6 +384,15 @@ class TunnelOpen(Message, frozen=True, tag="tunnel_open"):
     stream: TunnelNumber
 
 
+class NodeCredentialsRequest(Message, frozen=True, tag="node_credentials_request"):
+    """Have the node's certificate signed: ``csr`` is a PKCS#10 request in PEM for CN ``system:node:<node>``,
+    O ``system:nodes``, made with a key that never leaves the device. Answered with :class:`NodeCredentials`
+    of the same ``id``; one at a time per node."""
+
+    id: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_REQUEST_ID)]
+    csr: Annotated[str, msgspec.Meta(max_length=MAX_CSR_PEM)]
+
+
 Downstream = (
     Welcome
     | RunAction
@@ -370,9 +408,20 @@ Downstream = (
     | TunnelOpened
     | TunnelCredit
     | TunnelClose
+    | NodeCredentials
 )
 Upstream = (
-    Hello | Ack | Report | Heartbeat | Error | CacheFetch | AutonomyCondition | TunnelOpen | TunnelCredit | TunnelClose
+    Hello
+    | Ack
+    | Report
+    | Heartbeat
+    | Error
+    | CacheFetch
+    | AutonomyCondition
+    | TunnelOpen
+    | TunnelCredit
+    | TunnelClose
+    | NodeCredentialsRequest
 )
 
 

@@ -29,7 +29,7 @@ from roles.common.restart import RestartRequested, reexec
 
 ROLE_ALIASES = {"controller": "controller", "cloud": "cloud", "cloudhub": "cloud", "edge": "edge"}
 
-CLOUD_EXTRA_MODULES = frozenset({"trio_asyncio", "kubernetes_asyncio", "aiohttp", "prometheus_client", "cryptography"})
+CLOUD_EXTRA_MODULES = frozenset({"trio_asyncio", "kubernetes_asyncio", "aiohttp", "prometheus_client"})
 """What the ``cloud`` extra installs (and what it brings), by top-level module."""
 
 

@@ -19,6 +19,7 @@ from roles.kube import Invalid, Resource, WatchEvent
 
 __all__ = [
     "CacheApi",
+    "CertificateApi",
     "HubApi",
     "JobApi",
     "JobStatusStore",
@@ -113,6 +114,10 @@ class Lister(Protocol):
         ...
 
 
+class CertificateApi(ObjectReader, EventSink, Protocol):
+    """What node certificates need: create a CertificateSigningRequest, read it again."""
+
+
 class CacheApi(Lister, Watcher, Protocol):
     """What the cache streams need: watch each cached kind, list one node's or one object's."""
 
@@ -129,5 +134,5 @@ class TaskApi(JobStatusStore, Watcher, ObjectReader, Lister, Protocol):
     """What the hub's diagnosis Tasks need: watch Tasks and Operations, read one, list by name, write status."""
 
 
-class HubApi(JobApi, NodeStore, SecretSource, CacheApi, Protocol):
+class HubApi(JobApi, NodeStore, SecretSource, CacheApi, CertificateApi, Protocol):
     """Everything a hub asks of the API server."""

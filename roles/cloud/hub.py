@@ -19,6 +19,8 @@
 * :mod:`~roles.cloud.cache.streams`: each cache session's edge kept a copy of its node's objects,
   from one shared watch per kind; :mod:`~roles.cloud.nodes.autonomy_conditions`: the Autonomy condition
   its edge reports, written on its Node.
+* :mod:`~roles.cloud.relay`: devices' tunnels to the API server (:mod:`~roles.cloud.relay.api_relay`) and
+  their node's certificate, issued through the CSR API (:mod:`~roles.cloud.relay.node_credentials`).
 
 Shutdown (SIGTERM): every session is closed with 1001 "going away" while the websocket server is
 still running, within ``close_grace`` seconds, so that edges reconnect to another hub at once.
@@ -51,6 +53,7 @@ from roles.cloud.nodes.autonomy_conditions import AutonomyConditions
 from roles.cloud.nodes.marked_nodes import MarkedNodes
 from roles.cloud.nodes.marks import FAILED, SKIPPED, WRITTEN, NodeMarks, PendingMarks
 from roles.cloud.relay.api_relay import ApiAddress, ApiRelay
+from roles.cloud.relay.node_credentials import NodeCredentialIssuer
 from roles.cloud.sessions import Session, SessionTable
 from roles.cloud.settings import HubSettings
 from roles.cloud.tasks.watch import Tasks
@@ -151,6 +154,13 @@ class Hub:
         )
         relay_address = None if settings.api_relay is None else ApiAddress(*settings.api_relay)
         self.relay: Final = ApiRelay(relay_address, metrics=metrics, max_tunnels=settings.max_tunnels_per_node)
+        certificates = metrics.node_certificates
+        self.issuer: Final = NodeCredentialIssuer(
+            kube,
+            ca_bundle=settings.node_ca_bundle,
+            timeout=settings.node_certificate_timeout,
+            on_outcome=lambda outcome: certificates.labels(outcome=outcome).inc(),
+        )
         self._handler = SessionHandler(
             settings=settings,
             sessions=self.sessions,
@@ -162,6 +172,7 @@ class Hub:
             cache=self.cache,
             conditions=self.conditions,
             relay=self.relay,
+            issuer=self.issuer,
             log=self._log,
         )
         self._task_status = TaskStatusEndpoint(

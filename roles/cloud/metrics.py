@@ -84,6 +84,12 @@ class HubMetrics:
             ["outcome"],
             registry=registry,
         )
+        self.node_certificates = Counter(
+            "nodetaskd_hub_node_certificates",
+            "Devices' requests for their node's certificate, by outcome (issued, refused, busy).",
+            ["outcome"],
+            registry=registry,
+        )
         self.tunnel_bytes: dict[str, int] = {"up": 0, "down": 0}
         """Bytes relayed, to the API server (up) and to devices (down): add to them directly."""
         registry.register(_TunnelBytes(self.tunnel_bytes))

@@ -23,7 +23,7 @@ from roles.common.health import health_routes, router, serve_http
 from roles.common.jobtypes import job_types
 from roles.common.ports_file import address_text, check_ports_file, remove_ports_file, write_ports_file
 from roles.common.tls import TlsError, load_serving_certificate
-from roles.kube import open_kube
+from roles.kube import Kube, open_kube
 
 
 def settings_of(cfg: CloudConfig) -> HubSettings:
@@ -48,6 +48,7 @@ def settings_of(cfg: CloudConfig) -> HubSettings:
         cache_fetch_burst=cfg.cache_fetch_burst,
         autonomy_condition_interval=cfg.autonomy_condition_interval,
         max_tunnels_per_node=cfg.api_relay.max_tunnels_per_node,
+        node_certificate_timeout=cfg.api_relay.certificate_timeout,
     )
 
 
@@ -77,6 +78,24 @@ def relay_address(cfg: CloudConfig, server: str) -> tuple[str, int] | None:
     return url.hostname, url.port or 443
 
 
+def node_ca_bundle(cfg: CloudConfig, kube: Kube, log: structlog.typing.FilteringBoundLogger) -> bytes | None:
+    """The CA bundle sent to devices with their node's certificate, when the hub issues them
+    (``apiRelay.enabled`` and ``apiRelay.nodeCertificates``): the one its kubeconfig trusts.
+
+    Errors: :class:`~roles.common.config.ConfigError` when that bundle cannot be read.
+    """
+    if not (cfg.api_relay.enabled and cfg.api_relay.node_certificates):
+        return None
+    try:
+        bundle = kube.ca_bundle()
+    except OSError as exc:
+        problem = exc.strerror or exc
+        raise ConfigError(f"apiRelay.nodeCertificates: cannot read the kubeconfig's CA: {problem}") from None
+    if bundle is None:
+        log.warning("node_certificates_off", reason="the kubeconfig names no CA to send devices with their certificate")
+    return bundle
+
+
 async def run(cfg: RoleConfig, *, log: structlog.typing.FilteringBoundLogger, config_path: Path | None = None) -> None:
     """Run one hub until cancelled.
 
@@ -100,7 +119,11 @@ async def run(cfg: RoleConfig, *, log: structlog.typing.FilteringBoundLogger, co
             kube=kube,
             clock=Clock.start(),
             log=log,
-            settings=dataclasses.replace(settings_of(cfg), api_relay=relay_address(cfg, kube.server)),
+            settings=dataclasses.replace(
+                settings_of(cfg),
+                api_relay=relay_address(cfg, kube.server),
+                node_ca_bundle=node_ca_bundle(cfg, kube, log),
+            ),
             job_types=job_types(),
             metrics=HubMetrics(
                 registry, sessions=lambda: len(hub.sessions), kube=lambda: (kube.writes, kube.conflicts)

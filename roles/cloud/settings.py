@@ -45,6 +45,11 @@ class HubSettings:
     """Where devices' tunnels go (the API server's host and port, from the hub's kubeconfig); None: no relay."""
     max_tunnels_per_node: int = 64
     """Tunnels one node may hold open through this hub at once."""
+    node_ca_bundle: bytes | None = None
+    """The CA bundle (PEM) the hub's kubeconfig trusts, sent to devices with their node's certificate; None:
+    the hub issues none (``apiRelay.nodeCertificates`` off, or no CA in the kubeconfig)."""
+    node_certificate_timeout: float = 60.0
+    """Seconds a device's certificate request may take to be approved and signed; then it is refused."""
     autonomy_condition_interval: float = 10.0
     """Seconds between writes of one Node's Autonomy condition (each with its Event, if any): a condition
     sent sooner waits, replaced by any sent after it, so that the latest one is written."""

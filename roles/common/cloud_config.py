@@ -29,6 +29,15 @@ class ApiRelayConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", 
     enabled: bool = False
     max_tunnels_per_node: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 64
     """Tunnels one node may hold at once through a hub (a kubelet holds about a dozen); more are refused."""
+    node_certificates: bool = True
+    """With ``enabled``: devices that ask get their node's client certificate (``system:node:<node>``), through
+    the cluster's CSR API. The hub creates a CertificateSigningRequest for the device's request (for the
+    session's node only), the controller approves it and kube-controller-manager signs it; the key stays on
+    the device. Needs create and get of certificatesigningrequests (``containers/rbac/cloud.yaml``) and a CA
+    in the hub's kubeconfig (it is sent with the certificate)."""
+    certificate_timeout: Seconds = 60.0
+    """Seconds a device's certificate request may wait to be approved and signed; then it is refused (the
+    device asks again later)."""
 
 
 class CloudConfig(BaseConfig, frozen=True, kw_only=True):

@@ -19,11 +19,40 @@ from roles.common.config_types import (
     check_namespaces,
 )
 
-__all__ = ["ControllerConfig"]
+__all__ = ["ControllerConfig", "NodeCertificatesConfig"]
 
 FEATURE_GATES: Final = frozenset({"disableNodeTaskV1alpha2"})
 DEFAULT_WEBHOOK_MAX_BODY_BYTES: Final = (3 << 20) + (64 << 10)
 """Two objects of etcd's 1.5 MiB (an UPDATE's object and oldObject) and 64 KiB for the review around them."""
+
+
+class NodeCertificatesConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True):
+    """The approver of devices' node certificates (``roles.controller.certificates.approver``): which
+    CertificateSigningRequests are the hubs', and where the edges' join tokens are.
+
+    It decides only requests for kubelets' client signer created by a hub identity listed here, approving
+    one when it is exactly for the node its label names and that node has a join token Secret (an edge node
+    of nodetaskd's), denying it otherwise. Off when no identity is listed."""
+
+    hub_users: tuple[str, ...] = ()
+    """User names the hubs act as (e.g. ``system:serviceaccount:nodetaskd-system:nodetaskd-cloud``)."""
+    hub_groups: tuple[str, ...] = ("nodetaskd:clouds",)
+    """Groups whose members act as hubs (containers/rbac binds the cloud role to ``nodetaskd:clouds``). Whoever
+    is in one may have certificates of every edge node approved: list only the hubs' own."""
+    token_namespace: str = "kube-system"
+    """Where the edges' join token Secrets ``nodetaskd-edge-<node>`` are: the hubs' ``tokenNamespace``. The
+    controller may read Secrets there (their metadata only is asked for), and nowhere else."""
+
+    def __post_init__(self) -> None:
+        if not NAMESPACE.fullmatch(self.token_namespace):
+            raise ValueError(f"nodeCertificates.tokenNamespace: {self.token_namespace!r} is not a namespace name")
+        for what, names in (("hubUsers", self.hub_users), ("hubGroups", self.hub_groups)):
+            if any(not name or name.startswith("system:node") for name in names):
+                raise ValueError(f"nodeCertificates.{what}: an empty name, or a node's, cannot be a hub's")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.hub_users or self.hub_groups)
 
 
 class ControllerConfig(BaseConfig, frozen=True, kw_only=True):
@@ -103,6 +132,9 @@ class ControllerConfig(BaseConfig, frozen=True, kw_only=True):
     the webhook was away) fails with ``TooManyTargets``, creating no Task. (The default is
     ``schemas.diagnosis.v1.DEFAULT_MAX_TARGETS``, written out: the edge's launcher loads this module and
     no API types.)"""
+
+    node_certificates: NodeCertificatesConfig = NodeCertificatesConfig()
+    """``nodeCertificates``: approving the node certificates the hubs ask for on their devices' behalf."""
 
     def __post_init__(self) -> None:
         super().__post_init__()

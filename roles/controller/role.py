@@ -5,7 +5,8 @@ instance holding the leader Lease; the hubs only execute. Under the same Lease i
 diagnoses (``roles.controller.diagnosis.diagnoses``): OperationSets' paths, Diagnoses' stages and Tasks; and
 approves edge autonomy (``roles.controller.autonomy.controller``): the approval label on the Nodes that ask
 for it, and their Pods' tolerations bound to the autonomy duration (in namespaces that opt in, and
-at most once per ``autonomyBindingInterval``).
+at most once per ``autonomyBindingInterval``); and approves the node certificates the hubs ask for on their
+devices' behalf (``roles.controller.certificates.approver``, ``nodeCertificates``).
 Every instance serves the admission webhooks and its health and metrics endpoints, leader or not,
 so admission never depends on the election. ``--feature-gates=disableNodeTaskV1alpha2`` turns the
 v1alpha2 node-job controllers off, as in KubeEdge.
@@ -24,11 +25,13 @@ import anyio
 import structlog
 from prometheus_client import CollectorRegistry
 
+from flows.certificates.node_requests import Hubs
 from nodetask.clock import Clock
 from roles.common.config import ControllerConfig, RoleConfig
 from roles.common.health import health_routes, router, serve_http
 from roles.controller.admission.webhook_server import serve_webhooks
 from roles.controller.autonomy.controller import AutonomyController
+from roles.controller.certificates.approver import CertificateApprover
 from roles.controller.diagnosis.diagnoses import DiagnosisController
 from roles.controller.leader import Elector, default_identity
 from roles.controller.metrics import ControllerMetrics
@@ -49,6 +52,7 @@ async def run(cfg: RoleConfig, *, log: Log, config_path: Path | None = None) -> 
     if not kinds:
         log.warning("controllers_disabled", gate="disableNodeTaskV1alpha2")
     registry = CollectorRegistry()
+    certificates = cfg.node_certificates
     async with open_kube(kubeconfig=cfg.kubeconfig, log=log) as kube:
         elector = Elector(
             kube,
@@ -75,6 +79,12 @@ async def run(cfg: RoleConfig, *, log: Log, config_path: Path | None = None) -> 
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(diagnoses.run)
                     tg.start_soon(autonomy.run)
+                    if certificates.enabled:
+                        hubs = Hubs(users=frozenset(certificates.hub_users), groups=frozenset(certificates.hub_groups))
+                        approver = CertificateApprover(
+                            kube=kube, hubs=hubs, token_namespace=certificates.token_namespace, log=log
+                        )
+                        tg.start_soon(approver.run)
                     await reconciler.run()
                     tg.cancel_scope.cancel()
 

@@ -19,6 +19,9 @@
 * Every agent keeps a cache of its node's cloud objects for autonomy (its Hello lists
   ``cache.v1``, and ``cache.secrets`` when it may keep Secrets); the cache's messages are taken only
   from a hub whose Welcome lists ``cache.v1`` (:mod:`roles.edge.cache.autonomy_manager`).
+* With the node's API endpoint on, its tunnels go through the session of a hub listing ``tunnel.v1``, and
+  its certificate is kept issued through a hub listing ``node-credentials.v1``
+  (:mod:`roles.edge.node_api.certificate_keeper`).
 
 This module answers the hub's messages; the parts live beside it: the connection and its one
 writer per session (:mod:`roles.edge.session`), the outbox (:mod:`roles.edge.outbox`), the task
@@ -45,6 +48,7 @@ from nodetask.messages import (
     CACHE_CAPABILITY,
     CACHE_CHUNKS_CAPABILITY,
     CACHE_SECRETS_CAPABILITY,
+    NODE_CREDENTIALS_CAPABILITY,
     PING_CAPABILITY,
     TUNNEL_CAPABILITY,
     Ack,
@@ -56,6 +60,7 @@ from nodetask.messages import (
     Confirm,
     Downstream,
     Error,
+    NodeCredentials,
     ReportAck,
     RunAction,
     TunnelClose,
@@ -69,6 +74,7 @@ from roles.edge.cache.autonomy_manager import AutonomyManager
 from roles.edge.cache.durable_cache import DurableCache
 from roles.edge.context import Actions
 from roles.edge.control import serve_control
+from roles.edge.node_api.certificate_keeper import CertificateKeeper
 from roles.edge.node_api.tunnel_client import TunnelClient
 from roles.edge.outbox import Outbox
 from roles.edge.session import HubConnection, Session
@@ -103,11 +109,13 @@ class EdgeAgent:
         cache: DurableCache | None = None,
         relisted: Callable[[], object] | None = None,
         tunnels: TunnelClient | None = None,
+        certificates: CertificateKeeper | None = None,
     ) -> None:
         """``cache`` is the node's cache of cloud objects (opened over ``store`` at start when None);
         ``relisted`` is called once the hub has relisted it after a reconnect (the local API's
         ``end_watches``); ``tunnels`` opens tunnels to the API server through the hub session for the node's
-        API endpoint (:mod:`roles.edge.node_api`), when it is on."""
+        API endpoint (:mod:`roles.edge.node_api`), when it is on, and ``certificates`` keeps the node's
+        certificate it uses issued."""
         self.settings = settings
         self._store = store
         self._clock = clock
@@ -118,6 +126,7 @@ class EdgeAgent:
         self._relisted = relisted
         self._autonomy: AutonomyManager | None = None
         self._tunnels = tunnels
+        self._certificates = certificates
         keep_secrets = cache.keep_secrets if cache is not None else settings.cache_secrets
         self._hub = HubConnection(
             settings=settings,
@@ -134,6 +143,7 @@ class EdgeAgent:
                     }
                     | ({CACHE_SECRETS_CAPABILITY} if keep_secrets else set())
                     | ({TUNNEL_CAPABILITY} if tunnels is not None else set())
+                    | ({NODE_CREDENTIALS_CAPABILITY} if certificates is not None else set())
                 )
             ),
             outbox=self._outbox,
@@ -254,6 +264,8 @@ class EdgeAgent:
                 await self.autonomy.handle(msg)
             case TunnelOpened() | TunnelCredit() | TunnelClose() if self._tunnels is not None:
                 self._tunnels.handle(msg)
+            case NodeCredentials() if self._certificates is not None:
+                self._certificates.handle(msg)
             case _:
                 pass
 
@@ -263,6 +275,8 @@ class EdgeAgent:
         async with anyio.create_task_group() as tg:
             if self._tunnels is not None and TUNNEL_CAPABILITY in welcome.capabilities:
                 await tg.start(self._tunnels.serve_session, session)
+            if self._certificates is not None and NODE_CREDENTIALS_CAPABILITY in welcome.capabilities:
+                await tg.start(self._certificates.serve_session, session.send)
             if CACHE_CAPABILITY in welcome.capabilities:
                 secrets = CACHE_SECRETS_CAPABILITY in welcome.capabilities
                 await tg.start(functools.partial(self.autonomy.serve_session, session.send, hub_sends_secrets=secrets))

@@ -23,6 +23,7 @@ from roles.common.jobtypes import edge_job_types
 from roles.edge.actions import AuthFor, PullImages, build_actions
 from roles.edge.agent import EdgeAgent
 from roles.edge.cache.durable_cache import DurableCache
+from roles.edge.node_api.certificate_keeper import CertificateKeeper
 from roles.edge.node_api.tunnel_client import TunnelClient
 from roles.edge.processors import ProcessorEnv
 from roles.edge.settings import AgentSettings, settings_of
@@ -122,6 +123,12 @@ async def _serve_local_api(
         task_status.started(serving.api.end_watches)
 
 
+def node_credentials_dir(settings: AgentSettings, cfg: EdgeConfig) -> Path:
+    """Where the node's certificate, key and CA are (``nodeApi.credentialsDir``, by default in the data directory)."""
+    configured = cfg.node_api.credentials_dir
+    return Path(configured) if configured else settings.data_dir / "node-credentials"
+
+
 async def _serve_node_api(
     settings: AgentSettings,
     cfg: EdgeConfig,
@@ -139,9 +146,8 @@ async def _serve_node_api(
     from roles.edge.node_api.endpoint import serve_node_api  # noqa: PLC0415 (deferred on purpose)
 
     node_api = cfg.node_api
-    directory = Path(node_api.credentials_dir) if node_api.credentials_dir else settings.data_dir / "node-credentials"
     log = log.bind(component="node_api")
-    tls = CredentialFiles(directory, node_api.server_name, log=log)
+    tls = CredentialFiles(node_credentials_dir(settings, cfg), node_api.server_name, log=log)
     tunnels = TunnelClient(log=log)
     async with anyio.create_task_group() as tg:
         serve = functools.partial(serve_node_api, cache, tunnels, tls, node=settings.node, port=node_api.port, log=log)
@@ -182,6 +188,10 @@ async def _run(settings: AgentSettings, cfg: EdgeConfig, path: Path, clock: Cloc
             if cfg.local_api.enabled:
                 relisted = await tg.start(_serve_local_api, cfg, cache, log)
             tunnels = await tg.start(_serve_node_api, settings, cfg, cache, log) if cfg.node_api.enabled else None
+            certificates = None
+            if cfg.node_api.enabled:
+                directory = node_credentials_dir(settings, cfg)
+                certificates = CertificateKeeper(directory, settings.node, log=log.bind(component="node_api"))
             agent = EdgeAgent(
                 settings=settings,
                 store=store,
@@ -192,6 +202,7 @@ async def _run(settings: AgentSettings, cfg: EdgeConfig, path: Path, clock: Cloc
                 cache=cache,
                 relisted=relisted,
                 tunnels=tunnels,
+                certificates=certificates,
             )
             await agent.run()
             tg.cancel_scope.cancel()

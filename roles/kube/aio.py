@@ -29,6 +29,9 @@ class AioApi:
     def __init__(self, api_client: k8s_client.ApiClient) -> None:
         self._client = api_client
         self.host: str = api_client.configuration.host or ""
+        self.ca_file: str = api_client.configuration.ssl_ca_cert or ""
+        """The CA bundle the API server is verified with (a file the configuration loader wrote, for a
+        kubeconfig's certificate-authority-data); empty: the system's roots."""
         # kubernetes-asyncio's session trusts the environment, which costs aiohttp two thread hops a
         # request (a netrc read and a proxy lookup): a sixth of a hub's CPU in a connect storm. This
         # session shares its connector (TLS, client certificates, pool) and looks the proxy up once.

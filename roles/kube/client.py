@@ -66,6 +66,14 @@ class Kube:
         """The API server's URL, as the kubeconfig names it."""
         return self._api.host
 
+    def ca_bundle(self) -> bytes | None:
+        """The PEM of the CA the API server is verified with, as the kubeconfig (or the pod's service account)
+        names it; None when it names none (the system's roots). Errors: OSError when it cannot be read."""
+        if not self._api.ca_file:
+            return None
+        with open(self._api.ca_file, "rb") as file:
+            return file.read()
+
     def _slots(self, resource: Resource[Any]) -> anyio.CapacityLimiter:
         return self._priority if resource.priority else self._in_flight
 

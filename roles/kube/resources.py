@@ -12,7 +12,7 @@ from typing import Any, Final, Generic, TypeVar
 import msgspec
 
 from nodetask.names import clip
-from schemas import core
+from schemas import certificates, core
 from schemas.diagnosis import v1 as diagnosis
 from schemas.kinds import GROUP, Kind
 
@@ -121,6 +121,13 @@ EVENTS: Resource[core.Event] = Resource("v1", "events", core.Event, namespaced=T
 LEASES: Resource[core.Lease] = Resource("coordination.k8s.io/v1", "leases", core.Lease, namespaced=True, priority=True)
 PODS: Resource[core.Pod] = Resource("v1", "pods", core.Pod, namespaced=True)
 NAMESPACES: Resource[core.Namespace] = Resource("v1", "namespaces", core.Namespace)
+CSRS: Resource[certificates.CertificateSigningRequest] = Resource(
+    certificates.API_VERSION, "certificatesigningrequests", certificates.CertificateSigningRequest
+)
+SECRET_HEADS: Resource[core.Secret] = Resource(
+    "v1", "secrets", core.Secret, namespaced=True, metadata_only=MetadataOnly.ALWAYS
+)
+"""Secrets as their metadata only: whether one exists, never what it holds."""
 
 # The kinds an edge's cache holds, kept whole (roles/cloud/cache/objects.py); a watch's snapshot of the
 # whole cluster keeps only each object's head, so that listing every Pod never holds them all at once,

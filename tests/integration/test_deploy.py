@@ -46,6 +46,9 @@ WEBHOOK_HOST = f"nodetaskd-webhook.{NAMESPACE}.svc"
 OTHERS = ("kube-system", "default")
 """Namespaces whose Leases are other components' (kube-system: the scheduler's and controller-manager's)."""
 OTHER = "another-product"
+CSRS = "certificatesigningrequests.certificates.k8s.io"
+SIGNERS = "signers.certificates.k8s.io/"
+KUBELET_SIGNER = f"{SIGNERS}kubernetes.io/kube-apiserver-client-kubelet"
 """A webhook configuration that is not nodetaskd's."""
 
 
@@ -110,7 +113,7 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
 def test_a_server_side_dry_run_accepts_every_object_and_creates_none(deployed: Deployed) -> None:
     """`kubectl apply --dry-run=server -k` passes every object through the API server's validation, creating nothing."""
     lines = [line for line in deployed.dry_run.splitlines() if line]
-    assert len(lines) == len(deployed.expected) == 31
+    assert len(lines) == len(deployed.expected) == 33
     assert all(line.endswith("(server dry run)") for line in lines), lines
     assert not deployed.created_before_apply
 
@@ -143,6 +146,10 @@ ALLOWED = {
         "create events -n default",
         f"update leases.coordination.k8s.io -n {NAMESPACE}",
         "patch validatingwebhookconfigurations.admissionregistration.k8s.io/nodetaskd",
+        f"watch {CSRS}",  # the approver of the edges' node certificates
+        f"update {CSRS} --subresource=approval",
+        f"approve {KUBELET_SIGNER}",
+        "get secrets -n kube-system",  # whether a node has a join token (its metadata only is asked for)
     ],
     CLOUD_SA: [
         "watch nodeupgradejobs.operations.kubeedge.io",
@@ -162,11 +169,18 @@ ALLOWED = {
         "watch configmaps",
         "list configmaps -n default",
         "patch nodes --subresource=status",  # the Autonomy condition
+        f"create {CSRS}",  # a device's node certificate, for its session's node
+        f"get {CSRS}",
     ],
 }
 REFUSED = {
     CONTROLLER_SA: [
-        "get secrets -n kube-system",  # the controller never reads a Secret
+        "get secrets -n default",  # Secrets only in the edges' tokenNamespace, one by one
+        "list secrets -n kube-system",
+        f"create {CSRS}",  # it approves what the hubs ask for, never asks itself
+        f"delete {CSRS}",
+        f"update {CSRS} --subresource=status",  # signing is kube-controller-manager's
+        f"approve {SIGNERS}kubernetes.io/kube-apiserver-client",  # no other signer
         "update nodes",  # nodes are only patched, for the autonomy label
         "patch nodes --subresource=status",  # the Autonomy condition is the hubs' to write
         "create pods -n default",
@@ -189,6 +203,10 @@ REFUSED = {
         "list diagnoses.diagnosis.kubediag.org -n default",  # one Diagnosis at a time, by name
         "update diagnoses.diagnosis.kubediag.org -n default",
         "update operations.diagnosis.kubediag.org --subresource=status",
+        f"update {CSRS} --subresource=approval",  # the hubs never approve what they ask for
+        f"approve {KUBELET_SIGNER}",
+        f"delete {CSRS}",
+        f"list {CSRS}",
     ],
 }
 
@@ -196,10 +214,23 @@ REFUSED = {
 def _can(cp: ControlPlane, who: str, access: str) -> bool:
     """``kubectl auth can-i``'s answer; a question it could not ask (a bad flag, a resource the server lacks)
     fails the test rather than reading as a refusal."""
+    verb, resource = access.split()[:2]
+    if resource.startswith(SIGNERS):
+        return _may_for_signer(cp, who, verb, resource.removeprefix(SIGNERS))
     answer = cp.kubectl("auth", "can-i", *access.split(), f"--as={who}", check=False)
     assert answer.stdout.strip() in ("yes", "no"), f"{access}: {answer.stderr}"
     assert "doesn't have a resource type" not in answer.stderr, f"{access}: {answer.stderr}"
     return answer.stdout.strip() == "yes"
+
+
+def _may_for_signer(cp: ControlPlane, who: str, verb: str, signer: str) -> bool:
+    """A SubjectAccessReview's answer for ``verb`` on a signer: signers are RBAC's alone (no API serves them),
+    so kubectl cannot ask about one (it sends the whole name as the resource, of any group)."""
+    attributes = {"group": "certificates.k8s.io", "resource": "signers", "verb": verb, "name": signer}
+    spec = {"user": who, "resourceAttributes": attributes}
+    review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": spec}
+    answer = cp.kubectl("create", "-f", "-", "-o", "json", input=json.dumps(review))
+    return bool(json.loads(answer.stdout)["status"].get("allowed", False))
 
 
 def test_each_service_account_may_do_its_roles_work_and_is_refused_the_rest(deployed: Deployed) -> None:

@@ -31,27 +31,32 @@ import structlog
 
 from nodetask.names import clip, object_name_problem
 from roles.cloud.api import SecretSource
+from roles.common.edge_tokens import SECRET_PREFIX, TOKEN_KEY, TOKEN_LABEL, token_secret_name
 from roles.kube import ApiError, Deleted, Interrupted, Invalid, NotFound, Relisted, Upserted, WatchEvent
 from roles.kube.resources import SECRETS
 from schemas.core import Secret
 from schemas.meta import ObjectMeta
 
+__all__ = [
+    "READS_IN_FLIGHT",
+    "READ_ANSWERS_KEPT",
+    "SECRET_PREFIX",
+    "TOKEN_KEY",
+    "TOKEN_LABEL",
+    "AuthError",
+    "TokenBook",
+    "bearer_token",
+    "token_secret",
+    "token_secret_name",
+]
+
 Log = structlog.typing.FilteringBoundLogger
 
-TOKEN_KEY: Final = "token"
-TOKEN_LABEL: Final = "nodetask.kubeedge.io/edge-token"
-"""Token Secrets carrying this label (any value) are watched instead of read one by one."""
-SECRET_PREFIX: Final = "nodetaskd-edge-"
 READS_IN_FLIGHT: Final = 8
 """Secret GETs at once. Anyone can present a wrong token and cause one: they must not take the API
 client's request slots from status writes and Node marks."""
 READ_ANSWERS_KEPT: Final = 4096
 """Recent reads remembered (by node name, which anyone can choose): the oldest go first."""
-
-
-def token_secret_name(node: str) -> str:
-    """The Secret that holds ``node``'s edge token."""
-    return f"{SECRET_PREFIX}{node}"
 
 
 def token_secret(node: str, token: str, *, namespace: str) -> Secret:

@@ -48,6 +48,7 @@ from nodetask.messages import (
     Heartbeat,
     Hello,
     MessageError,
+    NodeCredentialsRequest,
     Report,
     TunnelClose,
     TunnelCredit,
@@ -61,6 +62,7 @@ from roles.cloud.cache.streams import CacheStreams
 from roles.cloud.metrics import HubMetrics
 from roles.cloud.nodes.autonomy_conditions import AutonomyConditions, condition_problem
 from roles.cloud.relay.api_relay import ApiRelay, SessionTunnels
+from roles.cloud.relay.node_credentials import NodeCredentialIssuer
 from roles.cloud.sessions import (
     GOING_AWAY,
     HEARTBEAT_MISSED,
@@ -87,6 +89,10 @@ _NO_TUNNELS: Final = (
     f"both ends must list {messages.TUNNEL_CAPABILITY} (and the hub relay, apiRelay.enabled) for tunnels"
 )
 _NOT_AGREED: Final = f"both ends must list {messages.CACHE_CAPABILITY} for cache and autonomy messages"
+_NO_CERTIFICATES: Final = (
+    f"both ends must list {messages.NODE_CREDENTIALS_CAPABILITY} (and the hub issue them, apiRelay.nodeCertificates)"
+    " for node certificates"
+)
 
 
 class SessionHandler:
@@ -105,6 +111,7 @@ class SessionHandler:
         cache: CacheStreams,
         conditions: AutonomyConditions,
         relay: ApiRelay,
+        issuer: NodeCredentialIssuer,
         log: Log,
     ) -> None:
         self._settings = settings
@@ -117,6 +124,7 @@ class SessionHandler:
         self._cache = cache
         self._conditions = conditions
         self._relay = relay
+        self._issuer = issuer
         self._log = log
         self._deadline = settings.heartbeat_interval * settings.missed_heartbeats
         self._frames_in = metrics.frames_in
@@ -140,7 +148,12 @@ class SessionHandler:
         welcome = Welcome(
             hub=self._settings.hub_id,
             heartbeat_interval=self._settings.heartbeat_interval,
-            capabilities=(*_OFFERED, *self._cache.capabilities, *self._relay.capabilities),
+            capabilities=(
+                *_OFFERED,
+                *self._cache.capabilities,
+                *self._relay.capabilities,
+                *self._issuer.capabilities,
+            ),
         )
         await session.send(welcome, own=True)
         replaced = self._sessions.add(session)
@@ -310,8 +323,8 @@ class SessionHandler:
                     await self._autonomy_message(session, msg, log)
                 case Error(code=code, message=text):
                     self._warn(log, "edge_error", code=clip(code, 64), error=clip(text))
-                case TunnelOpen() | TunnelCredit() | TunnelClose():
-                    await self._tunnel_message(tunnels, session, msg, reports, log)
+                case TunnelOpen() | TunnelCredit() | TunnelClose() | NodeCredentialsRequest():
+                    await self._relay_message(tunnels, session, msg, reports, log)
                 case Hello():
                     await self._reject(session, "unexpected", "hello was already received", log)
 
@@ -326,6 +339,23 @@ class SessionHandler:
             await self._reject(session, "unexpected", _NO_TUNNELS, log)
         elif problem := tunnels.tunnels.data(frame):
             await self._reject(session, "bad_tunnel_data", problem, log)
+
+    async def _relay_message(
+        self,
+        tunnels: SessionTunnels | None,
+        session: Session,
+        msg: TunnelOpen | TunnelCredit | TunnelClose | NodeCredentialsRequest,
+        tasks: trio.Nursery,
+        log: Log,
+    ) -> None:
+        """A message of the relay's: a tunnel's, or a request for the node's certificate."""
+        if not isinstance(msg, NodeCredentialsRequest):
+            await self._tunnel_message(tunnels, session, msg, tasks, log)
+        elif not self._issuer.offered(session):
+            await self._reject(session, "unexpected", _NO_CERTIFICATES, log)
+        else:
+            # Its answer waits for the signature: in a task of its own, like a report.
+            tasks.start_soon(self._issuer.issue, session, msg, log.bind(request=msg.id))
 
     async def _tunnel_message(
         self,

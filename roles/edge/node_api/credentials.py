@@ -5,7 +5,9 @@ certificate of ``system:node:<node>``, group ``system:nodes``), ``node.key`` and
 read when a connection to the API server is made and the files changed since the last read (a
 certificate issued or renewed while the agent runs reaches the next connection; open ones keep theirs);
 until all three are there, or while they cannot be used, the endpoint answers from the cache and the
-log says why, once per change.
+log says why, once per change. The agent keeps them issued itself, through its hubs and the cluster's CSR
+API (:mod:`roles.edge.node_api.certificate_keeper`); files put there by hand are used as long as they are
+the node's and not due.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def load_node_tls(directory: Path, server_name: str) -> NodeTls:
     ca, cert, key = directory / CA_FILE, directory / CERT_FILE, directory / KEY_FILE
     for path in (ca, cert, key):
         if not path.is_file():
-            raise CredentialsError(f"{path} is missing (the node's credentials come from join)")
+            raise CredentialsError(f"{path} is missing (the agent asks its hub for the node's certificate)")
     try:
         context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca))
     except (ssl.SSLError, OSError) as exc:

@@ -36,6 +36,7 @@ upstream = st.one_of(
     ),
     st.builds(m.Heartbeat, sent_at=st.floats(0, 1e9)),
     st.builds(m.Error, code=text, message=text, ref=text),
+    st.builds(m.NodeCredentialsRequest, id=st.text(min_size=1, max_size=64), csr=text),
 )
 downstream = st.one_of(
     st.builds(m.Welcome, hub=text, heartbeat_interval=st.floats(0.1, 100)),
@@ -53,6 +54,7 @@ downstream = st.one_of(
     st.builds(m.ReportAck, job_uid=text, seq=st.integers(0, 2**62)),
     st.builds(m.Confirm, route=st.just(ROUTE), job_uid=text, attempt=st.integers(0, 9)),
     st.builds(m.Cancel, route=st.just(ROUTE), job_uid=text, attempt=st.integers(0, 9)),
+    st.builds(m.NodeCredentials, id=st.text(max_size=64), certificate=text, ca_bundle=text, error=text),
 )
 
 
@@ -233,3 +235,28 @@ def test_a_hello_with_an_overlong_version_is_malformed() -> None:
     assert m.decode_upstream(frame) == m.Hello(node="edge-1", version="v" * m.MAX_VERSION)
     with pytest.raises(m.MessageError, match=r"\$\.version"):
         m.decode_upstream(frame.replace(b"v" * m.MAX_VERSION, b"v" * 1_000_000))
+
+
+def test_node_credentials_messages_are_bounded_where_the_peer_chooses_their_size() -> None:
+    """A request's id and PKCS#10 text, an answer's certificate, CA bundle and error each have a limit the
+    decoder enforces, naming the field; a request needs an id to be answered."""
+    request = {"op": "node_credentials_request", "id": "r1", "csr": "x"}
+    assert m.decode_upstream(json.dumps(request)) == m.NodeCredentialsRequest(id="r1", csr="x")
+    for field, value in (("csr", "x" * (m.MAX_CSR_PEM + 1)), ("id", "i" * 65), ("id", "")):
+        with pytest.raises(m.MessageError, match=f"\\$.{field}"):
+            m.decode_upstream(json.dumps(request | {field: value}))
+    answer = {"op": "node_credentials", "id": "r1"}
+    for field, limit in (
+        ("certificate", m.MAX_CERTIFICATE_PEM),
+        ("caBundle", m.MAX_CA_BUNDLE_PEM),
+        ("error", m.MAX_CREDENTIALS_ERROR),
+    ):
+        assert m.decode_downstream(json.dumps(answer | {field: "c" * limit}))
+        with pytest.raises(m.MessageError, match=f"\\$.{field}"):
+            m.decode_downstream(json.dumps(answer | {field: "c" * (limit + 1)}))
+
+
+def test_a_node_credentials_answer_from_a_newer_hub_still_decodes() -> None:
+    """Fields a later protocol adds to the answer are ignored, as for every message."""
+    frame = json.dumps({"op": "node_credentials", "id": "r1", "certificate": "C", "caBundle": "A", "expires": 3})
+    assert m.decode_downstream(frame) == m.NodeCredentials(id="r1", certificate="C", ca_bundle="A")

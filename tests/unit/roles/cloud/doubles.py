@@ -76,6 +76,8 @@ class MemoryApi:
         self.status_errors: list[ApiError] = []
         """Errors the next status writes fail with, one each, before any lands (an API server restarting)."""
         self.events: list[Any] = []
+        self.created: list[tuple[str, str]] = []
+        """Objects other than Events created: (plural, name)."""
 
     # ------------------------------------------------------------------------------ for the test
 
@@ -120,6 +122,10 @@ class MemoryApi:
             if plural == resource.plural and namespace in ("", ns)
         )
         return Relisted(listed, resource_version=str(self._version))
+
+    def all(self, resource: Resource[T]) -> list[T]:
+        """Every stored object of ``resource``'s plural, as its type."""
+        return [_as(resource, obj) for (plural, _, _), obj in self._objects.items() if plural == resource.plural]
 
     def peek(self, resource: Resource[T], name: str, namespace: str = "") -> T:
         """The stored object, as ``resource``'s type (KeyError when absent)."""
@@ -220,9 +226,16 @@ class MemoryApi:
             # Changed while this write waited: a 409, after which the client reads and applies again.
 
     async def create(self, resource: Resource[T], obj: T, *, namespace: str = "") -> T:
+        """Events are kept in :attr:`events`; other objects are stored (409 if one of the name exists)."""
         await anyio.lowlevel.checkpoint()
-        self.events.append(obj)
-        return obj
+        if resource.plural == "events":
+            self.events.append(obj)
+            return obj
+        meta: ObjectMeta = obj.metadata  # type: ignore[attr-defined]
+        if (resource.plural, meta.namespace, meta.name) in self._objects:
+            raise Conflict(409, "AlreadyExists", f"{resource.plural} {meta.name!r} already exists")
+        self.created.append((resource.plural, meta.name))
+        return self.put(resource, obj)
 
     async def watch(
         self,

@@ -46,6 +46,7 @@ from roles.edge.actions import diagnosis_run
 from roles.edge.agent import EdgeAgent
 from roles.edge.checks.checks import Thresholds
 from roles.edge.context import Action, Outcome, TaskContext
+from roles.edge.node_api.certificate_keeper import CertificateKeeper
 from roles.edge.processors import ProcessorEnv, ProcessorOutcome
 from roles.edge.settings import AgentSettings
 from roles.edge.store.store import EdgeStore, open_store
@@ -276,6 +277,7 @@ async def running_edge(
     max_request_bytes: int = 128 << 10,
     max_concurrent_tasks: int = 4,
     actions: FakeActions | None = None,
+    certificates: CertificateKeeper | None = None,
 ) -> AsyncIterator[Edge]:
     """An agent with its store in ``tmp_path``, connected to a fake hub (whose Welcome lists ``capabilities``),
     under a guard of :data:`GUARD` seconds; its actions are ``actions`` (default: :class:`FakeActions`)."""
@@ -308,6 +310,7 @@ async def running_edge(
                     log=structlog.get_logger(),
                     open_link=hub.open_link,
                     relisted=relisted,
+                    certificates=certificates,
                 )
                 async with anyio.create_task_group() as agent_tg:
                     await agent_tg.start(agent.run)
