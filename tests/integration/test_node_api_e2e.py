@@ -1,8 +1,9 @@
 """The node's API endpoint end to end: kubectl on the device, through the agent and a hub, as the node.
 
 The controller, a hub relaying (``apiRelay``) and an agent with ``nodeApi`` run as processes against
-the real API server with its Node authorizer and NodeRestriction; the node's certificate is issued by
-the cluster CA here (the CSR flow is tested on its own). Every answer is the API server's own: what the
+the real API server with its Node authorizer and NodeRestriction; the node's certificate comes as it
+does in production: the agent asks its hub, which asks the CSR API, the controller approves, the
+controller manager signs. Every answer is the API server's own: what the
 node may do it does, what it may not gets the API server's 403.
 """
 
@@ -46,18 +47,6 @@ class Device:
         return json.loads(result.stdout)
 
 
-def write_credentials(cp: ControlPlane, node: str, directory: Path) -> None:
-    """The node's certificate, key and the cluster CA, as the agent reads them."""
-    scratch = directory.parent / f"{directory.name}-issue"
-    pair = cp.node_certificate(node, scratch)
-    staged = directory.parent / f"{directory.name}-staged"
-    staged.mkdir(mode=0o700)
-    (staged / "node.crt").write_bytes(pair.cert.read_bytes())
-    (staged / "node.key").write_bytes(pair.key.read_bytes())
-    (staged / "ca.crt").write_bytes(cp.ca_file.read_bytes())
-    staged.rename(directory)
-
-
 async def test_kubectl_through_the_device_is_the_node_online_and_reads_its_cache_offline(
     crds: ControlPlane, tmp_path: Path
 ) -> None:
@@ -82,7 +71,6 @@ async def test_kubectl_through_the_device_is_the_node_online_and_reads_its_cache
         cp, tmp_path, edges=2, hubs=1, hub_options={"apiRelay": {"enabled": True}}, edge_options=node_api
     ) as running:
         node, other = list(running.edges)
-        write_credentials(cp, node, credentials)
         secret = unique("unreferenced")
         await kubectl(cp, "create", "secret", "generic", secret, "-n", NS, "--from-literal=k=v")
 
