@@ -142,7 +142,7 @@ def remove_cgroup_root(root: str) -> list[str]:
 
 
 def _routed_networks() -> list[ipaddress.IPv4Network]:
-    """IPv4 destinations of the machine's routing table, with the device of each."""
+    """IPv4 destinations of the machine's routing table."""
     networks = []
     for line in Path("/proc/net/route").read_text().splitlines()[1:]:
         fields = line.split()
