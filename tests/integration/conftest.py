@@ -39,15 +39,20 @@ def pytest_runtest_makereport(
 
 
 def _keep_logs(report: pytest.TestReport, tmp_path: Path, nodeid: str) -> None:
-    logs = sorted(tmp_path.rglob("*.log"))[:LOGS_PER_TEST]
+    # Regular files only: a real node's log directories hold symlinks to its containers' logs, dangling
+    # once the node has stopped.
+    logs = sorted(p for p in tmp_path.rglob("*.log") if p.is_file() and not p.is_symlink())[:LOGS_PER_TEST]
     kept = KEPT_LOGS / re.sub(r"[^\w.-]+", "_", nodeid)[-120:]
     shutil.rmtree(kept, ignore_errors=True)  # an earlier failure's logs would read as this one's
     for log in logs:
         relative = log.relative_to(tmp_path)
         target = kept / relative
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(log, target)
-        lines = log.read_bytes().decode(errors="replace").splitlines()[-TAIL_LINES:]
+        try:
+            shutil.copyfile(log, target)
+            lines = log.read_bytes().decode(errors="replace").splitlines()[-TAIL_LINES:]
+        except OSError as exc:  # gone meanwhile, or unreadable: say so instead of ending the session
+            lines = [f"(not kept: {exc})"]
         report.sections.append((f"log {relative} (last {len(lines)} lines; all of it in {target})", "\n".join(lines)))
 
 

@@ -137,13 +137,13 @@ class NodeApi:
         self.relayed += 1
         headers = tuple((k, v) for k, v in answer.headers if k not in _NOT_RETURNED)
         content_type = answer.header("content-type") or "application/json"
-        if watch and answer.status == HTTPStatus.OK and target is not None:
-            kind = target.resource.kind
+        if watch and answer.status == HTTPStatus.OK:
+            kind = "" if target is None else target.resource.kind
             relay = functools.partial(self._relay_watch, answer.chunks(), answer.close, kind)
             return Response(status=answer.status, content_type=content_type, headers=headers, stream=relay)
         try:
             body = await answer.read(MAX_ANSWER_BYTES)
-        except anyio.BrokenResourceError as exc:
+        except (anyio.BrokenResourceError, TimeoutError) as exc:
             await answer.close()
             self.answered_offline += 1
             return await self._offline.answer(request, str(exc))
@@ -159,6 +159,8 @@ class NodeApi:
         try:
             async for piece in chunks:
                 await send(piece)
+                if not kind:
+                    continue  # a kind the cache does not keep: relayed only
                 for line in lines.feed(piece):
                     if (item := event_feed(kind, line)) is not None:
                         await self._feed.send(item)
