@@ -29,7 +29,30 @@ from typing import Annotated, Any, Final
 import msgspec
 
 from nodetask import nesting
+from nodetask.cache_messages import (
+    CACHE_CAPABILITY,
+    CACHE_CHUNKS_CAPABILITY,
+    CACHE_SECRETS_CAPABILITY,
+    Autonomy,
+    AutonomyCondition,
+    CacheChunk,
+    CacheDeleted,
+    CacheFetch,
+    CacheKey,
+    CacheObjects,
+)
+from nodetask.message_base import Message, MessageError
 from nodetask.registry_credentials import RegistryAuth
+from nodetask.relay_messages import (
+    NODE_CREDENTIALS_CAPABILITY,
+    TUNNEL_CAPABILITY,
+    NodeCredentials,
+    NodeCredentialsRequest,
+    TunnelClose,
+    TunnelCredit,
+    TunnelOpen,
+    TunnelOpened,
+)
 from nodetask.route import Route, RouteError
 
 __all__ = [
@@ -55,6 +78,7 @@ __all__ = [
     "Error",
     "Heartbeat",
     "Hello",
+    "Message",
     "MessageError",
     "NodeCredentials",
     "NodeCredentialsRequest",
@@ -79,14 +103,6 @@ ROUTE_CACHE_SIZE: Final = 16384
 
 ATTEMPTS_CAPABILITY: Final = "attempts"
 """In a Hello's capabilities: the agent keys its node tasks by job UID and attempt, and reports the attempt."""
-
-
-class MessageError(ValueError):
-    """A frame that is not a valid message; the text says what is wrong and where."""
-
-
-class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="op", rename="camel"):
-    """Base of all wire messages."""
 
 
 class ActionResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -134,30 +150,6 @@ class Error(Message, frozen=True, tag="error"):
     """The id or seq of the refused message, when it could be read."""
 
 
-# Tunnels (:mod:`nodetask.tunnel`): a device's TLS connections to the API server, relayed by its hub.
-# Both sides list TUNNEL_CAPABILITY (Hello, Welcome) before any of these flow.
-
-TUNNEL_CAPABILITY: Final = "tunnel.v1"
-"""The tunnel messages below and the data frames of :mod:`nodetask.tunnel`."""
-MAX_TUNNEL: Final = 2**32 - 1
-"""Highest tunnel number (a data frame carries it in four bytes)."""
-TunnelNumber = Annotated[int, msgspec.Meta(ge=1, le=MAX_TUNNEL)]
-
-
-class TunnelCredit(Message, frozen=True, tag="tunnel_credit"):
-    """Both ways: the sender has read ``size`` more bytes of the tunnel; as many more may come."""
-
-    stream: TunnelNumber
-    size: Annotated[int, msgspec.Meta(ge=1, le=2**31)]
-
-
-class TunnelClose(Message, frozen=True, tag="tunnel_close"):
-    """Both ways: the tunnel is closed; with a ``reason`` it broke (and the reason says why)."""
-
-    stream: TunnelNumber
-    reason: Annotated[str, msgspec.Meta(max_length=1024)] = ""
-
-
 # --------------------------------------------------------------------------------------- cloud -> edge
 
 
@@ -169,76 +161,6 @@ class Welcome(Message, frozen=True, tag="welcome"):
     capabilities: tuple[str, ...] = ()
     """What this hub understands beyond the first protocol (e.g. :data:`CACHE_CAPABILITY`): an edge sends
     a newer upstream message only to a hub that lists it, since an older hub would refuse the frame."""
-
-
-# Edge autonomy (seed 003). Both sides list CACHE_CAPABILITY (Hello, Welcome) before any of these
-# messages flow, so agents and hubs from before them never receive a frame they cannot decode.
-
-CACHE_CAPABILITY: Final = "cache.v1"
-"""The cache and autonomy messages below."""
-CACHE_SECRETS_CAPABILITY: Final = "cache.secrets"
-"""The edge keeps its node's Secrets (its config allows it); without it the hub never sends one."""
-CACHE_CHUNKS_CAPABILITY: Final = "cache.chunks"
-""":class:`CacheChunk`: a collection too large for one frame is sent as a replace in parts. Without it on
-both sides such a collection goes object by object, as upserts (what the edge holds beyond them stays)."""
-
-
-class CacheKey(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """One cached object: its Kubernetes kind (``Node``, ``Pod``, ``ConfigMap``, ``Secret``) and name."""
-
-    kind: str
-    namespace: str = ""
-    name: str
-
-
-class CacheObjects(Message, frozen=True, tag="cache_objects"):
-    """Objects of the edge's cache of its node's cloud state, as the API server serves them.
-
-    Without ``replace`` each object is an upsert (an older ``resourceVersion`` than the cached one is
-    ignored). With ``replace`` they are the whole collection of ``kind`` as listed at
-    ``resource_version``: the edge swaps its collection for them in one step, and keeps its
-    collection untouched when the hub could not list it (the hub then sends nothing). A collection
-    too large for one frame goes as :class:`CacheChunk` parts to an edge listing
-    :data:`CACHE_CHUNKS_CAPABILITY`.
-    """
-
-    kind: str
-    objects: tuple[msgspec.Raw, ...] = ()
-    replace: bool = False
-    resource_version: str = ""
-
-
-class CacheChunk(Message, frozen=True, tag="cache_chunk"):
-    """One part of a replace too large for one frame (:mod:`nodetask.cache_chunks`): the collection of
-    ``kind`` is the objects of every chunk of ``replace``, in ``seq`` order from 0 to the ``last`` one.
-
-    The edge swaps its collection only once the last chunk has come with every one before it in
-    order; a connection that ends before leaves the collection as it was.
-    """
-
-    kind: str
-    replace: str
-    """Names the replace: the same in each of its chunks, another for each replace of the session."""
-    seq: int
-    objects: tuple[msgspec.Raw, ...] = ()
-    last: bool = False
-    resource_version: str = ""
-    """The collection's, as listed (the same in each chunk)."""
-    kept: tuple[CacheKey, ...] = ()
-    """Objects of the collection too large for any frame: the edge keeps what it holds of them."""
-
-
-class CacheDeleted(Message, frozen=True, tag="cache_deleted"):
-    """An object left the node's cache: deleted in the cloud, or no longer the node's to see."""
-
-    key: CacheKey
-    resource_version: str = ""
-
-
-class Autonomy(Message, frozen=True, tag="autonomy"):
-    """Whether the node asked for autonomy (its annotations), sent after Welcome and on every change."""
-
-    requested: bool
 
 
 class RunAction(Message, frozen=True, tag="run_action"):
@@ -287,38 +209,6 @@ class Cancel(Message, frozen=True, tag="cancel"):
     """The attempt to stop; 0: whichever runs."""
 
 
-class TunnelOpened(Message, frozen=True, tag="tunnel_opened"):
-    """The hub connected the tunnel the edge opened to the API server: bytes may flow."""
-
-    stream: TunnelNumber
-
-
-# The node's client certificate, issued through the cluster's CSR API. Both sides list
-# NODE_CREDENTIALS_CAPABILITY (Hello, Welcome) before either of these flows.
-
-NODE_CREDENTIALS_CAPABILITY: Final = "node-credentials.v1"
-""":class:`NodeCredentialsRequest` and its answer :class:`NodeCredentials`."""
-MAX_REQUEST_ID: Final = 64
-MAX_CSR_PEM: Final = 16 << 10
-"""A PKCS#10 request in PEM: an EC P-256 one is about 500 bytes, an RSA 4096 one under 2 KiB."""
-MAX_CERTIFICATE_PEM: Final = 64 << 10
-"""The issued certificate in PEM, with any intermediates the signer adds."""
-MAX_CA_BUNDLE_PEM: Final = 256 << 10
-"""The CA bundle in PEM: a few hundred certificates."""
-MAX_CREDENTIALS_ERROR: Final = 1024
-
-
-class NodeCredentials(Message, frozen=True, tag="node_credentials"):
-    """The answer to the :class:`NodeCredentialsRequest` ``id``: the signed certificate and the CA bundle the
-    API server is verified with, or (``error`` not empty) why there is none. The edge checks both before it
-    keeps them (the certificate's key must be its own, its subject the node's, and the CA its issuer)."""
-
-    id: Annotated[str, msgspec.Meta(max_length=MAX_REQUEST_ID)]
-    certificate: Annotated[str, msgspec.Meta(max_length=MAX_CERTIFICATE_PEM)] = ""
-    ca_bundle: Annotated[str, msgspec.Meta(max_length=MAX_CA_BUNDLE_PEM)] = ""
-    error: Annotated[str, msgspec.Meta(max_length=MAX_CREDENTIALS_ERROR)] = ""
-
-
 # --------------------------------------------------------------------------------------- edge -> cloud
 
 
@@ -361,36 +251,6 @@ class Report(Message, frozen=True, tag="report"):
         return ActionResult(
             action=self.action, succ=self.succ, finish_time=self.finish_time, reason=self.reason, extend=self.extend
         )
-
-
-class CacheFetch(Message, frozen=True, tag="cache_fetch"):
-    """Send these objects again: the edge's repair loop, for keys it failed to store. The hub answers
-    each with :class:`CacheObjects` or, when the object is gone or not the node's, :class:`CacheDeleted`."""
-
-    keys: tuple[CacheKey, ...]
-
-
-class AutonomyCondition(Message, frozen=True, tag="autonomy_condition"):
-    """The edge's ``Autonomy`` condition changed (``nodetask.autonomy.check``); the hub writes it on the Node."""
-
-    status: str
-    reason: str
-    message: str = ""
-
-
-class TunnelOpen(Message, frozen=True, tag="tunnel_open"):
-    """Open tunnel ``stream`` to the API server (the hub's; the edge names no address)."""
-
-    stream: TunnelNumber
-
-
-class NodeCredentialsRequest(Message, frozen=True, tag="node_credentials_request"):
-    """Have the node's certificate signed: ``csr`` is a PKCS#10 request in PEM for CN ``system:node:<node>``,
-    O ``system:nodes``, made with a key that never leaves the device. Answered with :class:`NodeCredentials`
-    of the same ``id``; one at a time per node."""
-
-    id: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_REQUEST_ID)]
-    csr: Annotated[str, msgspec.Meta(max_length=MAX_CSR_PEM)]
 
 
 Downstream = (

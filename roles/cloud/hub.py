@@ -53,6 +53,7 @@ from roles.cloud.nodes.autonomy_conditions import AutonomyConditions
 from roles.cloud.nodes.marked_nodes import MarkedNodes
 from roles.cloud.nodes.marks import FAILED, SKIPPED, WRITTEN, NodeMarks, PendingMarks
 from roles.cloud.relay.api_relay import ApiAddress, ApiRelay
+from roles.cloud.relay.desk import RelayDesk
 from roles.cloud.relay.node_credentials import NodeCredentialIssuer
 from roles.cloud.sessions import Session, SessionTable
 from roles.cloud.settings import HubSettings
@@ -171,8 +172,7 @@ class Hub:
             on_report=self._apply_report,
             cache=self.cache,
             conditions=self.conditions,
-            relay=self.relay,
-            issuer=self.issuer,
+            relay=RelayDesk(self.relay, self.issuer),
             log=self._log,
         )
         self._task_status = TaskStatusEndpoint(

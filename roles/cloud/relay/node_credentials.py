@@ -34,12 +34,12 @@ import structlog
 from flows.certificates.node_requests import request_problems
 from nodetask.backoff import Backoff
 from nodetask.messages import (
-    MAX_CREDENTIALS_ERROR,
     NODE_CREDENTIALS_CAPABILITY,
     NodeCredentials,
     NodeCredentialsRequest,
 )
 from nodetask.names import MAX_LABEL, clip
+from nodetask.relay_messages import MAX_CREDENTIALS_ERROR
 from roles.cloud.api import CertificateApi
 from roles.cloud.sessions import Session
 from roles.common.x509_facts import CsrError, read_request

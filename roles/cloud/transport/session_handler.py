@@ -61,8 +61,7 @@ from nodetask.tunnel import is_data
 from roles.cloud.cache.streams import CacheStreams
 from roles.cloud.metrics import HubMetrics
 from roles.cloud.nodes.autonomy_conditions import AutonomyConditions, condition_problem
-from roles.cloud.relay.api_relay import ApiRelay, SessionTunnels
-from roles.cloud.relay.node_credentials import NodeCredentialIssuer
+from roles.cloud.relay.desk import RelayDesk, SessionRelay
 from roles.cloud.sessions import (
     GOING_AWAY,
     HEARTBEAT_MISSED,
@@ -85,14 +84,7 @@ ServeEdge = Callable[[str, Link], Coroutine[Any, Any, None]]
 _UNEXPLAINED: Final = "the hub stopped serving it"
 _OFFERED: Final = (PING_CAPABILITY,)
 """What this hub lists in its Welcome."""
-_NO_TUNNELS: Final = (
-    f"both ends must list {messages.TUNNEL_CAPABILITY} (and the hub relay, apiRelay.enabled) for tunnels"
-)
 _NOT_AGREED: Final = f"both ends must list {messages.CACHE_CAPABILITY} for cache and autonomy messages"
-_NO_CERTIFICATES: Final = (
-    f"both ends must list {messages.NODE_CREDENTIALS_CAPABILITY} (and the hub issue them, apiRelay.nodeCertificates)"
-    " for node certificates"
-)
 
 
 class SessionHandler:
@@ -110,8 +102,7 @@ class SessionHandler:
         on_report: Callable[[Session, Report, Log], Coroutine[Any, Any, None]],
         cache: CacheStreams,
         conditions: AutonomyConditions,
-        relay: ApiRelay,
-        issuer: NodeCredentialIssuer,
+        relay: RelayDesk,
         log: Log,
     ) -> None:
         self._settings = settings
@@ -124,7 +115,6 @@ class SessionHandler:
         self._cache = cache
         self._conditions = conditions
         self._relay = relay
-        self._issuer = issuer
         self._log = log
         self._deadline = settings.heartbeat_interval * settings.missed_heartbeats
         self._frames_in = metrics.frames_in
@@ -152,14 +142,13 @@ class SessionHandler:
                 *_OFFERED,
                 *self._cache.capabilities,
                 *self._relay.capabilities,
-                *self._issuer.capabilities,
             ),
         )
         await session.send(welcome, own=True)
         replaced = self._sessions.add(session)
         removed: bool | None = None
         ended = _UNEXPLAINED
-        tunnels: SessionTunnels | None = None
+        relay: SessionRelay | None = None
         try:
             if replaced is not None:
                 log.info("session_replaced")
@@ -169,8 +158,7 @@ class SessionHandler:
             log.info("edge_connected", version=clip(hello.version, 64))
             if self._cache.offered(session):
                 self._cache.attach(session, log)
-            if self._relay.offered(session):
-                tunnels = self._relay.attach(session)
+            relay = self._relay.attach(session)
             # trio's nurseries, not anyio's task groups, for a session's tasks: anyio gives each task a
             # cancel scope and an event of its own, a fifth of a report's CPU (docs/benchmarks.md).
             async with trio.open_nursery() as tg:
@@ -179,7 +167,7 @@ class SessionHandler:
                 # reconnecting at once must not time its sessions out behind thousands of marks.
                 tg.start_soon(self._admit, node, hello.version, log)
                 try:
-                    ended = await self._receive(session, tunnels, log)
+                    ended = await self._receive(session, relay, log)
                 finally:
                     # Out of the table at once, so nothing more is dispatched to it, while a mark under
                     # way finishes (see NodeMarks.mark) so that the unmark below comes after it.
@@ -188,8 +176,8 @@ class SessionHandler:
         finally:
             current = self._sessions.remove(session) if removed is None else removed
             self._cache.detach(session)
-            if tunnels is not None:
-                self._relay.detach(tunnels, f"the session ended: {ended}")
+            if relay is not None:
+                relay.detach(f"the session ended: {ended}")
             with anyio.CancelScope(shield=True):
                 await self._close(session, GOING_AWAY, "")  # nothing to do unless an error ended it
                 session.discard_queue()
@@ -277,12 +265,12 @@ class SessionHandler:
             await link.close(PROTOCOL, "no hello")
         return None
 
-    async def _receive(self, session: Session, tunnels: SessionTunnels | None, log: Log) -> str:
+    async def _receive(self, session: Session, relay: SessionRelay, log: Log) -> str:
         """Serve frames until the edge goes or the session is ended (then closed at once); says which."""
         ended = _UNEXPLAINED
         with session.end_scope:
             async with trio.open_nursery() as reports:
-                ended = await self._read(session, tunnels, reports, log)
+                ended = await self._read(session, relay, reports, log)
                 reports.cancel_scope.cancel()
         if session.ending is None:
             return ended
@@ -290,7 +278,7 @@ class SessionHandler:
         await self._close(session, code, reason)
         return f"closed by the hub with {code}: {reason}"
 
-    async def _read(self, session: Session, tunnels: SessionTunnels | None, reports: trio.Nursery, log: Log) -> str:
+    async def _read(self, session: Session, relay: SessionRelay, reports: trio.Nursery, log: Log) -> str:
         # No deadline here: watch() keeps it for every session (a timer per frame costs more than the frame).
         link = session.link
         while True:
@@ -299,7 +287,7 @@ class SessionHandler:
             except LinkClosed as exc:
                 return str(exc)
             if is_data(frame):
-                await self._tunnel_data(tunnels, session, frame, log)
+                await self._refuse(session, relay.data(frame), log)
                 continue
             try:
                 msg: Upstream = messages.decode_upstream(frame)
@@ -313,68 +301,32 @@ class SessionHandler:
                 case Ack(id=msg_id):
                     self._acked(session, msg_id)
                 case Report():
-                    if msg.route.node != session.node:
-                        text = f"report for node {msg.route.node} refused"
-                        await self._reject(session, "foreign_node", text, log, ref=str(msg.seq))
-                        continue
-                    # Each report waits for its write without holding up heartbeats or other reports.
-                    reports.start_soon(self._on_report, session, msg, log)
+                    await self._report(session, msg, reports, log)
                 case CacheFetch() | AutonomyCondition():
                     await self._autonomy_message(session, msg, log)
                 case Error(code=code, message=text):
                     self._warn(log, "edge_error", code=clip(code, 64), error=clip(text))
                 case TunnelOpen() | TunnelCredit() | TunnelClose() | NodeCredentialsRequest():
-                    await self._relay_message(tunnels, session, msg, reports, log)
+                    await self._refuse(session, relay.message(msg, reports, log), log)
                 case Hello():
                     await self._reject(session, "unexpected", "hello was already received", log)
+
+    async def _report(self, session: Session, msg: Report, reports: trio.Nursery, log: Log) -> None:
+        if msg.route.node != session.node:
+            text = f"report for node {msg.route.node} refused"
+            await self._reject(session, "foreign_node", text, log, ref=str(msg.seq))
+        else:
+            # Each report waits for its write without holding up heartbeats or other reports.
+            reports.start_soon(self._on_report, session, msg, log)
+
+    async def _refuse(self, session: Session, refusal: tuple[str, str] | None, log: Log) -> None:
+        if refusal is not None:
+            await self._reject(session, *refusal, log)
 
     def _acked(self, session: Session, msg_id: str) -> None:
         latency = session.acked(msg_id)
         if latency is not None:
             self._metrics.ack_latency.observe(latency)
-
-    async def _tunnel_data(self, tunnels: SessionTunnels | None, session: Session, frame: bytes, log: Log) -> None:
-        """A tunnel's bytes: handed to their tunnel without waiting (a stalled tunnel is its own problem)."""
-        if tunnels is None:
-            await self._reject(session, "unexpected", _NO_TUNNELS, log)
-        elif problem := tunnels.tunnels.data(frame):
-            await self._reject(session, "bad_tunnel_data", problem, log)
-
-    async def _relay_message(
-        self,
-        tunnels: SessionTunnels | None,
-        session: Session,
-        msg: TunnelOpen | TunnelCredit | TunnelClose | NodeCredentialsRequest,
-        tasks: trio.Nursery,
-        log: Log,
-    ) -> None:
-        """A message of the relay's: a tunnel's, or a request for the node's certificate."""
-        if not isinstance(msg, NodeCredentialsRequest):
-            await self._tunnel_message(tunnels, session, msg, tasks, log)
-        elif not self._issuer.offered(session):
-            await self._reject(session, "unexpected", _NO_CERTIFICATES, log)
-        else:
-            # Its answer waits for the signature: in a task of its own, like a report.
-            tasks.start_soon(self._issuer.issue, session, msg, log.bind(request=msg.id))
-
-    async def _tunnel_message(
-        self,
-        tunnels: SessionTunnels | None,
-        session: Session,
-        msg: TunnelOpen | TunnelCredit | TunnelClose,
-        tasks: trio.Nursery,
-        log: Log,
-    ) -> None:
-        """A tunnel message, from an edge that agreed on ``tunnel.v1`` with a hub that relays."""
-        if tunnels is None:
-            await self._reject(session, "unexpected", _NO_TUNNELS, log)
-        elif isinstance(msg, TunnelOpen):
-            # Each tunnel relays in a task of the session's, so that none holds up its frames.
-            tasks.start_soon(self._relay.open, tunnels, msg, log.bind(stream=msg.stream))
-        elif isinstance(msg, TunnelCredit):
-            tunnels.tunnels.credit(msg)
-        else:
-            tunnels.tunnels.close(msg)
 
     async def _autonomy_message(self, session: Session, msg: CacheFetch | AutonomyCondition, log: Log) -> None:
         """A cache fetch or an Autonomy condition, from an edge that agreed on ``cache.v1``."""

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from nodetask import messages as m
+from nodetask import relay_messages
 from nodetask.nesting import MAX_DEPTH
 from nodetask.registry_credentials import RegistryAuth
 from nodetask.route import Route
@@ -242,14 +243,14 @@ def test_node_credentials_messages_are_bounded_where_the_peer_chooses_their_size
     decoder enforces, naming the field; a request needs an id to be answered."""
     request = {"op": "node_credentials_request", "id": "r1", "csr": "x"}
     assert m.decode_upstream(json.dumps(request)) == m.NodeCredentialsRequest(id="r1", csr="x")
-    for field, value in (("csr", "x" * (m.MAX_CSR_PEM + 1)), ("id", "i" * 65), ("id", "")):
+    for field, value in (("csr", "x" * (relay_messages.MAX_CSR_PEM + 1)), ("id", "i" * 65), ("id", "")):
         with pytest.raises(m.MessageError, match=f"\\$.{field}"):
             m.decode_upstream(json.dumps(request | {field: value}))
     answer = {"op": "node_credentials", "id": "r1"}
     for field, limit in (
-        ("certificate", m.MAX_CERTIFICATE_PEM),
-        ("caBundle", m.MAX_CA_BUNDLE_PEM),
-        ("error", m.MAX_CREDENTIALS_ERROR),
+        ("certificate", relay_messages.MAX_CERTIFICATE_PEM),
+        ("caBundle", relay_messages.MAX_CA_BUNDLE_PEM),
+        ("error", relay_messages.MAX_CREDENTIALS_ERROR),
     ):
         assert m.decode_downstream(json.dumps(answer | {field: "c" * limit}))
         with pytest.raises(m.MessageError, match=f"\\$.{field}"):
