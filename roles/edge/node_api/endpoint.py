@@ -20,6 +20,7 @@ YurtHub's; any local process can act as the node through it, so it is off unless
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from http import HTTPStatus
@@ -53,6 +54,9 @@ MAX_REQUEST_BYTES: Final = 3 << 20
 FEED_QUEUE: Final = 256
 MAX_CONNECTIONS: Final = 256
 """Connections at once (a kubelet holds a dozen watches); more are refused at accept with a 503."""
+MAX_WATCHES: Final = 128
+"""Watches at once, relayed or answered offline (each holds a connection, and a tunnel when relayed); one
+more is answered 429 with Retry-After, which clients back off on."""
 _LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "localhost", "[::1]"})
 _NOT_FORWARDED: Final = frozenset(
     {
@@ -109,6 +113,13 @@ class NodeApi:
         self._log = log
         self.relayed = 0
         self.answered_offline = 0
+        self.max_watches = MAX_WATCHES
+        self._relayed_watches = 0
+
+    @property
+    def watches(self) -> int:
+        """Watches being served now, relayed or from the cache."""
+        return self._relayed_watches + self._local.watches
 
     async def handle(self, request: Request) -> Response:
         """Answer one request (a ``roles.common.httpserver.Handler``)."""
@@ -122,6 +133,13 @@ class NodeApi:
         query = parse_qs(request.query, keep_blank_values=True)
         target, _ = object_target(request.path)
         watch = request.method == "GET" and wants_watch(target, query)
+        if watch and self.watches >= self.max_watches:
+            refused = failure(
+                HTTPStatus.TOO_MANY_REQUESTS,
+                "TooManyRequests",
+                f"the node's API endpoint serves at most {self.max_watches} watches at once; try again later",
+            )
+            return dataclasses.replace(refused, headers=(("retry-after", "1"),))
         path = f"{request.path}?{request.query}" if request.query else request.path
         try:
             answer = await self._upstream.request(
@@ -156,6 +174,7 @@ class NodeApi:
         self, chunks: AsyncIterator[bytes], close: Callable[[], Awaitable[None]], kind: str, send: Send
     ) -> None:
         lines = WatchLines()
+        self._relayed_watches += 1
         try:
             async for piece in chunks:
                 await send(piece)
@@ -167,6 +186,7 @@ class NodeApi:
         except anyio.BrokenResourceError as exc:
             self._log.debug("node_api_watch_broke", kind=kind, error=str(exc))
         finally:
+            self._relayed_watches -= 1
             with anyio.CancelScope(shield=True):
                 await close()
 
@@ -199,6 +219,7 @@ async def serve_node_api(
     port: int,
     log: Log,
     max_connections: int = MAX_CONNECTIONS,
+    max_watches: int = MAX_WATCHES,
     task_status: anyio.abc.TaskStatus[int] = anyio.TASK_STATUS_IGNORED,
 ) -> NoReturn:
     """Serve the node's API endpoint on 127.0.0.1:``port`` until cancelled; reports the bound port.
@@ -210,6 +231,7 @@ async def serve_node_api(
     feed, items = anyio.create_memory_object_stream[CacheFeed](FEED_QUEUE)
     local = LocalApi(cache, serve_secrets=True, log=log)
     api = NodeApi(node=node, upstream=upstream, tunnels=tunnels, cache=cache, local=local, feed=feed, log=log)
+    api.max_watches = max_watches
     try:
         async with feed, anyio.create_task_group() as tg:
             tg.start_soon(_write_feed, cache, items, log)
