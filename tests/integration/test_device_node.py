@@ -28,7 +28,7 @@ from tools.provision.node import Node, ensure_node_tools, start_node, web_pod
 from tools.provision.pki import plain_kubeconfig
 
 T = TypeVar("T")
-pytestmark = [pytest.mark.integration, pytest.mark.slow(180)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow(90)]
 LIMIT_S = 120.0
 STATUS_PERIOD_S = 10.0
 """The kubelet's node status period (``nodeStatusUpdateFrequency``, its default)."""
