@@ -74,11 +74,8 @@ class Registry:
         tools = self.tools = self.tools or ensure_tools()
         work = self.state_dir / "images"
         layout = work / "oci"
-        policy = work / "policy.json"
+        policy = self._policy()
         if not layout.exists():
-            work.mkdir(exist_ok=True)
-            # skopeo insists on a signature policy; ours accepts anything, and so never reads /etc.
-            _cp._write_atomic(policy, json.dumps({"default": [{"type": "insecureAcceptAnything"}]}))
             run([str(tools.umoci), "init", "--layout", str(layout)], what="umoci init")
         local = f"img-{secrets.token_hex(6)}"  # umoci tags are local and must be unique
         payload = work / f"{local}.txt"
@@ -93,6 +90,25 @@ class Registry:
         run([*argv, f"oci:{image}", f"docker://{ref}"], what=f"skopeo copy to {ref}")
         payload.unlink()
         return ref
+
+    def push_archive(self, archive: Path, name: str, tag: str = "latest") -> str:
+        """Push the one image of OCI archive ``archive`` (``tools/provision/node_images.py``'s) as ``name:tag``;
+        returns the image reference ``{host}/{name}:{tag}``."""
+        tools = self.tools = self.tools or ensure_tools()
+        ref = f"{self.host}/{name}:{tag}"
+        argv = [str(tools.skopeo), "--policy", str(self._policy()), "copy", "--quiet", "--dest-tls-verify=false"]
+        if self.requires_auth:
+            argv.append(f"--dest-creds={self.username}:{self.password}")
+        run([*argv, f"oci-archive:{archive}", f"docker://{ref}"], what=f"skopeo copy of {archive} to {ref}")
+        return ref
+
+    def _policy(self) -> Path:
+        """skopeo insists on a signature policy; ours accepts anything, and so never reads /etc."""
+        policy = self.state_dir / "images" / "policy.json"
+        if not policy.exists():
+            policy.parent.mkdir(exist_ok=True)
+            _cp._write_atomic(policy, json.dumps({"default": [{"type": "insecureAcceptAnything"}]}))
+        return policy
 
     def alive(self) -> bool:
         return self.process.alive()
