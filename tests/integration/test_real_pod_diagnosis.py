@@ -35,7 +35,7 @@ from tests.integration.real_nodes import create, serving_pod
 from tools.ports import free_port
 from tools.provision.node import web_pod
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow(75)]
 
 SCRIPT = "#!/bin/sh\nprintf 'checked on %s\\n' \"$1\"\n"
 

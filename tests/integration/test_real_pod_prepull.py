@@ -24,7 +24,7 @@ from tools.provision import node_images
 from tools.provision.node import web_pod
 from tools.provision.registry import start_registry
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow(120)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow(60)]
 PREPULLS = job_resource(IMAGE_PRE_PULL_JOB)
 
 
