@@ -58,7 +58,12 @@ class Containerd:
 
         containerd reads the hosts directory at every pull, so no restart is needed.
         """
-        allow_plain_http(self.hosts_dir, host)
+        directory = self.hosts_dir / host
+        directory.mkdir(parents=True, exist_ok=True)
+        _cp._write_atomic(
+            directory / "hosts.toml",
+            f'server = "http://{host}"\n\n[host."http://{host}"]\n  capabilities = ["pull", "resolve"]\n',
+        )
 
     def alive(self) -> bool:
         return self.process.alive()
@@ -66,16 +71,6 @@ class Containerd:
     def stop(self) -> None:
         """Stop containerd (by PID). Idempotent."""
         self.process.stop()
-
-
-def allow_plain_http(hosts_dir: Path, host: str) -> None:
-    """Make the CRI plugin whose ``config_path`` is ``hosts_dir`` reach registry ``host`` over plain HTTP."""
-    directory = hosts_dir / host
-    directory.mkdir(parents=True, exist_ok=True)
-    _cp._write_atomic(
-        directory / "hosts.toml",
-        f'server = "http://{host}"\n\n[host."http://{host}"]\n  capabilities = ["pull", "resolve"]\n',
-    )
 
 
 def _containerd_config(state_dir: Path, sock: Path) -> str:
@@ -161,4 +156,4 @@ def _accepts(sock: Path) -> bool:
     return True
 
 
-__all__ = ["SOCKET_PATH_MAX", "Containerd", "allow_plain_http", "start_containerd"]
+__all__ = ["SOCKET_PATH_MAX", "Containerd", "start_containerd"]

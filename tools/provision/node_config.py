@@ -50,11 +50,6 @@ class Layout:
         return self.containerd_dir / "config.toml"
 
     @property
-    def hosts_dir(self) -> Path:
-        """The CRI plugin's ``config_path``: one ``<host[:port]>/hosts.toml`` per registry configured."""
-        return self.containerd_dir / "certs.d"
-
-    @property
     def cni_conf_dir(self) -> Path:
         return self.state_dir / "cni" / "conf"
 
@@ -145,7 +140,7 @@ def containerd_toml(layout: Layout) -> str:
             f"  conf_dir = {_q(layout.cni_conf_dir)}",
             "  max_conf_num = 1",
             f"{cri}.registry]",
-            f"  config_path = {_q(layout.hosts_dir)}",
+            f"  config_path = {_q(layout.containerd_dir / 'certs.d')}",
             "",
         ]
     )

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Final
 
 from tools import ports
-from tools.provision import children, containerd_server, host, node_config, node_host, node_images
+from tools.provision import children, host, node_config, node_host, node_images
 from tools.provision.node_config import Layout, Network
 
 CONTAINERD_READY_TIMEOUT: Final = 30.0
@@ -92,11 +92,6 @@ class Node:
     def processes_alive(self) -> dict[str, bool]:
         """Whether containerd and the kubelet are running."""
         return {name: self._alive(name) for name in ("containerd", "kubelet")}
-
-    def allow_plain_http(self, host: str) -> None:
-        """Let the node's containerd pull from registry ``host`` (``127.0.0.1:PORT``) over plain HTTP; it reads
-        its hosts directory at every pull, so it takes effect at once."""
-        containerd_server.allow_plain_http(self.layout.hosts_dir, host)
 
     def images(self) -> set[str]:
         """The image references the node's containerd holds (CRI namespace ``k8s.io``), digests included."""
