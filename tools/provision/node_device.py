@@ -93,6 +93,14 @@ class Node:
         """Whether containerd and the kubelet are running."""
         return {name: self._alive(name) for name in ("containerd", "kubelet")}
 
+    def images(self) -> set[str]:
+        """The image references the node's containerd holds (CRI namespace ``k8s.io``), digests included."""
+        out = host.run_quiet(
+            [str(self.tools.ctr), f"--address={self.layout.socket}", "--namespace=k8s.io", "images", "list", "-q"],
+            what="ctr images list",
+        )
+        return set(out.split())
+
     def tasks(self) -> dict[str, int]:
         """The containers running in the node's containerd now (CRI namespace ``k8s.io``): container ID to
         the PID of its first process. Sandboxes included."""
