@@ -10,46 +10,25 @@ cloud's objects, not only its own containers, to run it.
 from __future__ import annotations
 
 import subprocess
-import urllib.request
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import anyio
 import pytest
 
 from tests.integration.controlplane import ControlPlane
+from tests.integration.device_nodes import answers as answer
+from tests.integration.device_nodes import eventually
 from tests.integration.objects import unique
 from tests.integration.processes import fleet
 from tests.integration.real_nodes import create, get, ready_node, running, serving_pod
 from tools.ports import free_port
-from tools.provision import node_images
 from tools.provision.node import Node, ensure_node_tools, start_node, web_pod
 from tools.provision.pki import plain_kubeconfig
 
-T = TypeVar("T")
 pytestmark = [pytest.mark.integration, pytest.mark.slow(90)]
 LIMIT_S = 120.0
 STATUS_PERIOD_S = 10.0
 """The kubelet's node status period (``nodeStatusUpdateFrequency``, its default)."""
-
-
-async def until(what: str, probe: Callable[[], T | None], limit_s: float = LIMIT_S) -> T:
-    """The first value the blocking ``probe()`` gives that is not None, asked twice a second in a thread."""
-    with anyio.move_on_after(limit_s):
-        while (value := await anyio.to_thread.run_sync(probe)) is None:  # noqa: ASYNC110 - a blocking probe, no event
-            await anyio.sleep(0.5)
-        return value
-    pytest.fail(f"{what}: not after {limit_s:g} s")
-
-
-def answer(ip: str) -> str | None:
-    """What the web server at ``ip`` answers, or None."""
-    try:
-        with urllib.request.urlopen(f"http://{ip}:{node_images.WEB_PORT}/", timeout=2) as got:
-            return str(got.read().decode())
-    except OSError:
-        return None
 
 
 def pod_ip(pid: int) -> str | None:
@@ -111,9 +90,9 @@ async def test_a_kubelet_behind_the_agent_keeps_its_pod_offline_and_through_a_de
         cp.kubectl("create", "configmap", "page", "-n", namespace, f"--from-literal=index.html={page}")
         node = await anyio.to_thread.run_sync(start_node, tmp_path / "node", name, kubeconfig, tools)
         try:
-            await until("Node Ready through the agent", lambda: ready_node(cp, name))
+            await eventually("Node Ready through the agent", lambda: ready_node(cp, name))
             create(cp, namespace, web_pod("web", name, page_configmap="page"))
-            pod = await until("pod serving", lambda: serving_pod(cp, namespace, "web"))
+            pod = await eventually("pod serving", lambda: serving_pod(cp, namespace, "web"))
             assert pod["page"] == page
             first, restarts = container_of(cp, namespace, "web")
             first_pid = node.tasks()[first]
@@ -137,20 +116,20 @@ async def test_a_kubelet_behind_the_agent_keeps_its_pod_offline_and_through_a_de
             assert not running(first_pid)
             await agent.start()
             await anyio.to_thread.run_sync(node.power_on)
-            new, ip = await until("the pod back from the cache", lambda: restarted_pod(node, before))
+            new, ip = await eventually("the pod back from the cache", lambda: restarted_pod(node, before))
             assert first not in new
             assert await anyio.to_thread.run_sync(answer, ip) == page
 
             # The cloud back: the Node is Ready and the pod's status is the new container's.
             for hub in running_fleet.hubs:
                 await hub.start()
-            await until("Node Ready again", lambda: ready_node(cp, name))
+            await eventually("Node Ready again", lambda: ready_node(cp, name))
 
             def current() -> tuple[str, int] | None:
                 found = container_of(cp, namespace, "web")
                 return found if found[0] in new else None
 
-            _, restarts_after = await until("the pod's status current", current)
+            _, restarts_after = await eventually("the pod's status current", current)
             assert restarts_after > restarts
         finally:
             await anyio.to_thread.run_sync(node.stop)
