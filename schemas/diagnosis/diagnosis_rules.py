@@ -22,6 +22,7 @@ _TARGETS: Final = (
     ("targetPodNames", "podReferences", list, "an array of pod references"),
 )
 _ONE_TARGET: Final = "set exactly one of nodeSelector, nodeNames, podSelector, podReferences"
+_WHERE_POD_RUNS: Final = "the Task runs where the referenced pod runs, so a node name beside it could only disagree"
 
 
 def _check_name(c: Checker, obj: Mapping[str, Any], key: str, path: str, what: str) -> None:
@@ -72,15 +73,37 @@ def _check_listed(c: Checker, items: list[Any], path: str, *, pods: bool, namesp
             c.fail(f"{path}[{i}]", f"must be a non-empty node name, got {item!r}")
 
 
+def _check_single_targets(c: Checker, spec: Mapping[str, Any], *, namespace: str) -> list[str]:
+    """KubeDiag v1's ``spec.nodeName`` and ``spec.podReference`` (its samples' spelling); the ones set."""
+    chosen = []
+    node = c.typed(spec, "nodeName", "spec", str, "a string")
+    if node:
+        chosen.append("nodeName")
+    reference = spec.get("podReference")
+    if reference is not None:
+        _check_pod_reference(c, reference, "spec.podReference", namespace=namespace)
+        chosen.append("podReference")
+    return chosen
+
+
+def _check_single_target_only(c: Checker, chosen: list[str]) -> None:
+    """Without a targetSelector: exactly one of KubeDiag v1's single-target fields."""
+    if not chosen:
+        single = "KubeDiag v1's spec.nodeName or spec.podReference"
+        c.fail("spec.targetSelector", f"is required: {_ONE_TARGET} (or {single})")
+    elif len(chosen) > 1:
+        c.fail("spec", f"must set one of spec.nodeName and spec.podReference, got both: {_WHERE_POD_RUNS}")
+
+
 def _check_targets(c: Checker, spec: Mapping[str, Any], *, namespace: str, max_targets: int) -> None:
     path = "spec.targetSelector"
+    before = len(c.errors)
+    chosen = [f"spec.{key}" for key in _check_single_targets(c, spec, namespace=namespace)]
     selector = c.typed(spec, "targetSelector", "spec", dict, "an object")
     if selector is None:
-        if spec.get("targetSelector") is None:
-            c.fail(path, f"is required: {_ONE_TARGET}")
+        if len(c.errors) == before:
+            _check_single_target_only(c, chosen)
         return
-    before = len(c.errors)
-    chosen: list[str] = []
     for design_key, head_key, expected, name in _TARGETS:
         spelled = []
         for key in (design_key, head_key):
@@ -117,9 +140,6 @@ def check_diagnosis(c: Checker, spec: Mapping[str, Any], *, namespace: str, max_
                 f"spec.parameters[{key!r}]",
                 f"is set by nodetaskd for every Task ({', '.join(TELEMETRY_KEYS)}); choose another key",
             )
-    for removed, instead in (("nodeName", "nodeNames"), ("podReference", "podReferences")):
-        if spec.get(removed) is not None:
-            c.fail(f"spec.{removed}", f"is KubeDiag's removed single-target field; use spec.targetSelector.{instead}")
     _check_targets(c, spec, namespace=namespace, max_targets=max_targets)
     policy = c.typed(spec, "stagePolicy", "spec", str, "a string")
     if policy is not None and policy not in tuple(StagePolicy):

@@ -3,7 +3,9 @@
 JSON keys are KubeDiag's. A Diagnosis's targets may be spelled as in KubeDiag's design
 (``targetNodeSelector``, ``targetNodeNames``, ``targetPodSelector``, ``targetPodNames``) or as in its
 code at HEAD (``nodeSelector``, ``nodeNames``, ``podSelector``, ``podReferences``), so manifests of
-either apply unchanged; :meth:`TargetSelector.targets` reads both the same way. KubeDiag's
+either apply unchanged; :meth:`TargetSelector.targets` reads both the same way. KubeDiag's v1
+single-target fields (``spec.nodeName``, ``spec.podReference``, as its published samples still write
+them) are read as a one-element ``nodeNames`` or ``podReferences`` (:meth:`DiagnosisSpec.targets`). KubeDiag's
 ``function`` processor (images built with Docker on the node) decodes so that such an Operation
 gets a clear refusal from validation instead of a decode error. Fields KubeDiag declares but never
 uses (``dependences`` and ``storage`` of an Operation) are ignored, as the API server prunes them.
@@ -204,6 +206,20 @@ class DiagnosisSpec(ApiStruct, frozen=True):
     target_selector: TargetSelector | None = None
     stage_policy: StagePolicy = StagePolicy.ALL
     ttl_seconds_after_finished: Seconds | None = None
+    node_name: str = ""
+    """KubeDiag v1's single target node (its samples' spelling): the same as ``targetSelector.nodeNames: [it]``."""
+    pod_reference: PodReference | None = None
+    """KubeDiag v1's single target pod: the same as ``targetSelector.podReferences: [it]``."""
+
+    def targets(self) -> Targets:
+        """The targets however they are spelled; validation admits one kind of target only, so one applies."""
+        if self.target_selector is not None:
+            return self.target_selector.targets()
+        if self.pod_reference is not None:
+            return Targets(pod_references=(self.pod_reference,))
+        if self.node_name:
+            return Targets(node_names=(self.node_name,))
+        return Targets()
 
 
 class Checkpoint(ApiStruct, frozen=True, omit_defaults=False):

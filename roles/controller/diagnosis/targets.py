@@ -19,7 +19,7 @@ from roles.controller.diagnosis.caches import slim
 from roles.kube import Kube, NotFound
 from roles.kube.resources import NODE_HEADS, NODES, PODS
 from schemas.core import Node, Pod
-from schemas.diagnosis.v1 import Diagnosis, Targets
+from schemas.diagnosis.v1 import Diagnosis
 
 __all__ = ["FEW_UNSEEN", "read_targets"]
 
@@ -32,8 +32,7 @@ controller's own Lease renewals, queued there behind them, to miss their deadlin
 async def read_targets(kube: Kube, diagnosis: Diagnosis, *, nodes: Mapping[str, Node], max_targets: int) -> Resolution:
     """Read what the Diagnosis's one kind of target needs, and resolve it; ``nodes`` is the watch's cache."""
     namespace = diagnosis.metadata.namespace
-    selector = diagnosis.spec.target_selector
-    targets = selector.targets() if selector is not None else Targets()
+    targets = diagnosis.spec.targets()
     if requested(targets) > max_targets:
         return resolve(targets, namespace=namespace, max_targets=max_targets)
     found: list[Node] = []

@@ -19,7 +19,9 @@ from schemas.diagnosis.v1 import (
     Diagnosis,
     Operation,
     OperationSet,
+    PodReference,
     StagePolicy,
+    TargetSelector,
 )
 from schemas.diagnosis.validation import default_patch, validate_create, validate_update
 
@@ -49,6 +51,13 @@ def operation_set(*nodes: Any) -> dict[str, Any]:
 def diagnosis(targets: Any = None, **spec: Any) -> dict[str, Any]:
     base = {"operationSet": "g", "targetSelector": {"nodeNames": ["edge-1"]} if targets is None else targets}
     return {"apiVersion": V1, "kind": "Diagnosis", "metadata": {"name": "d", "namespace": "n"}, "spec": base | spec}
+
+
+def untargeted(**spec: Any) -> dict[str, Any]:
+    """A Diagnosis without a targetSelector (KubeDiag v1's single-target fields may be in ``spec``)."""
+    obj = diagnosis(**spec)
+    del obj["spec"]["targetSelector"]
+    return obj
 
 
 def task(**spec: Any) -> dict[str, Any]:
@@ -200,10 +209,29 @@ def _function_operation() -> dict[str, Any]:
         ),
         (diagnosis(ttlSecondsAfterFinished=-1), "spec.ttlSecondsAfterFinished", "must be within [0, 2147483647]"),
         (
-            diagnosis({}, nodeName="my-node"),
-            "spec.nodeName",
-            "KubeDiag's removed single-target field; use spec.targetSelector.nodeNames",
+            diagnosis(nodeName="my-node"),
+            "spec.targetSelector",
+            "must set exactly one of nodeSelector, nodeNames, podSelector, podReferences, got spec.nodeName, nodeNames",
         ),
+        (
+            diagnosis(None, podReference={"namespace": "n", "name": "web-0"}),
+            "spec.targetSelector",
+            "got spec.podReference, nodeNames",
+        ),
+        (
+            untargeted(nodeName="my-node", podReference={"namespace": "n", "name": "web-0"}),
+            "spec",
+            "must set one of spec.nodeName and spec.podReference, got both: the Task runs where the referenced pod",
+        ),
+        (
+            untargeted(podReference={"namespace": "kube-system", "name": "etcd-0"}),
+            "spec.podReference.namespace",
+            "must be the Diagnosis's own namespace 'n', got 'kube-system'",
+        ),
+        (untargeted(podReference={"namespace": "n"}), "spec.podReference.name", "is required"),
+        (untargeted(nodeName=["my-node"]), "spec.nodeName", "must be a string"),
+        (diagnosis({}), "spec.targetSelector", "must set exactly one of nodeSelector"),
+        (untargeted(), "spec.targetSelector", "or KubeDiag v1's spec.nodeName or spec.podReference"),
         # Task
         (task(operation=None), "spec.operation", "is required: the name of the Operation"),
         (task(nodeName=""), "spec.nodeName", "is required: the node the Task runs on"),
@@ -274,10 +302,56 @@ def test_unreachable_and_unknown_nodes_are_all_reported() -> None:
     assert [e.path for e in validate_create(obj)] == ["spec.adjacencyList[0].to[1]", "spec.adjacencyList[2]"]
 
 
-def test_the_stale_kubediag_sample_is_told_where_its_target_goes() -> None:
-    """KubeDiag's own sample (spec.nodeName, no targetSelector) gets both reasons, not a silent Failed."""
-    obj = {"apiVersion": V1, "kind": "Diagnosis", "spec": {"operationSet": "http-operation", "nodeName": "my-node"}}
-    assert {e.path for e in validate_create(obj)} == {"spec.nodeName", "spec.targetSelector"}
+KUBEDIAG_HTTP_OPERATION_SAMPLE = """
+apiVersion: diagnosis.kubediag.org/v1
+kind: Diagnosis
+metadata:
+  name: http-operation
+spec:
+  operationSet: http-operation
+  nodeName: my-node
+  parameters:
+    b: "200"
+    f: "6"
+"""
+"""KubeDiag's ``samples/http-operation/manifests/diagnosis.yaml``, as published."""
+
+KUBEDIAG_POD_REFERENCE_SAMPLE = """
+apiVersion: diagnosis.kubediag.org/v1
+kind: Diagnosis
+metadata:
+  name: pod-reference
+  namespace: default
+spec:
+  operationSet: pod-collection
+  podReference:
+    namespace: default
+    name: liveness-exec
+    container: liveness
+"""
+"""A Diagnosis with KubeDiag v1's ``spec.podReference`` (namespace, name and container, as its DiagnosisSpec
+documents them)."""
+
+
+@pytest.mark.parametrize("manifest", [KUBEDIAG_HTTP_OPERATION_SAMPLE, KUBEDIAG_POD_REFERENCE_SAMPLE])
+def test_kubediag_v1_single_target_diagnoses_are_admitted(manifest: str) -> None:
+    """KubeDiag's samples, with spec.nodeName or spec.podReference and no targetSelector, pass validation."""
+    obj = msgspec.yaml.decode(manifest)
+    assert validate_create(obj, namespace="default") == ()
+    assert isinstance(decode_diagnosis_object(manifest.encode(), fmt="yaml"), Diagnosis)
+
+
+def test_kubediag_v1_single_targets_run_as_the_equivalent_target_selector() -> None:
+    """spec.nodeName is nodeNames of that node; spec.podReference is podReferences of that pod, container kept."""
+    by_node = decode_diagnosis_object(KUBEDIAG_HTTP_OPERATION_SAMPLE.encode(), fmt="yaml")
+    by_pod = decode_diagnosis_object(KUBEDIAG_POD_REFERENCE_SAMPLE.encode(), fmt="yaml")
+    assert isinstance(by_node, Diagnosis)
+    assert isinstance(by_pod, Diagnosis)
+    assert by_node.spec.targets() == TargetSelector(node_names=("my-node",)).targets()
+    pod = PodReference(namespace="default", name="liveness-exec", container="liveness")
+    assert by_pod.spec.targets() == TargetSelector(pod_references=(pod,)).targets()
+    listed = msgspec.structs.replace(by_node.spec, target_selector=TargetSelector(node_names=("edge-1",)), node_name="")
+    assert listed.targets().node_names == ("edge-1",)
 
 
 def test_diagnosis_and_task_specs_are_immutable() -> None:
