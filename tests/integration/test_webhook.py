@@ -6,6 +6,7 @@ a blocking call would stop the loop from answering the very webhook call kubectl
 
 from __future__ import annotations
 
+import json
 import ssl
 import subprocess
 from collections.abc import AsyncIterator
@@ -20,6 +21,7 @@ import pytest
 import structlog
 import trio
 
+from nodetask.clock import Clock
 from roles.common.config import ControllerConfig
 from roles.common.health import health_routes, router, serve_http
 from roles.common.tls import generate_serving_certificate, server_ssl_context
@@ -30,9 +32,16 @@ from roles.controller.admission.registration import (
     webhook_configurations,
 )
 from roles.controller.admission.reviews import admission_policy, admission_routes
+from roles.controller.diagnosis.diagnoses import DiagnosisController
 from roles.kube import Kube
+from roles.kube.resources import DIAGNOSES, NODES, OPERATIONS
+from schemas.core import EDGE_ROLE_LABEL, Node
+from schemas.diagnosis.v1 import Diagnosis, Operation, OperationSpec, PodReference
+from schemas.meta import ObjectMeta
+from schemas.processors import Builtin, Processor
 from tests.integration.controlplane import ControlPlane
-from tests.integration.objects import unique
+from tests.integration.fleet import admin
+from tests.integration.objects import polled, tasks_of, unique
 
 pytestmark = pytest.mark.integration
 
@@ -502,3 +511,116 @@ async def test_diagnosis_objects_are_defaulted_and_a_diagnosis_spec_is_immutable
     stored["metadata"]["labels"]["extra"] = "yes"
     result = await cluster.replace(stored)
     assert result.returncode == 0, result.stderr
+
+
+KUBEDIAG_SAMPLE_OPERATION_SET = """\
+apiVersion: diagnosis.kubediag.org/v1
+kind: OperationSet
+metadata:
+  name: http-operation
+spec:
+  adjacencyList:
+  - id: 0
+    to:
+    - 1
+  - id: 1
+    operation: http-operation
+"""
+"""KubeDiag's samples/http-operation/manifests/operationset.yaml, unchanged."""
+
+KUBEDIAG_SAMPLE_DIAGNOSIS = """\
+apiVersion: diagnosis.kubediag.org/v1
+kind: Diagnosis
+metadata:
+  name: http-operation
+spec:
+  operationSet: http-operation
+  nodeName: my-node
+  parameters:
+    b: "200"
+    f: "6"
+"""
+"""KubeDiag's samples/http-operation/manifests/diagnosis.yaml, unchanged: nodetaskd serves KubeDiag's own group
+and version (diagnosis.kubediag.org/v1), so nothing needs adapting."""
+
+
+def _pod_reference_diagnosis(pod: str) -> str:
+    """A Diagnosis written as KubeDiag v1's DiagnosisSpec documents spec.podReference (namespace, name,
+    container), over the sample's OperationSet."""
+    return f"""\
+apiVersion: diagnosis.kubediag.org/v1
+kind: Diagnosis
+metadata:
+  name: pod-reference
+spec:
+  operationSet: http-operation
+  podReference:
+    namespace: default
+    name: {pod}
+    container: c
+"""
+
+
+async def test_kubediag_single_target_samples_are_applied_and_their_tasks_go_to_the_named_node(
+    cluster: Cluster, controller_kube: Kube
+) -> None:
+    """kubectl apply of KubeDiag's http-operation sample (spec.nodeName: my-node) and of a Diagnosis with
+    spec.podReference passes the CRD and the webhooks; a running controller gives the first a Task on my-node and
+    the second one on the node its pod runs on, carrying the pod."""
+    pod_node, pod = unique("edge"), unique("web")
+    operation = Operation(
+        metadata=ObjectMeta(name="http-operation"),
+        spec=OperationSpec(Processor(builtin=Builtin(name="node.resources"), timeout_seconds=30)),
+    )
+    pod_doc = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": pod},
+        "spec": {
+            "nodeName": pod_node,
+            "containers": [{"name": "c", "image": "busybox"}],
+            "automountServiceAccountToken": False,
+        },
+    }
+    controller = DiagnosisController(kube=controller_kube, clock=Clock.start(), log=structlog.get_logger())
+    made: list[Diagnosis] = []
+    async with admin(cluster.cp) as kube, trio.open_nursery() as nursery:
+        await nursery.start(controller.run)
+        try:
+            for name in ("my-node", pod_node):
+                await kube.create(NODES, Node(metadata=ObjectMeta(name=name, labels={EDGE_ROLE_LABEL: ""})))
+            await kube.create(OPERATIONS, operation)
+            # Pod admission wants the namespace's default ServiceAccount (the controller manager may not have made it).
+            await cluster.kubectl("create", "serviceaccount", "default", "-n", "default")
+            created = await cluster.kubectl("create", "-n", "default", "-f", "-", input=json.dumps(pod_doc))
+            assert created.returncode == 0, created.stderr
+            for manifest in (KUBEDIAG_SAMPLE_OPERATION_SET, KUBEDIAG_SAMPLE_DIAGNOSIS, _pod_reference_diagnosis(pod)):
+                applied = await cluster.kubectl("apply", "-n", "default", "-f", "-", input=manifest)
+                assert applied.returncode == 0, applied.stderr
+
+            listed = await cluster.kubectl("get", "diagnosis", "-n", "default", "http-operation", "pod-reference")
+            assert listed.returncode == 0, listed.stderr
+            by_node = await kube.get(DIAGNOSES, "http-operation", namespace="default")
+            by_pod = await kube.get(DIAGNOSES, "pod-reference", namespace="default")
+            made += [by_node, by_pod]
+            assert (by_node.spec.node_name, by_node.spec.parameters) == ("my-node", {"b": "200", "f": "6"})
+            [task] = await polled(lambda: tasks_of(kube, by_node), bool)
+            assert (task.spec.node_name, task.spec.pod_reference) == ("my-node", None)
+            [task] = await polled(lambda: tasks_of(kube, by_pod), bool)
+            assert task.spec.node_name == pod_node
+            assert task.spec.pod_reference == PodReference(namespace="default", name=pod, container="c")
+        finally:
+            with trio.move_on_after(60, shield=True):
+                for diagnosis in ("http-operation", "pod-reference"):
+                    await cluster.kubectl("delete", "diagnosis", "-n", "default", diagnosis, "--ignore-not-found")
+                # The controller removes the Tasks' finalizers: wait for them while it still runs.
+                for diagnosis in made:
+                    await polled(partial(tasks_of, kube, diagnosis), _empty, limit_s=60)
+                await cluster.kubectl("delete", "pod", "-n", "default", pod, "--grace-period=0", "--force")
+                await cluster.kubectl("delete", "operationset,operation", "http-operation", "--ignore-not-found")
+                await cluster.kubectl("delete", "node", "my-node", pod_node, "--ignore-not-found")
+            nursery.cancel_scope.cancel()
+
+
+def _empty(items: list[Any]) -> bool:
+    return not items
