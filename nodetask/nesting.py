@@ -27,7 +27,15 @@ import msgspec
 if TYPE_CHECKING:
     import yaml
 
-__all__ = ["MAX_DEPTH", "AliasingError", "NestingError", "allowed_alias_ratio", "check_json", "load_yaml"]
+__all__ = [
+    "MAX_DEPTH",
+    "AliasingError",
+    "DuplicateKeyError",
+    "NestingError",
+    "allowed_alias_ratio",
+    "check_json",
+    "load_yaml",
+]
 
 MAX_DEPTH: Final = 64
 """Levels of arrays and objects (YAML sequences and mappings) any decoder of outside input accepts."""
@@ -47,6 +55,10 @@ def _too_deep(limit: int, where: str = "") -> NestingError:
 
 class AliasingError(msgspec.DecodeError):
     """A YAML document whose aliases would expand it far beyond its own size ("billion laughs")."""
+
+
+class DuplicateKeyError(msgspec.DecodeError):
+    """A YAML mapping that gives a key twice; the message names the key and both lines."""
 
 
 def allowed_alias_ratio(decoded: int) -> float:
@@ -124,7 +136,7 @@ def _deepest(structure: bytes) -> int:
     return max(map(operator.sub, itertools.accumulate(opened), itertools.accumulate(closed, initial=0)), default=0)
 
 
-def load_yaml(document: bytes | str, *, limit: int = MAX_DEPTH) -> Any:
+def load_yaml(document: bytes | str, *, limit: int = MAX_DEPTH, unique_keys: bool = False) -> Any:
     """``document`` as plain Python data, like ``msgspec.yaml.decode`` without a type.
 
     Errors: :class:`msgspec.DecodeError` for YAML that does not parse; :class:`NestingError` for
@@ -132,10 +144,13 @@ def load_yaml(document: bytes | str, *, limit: int = MAX_DEPTH) -> Any:
     an alias inside the node it names (an endless nesting); :class:`AliasingError` for aliases that
     would make the data far larger than the document (:func:`allowed_alias_ratio`): PyYAML shares
     an aliased node, but whatever walks the data afterwards (a conversion, an encoder) expands it.
+    With ``unique_keys``, :class:`DuplicateKeyError` for a mapping that gives a key twice: PyYAML
+    keeps the last value silently, so a setting written twice in a file would lose its first one
+    without a word (merge keys, ``<<``, still override as YAML means them to).
     """
     import yaml  # noqa: PLC0415  (loaded on first use: an idle edge agent does without it)
 
-    loader = _loader_class()(document, limit)
+    loader = _loader_class(unique_keys=unique_keys)(document, limit)
     try:
         return loader.get_single_data()
     except yaml.YAMLError as exc:
@@ -155,7 +170,7 @@ def _at(event: yaml.Event) -> str:
 
 
 @functools.cache
-def _loader_class() -> Callable[[bytes | str, int], _Loader]:
+def _loader_class(*, unique_keys: bool) -> Callable[[bytes | str, int], _Loader]:
     import yaml  # noqa: PLC0415
 
     class DepthLimitedLoader(yaml.SafeLoader):
@@ -212,4 +227,27 @@ def _loader_class() -> Callable[[bytes | str, int], _Loader]:
                 self._sizes[-1] += size
             return node
 
-    return DepthLimitedLoader
+    if not unique_keys:
+        return DepthLimitedLoader
+
+    class UniqueKeyLoader(DepthLimitedLoader):
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+            # Checked before the safe constructor flattens merge keys into the node: only keys written
+            # in this mapping itself count.
+            first: dict[Any, yaml.Node] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    seen = first.setdefault(key, key_node)
+                except TypeError:  # an unhashable key: the constructor refuses it, saying so
+                    continue
+                if seen is not key_node:
+                    raise DuplicateKeyError(
+                        f"duplicate key {key!r} at line {key_node.start_mark.line + 1}"
+                        f" (first given at line {seen.start_mark.line + 1}): a key may appear once in a mapping"
+                    )
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader

@@ -2,7 +2,8 @@
 
 Each role has its own Struct (:mod:`roles.common.controller_config`, :mod:`roles.common.cloud_config`,
 :mod:`roles.common.edge_config`, on :mod:`roles.common.config_types`); unknown keys are errors that
-name the key, so a misspelt option is reported at start instead of silently ignored. This module loads
+name the key, so a misspelt option is reported at start instead of silently ignored, and so is a key
+given twice (naming it and its lines), whose first value YAML would otherwise drop. This module loads
 them, and is the face (``__all__``) the roles import every configuration type from.
 """
 
@@ -54,10 +55,10 @@ def load_config(role: str, path: Path | None, overrides: dict[str, object]) -> R
     config_type = ROLE_CONFIGS[role]
     where = str(path) if path else "flags"
     try:
-        raw: object = nesting.load_yaml(path.read_bytes()) if path else {}
+        raw: object = nesting.load_yaml(path.read_bytes(), unique_keys=True) if path else {}
     except OSError as exc:
         raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
-    except nesting.NestingError as exc:
+    except (nesting.NestingError, nesting.DuplicateKeyError) as exc:
         raise ConfigError(f"config {path}: {exc}") from None
     except msgspec.DecodeError as exc:
         raise ConfigError(f"config {path} is not valid YAML: {' '.join(str(exc).split())}") from None
