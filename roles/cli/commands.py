@@ -26,9 +26,16 @@ from roles.cli.parsing import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_UNAVAILABLE, E
 if TYPE_CHECKING:
     from roles.kube import Kube
 
-__all__ = ["COMMANDS", "kubeconfig_path", "main"]
+__all__ = ["COMMANDS", "SUMMARIES", "kubeconfig_path", "main"]
 
-COMMANDS: Final = frozenset({"edge", "token", "certs", "ctl"})
+SUMMARIES: Final = {
+    "ctl": "node jobs and edges, for operators",
+    "edge": "install the edge agent on this device, or remove it",
+    "token": "edge tokens",
+    "certs": "serving certificates of a cluster install",
+}
+"""Each command's line in ``nodetaskd --help`` and in its own parser."""
+COMMANDS: Final = frozenset(SUMMARIES)
 DEFAULT_TOKEN_NAMESPACE: Final = "kube-system"
 """The hubs' ``tokenNamespace`` default (``roles.common.config.CloudConfig``)."""
 
@@ -69,13 +76,16 @@ def _api_errors(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.
 
     def guarded(args: argparse.Namespace) -> int:
         from roles.cli.ctl.fetch import CtlError
-        from roles.kube import ApiError
+        from roles.kube import ApiError, KubeconfigError
 
         try:
             return run(args)
         except (Exception, BaseExceptionGroup) as raised:
             # Errors raised inside the API client's task groups arrive wrapped in exception groups.
             error = leaf(raised)
+            if isinstance(error, KubeconfigError):
+                hint = "" if kubeconfig_path(args.kubeconfig) else "; give --kubeconfig, or set $KUBECONFIG"
+                return fail(f"{error}{hint}", EXIT_UNAVAILABLE)
             if isinstance(error, CtlError | ValueError):  # a job that does not fit, a bad name or value
                 return fail(str(error), EXIT_USAGE)
             if isinstance(error, ApiError):
@@ -288,7 +298,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _edge_parsers(commands: argparse._SubParsersAction[Parser]) -> None:
-    edge = commands.add_parser("edge", help="install the edge agent on this device, or remove it")
+    edge = commands.add_parser("edge", help=SUMMARIES["edge"])
     edge_commands = edge.add_subparsers(dest="action", required=True, parser_class=Parser)
     join = edge_commands.add_parser("join", help="write the agent's configuration, data directory and systemd unit")
     join.add_argument("--hub", action="append", default=[], required=True, help="wss:// URL of the hubs (repeatable)")
@@ -305,7 +315,7 @@ def _edge_parsers(commands: argparse._SubParsersAction[Parser]) -> None:
 
 
 def _cloud_parsers(commands: argparse._SubParsersAction[Parser], kube: Parser) -> None:
-    token = commands.add_parser("token", help="edge tokens")
+    token = commands.add_parser("token", help=SUMMARIES["token"])
     token_commands = token.add_subparsers(dest="action", required=True, parser_class=Parser)
     create = token_commands.add_parser("create", parents=[kube], help="create or rotate NODE's token Secret")
     create.add_argument("node", help="the edge's node name")
@@ -316,7 +326,7 @@ def _cloud_parsers(commands: argparse._SubParsersAction[Parser], kube: Parser) -
     create.add_argument("--ca-file", default="", help="the hubs' CA file name, for the join command")
     create.set_defaults(handler=_token_create)
 
-    certs = commands.add_parser("certs", help="serving certificates of a cluster install")
+    certs = commands.add_parser("certs", help=SUMMARIES["certs"])
     certs_commands = certs.add_subparsers(dest="action", required=True, parser_class=Parser)
     make = certs_commands.add_parser(
         "create", parents=[kube], help="create the Secrets nodetaskd-webhook-tls and nodetaskd-hub-tls"
@@ -331,7 +341,7 @@ def _cloud_parsers(commands: argparse._SubParsersAction[Parser], kube: Parser) -
 
 
 def _ctl_parsers(commands: argparse._SubParsersAction[Parser], kube: Parser) -> None:
-    ctl = commands.add_parser("ctl", help="node jobs and edges, for operators")
+    ctl = commands.add_parser("ctl", help=SUMMARIES["ctl"])
     options = Parser(add_help=False, parents=[kube])
     options.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
     ctl_commands = ctl.add_subparsers(dest="action", required=True, parser_class=Parser)

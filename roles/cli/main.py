@@ -33,8 +33,37 @@ CLOUD_EXTRA_MODULES = frozenset({"trio_asyncio", "kubernetes_asyncio", "aiohttp"
 """What the ``cloud`` extra installs (and what it brings), by top-level module."""
 
 
+ROLE_SUMMARIES = {
+    "controller": "the job and diagnosis controllers and the admission webhooks (in the cluster)",
+    "cloud": "a cloud hub: the edges' connections (in the cluster; alias cloudhub)",
+    "edge": "the agent on a device",
+}
+
+
+def _command_list() -> str:
+    """The roles and the commands beside them, a line each, for ``nodetaskd --help``."""
+    from roles.cli.commands import SUMMARIES  # here: the commands' module loads when a command runs
+
+    roles = [f"  --role={role:<12}{summary}" for role, summary in ROLE_SUMMARIES.items()]
+    commands = [f"  {name:<19}{summary}" for name, summary in sorted(SUMMARIES.items())]
+    return "\n".join(
+        [
+            "roles (a long-running process each):",
+            *roles,
+            "",
+            "commands (nodetaskd COMMAND --help for each one's options):",
+            *commands,
+        ]
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = Parser(prog="nodetaskd", description="Run node tasks on fleets of edge nodes.")
+    p = Parser(
+        prog="nodetaskd",
+        description="Run node tasks on fleets of edge nodes.",
+        epilog=_command_list(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--role", required=True, choices=sorted(ROLE_ALIASES), help="which role this process plays")
     p.add_argument("--config", type=Path, help="YAML configuration file of the role")
     p.add_argument("--check-config", action="store_true", help="print the effective configuration and exit")
@@ -184,6 +213,18 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 (one exit p
     return status
 
 
+class _NeverRaised(Exception):
+    """Stands for the kubeconfig error in a role that has no API client (the edge agent)."""
+
+
+def _kubeconfig_error(role: str) -> type[Exception]:
+    if role == "edge":  # a device's base install has no API client to import
+        return _NeverRaised
+    from roles.kube import KubeconfigError  # the cloud extra, loaded with the role
+
+    return KubeconfigError
+
+
 def _run_role(
     role: str,
     run: Callable[..., Awaitable[None]],
@@ -194,11 +235,16 @@ def _run_role(
     """Run the role to its end: its exit status, and whether it is to be started again."""
     status = 0
     restart = False
+    kubeconfig_error = _kubeconfig_error(role)
     try:
         trio.run(_serve, run, cfg, log, args.config)
     except* RestartRequested as group:
         log.info("restarting", reason=str(leaf(group)))
         restart = True
+    except* kubeconfig_error as group:
+        # The API server's address and credentials could not be loaded: nothing the role can retry.
+        print(f"nodetaskd: error: {leaf(group)}", file=sys.stderr)
+        status = EXIT_UNAVAILABLE
     except* ConfigError as group:
         # Settings the role can only check when it starts (a token file, a certificate...).
         print(f"nodetaskd: error: {leaf(group)}", file=sys.stderr)

@@ -11,7 +11,7 @@ measured; see ``docs`` in the project style guide):
 """
 
 from roles.kube.client import Kube, open_kube
-from roles.kube.errors import ApiError, Conflict, Gone, NotFound, Unserved
+from roles.kube.errors import ApiError, Conflict, Gone, KubeconfigError, NotFound, Unserved
 from roles.kube.resources import Resource
 from roles.kube.watching import Deleted, Interrupted, Invalid, Relisted, Upserted, WatchEvent
 
@@ -23,6 +23,7 @@ __all__ = [
     "Interrupted",
     "Invalid",
     "Kube",
+    "KubeconfigError",
     "NotFound",
     "Relisted",
     "Resource",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -17,7 +18,7 @@ from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 from yarl import URL
 
-from roles.kube.errors import Unreachable, from_response
+from roles.kube.errors import KubeconfigError, Unreachable, from_response
 from roles.kube.resources import JSON
 
 MERGE_PATCH = "application/merge-patch+json"
@@ -43,10 +44,14 @@ class AioApi:
     async def connect(cls, kubeconfig: str) -> AioApi:
         """Configuration from ``kubeconfig``, or from the pod's service account when empty."""
         cfg = k8s_client.Configuration()
-        if kubeconfig:
-            await k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-        else:
-            k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        _require_file(kubeconfig)
+        try:
+            if kubeconfig:
+                await k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+            else:
+                k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+        except Exception as exc:  # the loader raises whatever its parsers do: each means a bad file
+            raise KubeconfigError(_kubeconfig_problem(kubeconfig, exc)) from None
         return cls(k8s_client.ApiClient(cfg))
 
     async def close(self) -> None:
@@ -166,3 +171,21 @@ def log_asyncio_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any], 
     """Loop exception handler: the default one re-raises, and one stray aiohttp warning kills the process."""
     exc = context.get("exception")
     log.warning("asyncio_error", message=context.get("message", ""), error=repr(exc) if exc else "")
+
+
+def _require_file(kubeconfig: str) -> None:
+    """Refuse a kubeconfig that does not exist before the loader logs a line of its own about it."""
+    if kubeconfig and not Path(kubeconfig).exists():
+        raise KubeconfigError(f"kubeconfig {kubeconfig} does not exist")
+
+
+def _kubeconfig_problem(kubeconfig: str, exc: Exception) -> str:
+    """One line naming why the configuration could not be loaded (the loaders' own messages span lines)."""
+    detail = " ".join(str(exc).split()) or type(exc).__name__
+    if not kubeconfig:
+        return f"no kubeconfig was given, and this is not a pod with a ServiceAccount ({detail})"
+    if isinstance(exc, OSError):
+        return f"cannot read kubeconfig {kubeconfig}: {exc.strerror or detail}"
+    if isinstance(exc, TypeError | AttributeError | KeyError | IndexError):  # YAML, but not shaped as one
+        return f"kubeconfig {kubeconfig} is not a kubeconfig (a mapping of clusters, users and contexts): {detail}"
+    return f"kubeconfig {kubeconfig} is not usable: {detail}"

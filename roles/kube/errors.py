@@ -19,6 +19,11 @@ class ApiError(Exception):
         self.message = message
 
 
+class KubeconfigError(Exception):
+    """The API server's address and credentials could not be loaded: a kubeconfig that is missing,
+    unreadable or malformed, or no ServiceAccount outside a pod. The message names the cause."""
+
+
 class NotFound(ApiError):
     """404 naming the object: it does not exist."""
 

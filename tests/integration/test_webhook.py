@@ -611,8 +611,8 @@ async def test_kubediag_single_target_samples_are_applied_and_their_tasks_go_to_
             assert task.spec.pod_reference == PodReference(namespace="default", name=pod, container="c")
         finally:
             with trio.move_on_after(60, shield=True):
-                for diagnosis in ("http-operation", "pod-reference"):
-                    await cluster.kubectl("delete", "diagnosis", "-n", "default", diagnosis, "--ignore-not-found")
+                for name in ("http-operation", "pod-reference"):
+                    await cluster.kubectl("delete", "diagnosis", "-n", "default", name, "--ignore-not-found")
                 # The controller removes the Tasks' finalizers: wait for them while it still runs.
                 for diagnosis in made:
                     await polled(partial(tasks_of, kube, diagnosis), _empty, limit_s=60)

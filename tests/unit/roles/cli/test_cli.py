@@ -157,3 +157,89 @@ def test_token_create_refuses_to_overwrite_a_token_file_without_force(
         == f"nodetaskd: error: {existing} exists: give --force to overwrite it, or another --token-file\n"
     )
     assert existing.read_text() == "the previous token\n"
+
+
+def test_help_lists_every_role_and_command(capsys: pytest.CaptureFixture[str]) -> None:
+    """nodetaskd --help has a line for each role and for each command beside them (ctl, edge, token, certs)."""
+    with pytest.raises(SystemExit) as exited:
+        main(["--help"])
+    assert exited.value.code == 0
+    lines = [line.split() for line in capsys.readouterr().out.splitlines()]
+    named = {words[0] for words in lines if len(words) > 1}
+    assert {"--role=controller", "--role=cloud", "--role=edge", "ctl", "edge", "token", "certs"} <= named
+
+
+@pytest.mark.parametrize("check", [True, False], ids=["check-config", "start"])
+def test_a_config_giving_a_key_twice_is_refused_naming_the_key_and_both_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], check: bool
+) -> None:
+    """A role config with a duplicate key exits 2 at start and with --check-config, naming the key and its lines."""
+    cfg = tmp_path / "edge.yaml"
+    cfg.write_text("nodeName: edge-1\nmaxDiskUsage: 90\nlocalApi:\n  enabled: true\n  enabled: false\n")
+    assert main(["--role=edge", f"--config={cfg}", *(["--check-config"] if check else [])]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"nodetaskd: error: config {cfg}: duplicate key 'enabled' at line 5 (first given at line 4):"
+        " a key may appear once in a mapping\n"
+    )
+
+
+UNREACHABLE_KUBECONFIG = """\
+apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster: {server: "https://127.0.0.1:1"}
+users:
+- name: u
+  user: {token: not-a-token}
+contexts:
+- name: c
+  context: {cluster: c, user: u}
+current-context: c
+"""
+"""A kubeconfig naming a server on a loopback port nothing listens on (port 1 needs root to bind)."""
+
+
+@pytest.mark.parametrize(
+    ("kubeconfig", "cause"),
+    [
+        (None, "no kubeconfig was given, and this is not a pod with a ServiceAccount"),
+        ("missing", "kubeconfig {path} does not exist"),
+        (UNREACHABLE_KUBECONFIG, "Cannot connect to host 127.0.0.1:1"),
+        ("apiVersion: v1\nclusters: [\n", "kubeconfig {path} is not usable: while parsing a flow node"),
+        ("just a string\n", "kubeconfig {path} is not a kubeconfig (a mapping of clusters, users and contexts)"),
+    ],
+    ids=["none", "missing", "unreachable", "malformed", "not-a-mapping"],
+)
+@pytest.mark.parametrize("command", [["ctl", "get"], ["token", "create", "edge-1", "--token-file=-"]], ids=" ".join)
+def test_kubeconfig_and_api_errors_are_one_line_naming_the_cause_with_exit_3(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    command: list[str],
+    kubeconfig: str | None,
+    cause: str,
+) -> None:
+    """No kubeconfig, a missing, malformed or unreachable one: exit status 3 and one line naming the cause."""
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    path = tmp_path / "kubeconfig"
+    if kubeconfig not in (None, "missing"):
+        path.write_text(kubeconfig)
+    flags = [] if kubeconfig is None else [f"--kubeconfig={path}"]
+    assert main([*command, *flags]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith("nodetaskd: error: ")
+    assert err.count("\n") == 1, err
+    assert cause.format(path=path) in err
+
+
+@pytest.mark.parametrize("role", ["controller", "cloud"])
+def test_a_role_whose_kubeconfig_is_missing_exits_3_with_one_line(tmp_path: Path, role: str) -> None:
+    """A controller or hub started with a kubeconfig that does not exist ends at once: one line, exit status 3."""
+    missing = tmp_path / "kubeconfig"
+    done = _run(f"--role={role}", f"--kubeconfig={missing}", "--log-level=error")
+    assert done.returncode == 3, done.stderr
+    assert done.stderr == f"nodetaskd: error: kubeconfig {missing} does not exist\n"
