@@ -26,7 +26,7 @@ from roles.kube import Conflict, Kube, open_kube
 from roles.kube.resources import NODES, SECRETS
 from schemas.core import EDGE_ROLE_LABEL, Node, NodeCondition, NodeStatus
 from schemas.meta import ObjectMeta
-from tools.provision.controlplane import ControlPlane, ensure_binaries, start
+from tools.provision.controlplane import AGENT_ONLY_NODES, ControlPlane, ensure_binaries, start
 
 REPO = Path(__file__).resolve().parent.parent
 CRD_DIR = REPO / "schemas" / "crds"
@@ -64,7 +64,7 @@ async def control_plane(cluster_dir: Path | None, state_dir: Path) -> AsyncItera
         # Started from the main thread (blocking the loop for those seconds, when nothing else runs):
         # only then does the kernel stop etcd and kube-apiserver should this process die without
         # its clean-up (SIGKILL), as start() arms them to die with the thread that started them.
-        cp = start(state_dir, binaries)
+        cp = start(state_dir, binaries, node_monitor=AGENT_ONLY_NODES)
         owned = True
     try:
         await anyio.to_thread.run_sync(cp.apply_rbac)

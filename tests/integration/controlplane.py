@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 
 try:
-    from tools.provision.controlplane import ControlPlane, ensure_binaries, start
+    from tools.provision.controlplane import AGENT_ONLY_NODES, ControlPlane, ensure_binaries, start
 except ModuleNotFoundError:  # tools/ is not installed; it lives at the repo root
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from tools.provision.controlplane import ControlPlane, ensure_binaries, start
+    from tools.provision.controlplane import AGENT_ONLY_NODES, ControlPlane, ensure_binaries, start
 
 __all__ = ["ControlPlane", "control_plane"]
 
@@ -43,7 +43,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
     without teardown, the kernel terminates both processes with it.
     """
     binaries = ensure_binaries()
-    cp = start(tmp_path_factory.mktemp("controlplane"), binaries)
+    cp = start(tmp_path_factory.mktemp("controlplane"), binaries, node_monitor=AGENT_ONLY_NODES)
     try:
         cp.apply_rbac()
         yield cp

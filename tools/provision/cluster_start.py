@@ -101,6 +101,13 @@ class NodeMonitor:
         ]
 
 
+AGENT_ONLY_NODES: Final = NodeMonitor(grace_period_s=3600, startup_grace_period_s=3600)
+"""For clusters of agent-only Nodes (the tests', the benchmarks'): an hour without news before a Node is
+Unknown. Their Nodes are created Ready with no kubelet to renew them, and a run past production's 40 s
+would otherwise find them NotReady (and refused jobs) for no reason of its own. Real kubelets renew
+theirs; the demo, whose devices' Nodes are to go NotReady, keeps production's grace."""
+
+
 def ensure_binaries() -> Binaries:
     """etcd, kubectl (Debian packages) and kube-apiserver, kube-controller-manager (built from Debian's
     source, with every other missing product of :mod:`tools.provision.kubebuild`), installed or built
@@ -313,4 +320,12 @@ def start(
     return cp
 
 
-__all__ = ["CONTROLLERS", "CONTROLLER_MANAGER_USER", "NodeMonitor", "ensure_binaries", "prepare_state_dir", "start"]
+__all__ = [
+    "AGENT_ONLY_NODES",
+    "CONTROLLERS",
+    "CONTROLLER_MANAGER_USER",
+    "NodeMonitor",
+    "ensure_binaries",
+    "prepare_state_dir",
+    "start",
+]

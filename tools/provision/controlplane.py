@@ -77,7 +77,7 @@ from tools.provision.cluster import (
     ControlPlane,
     Identity,
 )
-from tools.provision.cluster_start import CONTROLLERS, NodeMonitor, ensure_binaries, start
+from tools.provision.cluster_start import AGENT_ONLY_NODES, CONTROLLERS, NodeMonitor, ensure_binaries, start
 from tools.provision.host import REPO_ROOT, ControlPlaneError, cache_dir
 from tools.provision.kubebuild import APISERVER_BUILD_REVISION, KUBERNETES_VERSION
 
@@ -224,6 +224,7 @@ if __name__ == "__main__":
 
 
 __all__ = [
+    "AGENT_ONLY_NODES",
     "APISERVER_BUILD_REVISION",
     "APISERVER_READY_TIMEOUT",
     "CONTROLLERS",
