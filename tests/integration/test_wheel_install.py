@@ -53,7 +53,7 @@ def _install(where: Path, dist: Path, requirement: str) -> Path:
     """A fresh virtualenv at ``where`` with ``requirement`` (naming the built wheel) installed; its ``bin``."""
     venv.create(where, with_pip=True)
     (wheel,) = dist.glob("nodetaskd-*.whl")
-    pip = [where / "bin" / "python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    pip: list[str | Path] = [where / "bin" / "python", "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     constraints = REPO_ROOT / "constraints.txt"
     installed = _run([*pip, "--constraint", constraints, f"{requirement} @ {wheel.as_uri()}"], cwd=where)
     assert installed.returncode == 0, installed.stderr[-2000:]
