@@ -1,6 +1,7 @@
 """``nodetaskd``: the one binary, started in a role.
 
     nodetaskd --role=controller|cloud|edge [--config FILE] [flags...]
+    nodetaskd --version
 
 Options come from the config file and flags (flags win). Any invalid option ends the process at
 once with exit status 2 and a single line on stderr naming what is wrong, except in an edge agent
@@ -26,6 +27,7 @@ from roles.cli.parsing import EXIT_UNAVAILABLE, EXIT_USAGE, Parser, leaf
 from roles.common.config import ConfigError, EdgeConfig, RoleConfig, load_config
 from roles.common.logs import configure_logging
 from roles.common.restart import RestartRequested, reexec
+from roles.common.version import package_version
 
 ROLE_ALIASES = {"controller": "controller", "cloud": "cloud", "cloudhub": "cloud", "edge": "edge"}
 
@@ -64,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=_command_list(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument("--version", action="version", version=f"nodetaskd {package_version()}")
     p.add_argument("--role", required=True, choices=sorted(ROLE_ALIASES), help="which role this process plays")
     p.add_argument("--config", type=Path, help="YAML configuration file of the role")
     p.add_argument("--check-config", action="store_true", help="print the effective configuration and exit")

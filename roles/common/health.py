@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from http import HTTPStatus
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Gauge
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from roles.common.httpserver import (
@@ -24,6 +24,7 @@ from roles.common.httpserver import (
     router,
     serve_http,
 )
+from roles.common.version import package_version
 
 __all__ = [
     "DEFAULT_IDLE_TIMEOUT",
@@ -33,6 +34,7 @@ __all__ = [
     "Request",
     "Response",
     "Send",
+    "build_info",
     "health_routes",
     "router",
     "serve_http",
@@ -43,7 +45,9 @@ def health_routes(
     *, ready: Callable[[], bool], registry: CollectorRegistry, why_not_ready: Callable[[], str] = lambda: ""
 ) -> tuple[HttpRoute, ...]:
     """``/healthz`` and ``/livez`` (200 while the event loop serves), ``/readyz`` (200 when ``ready()``,
-    else 503 saying ``why_not_ready()``) and ``/metrics`` (Prometheus text format from ``registry``)."""
+    else 503 saying ``why_not_ready()``) and ``/metrics`` (Prometheus text format from ``registry``, and the
+    ``nodetaskd_build_info`` gauge every role's endpoint shows: see :func:`build_info`)."""
+    build = build_info()
 
     async def live(_: Request) -> Response:
         return Response.text(HTTPStatus.OK, "ok")
@@ -54,7 +58,8 @@ def health_routes(
         return Response.text(HTTPStatus.SERVICE_UNAVAILABLE, why_not_ready() or "not ready")
 
     async def metrics(_: Request) -> Response:
-        return Response(status=HTTPStatus.OK, body=generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+        body = generate_latest(build) + generate_latest(registry)
+        return Response(status=HTTPStatus.OK, body=body, content_type=CONTENT_TYPE_LATEST)
 
     return (
         HttpRoute("GET", "/healthz", live),
@@ -62,3 +67,15 @@ def health_routes(
         HttpRoute("GET", "/readyz", readyz),
         HttpRoute("GET", "/metrics", metrics),
     )
+
+
+def build_info() -> CollectorRegistry:
+    """A registry of its own holding ``nodetaskd_build_info{version}`` (always 1), the usual way to tell
+    which version each scraped process runs. Kept out of the role's registry so that any number of
+    endpoints may serve it."""
+    registry = CollectorRegistry()
+    info = Gauge(
+        "nodetaskd_build_info", "The nodetaskd version this process runs (always 1).", ["version"], registry=registry
+    )
+    info.labels(version=package_version()).set(1)
+    return registry

@@ -11,6 +11,7 @@ import msgspec
 import pytest
 
 from nodetask.phases import JobPhase
+from roles.common.version import package_version
 from roles.kube import Kube
 from roles.kube.resources import job_resource
 from schemas.kinds import IMAGE_PRE_PULL_JOB
@@ -62,9 +63,11 @@ async def test_controller_process_leads_validates_defaults_and_stops_on_sigterm(
     try:
         with anyio.fail_after(30):
             while True:
-                if "nodetaskd_controller_leader 1.0" in (await anyio.to_thread.run_sync(http_get, metrics))[1]:
+                served = (await anyio.to_thread.run_sync(http_get, metrics))[1]
+                if "nodetaskd_controller_leader 1.0" in served:
                     break
                 await anyio.sleep(0.2)
+        assert f'nodetaskd_build_info{{version="{package_version()}"}} 1.0' in served
         # The API server enforces webhooks once its own watch has seen them: wait until a probe is refused.
         await _until_refused(crds, "NodeUpgradeJob", {"version": "latest", "nodeNames": ["a"]}, refused=True)
         with pytest.raises(ControlPlaneError, match=r"spec\.version"):

@@ -23,8 +23,10 @@ against, and /etc/os-release (what image scanners read). No shell, no package ma
 BASE_REVISION: Final = 1
 """Bumped when what :func:`base_layer` makes of the packages changes, so that no stale cache is used."""
 SITE: Final = f"usr/local/lib/{PYTHON}/dist-packages"
-SOURCES: Final = ("pyproject.toml", "README.md", "nodetask", "roles", "flows", "schemas")
+SOURCES: Final = ("pyproject.toml", "README.md", "LICENSE", "nodetask", "roles", "flows", "schemas")
 """What the wheel is built from: the files the Containerfile copies."""
+CONSTRAINTS: Final = "constraints.txt"
+"""The exact versions the dependencies are installed at, within the ranges ``pyproject.toml`` gives."""
 USER: Final = 65532
 HOME: Final = "var/lib/nodetaskd"
 DROPPED: Final = (
@@ -193,9 +195,10 @@ def wheel(work: Path, *, root: Path = ROOT) -> Path:
 def python_layers(work: Path, base_rootfs: Path, *, root: Path = ROOT, refresh: bool = False) -> tuple[Path, Path]:
     """The deps and app layers as tars, each cached by what goes into it.
 
-    The deps layer is keyed by the pins of the base install and the cloud extra in ``pyproject.toml``
-    (their own dependencies, unpinned there, are resolved again with ``refresh``), the app layer by
-    the content of the tree's sources: a rebuild of an unchanged tree runs no pip at all.
+    The deps layer is keyed by the ranges of the base install and the cloud extra in ``pyproject.toml``
+    and by the exact versions in ``constraints.txt`` it is installed at (a dependency that file does not
+    name is resolved again with ``refresh``), the app layer by the content of the tree's sources: a
+    rebuild of an unchanged tree runs no pip at all.
     """
     deps_layer = cache_dir() / f"deps-{cache_key(_pins(root), _MANYLINUX, source_epoch())}.tar"
     app_layer = cache_dir() / f"app-{cache_key(_tree_digest(root), source_epoch())}.tar"
@@ -215,6 +218,8 @@ def python_layers(work: Path, base_rootfs: Path, *, root: Path = ROOT, refresh: 
             "--disable-pip-version-check",
             "--no-compile",
             "--no-warn-script-location",
+            "--constraint",
+            root / CONSTRAINTS,
             "--target",
             target,
             "--only-binary=:all:",
@@ -269,7 +274,9 @@ def python_layers(work: Path, base_rootfs: Path, *, root: Path = ROOT, refresh: 
 
 def _pins(root: Path) -> list[str]:
     project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
-    return sorted([*project["dependencies"], *project["optional-dependencies"]["cloud"]])
+    exact = [line.strip() for line in (root / CONSTRAINTS).read_text().splitlines()]
+    ranges = sorted([*project["dependencies"], *project["optional-dependencies"]["cloud"]])
+    return [*ranges, *sorted(line for line in exact if line and not line.startswith("#"))]
 
 
 def _tree_digest(root: Path) -> str:

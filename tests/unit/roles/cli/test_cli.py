@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import subprocess
 import sys
@@ -33,6 +34,16 @@ def test_unknown_role_exits_2_with_one_line() -> None:
     assert done.returncode == 2
     assert done.stderr.strip().count("\n") == 0
     assert "invalid choice: 'hub'" in done.stderr
+
+
+def test_version_prints_the_package_version_and_exits_0() -> None:
+    """``nodetaskd --version`` prints the installed package's version and needs no role."""
+    done = _run("--version")
+    assert (done.returncode, done.stdout, done.stderr) == (
+        0,
+        f"nodetaskd {importlib.metadata.version('nodetaskd')}\n",
+        "",
+    )
 
 
 def test_check_config_merges_file_and_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -25,6 +25,7 @@ from roles.common.tls import (
     load_serving_certificate,
     server_ssl_context,
 )
+from roles.common.version import package_version
 
 LOOPBACK = "127.0.0.1"
 
@@ -251,6 +252,23 @@ async def test_health_ready_and_metrics_endpoints() -> None:
                 assert status == 200
                 assert headers["content-type"] == prometheus_client.exposition.CONTENT_TYPE_LATEST
                 assert b"test_things_total 3.0" in body
+                assert f'nodetaskd_build_info{{version="{package_version()}"}} 1.0'.encode() in body
+
+
+async def test_every_metrics_endpoint_serves_the_build_info_beside_its_registry() -> None:
+    """Two endpoints serving one registry both show the version gauge once, and the registry's own metrics."""
+    registry = prometheus_client.CollectorRegistry()
+    prometheus_client.Gauge("test_level", "A level set by the test.", registry=registry).set(2)
+    for routes in (health_routes(ready=lambda: True, registry=registry) for _ in range(2)):
+        with trio.fail_after(10):
+            async with serving(handler=router(routes)) as port:
+                client = Client(await trio.open_tcp_stream(LOOPBACK, port))
+                async with client.stream:
+                    status, _, body = await client.request("GET", "/metrics")
+        assert status == 200
+        samples = [line for line in body.decode().splitlines() if not line.startswith("#")]
+        assert samples.count(f'nodetaskd_build_info{{version="{package_version()}"}} 1.0') == 1
+        assert "test_level 2.0" in samples
 
 
 async def test_tls_serves_and_a_failed_handshake_leaves_other_connections_alone(tmp_path: Path) -> None:
