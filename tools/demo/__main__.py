@@ -50,7 +50,7 @@ from typing import Final
 
 from rich.console import Console
 
-from tools.demo import autonomy_scene, bringup, diagnosis_scene, jobs_scene, summary
+from tools.demo import autonomy_scene, bringup, devices_scene, diagnosis_scene, jobs_scene, summary
 from tools.demo.fleet import Layout
 from tools.demo.kube import ApiFailure
 from tools.demo.procs import Supervisor, kill_recorded
@@ -124,6 +124,7 @@ def run(demo: Demo) -> None:
     # The edges are configured with the ports the hubs reported.
     tokens = bringup.register_fleet(demo, api)
     bringup.start_edges(demo, tokens, cri_endpoint)
+    bringup.start_devices(demo, cri_endpoint)
     registry = f"{demo.runtime.registry.host}/" if demo.runtime else jobs_scene.NO_REGISTRY
     jobs_scene.apply_jobs(demo, registry)
     demo.say(f"follow along: export KUBECONFIG={demo.layout.cluster / 'admin.kubeconfig'}; kubectl get nodejobs -w")
@@ -131,6 +132,7 @@ def run(demo: Demo) -> None:
     jobs_scene.retry_tolerant(demo)
     diagnosis_scene.diagnose(demo)
     autonomy_scene.cut_off_edge(demo)
+    devices_scene.go_offline(demo)
     summary.summarize(demo)
     summary.linger(demo)
 
