@@ -23,6 +23,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from nodetask.autonomy import AUTONOMY_ANNOTATION, BINDABLE_LABEL, DURATION_ANNOTATION
@@ -30,7 +31,7 @@ from tools.demo.fleet import Edge, Hub
 from tools.provision import controlplane as _cp
 from tools.provision import node_images
 from tools.provision.cluster_start import NodeMonitor
-from tools.provision.node import Node, ensure_node_tools, start_node, web_pod
+from tools.provision.node import Node, NodeTools, ensure_node_tools, start_node, web_pod
 from tools.provision.pki import plain_kubeconfig
 
 T = TypeVar("T")
@@ -39,8 +40,8 @@ NAMES: Final = ("device-01", "device-02")
 CLOUD_NODE: Final = "cloud-01"
 NAMESPACE: Final = "demo-devices"
 ZONE_LABEL: Final = "topology.kubernetes.io/zone"
-AUTONOMY_DURATION: Final = "24h"
-LONG_TOLERATION_S: Final = 24 * 3600
+AUTONOMY_DURATION: Final = "0"
+"""For ever, as ``node.beta.openyurt.io/autonomy: "true"`` says too (that annotation alone binds no pod)."""
 SHORT_TOLERATION_S: Final = 20
 NODE_MONITOR: Final = NodeMonitor(period_s=2, grace_period_s=20, startup_grace_period_s=30)
 """The demo's node lifecycle controller: a device silent for 20 s is NotReady (production: 40 s)."""
@@ -129,8 +130,8 @@ class Devices:
     """The real nodes of one run, their bring-up (in a thread of its own, beside the jobs) and what it saw."""
 
     cp: _cp.ControlPlane
-    root: Any
-    """The directory the nodes' state goes in (a Path)."""
+    root: Path
+    """The directory the nodes' state goes in."""
     edges: list[Edge]
     say: Callable[[str, str], None]
     view: DevicesView = field(default_factory=DevicesView)
@@ -201,7 +202,7 @@ class Devices:
             cp.kubectl("create", "-n", NAMESPACE, "-f", "-", input=json.dumps(pod))
         self.say(
             f"real nodes: {', '.join(NAMES)} registered their Nodes through their agents; {autonomous} asks for "
-            f"autonomy ({DURATION_ANNOTATION}={AUTONOMY_DURATION}), {other}'s pod tolerates an outage for "
+            f"autonomy (its pods bound to tolerate its outage for ever), {other}'s pod tolerates an outage for "
             f"{SHORT_TOLERATION_S} s",
             "",
         )
@@ -209,14 +210,14 @@ class Devices:
             answered = self._until(f"{name}'s pod answering", lambda n=name: serving(cp, n))  # type: ignore[misc]
             self.view.served[name] = answered
         self._until(f"{autonomous}'s pod bound to its autonomy", lambda: bound(cp, autonomous))
-        self.view.tolerations = {name: toleration(cp, name) for name in NAMES}
+        self.view.tolerations = {name: toleration(cp, name)[1] for name in NAMES}
         self.say(
             "real nodes Ready, pods answering: "
             + "; ".join(f"{d}: {text.strip()!r}" for d, text in self.view.served.items()),
             "",
         )
 
-    def _start(self, name: str, kubeconfig: Any, tools: Any, *, zone: str) -> None:
+    def _start(self, name: str, kubeconfig: Path, tools: NodeTools, *, zone: str) -> None:
         if self.cancelled.is_set():
             raise _cp.ControlPlaneError("cancelled")
         node = start_node(
@@ -286,17 +287,19 @@ def serving(cp: _cp.ControlPlane, device: str) -> str | None:
     return answer(ip) if ip and found and found["status"].get("phase") == "Running" else None
 
 
-def toleration(cp: _cp.ControlPlane, device: str) -> int | None:
+def toleration(cp: _cp.ControlPlane, device: str) -> tuple[bool, int | None]:
+    """Whether the device's pod tolerates its Node unreachable, and for how long (None: for ever)."""
     found = pod(cp, device) or {}
     for item in found.get("spec", {}).get("tolerations", []):
         if item.get("key") == UNREACHABLE_KEYS[0]:
             seconds = item.get("tolerationSeconds")
-            return None if seconds is None else int(seconds)
-    return None
+            return True, None if seconds is None else int(seconds)
+    return False, None
 
 
 def bound(cp: _cp.ControlPlane, device: str) -> bool | None:
-    return True if toleration(cp, device) == LONG_TOLERATION_S else None
+    """The device's pod tolerates its Node unreachable for ever (the controller bound it to its autonomy)."""
+    return True if toleration(cp, device) == (True, None) else None
 
 
 def pod_ip(pid: int) -> str | None:

@@ -12,6 +12,7 @@ from typing import Any, Final
 from tools.demo import devices as dev
 from tools.demo.bringup import answers_ok, hub_bound, start_hub
 from tools.demo.fleet import edge_launcher
+from tools.demo.kube import hubs_of_nodes
 from tools.demo.state import Demo, DemoError
 from tools.ports import held
 
@@ -85,6 +86,16 @@ def go_offline(demo: Demo) -> None:
         return len(view.ready_again) == len(dev.NAMES)
 
     demo.wait("the devices' Nodes Ready again", all_ready, limit=LIMIT, fatal=False)
+    api = demo.api
+    assert api is not None
+    names = [e.name for e in demo.edges] + list(dev.NAMES)
+    # Every agent lost its hub too; after a minute of refused attempts each waits up to 30 s between tries.
+    demo.wait(
+        "every edge to hold a hub session again",
+        lambda: all(hubs_of_nodes(api).get(n) for n in names),
+        limit=LIMIT,
+        fatal=False,
+    )
 
     def new_page() -> bool:
         candidates = {_pod_ip(dev.pod(cp, autonomous)), devices.restarted_ip}
