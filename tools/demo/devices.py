@@ -16,6 +16,7 @@ their own: in a zone where most of a small cluster's Nodes are down, nothing is 
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import subprocess
 import threading
@@ -175,17 +176,19 @@ class Devices:
     def _run(self) -> None:
         cp = self.cp
         tools = ensure_node_tools()
-        self.say(f"real nodes: starting {CLOUD_NODE} (its kubelet speaks to the API server)", "")
-        cloud = cp.node_kubeconfig(CLOUD_NODE, self.root / "pki")
-        self._start(CLOUD_NODE, cloud, tools, zone="cloud")
         cp.kubectl("create", "namespace", NAMESPACE)
         cp.kubectl("label", "namespace", NAMESPACE, f"{BINDABLE_LABEL}=true")
+        starts: dict[str, tuple[Path, str]] = {CLOUD_NODE: (cp.node_kubeconfig(CLOUD_NODE, self.root / "pki"), "cloud")}
         for edge in self.edges:
             kubeconfig = self.root / f"{edge.name}.kubeconfig"
             kubeconfig.write_text(plain_kubeconfig(f"http://127.0.0.1:{edge.node_api_port}"))
-            self._start(edge.name, kubeconfig, tools, zone="edge-site")
+            starts[edge.name] = (kubeconfig, "edge-site")
             literal = f"--from-literal=index.html={page(edge.name)}"
             cp.kubectl("create", "configmap", page_name(edge.name), "-n", NAMESPACE, literal)
+        self.say(f"real nodes: starting {', '.join(starts)} ({CLOUD_NODE}'s kubelet speaks to the API server)", "")
+        with concurrent.futures.ThreadPoolExecutor(len(starts)) as pool:
+            for started in [pool.submit(self._start, n, k, tools, zone=z) for n, (k, z) in starts.items()]:
+                started.result()
         for name in (CLOUD_NODE, *NAMES):
             self._until(f"{name}'s Node Ready", lambda n=name: ready(cp, n))  # type: ignore[misc]
         autonomous, other = NAMES

@@ -188,6 +188,9 @@ def controller_config(layout: Layout, *, kubeconfig: Path, webhook_port: int, me
             "metricsPort": metrics_port,
             # Silent nodes are noticed within 2 s of their deadline rather than 10.
             "timeoutSweepInterval": 2,
+            # A Node's autonomy reaches its Pods' tolerations within seconds rather than a minute after the
+            # controller first saw the Node (the real nodes' kubelets register theirs as the demo runs).
+            "autonomyBindingInterval": 5,
         },
     )
 
