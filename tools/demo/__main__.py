@@ -22,7 +22,9 @@ diagnosis runs over every edge (``tools/demo/diagnosis.py``: its first path fail
 whose app refuses connections, and its second succeeds). Then one edge, whose Node asks for
 autonomy, is cut off from its hub, and the demo's kubectl still reads that device's local API
 (``tools/demo/autonomy.py``); then the hub is started again on its ports, and the edge reconnects and
-relists its cache, a change made meanwhile in the cloud included. A summary says what happened and
+relists its cache, a change made meanwhile in the cloud included. Then two devices run as real nodes
+(a kubelet and containerd each, behind their agents; :mod:`tools.demo.devices`, started beside the
+jobs) through an outage of every hub (:mod:`tools.demo.devices_scene`). A summary says what happened and
 why, each retried node's two attempts, the diagnosis's paths, the cut-off edge's return, each Node's
 Autonomy condition and label and each hub's state included, and everything is stopped again - on
 Ctrl-C too. Whatever is not built yet in nodetaskd shows up as the reason the nodes report, never

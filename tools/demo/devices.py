@@ -44,8 +44,10 @@ ZONE_LABEL: Final = "topology.kubernetes.io/zone"
 AUTONOMY_DURATION: Final = "0"
 """For ever, as ``node.beta.openyurt.io/autonomy: "true"`` says too (that annotation alone binds no pod)."""
 SHORT_TOLERATION_S: Final = 20
-NODE_MONITOR: Final = NodeMonitor(period_s=2, grace_period_s=20, startup_grace_period_s=30)
-"""The demo's node lifecycle controller: a device silent for 20 s is NotReady (production: 40 s)."""
+NODE_MONITOR: Final = NodeMonitor(period_s=2)
+"""The demo's node lifecycle controller: production's grace (a Node silent for 40 s is NotReady), looked at
+every 2 s. Not shorter: the agent-only edges' Nodes have no kubelet to report them, and the controller gives
+no job to a NotReady Node, so the jobs scene must be over (or at least started) before they go NotReady."""
 KUBELET_ARGS: Final = ("--sync-frequency=10s",)
 """How often the kubelet looks at its pods again, so that a ConfigMap's change reaches their volumes in
 seconds (its default, one minute, would be most of the demo's wait)."""
