@@ -243,8 +243,11 @@ def _assert_hubs(hubs: list[dict[str, Any]], state: Path, output: str) -> None:
         ]
         assert len(said) == hub["starts"], said
         assert all({f"listen={address}", f"http_listen=127.0.0.1:{hub['http_port']}"} <= words for words in said)
-    first = msgspec.yaml.decode((state / "config" / "hub-b.yaml").read_bytes())
-    assert (first["listen"], first["httpListen"]) == ("127.0.0.1:0", "127.0.0.1:0")
+    # Both were last started on the ports their first start (on port 0) reported.
+    for name, hub in by_name.items():
+        last = msgspec.yaml.decode((state / "config" / f"{name}.yaml").read_bytes())
+        address = hub["url"].removeprefix("wss://")
+        assert (last["listen"], last["httpListen"]) == (address, f"127.0.0.1:{hub['http_port']}"), last
     urls = {hub["url"] for hub in hubs}
     for node in ("edge-01", "edge-02", "edge-03", "edge-04"):
         edge = msgspec.yaml.decode((state / "edges" / node / "edge.yaml").read_bytes())
