@@ -1,5 +1,6 @@
-"""``just demo`` end to end: a small fleet to its summary (hubs on the ports they bound, jobs, a retry, a diagnosis
-and an edge cut off from its hub, which comes back), Ctrl-C stopping everything, a clean second run."""
+"""``just demo`` end to end: a small fleet to its summary (hubs on the ports they bound, jobs, a retry, a diagnosis,
+an edge cut off from its hub, which comes back, and two devices as real nodes through a cloud outage), Ctrl-C
+stopping everything, a clean second run."""
 
 from __future__ import annotations
 
@@ -118,6 +119,7 @@ def test_demo_stops_on_ctrl_c_then_a_second_run_reaches_its_summary(state: Path,
 
     _assert_autonomy(summary["autonomy"], output)
     _assert_hubs(summary["hubs"], state, output)
+    _assert_devices(summary["devices"], output)
 
     if summary["runtimeProblem"]:
         # No containerd here: every Pull fails on the runtime's absence, and the demo said so up front.
@@ -229,7 +231,8 @@ def _assert_hubs(hubs: list[dict[str, Any]], state: Path, output: str) -> None:
     again) on its first ports and holding edge-03 again, and every edge is held by a hub."""
     by_name = {hub["name"]: hub for hub in hubs}
     assert sorted(by_name) == ["hub-a", "hub-b"]
-    assert (by_name["hub-a"]["starts"], by_name["hub-b"]["starts"]) == (2, 1)
+    # hub-a: stopped in the autonomy scene; both: stopped in the real nodes' scene.
+    assert (by_name["hub-a"]["starts"], by_name["hub-b"]["starts"]) == (3, 2)
     for name, hub in by_name.items():
         assert (hub["running"], hub["ready"]) == (True, True), hub
         address = hub["url"].removeprefix("wss://")
@@ -240,14 +243,45 @@ def _assert_hubs(hubs: list[dict[str, Any]], state: Path, output: str) -> None:
         ]
         assert len(said) == hub["starts"], said
         assert all({f"listen={address}", f"http_listen=127.0.0.1:{hub['http_port']}"} <= words for words in said)
-    first = msgspec.yaml.decode((state / "config" / "hub-b.yaml").read_bytes())
-    assert (first["listen"], first["httpListen"]) == ("127.0.0.1:0", "127.0.0.1:0")
+    # Both were last started on the ports their first start (on port 0) reported.
+    for name, hub in by_name.items():
+        last = msgspec.yaml.decode((state / "config" / f"{name}.yaml").read_bytes())
+        address = hub["url"].removeprefix("wss://")
+        assert (last["listen"], last["httpListen"]) == (address, f"127.0.0.1:{hub['http_port']}"), last
     urls = {hub["url"] for hub in hubs}
     for node in ("edge-01", "edge-02", "edge-03", "edge-04"):
         edge = msgspec.yaml.decode((state / "edges" / node / "edge.yaml").read_bytes())
         assert set(edge["hubUrls"]) <= urls, (node, edge["hubUrls"], urls)
     assert "edge-03" in by_name["hub-a"]["edges"]
-    assert sorted(node for hub in hubs for node in hub["edges"]) == ["edge-01", "edge-02", "edge-03", "edge-04"]
+    held = sorted(node for hub in hubs for node in hub["edges"])
+    assert held == ["device-01", "device-02", "edge-01", "edge-02", "edge-03", "edge-04"], held
     shown = " ".join(output.split())
     for hub in hubs:
         assert f"{hub['name']}: running and ready at {hub['url']}" in shown, hub
+
+
+def _assert_devices(devices: dict[str, Any], output: str) -> None:
+    """device-01 and device-02 ran as real nodes (a kubelet behind their agents): both Ready with their pods
+    answering their pages; with every hub stopped both pods kept answering, both Nodes went NotReady in the
+    cloud, device-02's pod (20 s toleration) was evicted and device-01's (its Node asks for autonomy, its pod
+    bound to tolerate that for ever) kept; device-01, restarted whole with the cloud gone, answered its page
+    from the cache; with the hubs back both Nodes were Ready and device-01's pod answered its ConfigMap as
+    changed meanwhile."""
+    pages = {"device-01": "served by device-01\n", "device-02": "served by device-02\n"}
+    assert devices["problem"] == "", devices
+    assert devices["served"] == pages, devices
+    assert devices["tolerations"] == {"device-01": None, "device-02": 20}, devices
+    assert devices["offline"] == pages, devices
+    assert set(devices["notReady"]) == set(pages), devices
+    assert all(status in ("Unknown", "False") for status in devices["notReady"].values()), devices
+    assert (devices["evicted"], devices["kept"]) == ("device-02", "device-01"), devices
+    assert devices["restarted"] == pages["device-01"], devices
+    assert devices["readyAgain"] == ["device-01", "device-02"], devices
+    assert devices["newPage"] == "changed in the cloud while every hub was down\n", devices
+    shown = " ".join(output.split())
+    for line in (
+        "device-01: Ready, its pod answered 'served by device-01\\n'",
+        "device-02: evicted in the cloud; device-01: kept (its Node asks for autonomy)",
+        "hubs back: device-01, device-02 Ready",
+    ):
+        assert line in shown, line

@@ -22,7 +22,9 @@ diagnosis runs over every edge (``tools/demo/diagnosis.py``: its first path fail
 whose app refuses connections, and its second succeeds). Then one edge, whose Node asks for
 autonomy, is cut off from its hub, and the demo's kubectl still reads that device's local API
 (``tools/demo/autonomy.py``); then the hub is started again on its ports, and the edge reconnects and
-relists its cache, a change made meanwhile in the cloud included. A summary says what happened and
+relists its cache, a change made meanwhile in the cloud included. Then two devices run as real nodes
+(a kubelet and containerd each, behind their agents; :mod:`tools.demo.devices`, started beside the
+jobs) through an outage of every hub (:mod:`tools.demo.devices_scene`). A summary says what happened and
 why, each retried node's two attempts, the diagnosis's paths, the cut-off edge's return, each Node's
 Autonomy condition and label and each hub's state included, and everything is stopped again - on
 Ctrl-C too. Whatever is not built yet in nodetaskd shows up as the reason the nodes report, never
@@ -50,7 +52,7 @@ from typing import Final
 
 from rich.console import Console
 
-from tools.demo import autonomy_scene, bringup, diagnosis_scene, jobs_scene, summary
+from tools.demo import autonomy_scene, bringup, devices_scene, diagnosis_scene, jobs_scene, summary
 from tools.demo.fleet import Layout
 from tools.demo.kube import ApiFailure
 from tools.demo.procs import Supervisor, kill_recorded
@@ -124,6 +126,7 @@ def run(demo: Demo) -> None:
     # The edges are configured with the ports the hubs reported.
     tokens = bringup.register_fleet(demo, api)
     bringup.start_edges(demo, tokens, cri_endpoint)
+    bringup.start_devices(demo, cri_endpoint)
     registry = f"{demo.runtime.registry.host}/" if demo.runtime else jobs_scene.NO_REGISTRY
     jobs_scene.apply_jobs(demo, registry)
     demo.say(f"follow along: export KUBECONFIG={demo.layout.cluster / 'admin.kubeconfig'}; kubectl get nodejobs -w")
@@ -131,6 +134,7 @@ def run(demo: Demo) -> None:
     jobs_scene.retry_tolerant(demo)
     diagnosis_scene.diagnose(demo)
     autonomy_scene.cut_off_edge(demo)
+    devices_scene.go_offline(demo)
     summary.summarize(demo)
     summary.linger(demo)
 

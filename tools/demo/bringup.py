@@ -4,11 +4,13 @@ port 0 (their ports read back from the files they write) and the edge agents."""
 
 from __future__ import annotations
 
+import os
 import ssl
 from collections.abc import Callable, Sequence
 from typing import Final
 
 from roles.common.tls import generate_serving_certificate
+from tools.demo import devices
 from tools.demo import diagnosis as diag
 from tools.demo.fleet import (
     CANARIES,
@@ -20,7 +22,7 @@ from tools.demo.fleet import (
     hub_config,
     plan_edges,
 )
-from tools.demo.kube import Api, ApiFailure, hubs_of_nodes, register_edge
+from tools.demo.kube import Api, ApiFailure, hubs_of_nodes, register_edge, register_token
 from tools.demo.procs import Child
 from tools.demo.runtime import start_runtime
 from tools.demo.state import Demo
@@ -51,7 +53,7 @@ def provision_cluster(demo: Demo) -> Api:
             "yellow",
         )
     binaries = _cp.ensure_binaries()
-    demo.cp = cp = _cp.start(demo.layout.cluster, binaries)
+    demo.cp = cp = _cp.start(demo.layout.cluster, binaries, node_monitor=devices.NODE_MONITOR)
     demo.record()
     demo.say(f"control plane up: kube-apiserver {cp.server} + etcd (logs in {demo.layout.cluster})")
     cp.kubectl("apply", "-f", str(CRD_DIR))
@@ -245,3 +247,29 @@ def answers_ok(url: str, context: ssl.SSLContext) -> Callable[[], bool]:
 
 def _http(url: str, context: ssl.SSLContext | None = None) -> str:
     return http_get(url, context=context, timeout=3)[1]
+
+
+def start_devices(demo: Demo, cri_endpoint: str) -> None:
+    """Start the devices' agents (their tokens registered, not their Nodes), then the real nodes' bring-up
+    in a thread of its own (:class:`tools.demo.devices.Devices`), beside the scenes that follow."""
+    assert demo.api is not None
+    assert demo.cp is not None
+    if os.geteuid() != 0:
+        demo.devices = devices.Devices(demo.cp, demo.layout.nodes, [], demo.say)
+        demo.devices.view.problem = "real nodes need root (cgroups, mounts, bridges)"
+        demo.say(f"NO REAL NODES: {demo.devices.view.problem}", "bold yellow")
+        return
+    planned = devices.plan_devices(demo.hubs, free_ports(len(devices.NAMES)))
+    ca_file = demo.layout.hub_tls / "ca.crt"
+    for edge in planned:
+        token = register_token(demo.api, edge.name)
+        config = edge_config(demo.layout, edge, token=token, ca_file=ca_file, cri_endpoint=cri_endpoint)
+        demo.procs.start(edge.name, edge_launcher(config), log=demo.layout.log(edge.name))
+    demo.record()
+    demo.layout.nodes.mkdir(parents=True, exist_ok=True)
+    demo.devices = devices.Devices(demo.cp, demo.layout.nodes, planned, demo.say)
+    demo.devices.start()
+    demo.say(
+        f"devices {', '.join(devices.NAMES)}: agents started with nodeApi (their kubelets' API server); "
+        f"their nodes and {devices.CLOUD_NODE} start beside the jobs (state in {demo.layout.nodes})"
+    )

@@ -10,6 +10,7 @@ can wipe it whole::
     <state>/config/             controller.yaml, hub-a.yaml, hub-b.yaml
     <state>/run/<hub>.ports.json   the ports each hub bound (its portsFile), while it runs
     <state>/edges/<node>/       edge.yaml, token, data/ (the agent's SQLite store)
+    <state>/nodes/<node>/       a real node's containerd and kubelet (tools/provision/node.py), their logs
     <state>/logs/<name>.log     stdout + stderr of every nodetaskd process
 """
 
@@ -73,6 +74,11 @@ class Layout:
         """PIDs of the processes this run started, for the next run should this one be killed."""
         return self.root / "pids"
 
+    @property
+    def nodes(self) -> Path:
+        """The real nodes' state (:mod:`tools.demo.devices`)."""
+        return self.root / "nodes"
+
     def edge(self, node: str) -> Path:
         return self.root / "edges" / node
 
@@ -133,6 +139,8 @@ class Edge:
     full_disk: bool
     local_api_port: int = 0
     """The autonomy step's edge (:mod:`tools.demo.autonomy`): its local API's port; 0 for the others."""
+    node_api_port: int = 0
+    """A device's (:mod:`tools.demo.devices`): the port its kubelet's API endpoint listens on; 0 for the others."""
 
 
 def plan_edges(count: int, hubs: Sequence[Hub], *, local_api_port: int = 0) -> list[Edge]:
@@ -180,6 +188,9 @@ def controller_config(layout: Layout, *, kubeconfig: Path, webhook_port: int, me
             "metricsPort": metrics_port,
             # Silent nodes are noticed within 2 s of their deadline rather than 10.
             "timeoutSweepInterval": 2,
+            # A Node's autonomy reaches its Pods' tolerations within seconds rather than a minute after the
+            # controller first saw the Node (the real nodes' kubelets register theirs as the demo runs).
+            "autonomyBindingInterval": 5,
         },
     )
 
@@ -199,6 +210,8 @@ def hub_config(
             "portsFile": str(layout.ports(name)),
             "tlsCertFile": str(cert),
             "tlsKeyFile": str(key),
+            # The devices' kubelets reach the API server through their agents' sessions.
+            "apiRelay": {"enabled": True},
         },
     )
 
@@ -229,6 +242,8 @@ def edge_config(
         config["maxDiskUsage"] = FULL_DISK_THRESHOLD
     if edge.local_api_port:
         config["localApi"] = {"enabled": True, "port": edge.local_api_port}
+    if edge.node_api_port:
+        config["nodeApi"] = {"enabled": True, "port": edge.node_api_port}
     if loopback_ports:
         config["diagnosis"] = {"loopbackPorts": list(loopback_ports)}
     return write_yaml(home / "edge.yaml", config)

@@ -70,6 +70,11 @@ def register_edge(api: Api, name: str, labels: Mapping[str, str]) -> str:
     api.request("POST", "/api/v1/nodes", {"metadata": {"name": name, "labels": {EDGE_ROLE_LABEL: "", **labels}}})
     ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "registered by the demo"}
     api.request("PATCH", f"/api/v1/nodes/{name}/status", {"status": {"conditions": [ready]}}, patch=True)
+    return register_token(api, name)
+
+
+def register_token(api: Api, name: str) -> str:
+    """Create node ``name``'s token Secret (its Node is the kubelet's to register); returns the token."""
     token = secrets.token_urlsafe(24)
     secret = msgspec.to_builtins(token_secret(name, token, namespace=TOKEN_NAMESPACE))
     api.request("POST", f"/api/v1/namespaces/{TOKEN_NAMESPACE}/secrets", secret)

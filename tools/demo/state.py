@@ -17,6 +17,7 @@ from roles.common.tls import ServingCertificate
 from tools.demo import autonomy
 from tools.demo import diagnosis as diag
 from tools.demo.confirm import Confirmer
+from tools.demo.devices import Devices
 from tools.demo.fleet import Edge, Hub, HubState, Layout
 from tools.demo.kube import Api, ApiFailure, JobView
 from tools.demo.procs import Supervisor, write_record
@@ -67,6 +68,8 @@ class Demo:
     """Every Node's Autonomy condition and label, as the summary read them."""
     hub_states: list[HubState] = field(default_factory=list)
     """Every hub as the summary found it."""
+    devices: Devices | None = None
+    """The real nodes (:mod:`tools.demo.devices`), once their bring-up started."""
     started: float = field(default_factory=time.monotonic)
 
     def say(self, message: str, style: str = "") -> None:
@@ -110,6 +113,10 @@ class Demo:
 
     def stop(self) -> list[str]:
         """Stop everything this run started, in reverse order; returns processes left behind (none)."""
+        if self.devices is not None:
+            # The kubelets first: their pods would be restarted by nothing once the agents are gone.
+            for problem in self.devices.stop():
+                self.say(problem, "red")
         self.procs.stop()
         if self.directory is not None:
             self.directory.stop()

@@ -78,6 +78,10 @@ def summarize(demo: Demo) -> None:
         demo.console.print()
         for line in autonomy.summary_lines(demo.cut_off, demo.nodes_autonomy):
             demo.console.print(line, highlight=False, markup=False)
+    if demo.devices is not None:
+        demo.console.print()
+        for line in demo.devices.view.lines():
+            demo.console.print(line, highlight=False, markup=False)
     demo.hub_states = read_hubs(demo)
     if demo.hub_states:
         demo.console.print("\nhubs (each bound port 0 at its first start and reported the ports it got):")
@@ -190,6 +194,7 @@ def write_summary(path: Path, demo: Demo, status: int) -> None:
         "diagnosis": diag.as_json(demo.diagnosis),
         "autonomy": autonomy.as_json(demo.cut_off, demo.nodes_autonomy),
         "hubs": [dataclasses.asdict(hub) for hub in demo.hub_states],
+        "devices": None if demo.devices is None else demo.devices.view.as_json(),
         "jobs": [
             {
                 "kind": j.kind,
