@@ -48,14 +48,16 @@ def device_python() -> Path:
     (:func:`repo_env`), and the measurement follows this repository's code.
     """
     deps: list[str] = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
-    key = hashlib.sha256("\n".join(sorted(deps)).encode()).hexdigest()[:12]
+    constraints = REPO / "constraints.txt"
+    # The metadata gives ranges; the versions a device gets are the ones the project was seen working with.
+    key = hashlib.sha256("\n".join([*sorted(deps), constraints.read_text()]).encode()).hexdigest()[:12]
     venv = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "nodetaskd" / f"edge-venv-{key}"
     python = venv / "bin" / "python"
     if not (venv / ".complete").exists():
         shutil.rmtree(venv, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-        subprocess.run([*pip, *deps], check=True)
+        subprocess.run([*pip, "--constraint", str(constraints), *deps], check=True)
         subprocess.run([*pip, "--no-deps", "--editable", str(REPO)], check=True)
         (venv / ".complete").touch()
     return python
