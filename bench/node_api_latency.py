@@ -23,13 +23,15 @@ objects, about 4 KiB of JSON each). For each run, a fresh hub and agent:
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +41,7 @@ import h11
 import msgspec
 import trio
 
-from bench import procs
+from bench import cluster, procs, store
 from bench.cluster import REPO, edge_token, node_name
 from bench.edge_device import Memory, device_python, repo_env, settled_memory
 from bench.hub_process import bound_ports, hub_ready, read_metrics, write_config
@@ -57,7 +59,7 @@ TARGETS = {
     "list pods (spec.nodeName)": f"/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}",
 }
 WARM_UP = 50
-BYTES_UP, BYTES_DOWN = "nodetaskd_hub_tunnel_bytes:up", "nodetaskd_hub_tunnel_bytes:down"
+BYTES_UP, BYTES_DOWN = "nodetaskd_hub_tunnel_bytes_total:up", "nodetaskd_hub_tunnel_bytes_total:down"
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +88,10 @@ class LatencyRun:
 
 def timing(times: list[float]) -> Timing:
     ordered = sorted(times)
-    at = lambda q: round(ordered[min(len(ordered) - 1, int(len(ordered) * q))] * 1000, 3)  # noqa: E731
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(len(ordered) * q))] * 1000, 3)
+
     return Timing(median_ms=round(statistics.median(ordered) * 1000, 3), p90_ms=at(0.9), p99_ms=at(0.99))
 
 
@@ -97,7 +102,9 @@ def ensure_pods(cp: ControlPlane) -> None:
         pod = realistic_pod(i)
         meta = {k: v for k, v in pod["metadata"].items() if k in ("name", "namespace", "labels", "annotations")}
         items.append({"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {**pod["spec"], "nodeName": NODE}})
-    cp.kubectl("apply", "-f", "-", input=msgspec.json.encode({"apiVersion": "v1", "kind": "List", "items": items}).decode())
+    cp.kubectl(
+        "apply", "-f", "-", input=msgspec.json.encode({"apiVersion": "v1", "kind": "List", "items": items}).decode()
+    )
 
 
 def credentials(cp: ControlPlane, directory: Path) -> Path:
@@ -294,10 +301,6 @@ async def series(
     cp: ControlPlane, seed: str, *, runs: int, rounds: int, cpu_requests: int, settle_s: float = 5.0
 ) -> dict[str, Any]:
     """``runs`` fresh hubs and agents (:func:`one_run`); the stored entry."""
-    from dataclasses import asdict
-
-    from bench import store
-
     await trio.to_thread.run_sync(ensure_pods, cp)
     python = await trio.to_thread.run_sync(device_python)
     results = []
@@ -308,20 +311,14 @@ async def series(
 
 
 async def _main(runs: int, rounds: int, cpu_requests: int) -> None:
-    import json
-
-    from bench import cluster
-
     with tempfile.TemporaryDirectory(prefix="nodetaskd-bench-") as tmp:
         async with cluster.control_plane(None, Path(tmp) / "cp") as cp:
             seed = cluster.fleet_seed(cp)
             async with cluster.admin(cp) as kube:
                 await cluster.register_fleet(kube, count=1, sizes=[], seed=seed)
             entry = await series(cp, seed, runs=runs, rounds=rounds, cpu_requests=cpu_requests)
-    print(json.dumps(entry, indent=1))  # noqa: T201
+    sys.stdout.write(json.dumps(entry, indent=1) + "\n")
 
 
 if __name__ == "__main__":
-    import sys
-
     trio.run(_main, *(int(a) for a in sys.argv[1:4]))
