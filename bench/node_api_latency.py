@@ -184,7 +184,7 @@ class Client:
         while True:
             event = self._conn.next_event()
             if event is h11.NEED_DATA:
-                self._conn.receive_data(await self._stream.receive_some(1 << 16))
+                self._conn.receive_data(bytes(await self._stream.receive_some(1 << 16)))
             elif isinstance(event, h11.Response):
                 status = event.status_code
                 headers = {k.decode().lower(): v.decode() for k, v in event.headers}
@@ -274,7 +274,10 @@ async def one_run(
                 await trio.sleep(settle_s)
                 memory = await settled_memory(agent.pid)
         per_request = {k: (cpu_used[k] - idle_rate[k] * took) / cpu_requests * 1000 for k in cpu_used}
-        bytes_per = lambda key: (metrics_after.get(key, 0) - metrics_before.get(key, 0)) / cpu_requests  # noqa: E731
+
+        def bytes_per(key: str) -> float:
+            return (metrics_after.get(key, 0) - metrics_before.get(key, 0)) / cpu_requests
+
         return LatencyRun(
             relayed={name: timing(times[("relayed", name)]) for name in TARGETS},
             direct={name: timing(times[("direct", name)]) for name in TARGETS},
@@ -321,4 +324,5 @@ async def _main(runs: int, rounds: int, cpu_requests: int) -> None:
 
 
 if __name__ == "__main__":
-    trio.run(_main, *(int(a) for a in sys.argv[1:4]))
+    runs, rounds, cpu_requests = (int(a) for a in sys.argv[1:4])
+    trio.run(_main, runs, rounds, cpu_requests)

@@ -203,7 +203,8 @@ async def serve(args: argparse.Namespace) -> None:
             for attempt in range(5):
                 async with limiter:
                     try:
-                        return await nursery.start(edge.run)
+                        await nursery.start(edge.run)
+                        return
                     except (OSError, RuntimeError) as exc:
                         if attempt == 4:
                             raise RuntimeError(f"{edge.node}: {exc}") from exc

@@ -34,8 +34,13 @@ def latency_section(res: dict[str, Any]) -> list[str]:
         return [*out, "No run completed.", ""]
     rows = []
     for name in runs[0]["relayed"]:
-        rel = lambda key, name=name: median(r["relayed"][name][key] for r in runs)  # noqa: E731
-        dire = lambda key, name=name: median(r["direct"][name][key] for r in runs)  # noqa: E731
+
+        def rel(key: str, name: str = name) -> float:
+            return median(r["relayed"][name][key] for r in runs)
+
+        def dire(key: str, name: str = name) -> float:
+            return median(r["direct"][name][key] for r in runs)
+
         added = median(r["added_median_ms"][name] for r in runs)
         verdict = "met" if added < ADDED_GOAL_MS else "NOT met"
         rows.append(
@@ -84,15 +89,15 @@ def relay_section(res: dict[str, Any]) -> list[str]:
     out = [
         "## 6. One hub relaying N nodes' steady kubelet traffic (simulated at the protocol level)",
         "",
-        f"*Measured {res['measured']}* (`bench/relay_load.py`). **Simulated**: the nodes are light clients"
-        " (`bench/tunnel_fleet.py`) speaking the session protocol to ONE real hub (Hello with `tunnel.v1`,",
+        f"*Measured {res['measured']}* (`bench/relay_load.py`). **Simulated**: the nodes are light clients",
+        "(`bench/tunnel_fleet.py`) speaking the session protocol to ONE real hub (Hello with `tunnel.v1`,",
         "TunnelOpen, binary data frames, credit, pings); the hub's kubeconfig names a stand-in",
         "(`bench/api_standin.py`) that passes the hub's own TLS to the real API server (sessions are",
         "authenticated and marked on their Nodes as usual) and answers the tunnels itself. No TLS inside the",
-        "tunnels (the hub relays ciphertext unread: only the sizes matter to it). Each node: one request tunnel",
-        f"and {res['watches']} watch tunnels held open; a lease renewal every 10 s ({res['lease_bytes']}",
-        "bytes up, answer of", f"{res['lease_answer_bytes']}), a node status update every 60 s (5x the kubelet's"
-        " default report period), a bookmark a minute on each watch. Hub CPU over a",
+        "tunnels (the hub relays ciphertext unread: only the sizes matter to it). Each node holds one request",
+        f"tunnel and {res['watches']} watch tunnels open; it renews its lease every 10 s ({res['lease_bytes']}",
+        f"bytes up, an answer of {res['lease_answer_bytes']}), updates its node status every 60 s (5x the",
+        "kubelet's default report period) and gets a bookmark a minute on each watch. Hub CPU over a",
         f"{res['steady_s']:.0f} s steady window as a share of one core; round trips as the clients saw them.",
         "",
     ]  # fmt: skip
