@@ -96,7 +96,7 @@ async def _relay(
 ) -> None:
     """N simulated nodes' kubelet traffic through one relaying hub, storing the results after every run."""
     previous = results.get("relay_load", {})
-    runs = store.kept(previous, lambda r: r["nodes"] in args.relay_sizes or r["watches"] != args.relay_watches)
+    runs = store.kept(previous, lambda r: r["nodes"] in args.relay_sizes and r["watches"] == args.relay_watches)
     results["relay_load"] = {
         "measured": store.now(), "runs": runs, "watches": args.relay_watches, "steady_s": relay_load.STEADY_S,
         **relay_load.SIZES,
