@@ -110,7 +110,8 @@ def relay_section(res: dict[str, Any]) -> list[str]:
         verdict = f"{'met' if share < SHARE_GOAL else 'NOT met'}" if nodes >= 10_000 else ""
         rows.append(
             (
-                whole(nodes), str(watches), whole(median(r["tunnels"] for r in of)), f"{median(r['requests_per_s'] for r in of):.0f}",
+                whole(nodes), str(watches), whole(median(r["tunnels"] for r in of)),
+                f"{median(r['requests_per_s'] for r in of):.0f}",
                 f"**{share * 100:.1f}%**" + (f" ({verdict}: < 1 core)" if verdict else ""),
                 f"{median(r['fleet_cpu_share'] for r in of) * 100:.0f}%",
                 f"{median(r['standin_cpu_share'] for r in of) * 100:.0f}%",
