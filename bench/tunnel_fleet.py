@@ -102,9 +102,10 @@ class TunnelEdge:
             await welcomed.wait()
             t = self.traffic
             for number in range(REQUEST_TUNNEL, REQUEST_TUNNEL + 1 + t.watches):
-                self._waiting[number] = trio.Event()
+                # Kept here: the reader pops it as the TunnelOpened comes, which may be before the send returns.
+                opened = self._waiting[number] = trio.Event()
                 await self._message(TunnelOpen(stream=number))
-                await self._waiting[number].wait()
+                await opened.wait()
                 self.opened += 1
             for number in range(REQUEST_TUNNEL + 1, REQUEST_TUNNEL + 1 + t.watches):
                 await self._data(number, api_standin.request(b"W", *t.watch))
