@@ -53,6 +53,9 @@ class RelayRun:
     watches: int
     tunnels: int
     ready_s: float
+    refused: int
+    """Tunnel opens the hub refused while the fleet opened them all (each asked again): why in ``refused_first``."""
+    refused_first: list[str]
     steady_s: float
     hub_cpu_share: float
     """The hub's CPU seconds per second over the steady window (1.0: one core)."""
@@ -153,6 +156,8 @@ async def run_size(
         watches=watches,
         tunnels=int(metrics.get("nodetaskd_hub_tunnels", ready["tunnels"])),
         ready_s=round(ready["seconds"], 1),
+        refused=ready["refused"],
+        refused_first=ready["refused_first"],
         steady_s=round(took, 1),
         hub_cpu_share=round(used["hub"] / took, 4),
         fleet_cpu_share=round(used["fleet"] / took, 4),

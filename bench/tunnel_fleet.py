@@ -36,8 +36,6 @@ from nodetask import messages
 from nodetask.messages import PING_CAPABILITY, TUNNEL_CAPABILITY, Hello, TunnelCredit, TunnelOpen, Welcome
 from nodetask.tunnel import WINDOW, data_frame, is_data, read_data
 
-REQUEST_TUNNEL = 1
-
 
 @dataclass(frozen=True, slots=True)
 class Traffic:
@@ -65,6 +63,11 @@ class TunnelEdge:
     _waiting: dict[int, trio.Event] = field(default_factory=dict)
     _received: dict[int, int] = field(default_factory=dict)
     _unthanked: dict[int, int] = field(default_factory=dict)
+    refused: list[str] = field(default_factory=list)
+    """Why the hub could not open tunnels it was asked for (each asked again)."""
+    _refused: dict[int, str] = field(default_factory=dict)
+    _numbers: int = 0
+    _request_tunnel: int = 0
     _want: int = 0
     _answered: trio.Event = field(default_factory=trio.Event)
 
@@ -101,17 +104,27 @@ class TunnelEdge:
             nursery.start_soon(self._serve, buffer, welcomed)
             await welcomed.wait()
             t = self.traffic
-            for number in range(REQUEST_TUNNEL, REQUEST_TUNNEL + 1 + t.watches):
-                # Kept here: the reader pops it as the TunnelOpened comes, which may be before the send returns.
-                opened = self._waiting[number] = trio.Event()
-                await self._message(TunnelOpen(stream=number))
-                await opened.wait()
-                self.opened += 1
-            for number in range(REQUEST_TUNNEL + 1, REQUEST_TUNNEL + 1 + t.watches):
-                await self._data(number, api_standin.request(b"W", *t.watch))
+            self._request_tunnel = await self._open()
+            for _ in range(t.watches):
+                await self._data(await self._open(), api_standin.request(b"W", *t.watch))
             task_status.started()
             nursery.start_soon(self._keepalive, self._interval)
             nursery.start_soon(self._requests)
+
+    async def _open(self) -> int:
+        """A new tunnel's number once the hub opened it; one it could not connect is asked again (counted)."""
+        while True:
+            self._numbers += 1
+            number = self._numbers
+            # Kept here: the reader pops it as the TunnelOpened comes, which may be before the send returns.
+            opened = self._waiting[number] = trio.Event()
+            await self._message(TunnelOpen(stream=number))
+            await opened.wait()
+            if number not in self._refused:
+                self.opened += 1
+                return number
+            self.refused.append(self._refused.pop(number))
+            await trio.sleep(1)
 
     async def _receive(self) -> bytes:
         assert self._sock is not None
@@ -133,7 +146,7 @@ class TunnelEdge:
                     if thanked >= WINDOW // 4:
                         self._unthanked[number] = 0
                         await self._message(TunnelCredit(stream=number, size=thanked))
-                    if number == REQUEST_TUNNEL and self._received[number] >= self._want:
+                    if number == self._request_tunnel and self._received[number] >= self._want:
                         self._answered.set()
                     continue
                 if not payload:
@@ -143,6 +156,9 @@ class TunnelEdge:
                     self._interval = msg.heartbeat_interval
                     welcomed.set()
                 elif isinstance(msg, messages.TunnelOpened):
+                    self._waiting.pop(msg.stream).set()
+                elif isinstance(msg, messages.TunnelClose) and msg.stream in self._waiting:
+                    self._refused[msg.stream] = msg.reason
                     self._waiting.pop(msg.stream).set()
                 elif isinstance(msg, messages.TunnelClose):
                     raise RuntimeError(f"{self.node}: tunnel {msg.stream} closed: {msg.reason}")
@@ -169,9 +185,9 @@ class TunnelEdge:
 
     async def _request(self, size: int, answer: int) -> None:
         self._answered = trio.Event()
-        self._want = self._received.get(REQUEST_TUNNEL, 0) + answer
+        self._want = self._received.get(self._request_tunnel, 0) + answer
         started = time.perf_counter()
-        await self._data(REQUEST_TUNNEL, api_standin.request(b"R", size, answer))
+        await self._data(self._request_tunnel, api_standin.request(b"R", size, answer))
         await self._answered.wait()
         self.times.append(time.perf_counter() - started)
 
@@ -214,7 +230,11 @@ async def serve(args: argparse.Namespace) -> None:
         async with trio.open_nursery() as starting:
             for edge in edges:
                 starting.start_soon(start, edge)
-        emit("ready", count=len(edges), tunnels=sum(e.opened for e in edges), seconds=time.perf_counter() - started)
+        refused = [reason for e in edges for reason in e.refused]
+        emit(
+            "ready", count=len(edges), tunnels=sum(e.opened for e in edges), seconds=time.perf_counter() - started,
+            refused=len(refused), refused_first=refused[:3],
+        )  # fmt: skip
         mark = time.perf_counter()
         async for line in trio.wrap_file(sys.stdin):
             if line.strip() == "stats":
