@@ -124,4 +124,11 @@ def relay_section(res: dict[str, Any]) -> list[str]:
         "nodes", "watches per node", "tunnels", "requests/s", "hub CPU (of a core)", "clients' CPU", "stand-in CPU",
         "round trip median / p99 ms", "hub RSS MiB", "tunnels open after s", "runs (load)",
     )  # fmt: skip
-    return [*out, *table(header, rows), ""]
+    out += [*table(header, rows), ""]
+    refused = [r for r in runs if r.get("refused")]
+    for r in refused:
+        out.append(
+            f"While {whole(r['nodes'])} nodes opened their tunnels the hub could not connect {whole(r['refused'])}"
+            f" to the API server (each asked again by the client): {'; '.join(sorted(set(r['refused_first'])))}."
+        )
+    return [*out, ""] if refused else out
