@@ -58,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--only",
         action="append",
-        choices=("codec", "edge", "job", "diagnosis", "hub", "hubcache", "heap"),
+        choices=("codec", "edge", "job", "diagnosis", "hub", "hubcache", "heap", "nodeapi", "relay"),
         help="run only these (repeatable)",
     )
     p.add_argument("--job-sizes", type=_sizes, default=[100, 1000, 5000], help="nodes per job, comma-separated")
@@ -98,6 +98,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--codec-repeats", type=int, default=7)
     p.add_argument("--edge-runs", type=int, default=3, help="fresh agents measured by the edge footprint")
     p.add_argument("--edge-layer-mib", type=int, default=32, help="size of the image layer the agent pulls")
+    p.add_argument("--node-api-runs", type=int, default=3, help="fresh hub and agent pairs of the node API series")
+    p.add_argument("--node-api-rounds", type=int, default=1000, help="requests per row and way in each of them")
+    p.add_argument("--relay-sizes", type=_sizes, default=[1000, 10000], help="simulated nodes through one hub")
+    p.add_argument("--relay-repeats", type=int, default=2, help="runs per relay size")
+    p.add_argument("--relay-watches", type=int, default=6, help="watch tunnels each simulated node holds open")
     p.add_argument("--cluster-dir", type=Path, help="use the control plane running in this state directory")
     p.add_argument("--out", type=Path, default=cluster.REPO / "docs" / "benchmarks.md")
     p.add_argument("--render", action="store_true", help="only rewrite the report from the stored results")
@@ -109,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.render:
         page.write(msgspec.json.decode(store.RESULTS.read_bytes()), out=args.out, images=store.RESULTS.parent)
         return
-    args.only = args.only or ["codec", "edge", "job", "diagnosis", "hub", "hubcache", "heap"]
+    args.only = args.only or ["codec", "edge", "job", "diagnosis", "hub", "hubcache", "heap", "nodeapi", "relay"]
     raise_fd_limit()
     configure_logging(level="error", fmt="console")
     results: dict[str, Any] = msgspec.json.decode(store.RESULTS.read_bytes()) if store.RESULTS.exists() else {}
@@ -120,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         store.save(results, args)
     if "edge" in args.only:
         anyio.run(_terminable, _edge_footprint_into, args, results, backend="trio")
-    if {"job", "diagnosis", "hub", "hubcache", "heap"} & set(args.only):
+    if {"job", "diagnosis", "hub", "hubcache", "heap", "nodeapi", "relay"} & set(args.only):
         anyio.run(_terminable, series.cluster_series, args, results, failed, backend="trio")
     if failed:
         progress.log(f"{len(failed)} run(s) FAILED and are missing from the report:")

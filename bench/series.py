@@ -25,7 +25,9 @@ from bench import (
     hub_heap,
     hub_profile,
     job_cost,
+    node_api_latency,
     progress,
+    relay_load,
     store,
 )
 
@@ -44,11 +46,17 @@ async def cluster_series(args: argparse.Namespace, results: dict[str, Any], fail
             if "diagnosis" in args.only:
                 fleet = max(fleet, *args.diagnosis_sizes, args.profile_diagnosis)
             fleet = max(fleet, max(args.hub_cache_sizes) if "hubcache" in args.only else 0)
+            fleet = max(fleet, max([1, *args.relay_sizes]) if "relay" in args.only else 0)
+            fleet = max(fleet, 1 if "nodeapi" in args.only else 0)
             async with cluster.admin(cp) as kube:
                 progress.log(f"registering {fleet} edge Nodes and token Secrets")
                 took = await cluster.register_fleet(kube, count=fleet, sizes=sizes, seed=seed)
                 progress.log(f"registered in {took:.0f}s")
             # Cheapest and most robust first: the 5,000-node job is last.
+            if "nodeapi" in args.only:
+                await _node_api(cp, seed, args, results, failed=failed)
+            if "relay" in args.only:
+                await _relay(cp, seed, args, Path(tmp), results, failed=failed)
             if "hub" in args.only:
                 await _hub_capacity(cp, seed, args, Path(tmp), results, failed=failed)
             if "hubcache" in args.only:
@@ -66,6 +74,46 @@ async def cluster_series(args: argparse.Namespace, results: dict[str, Any], fail
                 await _diagnosis_cost(cp, seed, args, results, failed=failed)
             if "job" in args.only:
                 await _job_cost(cp, seed, args, results, failed=failed)
+
+
+async def _node_api(
+    cp: Any, seed: str, args: argparse.Namespace, results: dict[str, Any], *, failed: list[str]
+) -> None:
+    """The node API endpoint's series (issue 25): a fresh hub and agent per run."""
+    progress.log(f"node API endpoint: {args.node_api_runs} runs of {args.node_api_rounds} rounds")
+    try:
+        results["node_api"] = await node_api_latency.series(
+            cp, seed, runs=args.node_api_runs, rounds=args.node_api_rounds, cpu_requests=args.node_api_rounds
+        )
+    except Exception as exc:  # the other series still run
+        progress.note_failure(failed, "node API endpoint", exc)
+        return
+    store.save(results, args)
+
+
+async def _relay(
+    cp: Any, seed: str, args: argparse.Namespace, tmp: Path, results: dict[str, Any], *, failed: list[str]
+) -> None:
+    """N simulated nodes' kubelet traffic through one relaying hub, storing the results after every run."""
+    previous = results.get("relay_load", {})
+    runs = store.kept(previous, lambda r: r["nodes"] in args.relay_sizes and r["watches"] == args.relay_watches)
+    results["relay_load"] = {
+        "measured": store.now(), "runs": runs, "watches": args.relay_watches, "steady_s": relay_load.STEADY_S,
+        **relay_load.SIZES,
+    }  # fmt: skip
+    for nodes in args.relay_sizes:
+        for index in range(args.relay_repeats):
+            progress.log(f"relay: {nodes} nodes' kubelet traffic, run {index + 1}/{args.relay_repeats}")
+            try:
+                run = await relay_load.run_size(
+                    cp, seed, tmp / f"relay-{nodes}-{index}", nodes=nodes, watches=args.relay_watches
+                )
+            except Exception as exc:  # one failed run must not lose the others
+                progress.note_failure(failed, f"relay: {nodes} nodes, run {index + 1}", exc)
+                continue
+            progress.log(f"  hub CPU {run.hub_cpu_share * 100:.1f}% of a core, {run.requests_per_s:.0f} requests/s")
+            runs.append({**asdict(run), "load": store.load_average(), "measured": store.now()})
+            store.save(results, args)
 
 
 async def _job_cost(

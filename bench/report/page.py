@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.report import api_cost, codec, edge, hub, notes
+from bench.report import api_cost, codec, edge, hub, node_api, notes
 from bench.report.cells import table
 
 
@@ -44,5 +44,9 @@ def write(results: dict[str, Any], *, out: Path, images: Path) -> None:
         lines += codec.codec_section(results["codec"], images)
     if "edge_footprint" in results:
         lines += edge.edge_section(results["edge_footprint"])
+    if "node_api" in results:
+        lines += node_api.latency_section(results["node_api"])
+    if "relay_load" in results:
+        lines += node_api.relay_section(results["relay_load"])
     lines += notes.write(results)
     out.write_text("\n".join(lines).rstrip() + "\n")
