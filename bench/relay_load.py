@@ -68,7 +68,11 @@ class RelayRun:
 
 
 def raise_nofile() -> None:
-    """Raise this process's descriptor limit (soft and hard, as root may) so that its children inherit it."""
+    """Raise this process's descriptor limit (soft and hard, as root may) so that its children inherit it.
+
+    Where the hard limit cannot be raised (this machine's containers: 20,000), the hub holds sessions and
+    tunnels up to it, one descriptor each: past it, its connects fail and it closes the tunnels asked for.
+    """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, NOFILE), max(hard, NOFILE)))
