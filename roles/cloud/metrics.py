@@ -80,7 +80,7 @@ class HubMetrics:
         )
         self.tunnels_opened = Counter(
             "nodetaskd_hub_tunnels_opened",
-            "Tunnels devices asked for, by outcome (opened, refused, unreachable).",
+            "Tunnels devices asked for, by outcome (opened, refused, unreachable, hub_full: out of descriptors).",
             ["outcome"],
             registry=registry,
         )

@@ -17,6 +17,7 @@ without holding up the session's other frames.
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass
 from typing import Final, final
 
@@ -44,6 +45,17 @@ class ApiAddress:
 
     host: str
     port: int
+
+
+def _connect_failure(exc: OSError | TimeoutError) -> tuple[str, str]:
+    """Why a tunnel could not be connected, as the device is told it, and the metric's outcome."""
+    # anyio's connect_tcp says "All connection attempts failed", the errors themselves in its cause.
+    cause = exc.__cause__
+    errors = [exc, *((cause,) if isinstance(cause, OSError) else getattr(cause, "exceptions", ()))]
+    if any(isinstance(e, OSError) and e.errno in (errno.EMFILE, errno.ENFILE) for e in errors):
+        # Each tunnel costs the hub a descriptor: the hub's limit, not the API server's fault.
+        return "the hub has no file descriptor left for another tunnel (raise its open-files limit)", "hub_full"
+    return f"the hub cannot reach the API server: {str(exc) or type(exc).__name__}", "unreachable"
 
 
 @final
@@ -117,9 +129,10 @@ class ApiRelay:
             with anyio.fail_after(self._connect_timeout):
                 api = await anyio.connect_tcp(self._address.host, self._address.port)
         except (OSError, TimeoutError) as exc:
-            self._metrics.tunnels_opened.labels(outcome="unreachable").inc()
-            log.warning("tunnel_unreachable", stream=msg.stream, error=str(exc) or type(exc).__name__)
-            await mux.cut(stream, f"the hub cannot reach the API server: {str(exc) or type(exc).__name__}")
+            reason, outcome = _connect_failure(exc)
+            self._metrics.tunnels_opened.labels(outcome=outcome).inc()
+            log.warning("tunnel_not_connected", stream=msg.stream, outcome=outcome, error=reason)
+            await mux.cut(stream, reason)
             return
         self._metrics.tunnels_opened.labels(outcome="opened").inc()
         self._metrics.tunnels.inc()

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
 import anyio.abc
+import pytest
 
 from nodetask import messages
 from nodetask.messages import (
@@ -168,3 +170,24 @@ async def test_a_tunnel_whose_edge_reads_nothing_does_not_hold_up_the_session() 
         await edge.send(Heartbeat(sent_at=1.0))
         with anyio.fail_after(5):
             await _heartbeat_echo(edge)
+
+
+async def test_a_hub_out_of_file_descriptors_says_so_instead_of_blaming_the_api_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tunnel the hub cannot connect for want of descriptors is closed naming the hub's limit."""
+
+    async def no_descriptors(*_: object, **__: object) -> None:
+        raise OSError("All connection attempts failed") from OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(anyio, "connect_tcp", no_descriptors)
+    api = MemoryApi()
+    edge_nodes(api, NODE)
+    async with running_hub(api, api_relay=("127.0.0.1", 1)) as (hub, door):
+        edge = door.connect(NODE)
+        await edge.hello(capabilities=(TUNNEL_CAPABILITY,))
+        await edge.send(TunnelOpen(stream=1))
+        closed = await _next_frame(edge)
+        assert isinstance(closed, TunnelClose)
+        assert "no file descriptor left" in closed.reason
+        assert hub.metrics.tunnels_opened.labels(outcome="hub_full")._value.get() == 1
