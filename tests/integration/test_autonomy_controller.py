@@ -214,7 +214,8 @@ async def event_reasons(cp: ControlPlane, uid: str, *, until: str) -> list[str]:
     async def fetch() -> list[str]:
         selector = f"involvedObject.uid={uid}"
         listed = await kubectl(cp, "get", "events", "-n", NS, "--field-selector", selector, "-o", "json")
-        return [e["reason"] for e in json.loads(listed.stdout)["items"]]
+        # Only the autonomy controller's: kube-controller-manager has its own Events about Nodes (RegisteredNode).
+        return [e["reason"] for e in json.loads(listed.stdout)["items"] if e["reason"].startswith("Autonomy")]
 
     return await polled(fetch, lambda reasons: until in reasons)
 

@@ -9,6 +9,7 @@ Standard library only, like the other provisioning scripts.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ _DISABLED_PLUGINS: Final = (
 """Snapshotters that need kernel features or tools a machine may lack; pods use ``native`` (the images are
 a few megabytes, copying them costs nothing)."""
 
+NODES_DIR: Final = Path("/var/lib/nodetaskd/nodes")
+"""Where the nodes' sockets and kubelet root directories are (one directory each, :attr:`Layout.short_dir`)."""
 CNI_BIN_DIR: Final = Path("/usr/lib/cni")
 """Where Debian's containernetworking-plugins puts bridge, host-local, loopback and portmap."""
 
@@ -42,8 +45,19 @@ class Layout:
         return self.state_dir / "containerd"
 
     @property
+    def short_dir(self) -> Path:
+        """Where the node's unix sockets are made: containerd's, and the kubelet's under its root directory.
+
+        A unix socket's path holds at most 107 bytes (containerd adds ".ttrpc" to its own, the kubelet
+        makes ``pod-resources/<number>`` under its root), and a state directory under pytest-xdist's
+        temporary tree leaves too little of them: this directory is named for the state directory instead.
+        It is on disk, as a device's ``/var/lib`` is, so a power cut leaves it as it was."""
+        digest = hashlib.sha256(str(self.state_dir.expanduser().resolve()).encode()).hexdigest()[:16]
+        return NODES_DIR / digest
+
+    @property
     def socket(self) -> Path:
-        return self.containerd_dir / "containerd.sock"
+        return self.short_dir / "containerd.sock"
 
     @property
     def containerd_config(self) -> Path:
@@ -59,7 +73,7 @@ class Layout:
 
     @property
     def kubelet_root(self) -> Path:
-        return self.state_dir / "kubelet"
+        return self.short_dir / "kubelet"
 
     @property
     def kubelet_config(self) -> Path:

@@ -26,6 +26,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -121,6 +122,7 @@ class Node:
         """Start containerd (in a new mount namespace of the node's own) and, unless told not to, the
         kubelet; return once containerd serves and the kubelet's ``/healthz`` is ok."""
         node_host.make_cgroup_root(self.cgroup_root)
+        self.layout.short_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         binds = {target: self.layout.private_dir / name for target, name in node_config.PRIVATE_DIRS.items()}
         argv = [str(self.tools.containerd), "--config", str(self.layout.containerd_config)]
         argv = node_host.in_private_mounts(
@@ -188,6 +190,7 @@ class Node:
         self.power_off()
         problems = node_host.remove_cgroup_root(self.cgroup_root)
         node_host.release_network(self.network, self.state_dir, self.tools.ip)
+        shutil.rmtree(self.layout.short_dir, ignore_errors=True)
         self._save()
         self._dismiss_reaper()
         if problems:
