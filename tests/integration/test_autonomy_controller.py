@@ -214,8 +214,9 @@ async def event_reasons(cp: ControlPlane, uid: str, *, until: str) -> list[str]:
     async def fetch() -> list[str]:
         selector = f"involvedObject.uid={uid}"
         listed = await kubectl(cp, "get", "events", "-n", NS, "--field-selector", selector, "-o", "json")
-        # Only the autonomy controller's: kube-controller-manager has its own Events about Nodes (RegisteredNode).
-        return [e["reason"] for e in json.loads(listed.stdout)["items"] if e["reason"].startswith("Autonomy")]
+        # Not kube-controller-manager's own Events about Nodes (RegisteredNode, from its node controller).
+        items = json.loads(listed.stdout)["items"]
+        return [e["reason"] for e in items if (e.get("source") or {}).get("component") != "node-controller"]
 
     return await polled(fetch, lambda reasons: until in reasons)
 
