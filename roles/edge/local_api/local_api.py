@@ -65,7 +65,7 @@ from roles.edge.local_api.paths import (
 from roles.edge.local_api.peers import client_name
 from roles.edge.local_api.requests import BadRequest, Selection, host_name, selection, watch_start, watch_timeout
 
-__all__ = ["LOOPBACK", "LocalApi", "Serving", "serve_local_api"]
+__all__ = ["LOOPBACK", "LOOPBACK_HOSTS", "LocalApi", "Serving", "serve_local_api"]
 
 Log = structlog.typing.FilteringBoundLogger
 
@@ -77,7 +77,7 @@ MAX_CONNECTIONS_PER_CLIENT: Final = 25
 programs leave three quarters to the others'."""
 _READS: Final = frozenset({"GET", "HEAD"})
 _WRITES: Final = frozenset({"POST", "PUT", "PATCH", "DELETE"})
-_LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "localhost", "[::1]"})
+LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "localhost", "[::1]"})
 
 
 def _document(request: Request) -> bytes | None:
@@ -160,7 +160,7 @@ class LocalApi:
     def _refusal(self, request: Request, target: Target | None) -> Response | None:
         """The answer to a request the local API does not serve at all, or None."""
         host = host_name(request.header("host") or LOOPBACK)
-        if host not in _LOOPBACK_HOSTS:
+        if host not in LOOPBACK_HOSTS:
             return failure(
                 HTTPStatus.FORBIDDEN,
                 "Forbidden",

@@ -36,7 +36,7 @@ from nodetask.messages import CacheDeleted
 from roles.common.httpserver import Request, Response, Send, serve_http
 from roles.edge.cache.durable_cache import DurableCache
 from roles.edge.local_api.answers import failure
-from roles.edge.local_api.local_api import LOOPBACK, LocalApi
+from roles.edge.local_api.local_api import LOOPBACK, LOOPBACK_HOSTS, LocalApi
 from roles.edge.local_api.requests import host_name
 from roles.edge.node_api.cache_feed import CacheFeed, WatchLines, answer_feed, event_feed, object_target, wants_watch
 from roles.edge.node_api.offline import OfflineAnswers
@@ -57,7 +57,6 @@ MAX_CONNECTIONS: Final = 256
 MAX_WATCHES: Final = 128
 """Watches at once, relayed or answered offline (each holds a connection, and a tunnel when relayed); one
 more is answered 429 with Retry-After, which clients back off on."""
-_LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "localhost", "[::1]"})
 _NOT_FORWARDED: Final = frozenset(
     {
         "host",
@@ -103,6 +102,7 @@ class NodeApi:
         local: LocalApi,
         feed: MemoryObjectSendStream[CacheFeed],
         log: Log,
+        max_watches: int = MAX_WATCHES,
     ) -> None:
         self._node = node
         self._upstream = upstream
@@ -111,9 +111,7 @@ class NodeApi:
         self._offline = OfflineAnswers(cache, local, log=log)
         self._feed = feed
         self._log = log
-        self.relayed = 0
-        self.answered_offline = 0
-        self.max_watches = MAX_WATCHES
+        self.max_watches = max_watches
         self._relayed_watches = 0
 
     @property
@@ -124,7 +122,7 @@ class NodeApi:
     async def handle(self, request: Request) -> Response:
         """Answer one request (a ``roles.common.httpserver.Handler``)."""
         host = host_name(request.header("host") or LOOPBACK)
-        if host not in _LOOPBACK_HOSTS:
+        if host not in LOOPBACK_HOSTS:
             return failure(
                 HTTPStatus.FORBIDDEN,
                 "Forbidden",
@@ -150,9 +148,7 @@ class NodeApi:
                 head_timeout=None if watch else HEAD_TIMEOUT_S,
             )
         except Offline as exc:
-            self.answered_offline += 1
             return await self._offline.answer(request, str(exc))
-        self.relayed += 1
         headers = tuple((k, v) for k, v in answer.headers if k not in _NOT_RETURNED)
         content_type = answer.header("content-type") or "application/json"
         if watch and answer.status == HTTPStatus.OK:
@@ -163,7 +159,6 @@ class NodeApi:
             body = await answer.read(MAX_ANSWER_BYTES)
         except (anyio.BrokenResourceError, TimeoutError) as exc:
             await answer.close()
-            self.answered_offline += 1
             return await self._offline.answer(request, str(exc))
         await answer.close()
         for item in answer_feed(request.method, request.path, query, node=self._node, status=answer.status, body=body):
@@ -230,8 +225,16 @@ async def serve_node_api(
     upstream = Upstream(tunnels, tls)
     feed, items = anyio.create_memory_object_stream[CacheFeed](FEED_QUEUE)
     local = LocalApi(cache, serve_secrets=True, log=log)
-    api = NodeApi(node=node, upstream=upstream, tunnels=tunnels, cache=cache, local=local, feed=feed, log=log)
-    api.max_watches = max_watches
+    api = NodeApi(
+        node=node,
+        upstream=upstream,
+        tunnels=tunnels,
+        cache=cache,
+        local=local,
+        feed=feed,
+        log=log,
+        max_watches=max_watches,
+    )
     try:
         async with feed, anyio.create_task_group() as tg:
             tg.start_soon(_write_feed, cache, items, log)

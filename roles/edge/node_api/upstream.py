@@ -14,6 +14,7 @@ replaced once by a new one.
 from __future__ import annotations
 
 import contextlib
+import functools
 import ssl
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
@@ -76,7 +77,7 @@ class ApiResponse:
         """The body as it arrives (a watch's events as the API server sends them)."""
         connection = self._connection
         while True:
-            with anyio.fail_after(idle_timeout) if idle_timeout else _no_deadline():
+            with anyio.fail_after(idle_timeout):
                 event = await _next_event(connection)
             if isinstance(event, h11.Data):
                 yield bytes(event.data)
@@ -98,14 +99,6 @@ class ApiResponse:
     async def close(self) -> None:
         """Give the connection back for another request when the answer was read whole, else close it."""
         await self._upstream.release(self._connection, reusable=self._done)
-
-
-class _no_deadline:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 async def _next_event(connection: _Connection) -> h11.Event:
@@ -146,21 +139,23 @@ class Upstream:
 
         Errors: :class:`Offline` when no tunnel can be had or the API server cannot be spoken to.
         """
-        for reused in (True, False):
-            connection = self._take() if reused else None
-            if reused and connection is None:
-                continue
-            if connection is None:
-                connection = await self._connect()
+        exchange = functools.partial(
+            self._exchange, method=method, target=target, headers=headers, body=body, head_timeout=head_timeout
+        )
+        idle = self._take()
+        if idle is not None:
             try:
-                return await self._exchange(
-                    connection, method=method, target=target, headers=headers, body=body, head_timeout=head_timeout
-                )
-            except anyio.BrokenResourceError as exc:
-                await _close(connection)
-                if not reused:
-                    raise Offline(str(exc)) from None
-        raise AssertionError("unreachable")  # pragma: no cover
+                return await exchange(idle)
+            except anyio.BrokenResourceError:
+                # Closed by the API server while it was idle: it fails before any answer, and the
+                # request is sent once more on a new connection.
+                await _close(idle)
+        connection = await self._connect()
+        try:
+            return await exchange(connection)
+        except anyio.BrokenResourceError as exc:
+            await _close(connection)
+            raise Offline(str(exc)) from None
 
     async def _exchange(
         self,
@@ -186,16 +181,11 @@ class Upstream:
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, ssl.SSLError, OSError) as exc:
             raise anyio.BrokenResourceError(f"the connection to the API server broke: {exc}") from None
         while True:
-            if head_timeout is None:
-                event = await _next_event(connection)
-            else:
-                try:
-                    with anyio.fail_after(head_timeout):
-                        event = await _next_event(connection)
-                except TimeoutError:
-                    raise anyio.BrokenResourceError(
-                        f"the API server did not answer within {head_timeout:g} s"
-                    ) from None
+            try:
+                with anyio.fail_after(head_timeout):
+                    event = await _next_event(connection)
+            except TimeoutError:
+                raise anyio.BrokenResourceError(f"the API server did not answer within {head_timeout:g} s") from None
             if isinstance(event, h11.Response):
                 headers_in = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in event.headers]
                 return ApiResponse(event.status_code, headers_in, connection, self)
