@@ -113,7 +113,9 @@ def _put(conn: sqlite3.Connection, kind: str, row: Row) -> None:
 
 def _upsert_one(conn: sqlite3.Connection, kind: str, row: Row) -> Written | None:
     current = _current(conn, kind, row.namespace, row.name)
-    if current is not None and current[0] > row.resource_version:
+    # As a replace does: an older version, or the very object cached, changes nothing (a kubelet gets its
+    # Node every ten seconds, and each answer is fed to the cache).
+    if current is not None and (current[0] > row.resource_version or current[1] == row.body):
         return None
     _put(conn, kind, row)
     _advance(conn, kind, row.resource_version)
@@ -121,7 +123,7 @@ def _upsert_one(conn: sqlite3.Connection, kind: str, row: Row) -> Written | None
 
 
 def upsert(conn: sqlite3.Connection, kind: str, rows: Sequence[Row]) -> tuple[Written | None, ...]:
-    """Add or update ``rows`` in one transaction; for each, what it changed (None: the cache holds a newer one)."""
+    """Add or update ``rows`` in one transaction; for each, what it changed (None: the cache holds it or newer)."""
     with transaction(conn):
         return tuple(_upsert_one(conn, kind, row) for row in rows)
 

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 import structlog
 import trio
@@ -242,3 +243,17 @@ async def test_a_deletion_with_an_unreadable_version_changes_nothing(tmp_path: P
         await cache.apply(upsert("ConfigMap", obj("a", 5)))
         assert not await cache.apply_deleted(CacheDeleted(key=key("a"), resource_version=text))
         assert await versions(cache) == {"a": 5}
+
+
+async def test_an_object_sent_again_unchanged_writes_and_announces_nothing(tmp_path: Path) -> None:
+    """The same object upserted twice is one change; a new version of it is another."""
+    async with opened(tmp_path) as cache:
+        with cache.subscribe("Node") as changes:
+            node = {"metadata": {"name": "edge-1", "resourceVersion": "9"}}
+            assert await cache.apply(upsert("Node", node))
+            assert await cache.apply(upsert("Node", node))
+            assert await cache.apply(upsert("Node", {"metadata": {"name": "edge-1", "resourceVersion": "10"}}))
+            seen = [changes.receive_nowait().type for _ in range(2)]
+            with pytest.raises(anyio.WouldBlock):
+                changes.receive_nowait()
+        assert seen == [ChangeType.ADDED, ChangeType.MODIFIED]
