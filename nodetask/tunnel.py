@@ -39,6 +39,7 @@ from nodetask.link import Frame, LinkClosed
 from nodetask.messages import MessageError, TunnelClose, TunnelCredit
 
 __all__ = [
+    "HEADER_BYTES",
     "MAX_PAYLOAD",
     "STALL_S",
     "WINDOW",
@@ -59,6 +60,8 @@ STALL_S: Final = 30.0
 """Seconds a sender waits for credit before it takes the other end to have stopped reading."""
 DATA_MARK: Final = 0
 _HEADER: Final = struct.Struct(">BI")
+HEADER_BYTES: Final = _HEADER.size
+"""A data frame's bytes before its payload."""
 
 SendFrame = Callable[[bytes], Awaitable[None]]
 """Puts an encoded frame on the session (its one writer's queue). Errors: :class:`LinkClosed`."""

@@ -27,7 +27,7 @@ import structlog
 
 from nodetask.link import LinkClosed
 from nodetask.messages import TUNNEL_CAPABILITY, TunnelClose, TunnelCredit, TunnelOpen, TunnelOpened
-from nodetask.tunnel import MAX_PAYLOAD, Tunnels, TunnelStream
+from nodetask.tunnel import HEADER_BYTES, MAX_PAYLOAD, Tunnels, TunnelStream
 from roles.cloud.metrics import HubMetrics
 from roles.cloud.sessions import Session
 
@@ -35,7 +35,6 @@ __all__ = ["ApiAddress", "ApiRelay", "SessionTunnels"]
 
 Log = structlog.typing.FilteringBoundLogger
 
-DEFAULT_MAX_TUNNELS: Final = 64
 DEFAULT_CONNECT_TIMEOUT: Final = 10.0
 
 
@@ -76,7 +75,7 @@ class ApiRelay:
         address: ApiAddress | None,
         *,
         metrics: HubMetrics,
-        max_tunnels: int = DEFAULT_MAX_TUNNELS,
+        max_tunnels: int,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     ) -> None:
         self._address = address
@@ -101,7 +100,7 @@ class ApiRelay:
         async def send_frame(frame: bytes) -> None:
             if not await session.send_frame(frame, "tunnel_data", own=True):
                 raise LinkClosed("the session ended")
-            down["down"] = down["down"] + len(frame) - 5
+            down["down"] = down["down"] + len(frame) - HEADER_BYTES
 
         async def send_message(msg: TunnelClose | TunnelCredit) -> None:
             if not await session.send(msg, own=True):
