@@ -39,6 +39,7 @@ from schemas.core import EDGE_ROLE_LABEL, Node
 from schemas.diagnosis.v1 import Diagnosis, Operation, OperationSpec, PodReference
 from schemas.meta import ObjectMeta
 from schemas.processors import Builtin, Processor
+from tests import kubediag_samples as samples
 from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import admin
 from tests.integration.objects import polled, tasks_of, unique
@@ -513,37 +514,6 @@ async def test_diagnosis_objects_are_defaulted_and_a_diagnosis_spec_is_immutable
     assert result.returncode == 0, result.stderr
 
 
-KUBEDIAG_SAMPLE_OPERATION_SET = """\
-apiVersion: diagnosis.kubediag.org/v1
-kind: OperationSet
-metadata:
-  name: http-operation
-spec:
-  adjacencyList:
-  - id: 0
-    to:
-    - 1
-  - id: 1
-    operation: http-operation
-"""
-"""KubeDiag's samples/http-operation/manifests/operationset.yaml, unchanged."""
-
-KUBEDIAG_SAMPLE_DIAGNOSIS = """\
-apiVersion: diagnosis.kubediag.org/v1
-kind: Diagnosis
-metadata:
-  name: http-operation
-spec:
-  operationSet: http-operation
-  nodeName: my-node
-  parameters:
-    b: "200"
-    f: "6"
-"""
-"""KubeDiag's samples/http-operation/manifests/diagnosis.yaml, unchanged: nodetaskd serves KubeDiag's own group
-and version (diagnosis.kubediag.org/v1), so nothing needs adapting."""
-
-
 def _pod_reference_diagnosis(pod: str) -> str:
     """A Diagnosis written as KubeDiag v1's DiagnosisSpec documents spec.podReference (namespace, name,
     container), over the sample's OperationSet."""
@@ -594,7 +564,11 @@ async def test_kubediag_single_target_samples_are_applied_and_their_tasks_go_to_
             await cluster.kubectl("create", "serviceaccount", "default", "-n", "default")
             created = await cluster.kubectl("create", "-n", "default", "-f", "-", input=json.dumps(pod_doc))
             assert created.returncode == 0, created.stderr
-            for manifest in (KUBEDIAG_SAMPLE_OPERATION_SET, KUBEDIAG_SAMPLE_DIAGNOSIS, _pod_reference_diagnosis(pod)):
+            for manifest in (
+                samples.HTTP_OPERATION_SET,
+                samples.HTTP_OPERATION_DIAGNOSIS,
+                _pod_reference_diagnosis(pod),
+            ):
                 applied = await cluster.kubectl("apply", "-n", "default", "-f", "-", input=manifest)
                 assert applied.returncode == 0, applied.stderr
 

@@ -24,6 +24,7 @@ from schemas.diagnosis.v1 import (
     TargetSelector,
 )
 from schemas.diagnosis.validation import default_patch, validate_create, validate_update
+from tests import kubediag_samples as samples
 
 V1 = "diagnosis.kubediag.org/v1"
 
@@ -302,38 +303,7 @@ def test_unreachable_and_unknown_nodes_are_all_reported() -> None:
     assert [e.path for e in validate_create(obj)] == ["spec.adjacencyList[0].to[1]", "spec.adjacencyList[2]"]
 
 
-KUBEDIAG_HTTP_OPERATION_SAMPLE = """
-apiVersion: diagnosis.kubediag.org/v1
-kind: Diagnosis
-metadata:
-  name: http-operation
-spec:
-  operationSet: http-operation
-  nodeName: my-node
-  parameters:
-    b: "200"
-    f: "6"
-"""
-"""KubeDiag's ``samples/http-operation/manifests/diagnosis.yaml``, as published."""
-
-KUBEDIAG_POD_REFERENCE_SAMPLE = """
-apiVersion: diagnosis.kubediag.org/v1
-kind: Diagnosis
-metadata:
-  name: pod-reference
-  namespace: default
-spec:
-  operationSet: pod-collection
-  podReference:
-    namespace: default
-    name: liveness-exec
-    container: liveness
-"""
-"""A Diagnosis with KubeDiag v1's ``spec.podReference`` (namespace, name and container, as its DiagnosisSpec
-documents them)."""
-
-
-@pytest.mark.parametrize("manifest", [KUBEDIAG_HTTP_OPERATION_SAMPLE, KUBEDIAG_POD_REFERENCE_SAMPLE])
+@pytest.mark.parametrize("manifest", [samples.HTTP_OPERATION_DIAGNOSIS, samples.POD_REFERENCE_DIAGNOSIS])
 def test_kubediag_v1_single_target_diagnoses_are_admitted(manifest: str) -> None:
     """KubeDiag's samples, with spec.nodeName or spec.podReference and no targetSelector, pass validation."""
     obj = msgspec.yaml.decode(manifest)
@@ -343,8 +313,8 @@ def test_kubediag_v1_single_target_diagnoses_are_admitted(manifest: str) -> None
 
 def test_kubediag_v1_single_targets_run_as_the_equivalent_target_selector() -> None:
     """spec.nodeName is nodeNames of that node; spec.podReference is podReferences of that pod, container kept."""
-    by_node = decode_diagnosis_object(KUBEDIAG_HTTP_OPERATION_SAMPLE.encode(), fmt="yaml")
-    by_pod = decode_diagnosis_object(KUBEDIAG_POD_REFERENCE_SAMPLE.encode(), fmt="yaml")
+    by_node = decode_diagnosis_object(samples.HTTP_OPERATION_DIAGNOSIS.encode(), fmt="yaml")
+    by_pod = decode_diagnosis_object(samples.POD_REFERENCE_DIAGNOSIS.encode(), fmt="yaml")
     assert isinstance(by_node, Diagnosis)
     assert isinstance(by_pod, Diagnosis)
     assert by_node.spec.targets() == TargetSelector(node_names=("my-node",)).targets()
