@@ -194,7 +194,8 @@ class Upstream:
             raise anyio.BrokenResourceError("the API server closed the connection before answering")
 
     async def _connect(self) -> _Connection:
-        tls = self._tls()
+        # The source may read the credential files (a stat each time, the files when they changed): in a thread.
+        tls = await anyio.to_thread.run_sync(self._tls)
         if tls is None:
             raise Offline("the node has no credentials for the API server yet (nodeApi.credentialsDir)")
         session = self._tunnels.sessions
