@@ -305,8 +305,14 @@ class DurableCache:
             failed.update({CacheKey(kind=kind, namespace=r.namespace, name=r.name): str(exc) for r in rows})
             await self.ledger.update(failed=failed)
             return False
-        written = [result for result in results if result is not None]
-        cleared = [CacheKey(kind=kind, namespace=w.row.namespace, name=w.row.name) for w in written]
+        written = [result for result in results if isinstance(result, Written)]
+        # A key the cache already holds at this very version is as repaired as one written now: a relist
+        # that failed errs every cached key, and the repair loop's fetch brings most of them back unchanged.
+        cleared = [
+            CacheKey(kind=kind, namespace=row.namespace, name=row.name)
+            for row, result in zip(rows, results, strict=True)
+            if isinstance(result, Written) or not result.stale
+        ]
         await self.ledger.update(failed=failed, cleared=cleared)
         for result in written:
             self._subscribers.publish(kind, _change(result))

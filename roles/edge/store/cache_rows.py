@@ -24,6 +24,7 @@ from roles.edge.store.schema import transaction
 
 __all__ = [
     "Deletion",
+    "Kept",
     "Key",
     "Replacement",
     "Row",
@@ -60,6 +61,12 @@ class Written(msgspec.Struct, frozen=True):
 
     row: Row
     previous: bytes | None
+
+
+class Kept(msgspec.Struct, frozen=True):
+    """An upsert that changed nothing: the cache holds this very object, or (``stale``) a newer version."""
+
+    stale: bool
 
 
 class Deletion(msgspec.Struct, frozen=True):
@@ -111,19 +118,21 @@ def _put(conn: sqlite3.Connection, kind: str, row: Row) -> None:
     )
 
 
-def _upsert_one(conn: sqlite3.Connection, kind: str, row: Row) -> Written | None:
+def _upsert_one(conn: sqlite3.Connection, kind: str, row: Row) -> Written | Kept:
     current = _current(conn, kind, row.namespace, row.name)
     # As a replace does: an older version, or the very object cached, changes nothing (a kubelet gets its
     # Node every ten seconds, and each answer is fed to the cache).
-    if current is not None and (current[0] > row.resource_version or current[1] == row.body):
-        return None
+    if current is not None and current[0] > row.resource_version:
+        return Kept(stale=True)
+    if current is not None and current[1] == row.body:
+        return Kept(stale=False)
     _put(conn, kind, row)
     _advance(conn, kind, row.resource_version)
     return Written(row, None if current is None else current[1])
 
 
-def upsert(conn: sqlite3.Connection, kind: str, rows: Sequence[Row]) -> tuple[Written | None, ...]:
-    """Add or update ``rows`` in one transaction; for each, what it changed (None: the cache holds it or newer)."""
+def upsert(conn: sqlite3.Connection, kind: str, rows: Sequence[Row]) -> tuple[Written | Kept, ...]:
+    """Add or update ``rows`` in one transaction; for each, what it changed or why it changed nothing."""
     with transaction(conn):
         return tuple(_upsert_one(conn, kind, row) for row in rows)
 

@@ -39,7 +39,7 @@ import msgspec
 import structlog
 
 from roles.edge.store import cache_rows, fact_rows, hold_rows, outbox_rows, task_rows
-from roles.edge.store.cache_rows import Deletion, Key, Replacement, Row, Written
+from roles.edge.store.cache_rows import Deletion, Kept, Key, Replacement, Row, Written
 from roles.edge.store.records import (
     ActionProgress,
     DroppedReport,
@@ -263,7 +263,7 @@ class EdgeStore:
 
     # -------------------------------------------------------------------------------------- cache
 
-    async def cache_upsert(self, kind: str, rows: tuple[Row, ...]) -> tuple[Written | None, ...]:
+    async def cache_upsert(self, kind: str, rows: tuple[Row, ...]) -> tuple[Written | Kept, ...]:
         """Add or update cached objects of ``kind`` in one transaction (:func:`cache_rows.upsert`)."""
         return await self._call(lambda conn: cache_rows.upsert(conn, kind, rows))
 

@@ -257,3 +257,18 @@ async def test_an_object_sent_again_unchanged_writes_and_announces_nothing(tmp_p
             with pytest.raises(anyio.WouldBlock):
                 changes.receive_nowait()
         assert seen == [ChangeType.ADDED, ChangeType.MODIFIED]
+
+
+async def test_an_erred_key_sent_again_as_cached_is_cleared_and_announces_nothing(tmp_path: Path) -> None:
+    """A key a failed relist erred is repaired by the very object the cache holds, without a change."""
+    async with opened(tmp_path) as cache:
+        await cache.apply(upsert("ConfigMap", obj("kept", 5)))
+    async with full(tmp_path) as cache:
+        assert not await cache.apply(relist("ConfigMap", 10, obj("kept", 5), obj("new", 9, data="z" * 16 * PAGE)))
+        assert set(cache.ledger.errors) == {key("kept"), key("new")}
+    async with opened(tmp_path) as cache:
+        with cache.subscribe("ConfigMap") as changes:
+            assert await cache.apply(upsert("ConfigMap", obj("kept", 5)))
+            with pytest.raises(anyio.WouldBlock):
+                changes.receive_nowait()
+        assert set(cache.ledger.errors) == {key("new")}
