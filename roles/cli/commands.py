@@ -14,17 +14,14 @@ deleted, or a write on the device failed; 2 bad arguments, or a job or input tha
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-from collections.abc import Awaitable, Callable, Sequence
-from datetime import UTC, datetime
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, TypeVar
+from typing import Final
 
-from roles.cli.parsing import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_UNAVAILABLE, EXIT_USAGE, Parser, fail, leaf
-
-if TYPE_CHECKING:
-    from roles.kube import Kube
+from roles.cli.ctl.commands import add_ctl_parsers
+from roles.cli.parsing import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_UNAVAILABLE, EXIT_USAGE, Parser, fail
+from roles.cli.with_api import api_errors, kubeconfig_path, with_kube
 
 __all__ = ["COMMANDS", "SUMMARIES", "kubeconfig_path", "main"]
 
@@ -38,64 +35,6 @@ SUMMARIES: Final = {
 COMMANDS: Final = frozenset(SUMMARIES)
 DEFAULT_TOKEN_NAMESPACE: Final = "kube-system"
 """The hubs' ``tokenNamespace`` default (``roles.common.config.CloudConfig``)."""
-
-T = TypeVar("T")
-
-
-def kubeconfig_path(flag: str | None) -> str:
-    """``--kubeconfig``, else the first of ``$KUBECONFIG``, else ``~/.kube/config`` if present; empty
-    means the pod's ServiceAccount (in-cluster)."""
-    if flag:
-        return flag
-    first = next((p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p), "")
-    if first:
-        return first
-    default = Path.home() / ".kube" / "config"
-    return str(default) if default.is_file() else ""
-
-
-def _with_kube(kubeconfig: str | None, work: Callable[[Kube], Awaitable[T]]) -> T:
-    """Run ``work`` with an API client (warnings of the client go to stderr)."""
-    # Imported here: the edge commands must not load the cloud extra.
-    import trio
-
-    from roles.common.logs import configure_logging
-    from roles.kube import open_kube
-
-    log = configure_logging(level="warning", fmt="console")
-
-    async def run() -> T:
-        async with open_kube(kubeconfig=kubeconfig_path(kubeconfig), log=log) as kube:
-            return await work(kube)
-
-    return trio.run(run)
-
-
-def _api_errors(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """Turn the errors of commands that use the API into one line and an exit status."""
-
-    def guarded(args: argparse.Namespace) -> int:
-        from roles.cli.ctl.fetch import CtlError
-        from roles.kube import ApiError, KubeconfigError
-
-        try:
-            return run(args)
-        except (Exception, BaseExceptionGroup) as raised:
-            # Errors raised inside the API client's task groups arrive wrapped in exception groups.
-            error = leaf(raised)
-            if isinstance(error, KubeconfigError):
-                hint = "" if kubeconfig_path(args.kubeconfig) else "; give --kubeconfig, or set $KUBECONFIG"
-                return fail(f"{error}{hint}", EXIT_UNAVAILABLE)
-            if isinstance(error, CtlError | ValueError):  # a job that does not fit, a bad name or value
-                return fail(str(error), EXIT_USAGE)
-            if isinstance(error, ApiError):
-                return fail(str(error), EXIT_UNAVAILABLE)
-            if isinstance(error, OSError):  # writing the token or CA file
-                return fail(str(error), EXIT_FAILED)
-            raise
-
-    return guarded
-
 
 # ------------------------------------------------------------------------------------------ edge
 
@@ -142,7 +81,7 @@ def _edge_reset(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------------ cloud side
 
 
-@_api_errors
+@api_errors
 def _token_create(args: argparse.Namespace) -> int:
     from roles.cli.tokens import create_token, join_command, write_token
 
@@ -150,7 +89,7 @@ def _token_create(args: argparse.Namespace) -> int:
     if args.token_file != "-" and not args.force and (token_file.exists() or token_file.is_symlink()):
         # Refused before the Secret changes: a rotated token that cannot be written would be lost.
         return fail(f"{token_file} exists: give --force to overwrite it, or another --token-file", EXIT_USAGE)
-    created = _with_kube(args.kubeconfig, lambda kube: create_token(kube, args.node, namespace=args.namespace))
+    created = with_kube(args.kubeconfig, lambda kube: create_token(kube, args.node, namespace=args.namespace))
     what = "rotated the token in" if created.rotated else "created"
     lines = [f"{what} Secret {created.namespace}/{created.secret} (labelled for the hubs to watch)"]
     if created.rotated:
@@ -176,11 +115,11 @@ def _token_create(args: argparse.Namespace) -> int:
     return 0
 
 
-@_api_errors
+@api_errors
 def _certs_create(args: argparse.Namespace) -> int:
     from roles.cli.certs import create_certs, write_ca
 
-    created = _with_kube(
+    created = with_kube(
         args.kubeconfig,
         lambda kube: create_certs(kube, namespace=args.namespace, hub_hosts=tuple(args.hub_host), rotate=args.rotate),
     )
@@ -198,91 +137,6 @@ def _certs_create(args: argparse.Namespace) -> int:
     return 0
 
 
-# ------------------------------------------------------------------------------------------ ctl
-
-
-@_api_errors
-def _ctl_get(args: argparse.Namespace) -> int:
-    from roles.cli.ctl import fetch, text
-    from roles.cli.ctl.views import find_kind
-    from schemas.kinds import KINDS
-
-    kinds = (find_kind(args.kind),) if args.kind else KINDS
-    found = _with_kube(args.kubeconfig, lambda kube: fetch.jobs(kube, kinds))
-    if args.output != "table":
-        sys.stdout.write(text.encode(found, args.output))
-    elif found:
-        sys.stdout.write(text.jobs_table(found, now=datetime.now(UTC)))
-    else:
-        sys.stderr.write("no node jobs\n")
-    return 0
-
-
-@_api_errors
-def _ctl_describe(args: argparse.Namespace) -> int:
-    from roles.cli.ctl import fetch, text
-
-    found = _with_kube(args.kubeconfig, lambda kube: fetch.describe(kube, args.job))
-    if args.output != "table":
-        document = {"job": found.job, "nodes": found.nodes, "events": found.events}
-        sys.stdout.write(text.encode(document, args.output))
-    else:
-        sys.stdout.write(text.describe_text(found.job, found.nodes, found.events, now=datetime.now(UTC)))
-    return 0
-
-
-@_api_errors
-def _ctl_confirm(args: argparse.Namespace) -> int:
-    from roles.cli.ctl import fetch, text
-
-    done = _with_kube(args.kubeconfig, lambda kube: fetch.confirm(kube, args.job, tuple(args.nodes), every=args.all))
-    if args.output != "table":
-        document = {"job": done.job, "before": done.before, "confirm": done.after, "paused": done.paused}
-        sys.stdout.write(text.encode(document, args.output))
-        return 0
-    if done.after == done.before:
-        sys.stdout.write(f"{done.job}: already confirmed ({done.after}), nothing to change\n")
-    else:
-        sys.stdout.write(f"{done.job}: confirm annotation {done.before or '(none)'} -> {done.after}\n")
-    paused = ", ".join(done.paused) or "none"
-    sys.stdout.write(f"paused at WaitingConfirmation now: {paused}; the hubs release the confirmed ones\n")
-    return 0
-
-
-@_api_errors
-def _ctl_nodes(args: argparse.Namespace) -> int:
-    from roles.cli.ctl import fetch, text
-
-    rows = _with_kube(args.kubeconfig, fetch.edges)
-    if args.output != "table":
-        sys.stdout.write(text.encode(rows, args.output))
-    elif rows:
-        sys.stdout.write(text.edges_table(rows))
-    else:
-        sys.stderr.write("no edge Nodes (label node-role.kubernetes.io/edge)\n")
-    return 0
-
-
-@_api_errors
-def _ctl_watch(args: argparse.Namespace) -> int:
-    from roles.cli.ctl.watch import JsonLines, PlainLines, Presenter, watch
-
-    if args.output == "yaml":
-        return fail("ctl watch prints a table, or a JSON line per change with -o json", EXIT_USAGE)
-    if args.output == "json":
-        return _with_kube(args.kubeconfig, lambda kube: watch(kube, args.jobs, JsonLines(sys.stdout)))
-    if not sys.stdout.isatty():
-        return _with_kube(args.kubeconfig, lambda kube: watch(kube, args.jobs, PlainLines(sys.stdout)))
-    try:
-        from roles.cli.ctl.live import LiveView  # rich comes with the ctl extra only
-    except ModuleNotFoundError:
-        sys.stderr.write("(a line per change: the live view needs rich, pip install 'nodetaskd[ctl]')\n")
-        return _with_kube(args.kubeconfig, lambda kube: watch(kube, args.jobs, PlainLines(sys.stdout)))
-    with LiveView() as view:
-        presenter: Presenter = view
-        return _with_kube(args.kubeconfig, lambda kube: watch(kube, args.jobs, presenter))
-
-
 # ------------------------------------------------------------------------------------------ parser
 
 
@@ -293,7 +147,7 @@ def _parser() -> argparse.ArgumentParser:
     kube.add_argument("--kubeconfig", help="kubeconfig path (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
     _edge_parsers(commands)
     _cloud_parsers(commands, kube)
-    _ctl_parsers(commands, kube)
+    add_ctl_parsers(commands, kube, help=SUMMARIES["ctl"])
     return top
 
 
@@ -338,33 +192,6 @@ def _cloud_parsers(commands: argparse._SubParsersAction[Parser], kube: Parser) -
     make.add_argument("--ca-out", default="nodetaskd-hub-ca.crt", help="where to write the hubs' CA for the edges")
     make.add_argument("--rotate", action="store_true", help="replace existing Secrets (then restart the pods)")
     make.set_defaults(handler=_certs_create)
-
-
-def _ctl_parsers(commands: argparse._SubParsersAction[Parser], kube: Parser) -> None:
-    ctl = commands.add_parser("ctl", help=SUMMARIES["ctl"])
-    options = Parser(add_help=False, parents=[kube])
-    options.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
-    ctl_commands = ctl.add_subparsers(dest="action", required=True, parser_class=Parser)
-    get = ctl_commands.add_parser("get", parents=[options], help="jobs of all three kinds, phase and node counts")
-    get.add_argument("kind", nargs="?", help="only this kind (nodeupgradejob, imageprepulljob, configupdatejob)")
-    get.set_defaults(handler=_ctl_get)
-    watch = ctl_commands.add_parser(
-        "watch", parents=[options], help="follow jobs until final: exit 0 if all Completed, 1 otherwise"
-    )
-    watch.add_argument("jobs", nargs="+", metavar="JOB", help="NAME or KIND/NAME")
-    watch.set_defaults(handler=_ctl_watch)
-    describe = ctl_commands.add_parser("describe", parents=[options], help="a job's nodes and latest Events")
-    describe.add_argument("job", metavar="JOB", help="NAME or KIND/NAME")
-    describe.set_defaults(handler=_ctl_describe)
-    confirm = ctl_commands.add_parser(
-        "confirm", parents=[options], help="release nodes paused at WaitingConfirmation (from the cloud)"
-    )
-    confirm.add_argument("job", metavar="JOB", help="NAME or nodeupgradejob/NAME")
-    confirm.add_argument("nodes", nargs="*", metavar="NODE")
-    confirm.add_argument("--all", action="store_true", help="every node of the job")
-    confirm.set_defaults(handler=_ctl_confirm)
-    nodes = ctl_commands.add_parser("nodes", parents=[options], help="edges: hub, agent version, connected")
-    nodes.set_defaults(handler=_ctl_nodes)
 
 
 def main(argv: Sequence[str]) -> int:

@@ -17,7 +17,7 @@ import pytest
 from nodetask.phases import JobPhase
 from roles.kube import Kube
 from roles.kube.resources import job_resource
-from schemas.core import CONFIRM_ANNOTATION
+from schemas.core import CONFIRM_ANNOTATION, RETRY_ANNOTATION
 from schemas.kinds import IMAGE_PRE_PULL_JOB, NODE_UPGRADE_JOB
 from tests.integration.agents import FakeRuntime, running_agent
 from tests.integration.controlplane import ControlPlane
@@ -107,11 +107,16 @@ def _actions(job: Any, node: str) -> list[tuple[str, str]]:
     return [(a.action, a.status) for e in job.status.node_status if e.node_name == node for a in e.action_flow]
 
 
+def _attempt(job: Any, node: str) -> int:
+    return int(next(e.attempt for e in job.status.node_status if e.node_name == node))
+
+
 async def test_confirm_releases_paused_nodes_and_watch_exits_1_when_the_job_fails(
     crds: ControlPlane, cloud_kube: Kube, tmp_path: Path
 ) -> None:
     """`ctl confirm` adds a node, then every node, to the annotation; the released upgrades fail (no launcher
-    in-process), so `ctl watch -o json` ends on Failure with exit 1; `ctl describe` shows each node's row."""
+    in-process), so `ctl watch -o json` ends on Failure with exit 1; `ctl describe` shows each node's row;
+    `ctl retry` runs both again, paused for a fresh confirmation, and is refused while they run."""
     first, second = unique("gate-a"), unique("gate-b")
     tokens = await register_edges(crds, [first, second])
     name, hub_id = unique("gated"), unique("hub-gate")
@@ -143,6 +148,15 @@ async def test_confirm_releases_paused_nodes_and_watch_exits_1_when_the_job_fail
         described = await _run_ctl(crds, "describe", name)
         described_json = await _run_ctl(crds, "describe", name, "-o", "json")
         listed = await _run_ctl(crds, "get", "nodeupgradejob")
+        # The retry takes the stale "*" away: without that, the retried upgrades would run on unconfirmed.
+        retried = await _run_ctl(crds, "retry", f"nodeupgradejob/{name}")
+        again = await job_when(
+            cloud_kube,
+            UPGRADES,
+            name,
+            lambda j: all(_actions(j, n) == paused and _attempt(j, n) == 2 for n in (first, second)),
+        )
+        too_soon = await _run_ctl(crds, "retry", name)
 
     assert opening["job"]["phase"] == "InProgress"
     assert opening["job"]["counts"]["inProgress"] == 2
@@ -168,6 +182,14 @@ async def test_confirm_releases_paused_nodes_and_watch_exits_1_when_the_job_fail
     assert nodes[first]["reason"].startswith("agent self-upgrade is not available")
     (row,) = [line.split() for line in listed.stdout.decode().splitlines() if name in line]
     assert row[:4] == ["nodeupgradejob", name, "Failure", "2"]
+
+    assert retried.returncode == 0, retried.stderr
+    assert f"retry 1 asked for; 2 nodes run again: {', '.join(sorted([first, second]))}" in retried.stdout.decode()
+    assert "confirm annotation * taken away" in retried.stdout.decode()
+    assert again.metadata.annotations.get(RETRY_ANNOTATION) == "1"
+    assert CONFIRM_ANNOTATION not in again.metadata.annotations
+    assert too_soon.returncode == 2
+    assert b"cannot be retried: the job is InProgress" in too_soon.stderr
 
 
 async def test_ctl_refuses_what_does_not_apply_naming_it(crds: ControlPlane) -> None:

@@ -17,15 +17,29 @@ from roles.cli.ctl.views import (
     find_kind,
     node_rows,
     paused_for_confirmation,
+    retry_value,
     summarize,
 )
 from roles.common.events import EVENT_NAMESPACE
 from roles.kube import Conflict, Kube, NotFound
 from roles.kube.resources import EVENTS, NODES, job_resource
-from schemas.core import CONFIRM_ANNOTATION
+from schemas.core import CONFIRM_ANNOTATION, RETRY_ANNOTATION
 from schemas.kinds import KINDS, Kind
+from schemas.retry import RETRIABLE_NODE_PHASES, requested_retry, retry_refusal
 
-__all__ = ["Confirmed", "CtlError", "Described", "confirm", "describe", "edges", "events_selector", "jobs", "resolve"]
+__all__ = [
+    "Confirmed",
+    "CtlError",
+    "Described",
+    "Retried",
+    "confirm",
+    "describe",
+    "edges",
+    "events_selector",
+    "jobs",
+    "resolve",
+    "retry",
+]
 
 EVENTS_SHOWN: Final = 10
 CONFIRM_ATTEMPTS: Final = 5
@@ -142,6 +156,53 @@ async def confirm(kube: Kube, text: str, nodes: tuple[str, ...], *, every: bool)
             job = await kube.get(resource, job.metadata.name)
             continue
         return Confirmed(job=ref, before=current, after=wanted, paused=paused_for_confirmation(written))
+    raise CtlError(f"{ref} kept changing under {CONFIRM_ATTEMPTS} attempts to annotate it; try again")
+
+
+@dataclass(frozen=True, slots=True)
+class Retried:
+    job: str
+    value: str
+    """The retry annotation's value now; ``requested`` says whether this command wrote it."""
+    requested: bool
+    nodes: list[str]
+    """The nodes the retry runs again (Failure and Unknown)."""
+    cleared_confirm: str
+    """The confirm annotation this command took away (empty: there was none, or it was kept)."""
+
+
+async def retry(kube: Kube, text: str, *, keep_confirmations: bool) -> Retried:
+    """Ask the controller to retry a finished job's failed nodes: a new retry annotation value.
+
+    A confirm annotation is taken away in the same write unless ``keep_confirmations``: it released the
+    last attempt's nodes, and would release the retried ones unasked. The write is conditional on the
+    job's resourceVersion. A value the controller has not handled yet is left as it is. Errors:
+    :class:`CtlError` naming why a job cannot be retried (the admission webhook's own rule).
+    """
+    kind, job = await resolve(kube, text)
+    ref = f"{kind.singular}/{job.metadata.name}"
+    resource = job_resource(kind)
+    for _ in range(CONFIRM_ATTEMPTS):
+        status, annotations = job.status, job.metadata.annotations
+        nodes = sorted(e.node_name for e in status.node_status if e.phase in RETRIABLE_NODE_PHASES)
+        waiting = requested_retry(annotations, status.retry)
+        if waiting is not None:
+            return Retried(job=ref, value=waiting, requested=False, nodes=nodes, cleared_confirm="")
+        if refusal := retry_refusal(status.phase, (e.phase for e in status.node_status)):
+            raise CtlError(f"{ref} cannot be retried: {refusal}")
+        handled = status.retry.handled if status.retry is not None else ""
+        value = retry_value(annotations.get(RETRY_ANNOTATION), handled)
+        cleared = "" if keep_confirmations else annotations.get(CONFIRM_ANNOTATION, "")
+        wanted: dict[str, str | None] = {RETRY_ANNOTATION: value}
+        if cleared:
+            wanted[CONFIRM_ANNOTATION] = None  # a merge patch's null removes the key
+        patch = {"metadata": {"resourceVersion": job.metadata.resource_version, "annotations": wanted}}
+        try:
+            await kube.merge_patch(resource, job.metadata.name, patch)
+        except Conflict:
+            job = await kube.get(resource, job.metadata.name)
+            continue
+        return Retried(job=ref, value=value, requested=True, nodes=nodes, cleared_confirm=cleared)
     raise CtlError(f"{ref} kept changing under {CONFIRM_ATTEMPTS} attempts to annotate it; try again")
 
 

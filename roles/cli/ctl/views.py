@@ -33,6 +33,7 @@ __all__ = [
     "find_kind",
     "node_rows",
     "paused_for_confirmation",
+    "retry_value",
     "summarize",
 ]
 
@@ -214,6 +215,18 @@ def confirm_value(current: str, nodes: Iterable[str], *, every: bool) -> str:
     if every or "*" in names:
         return "*"
     return ",".join(sorted(names | set(nodes)))
+
+
+def retry_value(current: str | None, handled: str) -> str:
+    """A retry annotation value the controller has not handled: the current number plus one (``1`` when it
+    holds none), past ``handled`` and ``current`` both.
+
+    Any new value asks for one retry; a counter keeps ``kubectl get -o yaml`` telling how many were asked for.
+    """
+    number = int(current) + 1 if current is not None and current.isdecimal() else 1
+    while str(number) in (current, handled):
+        number += 1
+    return str(number)
 
 
 def confirmable(kind: Kind) -> bool:

@@ -24,6 +24,7 @@ from roles.cli.ctl.views import (
     find_kind,
     node_rows,
     paused_for_confirmation,
+    retry_value,
     summarize,
 )
 from schemas.core import AGENT_VERSION_ANNOTATION, EDGE_ROLE_LABEL, HUB_ANNOTATION, Node, NodeCondition, NodeStatus
@@ -248,3 +249,20 @@ def test_the_live_view_redraws_on_each_change_and_leaves_the_last_frame() -> Non
     shown = out.getvalue()
     assert shown.count("nodeupgradejob/u") >= 2  # drawn twice, the second over the first
     assert shown.rindex("Completed") > shown.rindex("InProgress")
+
+
+@given(current=st.one_of(st.none(), st.text(max_size=4), st.integers(0, 50).map(str)), handled=st.text(max_size=4))
+def test_a_retry_value_is_new_and_counts_up_from_a_number(current: str | None, handled: str) -> None:
+    """The value asked for is never the one there nor the one handled, and follows a number there."""
+    value = retry_value(current, handled)
+    assert value not in (current, handled)
+    assert value.isdecimal()
+    if current is not None and current.isdecimal() and str(int(current) + 1) != handled:
+        assert value == str(int(current) + 1)
+
+
+def test_a_first_retry_asks_for_one_unless_one_was_handled() -> None:
+    """No annotation yet asks for 1; a job whose 1 was handled and then removed asks for 2."""
+    assert retry_value(None, "") == "1"
+    assert retry_value(None, "1") == "2"
+    assert retry_value("7", "7") == "8"

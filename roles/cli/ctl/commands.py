@@ -1,0 +1,166 @@
+"""``nodetaskd ctl``'s subcommands: their arguments, and what each prints (a table, or JSON or YAML).
+
+Exit status as for every command (``roles.cli.commands``); ``ctl watch`` exits 0 when every job
+Completed and 1 when one ended in Failure or was deleted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import UTC, datetime
+
+from roles.cli.parsing import EXIT_USAGE, Parser, fail
+from roles.cli.with_api import api_errors, with_kube
+
+__all__ = ["add_ctl_parsers"]
+
+
+@api_errors
+def _ctl_get(args: argparse.Namespace) -> int:
+    from roles.cli.ctl import fetch, text
+    from roles.cli.ctl.views import find_kind
+    from schemas.kinds import KINDS
+
+    kinds = (find_kind(args.kind),) if args.kind else KINDS
+    found = with_kube(args.kubeconfig, lambda kube: fetch.jobs(kube, kinds))
+    if args.output != "table":
+        sys.stdout.write(text.encode(found, args.output))
+    elif found:
+        sys.stdout.write(text.jobs_table(found, now=datetime.now(UTC)))
+    else:
+        sys.stderr.write("no node jobs\n")
+    return 0
+
+
+@api_errors
+def _ctl_describe(args: argparse.Namespace) -> int:
+    from roles.cli.ctl import fetch, text
+
+    found = with_kube(args.kubeconfig, lambda kube: fetch.describe(kube, args.job))
+    if args.output != "table":
+        document = {"job": found.job, "nodes": found.nodes, "events": found.events}
+        sys.stdout.write(text.encode(document, args.output))
+    else:
+        sys.stdout.write(text.describe_text(found.job, found.nodes, found.events, now=datetime.now(UTC)))
+    return 0
+
+
+@api_errors
+def _ctl_confirm(args: argparse.Namespace) -> int:
+    from roles.cli.ctl import fetch, text
+
+    done = with_kube(args.kubeconfig, lambda kube: fetch.confirm(kube, args.job, tuple(args.nodes), every=args.all))
+    if args.output != "table":
+        document = {"job": done.job, "before": done.before, "confirm": done.after, "paused": done.paused}
+        sys.stdout.write(text.encode(document, args.output))
+        return 0
+    if done.after == done.before:
+        sys.stdout.write(f"{done.job}: already confirmed ({done.after}), nothing to change\n")
+    else:
+        sys.stdout.write(f"{done.job}: confirm annotation {done.before or '(none)'} -> {done.after}\n")
+    paused = ", ".join(done.paused) or "none"
+    sys.stdout.write(f"paused at WaitingConfirmation now: {paused}; the hubs release the confirmed ones\n")
+    return 0
+
+
+@api_errors
+def _ctl_retry(args: argparse.Namespace) -> int:
+    from roles.cli.ctl import fetch, text
+
+    done = with_kube(
+        args.kubeconfig, lambda kube: fetch.retry(kube, args.job, keep_confirmations=args.keep_confirmations)
+    )
+    if args.output != "table":
+        document = {
+            "job": done.job,
+            "retry": done.value,
+            "requested": done.requested,
+            "nodes": done.nodes,
+            "clearedConfirm": done.cleared_confirm,
+        }
+        sys.stdout.write(text.encode(document, args.output))
+        return 0
+    if not done.requested:
+        sys.stdout.write(f"{done.job}: retry {done.value} is asked for already; the controller has not taken it yet\n")
+        return 0
+    sys.stdout.write(
+        f"{done.job}: retry {done.value} asked for; {len(done.nodes)} nodes run again: {', '.join(done.nodes)}\n"
+    )
+    if done.cleared_confirm:
+        sys.stdout.write(
+            f"confirm annotation {done.cleared_confirm} taken away: the retried nodes wait to be confirmed again\n"
+        )
+    return 0
+
+
+@api_errors
+def _ctl_nodes(args: argparse.Namespace) -> int:
+    from roles.cli.ctl import fetch, text
+
+    rows = with_kube(args.kubeconfig, fetch.edges)
+    if args.output != "table":
+        sys.stdout.write(text.encode(rows, args.output))
+    elif rows:
+        sys.stdout.write(text.edges_table(rows))
+    else:
+        sys.stderr.write("no edge Nodes (label node-role.kubernetes.io/edge)\n")
+    return 0
+
+
+@api_errors
+def _ctl_watch(args: argparse.Namespace) -> int:
+    from roles.cli.ctl.watch import JsonLines, PlainLines, Presenter, watch
+
+    if args.output == "yaml":
+        return fail("ctl watch prints a table, or a JSON line per change with -o json", EXIT_USAGE)
+    if args.output == "json":
+        return with_kube(args.kubeconfig, lambda kube: watch(kube, args.jobs, JsonLines(sys.stdout)))
+    if not sys.stdout.isatty():
+        return with_kube(args.kubeconfig, lambda kube: watch(kube, args.jobs, PlainLines(sys.stdout)))
+    try:
+        from roles.cli.ctl.live import LiveView  # rich comes with the ctl extra only
+    except ModuleNotFoundError:
+        sys.stderr.write("(a line per change: the live view needs rich, pip install 'nodetaskd[ctl]')\n")
+        return with_kube(args.kubeconfig, lambda kube: watch(kube, args.jobs, PlainLines(sys.stdout)))
+    with LiveView() as view:
+        presenter: Presenter = view
+        return with_kube(args.kubeconfig, lambda kube: watch(kube, args.jobs, presenter))
+
+
+def add_ctl_parsers(commands: argparse._SubParsersAction[Parser], kube: Parser, *, help: str) -> None:
+    """``ctl`` and its subcommands, each taking ``kube``'s options."""
+    ctl = commands.add_parser("ctl", help=help)
+    options = Parser(add_help=False, parents=[kube])
+    options.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    ctl_commands = ctl.add_subparsers(dest="action", required=True, parser_class=Parser)
+    get = ctl_commands.add_parser("get", parents=[options], help="jobs of all three kinds, phase and node counts")
+    get.add_argument("kind", nargs="?", help="only this kind (nodeupgradejob, imageprepulljob, configupdatejob)")
+    get.set_defaults(handler=_ctl_get)
+    watch = ctl_commands.add_parser(
+        "watch", parents=[options], help="follow jobs until final: exit 0 if all Completed, 1 otherwise"
+    )
+    watch.add_argument("jobs", nargs="+", metavar="JOB", help="NAME or KIND/NAME")
+    watch.set_defaults(handler=_ctl_watch)
+    describe = ctl_commands.add_parser("describe", parents=[options], help="a job's nodes and latest Events")
+    describe.add_argument("job", metavar="JOB", help="NAME or KIND/NAME")
+    describe.set_defaults(handler=_ctl_describe)
+    confirm = ctl_commands.add_parser(
+        "confirm", parents=[options], help="release nodes paused at WaitingConfirmation (from the cloud)"
+    )
+    confirm.add_argument("job", metavar="JOB", help="NAME or nodeupgradejob/NAME")
+    confirm.add_argument("nodes", nargs="*", metavar="NODE")
+    confirm.add_argument("--all", action="store_true", help="every node of the job")
+    confirm.set_defaults(handler=_ctl_confirm)
+    retry = ctl_commands.add_parser(
+        "retry", parents=[options], help="run a finished job's failed nodes again (its retry annotation)"
+    )
+    retry.add_argument("job", metavar="JOB", help="NAME or KIND/NAME")
+    retry.add_argument(
+        "--keep-confirmations",
+        action="store_true",
+        help="keep the confirm annotation: the nodes it names are released at once on their next attempt",
+    )
+    retry.set_defaults(handler=_ctl_retry)
+    nodes = ctl_commands.add_parser("nodes", parents=[options], help="edges: hub, agent version, connected")
+    nodes.set_defaults(handler=_ctl_nodes)

@@ -1,0 +1,76 @@
+"""What the commands that talk to the API server share: the kubeconfig they use, a client, and their errors.
+
+The kubeconfig is ``--kubeconfig``, else ``$KUBECONFIG``, else ``~/.kube/config``, else the pod's
+ServiceAccount. Every error a command meets through the API becomes one line and an exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+from roles.cli.parsing import EXIT_FAILED, EXIT_UNAVAILABLE, EXIT_USAGE, fail, leaf
+
+if TYPE_CHECKING:
+    from roles.kube import Kube
+
+__all__ = ["api_errors", "kubeconfig_path", "with_kube"]
+
+T = TypeVar("T")
+
+
+def kubeconfig_path(flag: str | None) -> str:
+    """``--kubeconfig``, else the first of ``$KUBECONFIG``, else ``~/.kube/config`` if present; empty
+    means the pod's ServiceAccount (in-cluster)."""
+    if flag:
+        return flag
+    first = next((p for p in os.environ.get("KUBECONFIG", "").split(os.pathsep) if p), "")
+    if first:
+        return first
+    default = Path.home() / ".kube" / "config"
+    return str(default) if default.is_file() else ""
+
+
+def with_kube(kubeconfig: str | None, work: Callable[[Kube], Awaitable[T]]) -> T:
+    """Run ``work`` with an API client (warnings of the client go to stderr)."""
+    # Imported here: the edge commands must not load the cloud extra.
+    import trio
+
+    from roles.common.logs import configure_logging
+    from roles.kube import open_kube
+
+    log = configure_logging(level="warning", fmt="console")
+
+    async def run() -> T:
+        async with open_kube(kubeconfig=kubeconfig_path(kubeconfig), log=log) as kube:
+            return await work(kube)
+
+    return trio.run(run)
+
+
+def api_errors(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Turn the errors of commands that use the API into one line and an exit status."""
+
+    def guarded(args: argparse.Namespace) -> int:
+        from roles.kube import ApiError, KubeconfigError
+
+        try:
+            return run(args)
+        except (Exception, BaseExceptionGroup) as raised:
+            # Errors raised inside the API client's task groups arrive wrapped in exception groups.
+            error = leaf(raised)
+            if isinstance(error, KubeconfigError):
+                hint = "" if kubeconfig_path(args.kubeconfig) else "; give --kubeconfig, or set $KUBECONFIG"
+                return fail(f"{error}{hint}", EXIT_UNAVAILABLE)
+            if isinstance(error, ValueError):  # a job that does not fit (CtlError), a bad name or value
+                return fail(str(error), EXIT_USAGE)
+            if isinstance(error, ApiError):
+                return fail(str(error), EXIT_UNAVAILABLE)
+            if isinstance(error, OSError):  # writing the token or CA file
+                return fail(str(error), EXIT_FAILED)
+            raise
+
+    return guarded
