@@ -63,6 +63,17 @@ def latency_section(res: dict[str, Any]) -> list[str]:
         f" {whole(up)} bytes up and {whole(down)} down per request (TLS records). TLS connections the agent"
         f" opened per run: {whole(median(r['tls_connections'] for r in runs))} (kept alive and reused).",
         "",
+        "Where the added time goes (a py-spy profile of the agent in this series' CPU phase, 2026-11-29, summarised in",
+        "[`bench/profile-agent-nodeapi.txt`](bench/profile-agent-nodeapi.txt)): the request's own path - the",
+        "endpoint's HTTP serving, h11 and TLS over the tunnel, the session's websocket frames (trio-websocket) -",
+        "and, beside it, the cache feed: every answer is written to the cache in a worker thread behind it (a list",
+        "of the node's Pods replaces their collection in one transaction, a Node is compared with its row), about a",
+        "fifth of the agent's samples. Behind the answer, but on two cores it takes the interpreter from the next",
+        "request. The added time depends on the load more than on the code: the same series at load 6.5 (2026-11-27)",
+        "added 9.68 ms to a get and 15.45 ms to a list, each hop being a process waiting for a core. What would",
+        "shorten it: feeding nothing for an answer identical to the last one fed for the same request (a kubelet",
+        "gets its Node every 10 s, mostly unchanged), and a websocket framer in C on the edge.",
+        "",
         "The agent at rest after serving (endpoint on, its relay connections kept, median of three readings"
         " a second apart):",
         "",
