@@ -23,7 +23,7 @@ from tests.integration.agents import FakeRuntime, running_agent
 from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import register_edges
 from tests.integration.hubs import light_edge, running_controller, running_edges, running_hub
-from tests.integration.objects import create_job, job_when, unique
+from tests.integration.objects import create_job, job_when, kubectl, unique
 from tools.processes import terminate
 
 pytestmark = pytest.mark.integration
@@ -205,3 +205,24 @@ async def test_ctl_refuses_what_does_not_apply_naming_it(crds: ControlPlane) -> 
     assert b"no job" in missing.stderr
     assert b"is not a node job kind" in ambiguous_kind.stderr
     assert b"name nodes or give --all, not both" in both.stderr
+
+
+async def test_get_selects_by_label_and_prints_names_or_rows_without_headers(crds: ControlPlane) -> None:
+    """`ctl get -l` lists only the labelled job; `-o name` prints KIND.GROUP/NAME and `--no-headers` a bare row."""
+    team = unique("team")
+    chosen, other = unique("labelled"), unique("unlabelled")
+    for name in (chosen, other):
+        spec: dict[str, object] = {"imagePrePullTemplate": {"images": ["a:1"], "nodeNames": ["x"]}}
+        await create_job(crds, "ImagePrePullJob", name, spec)
+    await kubectl(crds, "label", "imageprepulljob", chosen, f"team={team}")
+    named = await _run_ctl(crds, "get", "-o", "name", "-l", f"team={team}")
+    bare = await _run_ctl(crds, "get", "imageprepulljob", "--no-headers", "--selector", f"team={team}")
+    everything = await _run_ctl(crds, "get", "imageprepulljob", "-o", "name")
+    assert named.returncode == 0, named.stderr
+    assert named.stdout.decode() == f"imageprepulljob.operations.kubeedge.io/{chosen}\n"
+    assert bare.returncode == 0, bare.stderr
+    (row,) = bare.stdout.decode().splitlines()
+    assert row.split()[:2] == ["imageprepulljob", chosen]
+    listed = everything.stdout.decode().splitlines()
+    assert f"imageprepulljob.operations.kubeedge.io/{other}" in listed
+    assert f"imageprepulljob.operations.kubeedge.io/{chosen}" in listed

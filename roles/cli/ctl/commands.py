@@ -23,11 +23,13 @@ def _ctl_get(args: argparse.Namespace) -> int:
     from schemas.kinds import KINDS
 
     kinds = (find_kind(args.kind),) if args.kind else KINDS
-    found = with_kube(args.kubeconfig, lambda kube: fetch.jobs(kube, kinds))
-    if args.output != "table":
+    found = with_kube(args.kubeconfig, lambda kube: fetch.jobs(kube, kinds, selector=args.selector))
+    if args.output == "name":
+        sys.stdout.write(text.job_names(found))
+    elif args.output != "table":
         sys.stdout.write(text.encode(found, args.output))
     elif found:
-        sys.stdout.write(text.jobs_table(found, now=datetime.now(UTC)))
+        sys.stdout.write(text.jobs_table(found, now=datetime.now(UTC), headers=not args.no_headers))
     else:
         sys.stderr.write("no node jobs\n")
     return 0
@@ -134,8 +136,13 @@ def add_ctl_parsers(commands: argparse._SubParsersAction[Parser], kube: Parser, 
     options = Parser(add_help=False, parents=[kube])
     options.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
     ctl_commands = ctl.add_subparsers(dest="action", required=True, parser_class=Parser)
-    get = ctl_commands.add_parser("get", parents=[options], help="jobs of all three kinds, phase and node counts")
+    get = ctl_commands.add_parser("get", parents=[kube], help="jobs of all three kinds, phase and node counts")
     get.add_argument("kind", nargs="?", help="only this kind (nodeupgradejob, imageprepulljob, configupdatejob)")
+    get.add_argument(
+        "-o", "--output", choices=("table", "name", "json", "yaml"), default="table", help="name: KIND.GROUP/NAME"
+    )
+    get.add_argument("-l", "--selector", default="", help="only jobs with these labels (kubectl's label selector)")
+    get.add_argument("--no-headers", action="store_true", help="the table without its header line")
     get.set_defaults(handler=_ctl_get)
     watch = ctl_commands.add_parser(
         "watch", parents=[options], help="follow jobs until final: exit 0 if all Completed, 1 otherwise"

@@ -80,11 +80,11 @@ def _none(text: str, kinds: list[Kind]) -> tuple[Kind, Any]:
     raise CtlError(f"no job {text!r} among the {where}")
 
 
-async def jobs(kube: Kube, kinds: tuple[Kind, ...] = KINDS) -> list[JobSummary]:
-    """Every job of ``kinds``, by kind then name."""
+async def jobs(kube: Kube, kinds: tuple[Kind, ...] = KINDS, *, selector: str = "") -> list[JobSummary]:
+    """Every job of ``kinds`` (whose labels match ``selector``, when given), by kind then name."""
     found: list[JobSummary] = []
     for kind in kinds:
-        listed, _, _ = await kube.list(job_resource(kind))
+        listed, _, _ = await kube.list(job_resource(kind), label_selector=selector)
         found.extend(summarize(kind, job) for job in sorted(listed, key=lambda j: j.metadata.name))
     return found
 

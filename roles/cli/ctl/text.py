@@ -9,6 +9,7 @@ from typing import Any, Final
 import msgspec
 
 from roles.cli.ctl.views import COUNT_KEYS, EdgeRow, EventRow, JobSummary, NodeRow, age
+from schemas.kinds import GROUP
 
 __all__ = [
     "FORMATS",
@@ -17,6 +18,7 @@ __all__ = [
     "encode",
     "event_line",
     "events_table",
+    "job_names",
     "jobs_table",
     "progress_line",
     "table",
@@ -29,15 +31,22 @@ MESSAGE_LIMIT: Final = 160
 JSON and YAML output have them whole."""
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Left-aligned columns three spaces apart, as ``kubectl get`` prints them (the last one unpadded)."""
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, show_headers: bool = True) -> str:
+    """Left-aligned columns three spaces apart, as ``kubectl get`` prints them (the last one unpadded); the
+    headers set the widths even when not shown (``--no-headers``), as kubectl's do."""
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
 
     def line(cells: Sequence[str]) -> str:
         padded = [c.ljust(w) for c, w in zip(cells[:-1], widths[:-1], strict=True)]
         return "   ".join([*padded, cells[-1]]).rstrip()
 
-    return "\n".join([line(headers), *(line(r) for r in rows)]) + "\n"
+    lines = [line(r) for r in rows]
+    return "\n".join([line(headers), *lines] if show_headers else lines) + "\n"
+
+
+def job_names(jobs: Sequence[JobSummary]) -> str:
+    """A line per job as ``kubectl get -o name`` writes it: ``KIND.GROUP/NAME``."""
+    return "".join(f"{j.kind}.{GROUP}/{j.name}\n" for j in jobs)
 
 
 def encode(value: Any, fmt: str) -> str:
@@ -52,7 +61,7 @@ def _cut(text: str) -> str:
     return flat if len(flat) <= MESSAGE_LIMIT else flat[: MESSAGE_LIMIT - 1] + "…"
 
 
-def jobs_table(jobs: Sequence[JobSummary], *, now: datetime) -> str:
+def jobs_table(jobs: Sequence[JobSummary], *, now: datetime, headers: bool = True) -> str:
     rows = [
         [
             j.kind,
@@ -64,7 +73,7 @@ def jobs_table(jobs: Sequence[JobSummary], *, now: datetime) -> str:
         ]
         for j in jobs
     ]
-    return table(("KIND", "NAME", "PHASE", "NODES", *COUNT_HEADERS, "AGE"), rows)
+    return table(("KIND", "NAME", "PHASE", "NODES", *COUNT_HEADERS, "AGE"), rows, show_headers=headers)
 
 
 def nodes_table(rows: Sequence[NodeRow]) -> str:

@@ -14,7 +14,7 @@ from rich.console import Console
 from nodetask.phases import ConditionStatus, JobPhase, NodeTaskPhase
 from roles.cli.ctl.follow import WatchState, on_event, on_job, outcome
 from roles.cli.ctl.live import LiveView, render
-from roles.cli.ctl.text import jobs_table, progress_line, table
+from roles.cli.ctl.text import job_names, jobs_table, progress_line, table
 from roles.cli.ctl.views import (
     EventRow,
     JobSummary,
@@ -266,3 +266,19 @@ def test_a_first_retry_asks_for_one_unless_one_was_handled() -> None:
     assert retry_value(None, "") == "1"
     assert retry_value(None, "1") == "2"
     assert retry_value("7", "7") == "8"
+
+
+def test_a_table_without_headers_keeps_the_columns_the_headers_set() -> None:
+    """`--no-headers` drops the header line, not its width: rows line up as they would under it."""
+    rows = [["a", "1"], ["bb", "2"]]
+    assert table(("LONGER", "N"), rows, show_headers=False) == "a        1\nbb       2\n"
+    assert table(("LONGER", "N"), rows).splitlines()[1:] == ["a        1", "bb       2"]
+
+
+def test_job_names_are_written_as_kubectl_writes_them() -> None:
+    """`-o name` gives KIND.GROUP/NAME, a line per job."""
+    jobs = [
+        JobSummary(kind="nodeupgradejob", name="u", phase="", reason="", total=0, counts={}, created=""),
+        JobSummary(kind="imageprepulljob", name="p", phase="", reason="", total=0, counts={}, created=""),
+    ]
+    assert job_names(jobs) == "nodeupgradejob.operations.kubeedge.io/u\nimageprepulljob.operations.kubeedge.io/p\n"
