@@ -15,7 +15,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -59,19 +59,20 @@ class Supervisor:
             raise ValueError(f"{name}: the command line must mention {self.marker} (found by the leftover scan)")
         # PDEATHSIG is armed only from the main thread: it fires when the forking *thread* exits.
         tie = threading.current_thread() is threading.main_thread()
-        with open(log, "ab") as out:
-            popen = subprocess.Popen(
-                list(argv),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                # Only a prctl() runs between fork and exec, so the preexec_fn/threads hazard is absent.
-                preexec_fn=_cp._die_with_parent if tie else None,  # noqa: PLW1509
-            )
-        child = Child(name=name, popen=popen, log=log)
-        self.children.append(child)
-        self.started.append(popen.pid)
+        with _interrupts_deferred():
+            with open(log, "ab") as out:
+                popen = subprocess.Popen(
+                    list(argv),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    # Only a prctl() runs between fork and exec, so the preexec_fn/threads hazard is absent.
+                    preexec_fn=_cp._die_with_parent if tie else None,  # noqa: PLW1509
+                )
+            child = Child(name=name, popen=popen, log=log)
+            self.children.append(child)
+            self.started.append(popen.pid)
         return child
 
     def dead(self) -> list[Child]:
@@ -92,6 +93,36 @@ class Supervisor:
             _signal_group(child.pid, signal.SIGKILL)
             child.popen.wait()
         self.children = [c for c in self.children if c not in chosen]
+
+
+STOP_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Hold back the demo's stop signals until the block is over, then act on the first one as it would have.
+
+    A Ctrl-C landing between a child's fork and its being recorded would raise there and leave that child
+    running, unknown to :meth:`Supervisor.stop`. Python runs signal handlers in the main thread only, so
+    elsewhere nothing can land in between and nothing is deferred.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    before = {signum: signal.signal(signum, lambda signum, _: caught.append(signum)) for signum in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+    if not caught:
+        return
+    handler = before[signal.Signals(caught[0])]
+    if callable(handler):
+        handler(caught[0], None)
+    elif handler == signal.SIG_DFL:
+        signal.raise_signal(caught[0])
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
