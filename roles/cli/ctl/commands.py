@@ -86,9 +86,8 @@ def _ctl_retry(args: argparse.Namespace) -> int:
     if not done.requested:
         sys.stdout.write(f"{done.job}: retry {done.value} is asked for already; the controller has not taken it yet\n")
         return 0
-    sys.stdout.write(
-        f"{done.job}: retry {done.value} asked for; {len(done.nodes)} nodes run again: {', '.join(done.nodes)}\n"
-    )
+    count = f"{len(done.nodes)} node{'' if len(done.nodes) == 1 else 's'}"
+    sys.stdout.write(f"{done.job}: retry {done.value} asked for; {count} run again: {', '.join(done.nodes)}\n")
     if done.cleared_confirm:
         sys.stdout.write(
             f"confirm annotation {done.cleared_confirm} taken away: the retried nodes wait to be confirmed again\n"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -42,7 +43,7 @@ __all__ = [
 ]
 
 EVENTS_SHOWN: Final = 10
-CONFIRM_ATTEMPTS: Final = 5
+ANNOTATE_ATTEMPTS: Final = 5
 
 
 class CtlError(ValueError):
@@ -141,22 +142,47 @@ async def confirm(kube: Kube, text: str, nodes: tuple[str, ...], *, every: bool)
     unknown = sorted(set(nodes) - known)
     if unknown:
         raise CtlError(f"{ref} has no node {', '.join(unknown)} (its nodes: {', '.join(sorted(known)) or 'none yet'})")
+    done = await _annotate(
+        kube, kind, job, lambda j: _confirm_change(j.metadata.annotations.get(CONFIRM_ANNOTATION, ""), nodes, every)
+    )
+    before = done.read.metadata.annotations.get(CONFIRM_ANNOTATION, "")
+    after = before if done.wanted is None else str(done.wanted[CONFIRM_ANNOTATION])
+    return Confirmed(job=ref, before=before, after=after, paused=paused_for_confirmation(done.written or done.read))
+
+
+def _confirm_change(current: str, nodes: tuple[str, ...], every: bool) -> dict[str, str | None] | None:
+    wanted = confirm_value(current, nodes, every=every)
+    return None if wanted == current else {CONFIRM_ANNOTATION: wanted}
+
+
+@dataclass(frozen=True, slots=True)
+class _Annotated:
+    read: Any
+    """The job as last read: what the change was made from."""
+    wanted: dict[str, str | None] | None
+    """The annotations written (None: the change asked for nothing)."""
+    written: Any | None
+
+
+async def _annotate(
+    kube: Kube, kind: Kind, job: Any, change: Callable[[Any], dict[str, str | None] | None]
+) -> _Annotated:
+    """Write the annotations ``change`` asks of the job as read (None: nothing), conditionally on its
+    resourceVersion, reading it again after a conflict. Errors: what ``change`` raises; :class:`CtlError`
+    past :data:`ANNOTATE_ATTEMPTS` conflicts."""
     resource = job_resource(kind)
-    for _ in range(CONFIRM_ATTEMPTS):
-        current = job.metadata.annotations.get(CONFIRM_ANNOTATION, "")
-        wanted = confirm_value(current, nodes, every=every)
-        if wanted == current:
-            return Confirmed(job=ref, before=current, after=current, paused=paused_for_confirmation(job))
-        patch = {
-            "metadata": {"resourceVersion": job.metadata.resource_version, "annotations": {CONFIRM_ANNOTATION: wanted}}
-        }
+    for _ in range(ANNOTATE_ATTEMPTS):
+        wanted = change(job)
+        if wanted is None:
+            return _Annotated(job, None, None)
+        # A merge patch's null removes an annotation.
+        patch = {"metadata": {"resourceVersion": job.metadata.resource_version, "annotations": wanted}}
         try:
-            written = await kube.merge_patch(resource, job.metadata.name, patch)
+            return _Annotated(job, wanted, await kube.merge_patch(resource, job.metadata.name, patch))
         except Conflict:
             job = await kube.get(resource, job.metadata.name)
-            continue
-        return Confirmed(job=ref, before=current, after=wanted, paused=paused_for_confirmation(written))
-    raise CtlError(f"{ref} kept changing under {CONFIRM_ATTEMPTS} attempts to annotate it; try again")
+    ref = f"{kind.singular}/{job.metadata.name}"
+    raise CtlError(f"{ref} kept changing under {ANNOTATE_ATTEMPTS} attempts to annotate it; try again")
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,29 +207,34 @@ async def retry(kube: Kube, text: str, *, keep_confirmations: bool) -> Retried:
     """
     kind, job = await resolve(kube, text)
     ref = f"{kind.singular}/{job.metadata.name}"
-    resource = job_resource(kind)
-    for _ in range(CONFIRM_ATTEMPTS):
-        status, annotations = job.status, job.metadata.annotations
-        nodes = sorted(e.node_name for e in status.node_status if e.phase in RETRIABLE_NODE_PHASES)
-        waiting = requested_retry(annotations, status.retry)
-        if waiting is not None:
-            return Retried(job=ref, value=waiting, requested=False, nodes=nodes, cleared_confirm="")
+
+    def change(job: Any) -> dict[str, str | None] | None:
+        status = job.status
+        if requested_retry(job.metadata.annotations, status.retry) is not None:
+            return None
         if refusal := retry_refusal(status.phase, (e.phase for e in status.node_status)):
             raise CtlError(f"{ref} cannot be retried: {refusal}")
-        handled = status.retry.handled if status.retry is not None else ""
-        value = retry_value(annotations.get(RETRY_ANNOTATION), handled)
-        cleared = "" if keep_confirmations else annotations.get(CONFIRM_ANNOTATION, "")
-        wanted: dict[str, str | None] = {RETRY_ANNOTATION: value}
-        if cleared:
-            wanted[CONFIRM_ANNOTATION] = None  # a merge patch's null removes the key
-        patch = {"metadata": {"resourceVersion": job.metadata.resource_version, "annotations": wanted}}
-        try:
-            await kube.merge_patch(resource, job.metadata.name, patch)
-        except Conflict:
-            job = await kube.get(resource, job.metadata.name)
-            continue
-        return Retried(job=ref, value=value, requested=True, nodes=nodes, cleared_confirm=cleared)
-    raise CtlError(f"{ref} kept changing under {CONFIRM_ATTEMPTS} attempts to annotate it; try again")
+        return _retry_annotations(job, keep_confirmations=keep_confirmations)
+
+    done = await _annotate(kube, kind, job, change)
+    status, annotations = done.read.status, done.read.metadata.annotations
+    nodes = sorted(e.node_name for e in status.node_status if e.phase in RETRIABLE_NODE_PHASES)
+    if done.wanted is None:
+        value = requested_retry(annotations, status.retry) or ""
+        return Retried(job=ref, value=value, requested=False, nodes=nodes, cleared_confirm="")
+    cleared = annotations.get(CONFIRM_ANNOTATION, "") if CONFIRM_ANNOTATION in done.wanted else ""
+    value = str(done.wanted[RETRY_ANNOTATION])
+    return Retried(job=ref, value=value, requested=True, nodes=nodes, cleared_confirm=cleared)
+
+
+def _retry_annotations(job: Any, *, keep_confirmations: bool) -> dict[str, str | None]:
+    """A new retry value, and the confirm annotation taken away (None) unless kept or absent."""
+    handled = job.status.retry.handled if job.status.retry is not None else ""
+    annotations = job.metadata.annotations
+    wanted: dict[str, str | None] = {RETRY_ANNOTATION: retry_value(annotations.get(RETRY_ANNOTATION), handled)}
+    if not keep_confirmations and annotations.get(CONFIRM_ANNOTATION):
+        wanted[CONFIRM_ANNOTATION] = None
+    return wanted
 
 
 async def edges(kube: Kube) -> list[EdgeRow]:
