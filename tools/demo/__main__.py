@@ -55,7 +55,7 @@ from rich.console import Console
 from tools.demo import autonomy_scene, bringup, devices_scene, diagnosis_scene, jobs_scene, summary
 from tools.demo.fleet import Layout
 from tools.demo.kube import ApiFailure
-from tools.demo.procs import Supervisor, kill_recorded
+from tools.demo.procs import STOP_SIGNALS, Supervisor, kill_recorded
 from tools.demo.state import Demo, DemoError
 from tools.provision import controlplane as _cp
 
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     layout = Layout(root)
     # SIGINT too: a shell starting the demo in the background hands it SIGINT ignored, and Ctrl-C
     # (or kill -INT) must still stop everything.
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for signum in STOP_SIGNALS:
         signal.signal(signum, _interrupt)
     status = 1
     demo: Demo | None = None
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                 console.print(f"demo failed: {exc}", style="bold red", highlight=False)
             finally:
                 # A second Ctrl-C must not cut the tear-down short and leave processes behind.
-                for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                for signum in STOP_SIGNALS:
                     signal.signal(signum, signal.SIG_IGN)
                 left = demo.stop()
             if left:
