@@ -35,6 +35,7 @@ BUILD_REVISIONS: Final[Mapping[str, int]] = {
     "kube-apiserver": 2,
     "kube-controller-manager": 1,
     "kubelet": 1,
+    "kubelet-next": 1,
     "pause": 1,
 }
 """Each product's build revision, in its cached name: bumped whenever what is built for it changes, so that
@@ -43,6 +44,11 @@ only (empty strings in custom resources were rejected as null); 2: plus the kube
 The others started with both."""
 
 APISERVER_BUILD_REVISION: Final = BUILD_REVISIONS["kube-apiserver"]
+
+NEXT_KUBELET_VERSION: Final = "1.20.3-nodetaskd.1"
+"""The version string of ``kubelet-next``: the same source as ``kubelet``, built a second time with this
+version, so that a NodeUpgradeJob has a newer kubelet to install (semantically newer than
+:data:`KUBERNETES_VERSION`; the ``nodetaskd`` pre-release says it is no upstream release)."""
 
 _COMMANDS: Final = ("kube-apiserver", "kube-controller-manager", "kubelet")
 """Products that are ``cmd/<name>`` of the tree; the rest are compiled by :func:`_build_pause`."""
@@ -218,16 +224,27 @@ def _build(products: Sequence[str]) -> None:
         built.update(_make(tree, commands, log_path=log_path, started=started))
     for product, path in built.items():
         host.install_atomic(path, binary_path(product))
+    if "kubelet-next" in products:
+        # After the first build is installed: the second one writes the same _output/bin/kubelet, and
+        # Go's build cache makes it little more than a link.
+        next_kubelet = _make(
+            tree, ["kubelet"], log_path=work / "build-next.log", started=started, version=NEXT_KUBELET_VERSION
+        )
+        host.install_atomic(next_kubelet["kubelet"], binary_path("kubelet-next"))
     shutil.rmtree(work, ignore_errors=True)
     _log(f"built {', '.join(products)} in {_fmt_elapsed(time.monotonic() - started)}, cached in {host.cache_dir()}")
 
 
-def _make(tree: Path, commands: Sequence[str], *, log_path: Path, started: float) -> dict[str, Path]:
+def _make(
+    tree: Path, commands: Sequence[str], *, log_path: Path, started: float, version: str = KUBERNETES_VERSION
+) -> dict[str, Path]:
     # The kubernetes 1.20 build scripts expect a GOPATH with the tree at
     # k8s.io/kubernetes (what debian/rules sets up).
     gopath = tree / ".go"
-    (gopath / "src" / "k8s.io").mkdir(parents=True)
-    (gopath / "src" / "k8s.io" / "kubernetes").symlink_to(Path("../../.."))
+    link = gopath / "src" / "k8s.io" / "kubernetes"
+    if not link.is_symlink():
+        link.parent.mkdir(parents=True)
+        link.symlink_to(Path("../../.."))
     env = {
         **os.environ,
         "GOPATH": str(gopath),
@@ -235,8 +252,19 @@ def _make(tree: Path, commands: Sequence[str], *, log_path: Path, started: float
         "PATH": f"/usr/lib/go/bin:{os.environ.get('PATH', '/usr/bin:/bin')}",
         "GOFLAGS": "",
     }
+    if version != KUBERNETES_VERSION:
+        # hack/lib/version.sh stamps these into k8s.io/component-base/version (what `--version` and the
+        # Node's kubeletVersion report). From a file: the environment's KUBE_GIT_VERSION loses to the tag
+        # written into the script when the source was archived.
+        major, minor = version.split(".")[:2]
+        stamp = tree / ".nodetaskd-version"
+        stamp.write_text(
+            f"KUBE_GIT_COMMIT=''\nKUBE_GIT_TREE_STATE='archive'\nKUBE_GIT_VERSION='v{version}'\n"
+            f"KUBE_GIT_MAJOR='{major}'\nKUBE_GIT_MINOR='{minor}'\n"
+        )
+        env["KUBE_GIT_VERSION_FILE"] = str(stamp)
     what = " ".join(f"cmd/{c}" for c in commands)
-    _log(f"building {what} {KUBERNETES_VERSION} (about 5 minutes each on 2 cores; full log: {log_path})")
+    _log(f"building {what} {version} (about 5 minutes each on 2 cores; full log: {log_path})")
     _stream_build(
         ["make", f"WHAT={what}"],
         cwd=gopath / "src" / "k8s.io" / "kubernetes",
@@ -249,10 +277,9 @@ def _make(tree: Path, commands: Sequence[str], *, log_path: Path, started: float
         path = (tree / "_output" / "bin" / command).resolve()
         if not path.is_file():
             raise host.ControlPlaneError(f"build finished but {path} does not exist; see {log_path}")
-        version = host.run_quiet([str(path), "--version"], what=f"{command} --version").strip()
-        if version != f"Kubernetes v{KUBERNETES_VERSION}":
-            expected = f"Kubernetes v{KUBERNETES_VERSION}"
-            raise host.ControlPlaneError(f"built {command} reports {version!r}, expected {expected!r}")
+        reported = host.run_quiet([str(path), "--version"], what=f"{command} --version").strip()
+        if reported != f"Kubernetes v{version}":
+            raise host.ControlPlaneError(f"built {command} reports {reported!r}, expected 'Kubernetes v{version}'")
         built[command] = path
     return built
 
@@ -374,6 +401,7 @@ __all__ = [
     "BUILD_PACKAGES",
     "BUILD_REVISIONS",
     "KUBERNETES_VERSION",
+    "NEXT_KUBELET_VERSION",
     "binary_path",
     "ensure_built",
 ]

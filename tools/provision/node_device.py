@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -61,6 +62,8 @@ class Node:
     labels: dict[str, str]
     kubelet_args: list[str]
     detached: bool = False
+    supervised: bool = False
+    """The kubelet runs its own copy of the binary under ``supervise.py``, as a device's systemd runs it."""
     pids: dict[str, int] = field(default_factory=dict)
     _children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False, compare=False)
     _reaper: subprocess.Popen[bytes] | None = field(default=None, repr=False, compare=False)
@@ -73,6 +76,16 @@ class Node:
     def endpoint(self) -> str:
         """The CRI endpoint of the node's containerd."""
         return f"unix://{self.layout.socket}"
+
+    @property
+    def kubelet_binary(self) -> Path:
+        """The executable the kubelet is started from: the node's own copy when :attr:`supervised`."""
+        return self.state_dir / "kubelet" if self.supervised else self.tools.kubelet
+
+    @property
+    def kubelet_restart_command(self) -> list[str]:
+        """What restarts the supervised kubelet (``node.py restart-kubelet``), as ``systemctl restart`` does."""
+        return [sys.executable, str(Path(__file__).with_name("node.py")), "restart-kubelet", str(self.state_dir)]
 
     @property
     def healthz_url(self) -> str:
@@ -96,25 +109,12 @@ class Node:
 
     def images(self) -> set[str]:
         """The image references the node's containerd holds (CRI namespace ``k8s.io``), digests included."""
-        out = host.run_quiet(
-            [str(self.tools.ctr), f"--address={self.layout.socket}", "--namespace=k8s.io", "images", "list", "-q"],
-            what="ctr images list",
-        )
-        return set(out.split())
+        return node_host.ctr_images(self.tools.ctr, self.layout.socket)
 
     def tasks(self) -> dict[str, int]:
         """The containers running in the node's containerd now (CRI namespace ``k8s.io``): container ID to
         the PID of its first process. Sandboxes included."""
-        out = host.run_quiet(
-            [str(self.tools.ctr), f"--address={self.layout.socket}", "--namespace=k8s.io", "tasks", "list"],
-            what="ctr tasks list",
-        )
-        running = {}
-        for line in out.splitlines()[1:]:
-            fields = line.split()
-            if len(fields) >= 3 and fields[2] == "RUNNING":
-                running[fields[0]] = int(fields[1])
-        return running
+        return node_host.ctr_tasks(self.tools.ctr, self.layout.socket)
 
     # -- operations ------------------------------------------------------------------------------
 
@@ -142,14 +142,17 @@ class Node:
         if not self._alive("containerd"):
             raise host.ControlPlaneError(f"node {self.name}: containerd is not running; power the node on")
         argv = node_config.kubelet_flags(
-            self.tools.kubelet,
+            self.kubelet_binary,
             name=self.name,
             kubeconfig=self.kubeconfig,
             layout=self.layout,
             labels=self.labels,
             extra=self.kubelet_args,
         )
-        self._spawn("kubelet", node_host.in_mounts_of(argv, nsenter=self.tools.nsenter, pid=self.pids["containerd"]))
+        argv = node_host.in_mounts_of(argv, nsenter=self.tools.nsenter, pid=self.pids["containerd"])
+        if self.supervised:
+            argv = [sys.executable, str(Path(__file__).with_name("supervise.py")), "--", *argv]
+        self._spawn("kubelet", argv)
         self._save()
         self._wait("kubelet", KUBELET_READY_TIMEOUT, lambda: self.healthz()[0] == 200)
 
@@ -158,7 +161,11 @@ class Node:
         self._terminate("kubelet")
 
     def restart_kubelet(self) -> None:
-        """The kubelet alone stopped and started again (same directories, same containerd)."""
+        """The kubelet alone stopped and started again (same directories, same containerd); a supervised one
+        is asked to restart (SIGHUP to its supervisor), which it does from whatever :attr:`kubelet_binary` is."""
+        if self.supervised:
+            os.kill(self.pids["kubelet"], signal.SIGHUP)
+            return
         self.stop_kubelet()
         self.start_kubelet()
 
@@ -255,26 +262,14 @@ class Node:
         return True
 
     def _watch_over(self) -> None:
-        """Start the node's reaper: a process that stops the node should this one die without :meth:`stop`
-        (it reads its stdin to the end: a word means dismissed, nothing means its parent is gone). The
-        kernel ends containerd and the kubelet with their parent, but not the shims and containers."""
-        log = self.layout.log("reaper").open("ab")
-        with log:
-            self._reaper = subprocess.Popen(
-                [sys.executable, str(Path(__file__).with_name("node.py")), "reap", str(self.state_dir)],
-                stdin=subprocess.PIPE,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        self._reaper = node_host.start_reaper(
+            Path(__file__).with_name("node.py"), self.state_dir, self.layout.log("reaper")
+        )
 
     def _dismiss_reaper(self) -> None:
         reaper, self._reaper = self._reaper, None
-        if reaper is not None and reaper.stdin is not None:
-            with contextlib.suppress(BrokenPipeError):
-                reaper.stdin.write(b"dismissed\n")
-                reaper.stdin.close()
-            reaper.wait()
+        if reaper is not None:
+            node_host.dismiss_reaper(reaper)
 
     def _save(self) -> None:
         record = {
@@ -286,6 +281,7 @@ class Node:
             "healthz_port": self.healthz_port,
             "labels": self.labels,
             "kubelet_args": self.kubelet_args,
+            "supervised": self.supervised,
             "pids": self.pids,
             "tools": {k: str(v) for k, v in vars(self.tools).items() if isinstance(v, Path)},
             "images": {"pause": str(self.tools.images.pause), "web": str(self.tools.images.web)},
@@ -311,6 +307,7 @@ class Node:
                 labels=dict(raw["labels"]),
                 kubelet_args=list(raw["kubelet_args"]),
                 detached=True,
+                supervised=bool(raw.get("supervised", False)),
                 pids={k: int(v) for k, v in raw["pids"].items()},
             )
         except FileNotFoundError:
@@ -328,6 +325,8 @@ def start_node(
     labels: Mapping[str, str] | None = None,
     kubelet_args: Sequence[str] = (),
     detach: bool = False,
+    supervised: bool = False,
+    healthz_port: int = 0,
 ) -> Node:
     """Start node ``name`` with everything in ``state_dir`` (created, or empty), its kubelet using
     ``kubeconfig`` (any server URL); return once the kubelet's ``/healthz`` is ok.
@@ -335,7 +334,8 @@ def start_node(
     ``labels`` are the kubelet's ``--node-labels``; ``kubelet_args`` more kubelet flags. With
     ``detach=False`` (tests) the kernel also terminates containerd and the kubelet if the calling
     process dies without :meth:`Node.stop` (shims and containers then stay until a ``stop`` of the same
-    state directory); ``detach=True`` lets them outlive the caller.
+    state directory); ``detach=True`` lets them outlive the caller. ``supervised``: see :attr:`Node.supervised`;
+    ``healthz_port``: the kubelet's (0: a free one).
     """
     if len(name) > 63 or not _NODE_NAME.match(name):
         raise host.ControlPlaneError(f"{name!r} is not a valid node name (lower-case letters, digits, - and .)")
@@ -351,7 +351,7 @@ def start_node(
     for directory in (layout.containerd_dir, layout.cni_conf_dir, layout.ipam_dir, layout.kubelet_cert_dir):
         directory.mkdir(parents=True)
     network = node_host.claim_network(layout.state_dir, pids=[os.getpid()])
-    kubelet_port, healthz_port = ports.free_ports(2)
+    kubelet_port, free = ports.free_ports(2)
     node = Node(
         name=name,
         layout=layout,
@@ -360,15 +360,18 @@ def start_node(
         network=network,
         cgroup_root=node_host.cgroup_root(name, layout.state_dir),
         kubelet_port=kubelet_port,
-        healthz_port=healthz_port,
+        healthz_port=healthz_port or free,
         labels=dict(labels or {}),
         kubelet_args=list(kubelet_args),
         detached=detach,
+        supervised=supervised,
     )
+    if supervised:
+        shutil.copy2(tools.kubelet, node.kubelet_binary)
     host.write_atomic(layout.containerd_config, node_config.containerd_toml(layout))
     host.write_atomic(layout.cni_conf_dir / "10-nodetaskd.conflist", node_config.cni_conflist(network, layout))
     kubelet_config = node_config.kubelet_configuration(
-        port=kubelet_port, healthz_port=healthz_port, cgroup_root=node.cgroup_root, layout=layout
+        port=kubelet_port, healthz_port=node.healthz_port, cgroup_root=node.cgroup_root, layout=layout
     )
     host.write_atomic(layout.kubelet_config, kubelet_config)
     try:

@@ -16,6 +16,8 @@ import json
 import os
 import shlex
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -271,3 +273,47 @@ __all__ = [
     "shim_pids",
     "update_claim",
 ]
+
+
+def start_reaper(node_py: Path, state_dir: Path, log_path: Path) -> subprocess.Popen[bytes]:
+    """A node's reaper: a process that stops the node should its starter die without stopping it (it
+    reads its stdin to the end: a word means dismissed, nothing means its parent is gone). The kernel
+    ends containerd and the kubelet with their parent, but not the shims and containers."""
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            [sys.executable, str(node_py), "reap", str(state_dir)],
+            stdin=subprocess.PIPE,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+
+def dismiss_reaper(reaper: subprocess.Popen[bytes]) -> None:
+    """Tell a reaper the node was stopped as it should be, and wait for it to go."""
+    if reaper.stdin is not None:
+        with contextlib.suppress(BrokenPipeError):
+            reaper.stdin.write(b"dismissed\n")
+            reaper.stdin.close()
+    reaper.wait()
+
+
+def ctr_images(ctr: Path, socket: Path) -> set[str]:
+    """The image references a node's containerd holds (CRI namespace ``k8s.io``), digests included."""
+    out = host.run_quiet(
+        [str(ctr), f"--address={socket}", "--namespace=k8s.io", "images", "list", "-q"], what="ctr images list"
+    )
+    return set(out.split())
+
+
+def ctr_tasks(ctr: Path, socket: Path) -> dict[str, int]:
+    """The containers a node's containerd runs now (CRI namespace ``k8s.io``): ID to its first process's PID."""
+    out = host.run_quiet(
+        [str(ctr), f"--address={socket}", "--namespace=k8s.io", "tasks", "list"], what="ctr tasks list"
+    )
+    running = {}
+    for line in out.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) >= 3 and fields[2] == "RUNNING":
+            running[fields[0]] = int(fields[1])
+    return running

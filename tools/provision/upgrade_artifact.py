@@ -11,6 +11,10 @@ version always give the same digests. Usage::
     python3 tools/provision/upgrade_artifact.py 127.0.0.1:5000/nodetaskd/agent v0.2.0
     python3 tools/provision/upgrade_artifact.py 127.0.0.1:5000/nodetaskd/agent v0.9.0 --broken   # fails at start
     python3 tools/provision/upgrade_artifact.py 127.0.0.1:5000/nodetaskd/agent v0.2.0 --index    # amd64 + arm64 index
+    python3 tools/provision/upgrade_artifact.py 127.0.0.1:5000/nodetaskd/kubelet v1.20.3 --kubelet ./kubelet
+
+A kubelet artifact (``--kubelet``) holds ``VERSION`` and the executable ``kubelet`` instead of the packages;
+``--kubelet-broken`` pushes a kubelet that answers ``--version`` and exits at once otherwise.
 
 It prints the digest of what the tag names. Plain HTTP is used for loopback registries (the
 test and demo ones), HTTPS otherwise; pushes are anonymous, or carry a bearer token the caller got
@@ -60,21 +64,44 @@ def _files(root: Path) -> Iterator[tuple[str, Path]]:
                 yield path.relative_to(root).as_posix(), path
 
 
-def build_layer(version: str, *, root: Path = ROOT, broken: bool = False) -> tuple[bytes, str]:
-    """The gzip layer of the artifact and the digest of its uncompressed tar (the image's diff ID)."""
+def _layer(entries: Iterator[tuple[str, bytes, int]], *, level: int = 9) -> tuple[bytes, str]:
+    """A reproducible gzip layer of ``(name, data, mode)`` entries and its diff ID (the uncompressed tar's digest)."""
     raw = io.BytesIO()
     with tarfile.open(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-
-        def add(name: str, data: bytes) -> None:
+        for name, data, mode in entries:
             info = tarfile.TarInfo(name)
-            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            info.size, info.mode, info.mtime = len(data), mode, 0
             tar.addfile(info, io.BytesIO(data))
-
-        add("VERSION", f"{version}\n".encode())
-        for name, path in _files(root):
-            add(name, BROKEN_CLI.encode() if broken and name == "roles/cli/main.py" else path.read_bytes())
     tar_bytes = raw.getvalue()
-    return gzip.compress(tar_bytes, mtime=0), _digest(tar_bytes)
+    return gzip.compress(tar_bytes, compresslevel=level, mtime=0), _digest(tar_bytes)
+
+
+def build_layer(version: str, *, root: Path = ROOT, broken: bool = False) -> tuple[bytes, str]:
+    """The gzip layer of the agent's artifact and the digest of its uncompressed tar (the image's diff ID)."""
+
+    def entries() -> Iterator[tuple[str, bytes, int]]:
+        yield "VERSION", f"{version}\n".encode(), 0o644
+        for name, path in _files(root):
+            yield name, BROKEN_CLI.encode() if broken and name == "roles/cli/main.py" else path.read_bytes(), 0o644
+
+    return _layer(entries())
+
+
+def broken_kubelet(version: str) -> bytes:
+    """A kubelet that passes the agent's ``--version`` check and exits at once when started as a kubelet."""
+    return (
+        "#!/bin/sh\n"
+        "# A deliberately broken kubelet build (tools/provision/upgrade_artifact.py --kubelet-broken).\n"
+        f'if [ "$1" = --version ]; then echo "Kubernetes {version}"; exit 0; fi\n'
+        'echo "this kubelet build is broken on purpose" >&2\n'
+        "exit 1\n"
+    ).encode()
+
+
+def build_kubelet_layer(version: str, kubelet: bytes) -> tuple[bytes, str]:
+    """The gzip layer of a kubelet artifact: ``VERSION`` and the executable ``kubelet``, and its diff ID."""
+    # Level 1: a kubelet is 100+ MB, and level 9 takes ten times as long for a few per cent.
+    return _layer(iter((("VERSION", f"{version}\n".encode(), 0o644), ("kubelet", kubelet, 0o755))), level=1)
 
 
 class _Registry:
@@ -142,18 +169,23 @@ def push(
     arch: str = "amd64",
     root: Path = ROOT,
     token: str = "",
+    kubelet: bytes | None = None,
 ) -> str:
     """Build the artifact of ``root`` at ``version`` and push it as ``{image}:{version}``; returns the tag's digest.
 
     ``image`` is ``host[:port]/repository``. With ``index`` the tag names an OCI index of one image
     per architecture (amd64 and arm64, the same layer); otherwise one image for ``arch``. ``token``
-    is a bearer token granting push (and pull) on the repository, sent with every request.
+    is a bearer token granting push (and pull) on the repository, sent with every request. With
+    ``kubelet`` (an executable's bytes) the artifact is a kubelet's instead of the agent's.
     """
     host, _, repository = image.partition("/")
     if not repository:
         raise PushError(f"image {image!r} has no registry host")
     registry = _Registry(host, repository, token)
-    layer, diff_id = build_layer(version, root=root, broken=broken)
+    if kubelet is not None:
+        layer, diff_id = build_kubelet_layer(version, kubelet)
+    else:
+        layer, diff_id = build_layer(version, root=root, broken=broken)
     if not index:
         return registry.manifest(version, _image_manifest(registry, layer, diff_id, arch), OCI_MANIFEST)
     entries = []
@@ -178,9 +210,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("version", help="the version (tag, and the VERSION file), e.g. v0.2.0")
     parser.add_argument("--broken", action="store_true", help="a build whose roles/cli/main.py raises at start")
     parser.add_argument("--index", action="store_true", help="push an amd64 + arm64 index")
+    parser.add_argument("--kubelet", type=Path, help="push a kubelet artifact of this executable instead")
+    parser.add_argument("--kubelet-broken", action="store_true", help="push a kubelet that exits at once")
     args = parser.parse_args(argv)
+    kubelet = broken_kubelet(args.version) if args.kubelet_broken else None
     try:
-        print(push(args.image, args.version, broken=args.broken, index=args.index))
+        if args.kubelet is not None:
+            kubelet = args.kubelet.read_bytes()
+        print(push(args.image, args.version, broken=args.broken, index=args.index, kubelet=kubelet))
+    except OSError as exc:
+        print(f"upgrade_artifact: error: cannot read {args.kubelet}: {exc}", file=sys.stderr)
+        return 1
     except PushError as exc:
         print(f"upgrade_artifact: error: {exc}", file=sys.stderr)
         return 1
