@@ -8,6 +8,7 @@ parses it at every use and silently treats garbage as 0.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated
 
 import msgspec
@@ -206,6 +207,15 @@ class ImageDigestGetter(ApiStruct, frozen=True):
     registry_api: RegistryAPI | None = msgspec.field(default=None, name="registryAPI")
 
 
+class UpgradeComponent(StrEnum):
+    """What a NodeUpgradeJob upgrades on its nodes (nodetaskd's addition; absent means the agent, as in KubeEdge)."""
+
+    NODETASKD = "nodetaskd"
+    """The edge agent itself, under its launcher."""
+    KUBELET = "kubelet"
+    """The node's kubelet, under whatever supervises it on the device (the agent's ``kubelet`` settings)."""
+
+
 class NodeUpgradeJobSpec(ApiStruct, frozen=True):
     version: str = ""
     timeout_seconds: UInt32 | None = None
@@ -217,6 +227,11 @@ class NodeUpgradeJobSpec(ApiStruct, frozen=True):
     check_items: tuple[str, ...] = ()
     failure_tolerate: Tolerance | None = None
     require_confirmation: bool = False
+    component: UpgradeComponent = UpgradeComponent.NODETASKD
+    """nodetaskd's addition: ``kubelet`` upgrades the node's kubelet instead of the agent."""
+    allow_downgrade: bool = False
+    """nodetaskd's addition, for ``component: kubelet``: install a version older than the running one
+    (refused otherwise). The key of KubeEdge's samples, which its types no longer read."""
 
     def __post_init__(self) -> None:
         parse_tolerance(self.failure_tolerate)

@@ -37,8 +37,32 @@ def not_found(name: str) -> str:
     return f'failed to get node, err: nodes "{name}" not found'
 
 
-def already_at(version: str) -> str:
+def already_at(version: str, component: v1alpha2.UpgradeComponent = v1alpha2.UpgradeComponent.NODETASKD) -> str:
+    if component is v1alpha2.UpgradeComponent.KUBELET:
+        return f"the node's kubelet already runs version {version}"
     return f"the node already runs version {version}"
+
+
+@dataclass(frozen=True, slots=True)
+class UpgradeTarget:
+    """What a NodeUpgradeJob installs: a node already running it is Successful at selection."""
+
+    version: str
+    component: v1alpha2.UpgradeComponent
+
+    def reached_by(self, node: Node) -> bool:
+        """Whether ``node`` runs it: the agent's version annotation, or the kubelet's own ``kubeletVersion``."""
+        if self.component is v1alpha2.UpgradeComponent.KUBELET:
+            info = node.status.node_info
+            return info is not None and info.kubelet_version == self.version
+        return node.metadata.annotations.get(AGENT_VERSION_ANNOTATION) == self.version
+
+
+def upgrade_target(job: v1alpha2.NodeJob) -> UpgradeTarget | None:
+    """The version an upgrade job installs, and on what; None for the other job types."""
+    if isinstance(job, v1alpha2.NodeUpgradeJob) and job.spec.version:
+        return UpgradeTarget(job.spec.version, job.spec.component)
+    return None
 
 
 class SelectionError(ValueError):
@@ -73,21 +97,21 @@ def select_nodes(job: v1alpha2.NodeJob, nodes: Mapping[str, Node]) -> list[Selec
             raise SelectionError(NO_MATCH)
     else:
         names = list(dict.fromkeys(t.node_names))
-    target = job.spec.version if isinstance(job, v1alpha2.NodeUpgradeJob) else ""
+    target = upgrade_target(job)
     return [verdict(name, nodes.get(name), target) for name in names]
 
 
-def verdict(name: str, node: Node | None, target_version: str) -> Selected:
+def verdict(name: str, node: Node | None, target: UpgradeTarget | None) -> Selected:
     """A selected node's initial entry: Failure if it is gone, not an edge or not ready; Successful if
-    it already runs ``target_version`` (an upgrade's); else Pending."""
+    it already runs an upgrade's ``target``; else Pending."""
     if node is None:
         return Selected(name, NodeTaskPhase.FAILURE, not_found(name))
     if not node.is_edge:
         return Selected(name, NodeTaskPhase.FAILURE, NOT_EDGE)
     if not node.is_ready:
         return Selected(name, NodeTaskPhase.FAILURE, NOT_READY)
-    if target_version and node.metadata.annotations.get(AGENT_VERSION_ANNOTATION) == target_version:
-        return Selected(name, NodeTaskPhase.SUCCESSFUL, already_at(target_version))
+    if target is not None and target.reached_by(node):
+        return Selected(name, NodeTaskPhase.SUCCESSFUL, already_at(target.version, target.component))
     return Selected(name, NodeTaskPhase.PENDING)
 
 

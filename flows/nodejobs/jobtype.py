@@ -67,13 +67,14 @@ def rollback_is_failure(roll_back: str, reason: str) -> Callable[[Flow, ActionRe
     """A verdict where a completed ``roll_back`` action ends the node task as a failure.
 
     KubeEdge counts a successful rollback as a successful node task, which hides a change that did
-    not happen inside a Completed job; nodetaskd reports it as Failure with ``reason``.
+    not happen inside a Completed job; nodetaskd reports it as Failure with ``reason``, followed by the
+    rollback's own reason when it gives one (what failed).
     """
 
     def verdict(flow: Flow, result: ActionResult) -> Verdict:
         if result.action == roll_back and result.succ:
             flow.step(result.action)
-            return Verdict(NodeTaskPhase.FAILURE, reason)
+            return Verdict(NodeTaskPhase.FAILURE, f"{reason}: {result.reason}" if result.reason else reason)
         return default_verdict(flow, result)
 
     return verdict

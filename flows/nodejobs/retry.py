@@ -99,7 +99,7 @@ def retried(kind: Kind, job: v1alpha2.NodeJob, nodes: Mapping[str, Node], *, now
         return _owing(job, refused)
     attempt = before.attempt + 1
     stamp = format_time(now)
-    target = job.spec.version if isinstance(job, v1alpha2.NodeUpgradeJob) else ""
+    target = decide.upgrade_target(job)
     entries: list[v1alpha2.NodeTaskStatus] = []
     pending: list[str] = []
     settled: list[str] = []

@@ -16,7 +16,7 @@ import msgspec
 from nodetask.names import clip, object_name_problem
 from roles.common.config_types import BaseConfig, LoopbackPort, Percent, Seconds
 
-__all__ = ["AutonomyConfig", "DiagnosisConfig", "EdgeConfig", "LocalApiConfig", "ScriptsConfig"]
+__all__ = ["AutonomyConfig", "DiagnosisConfig", "EdgeConfig", "KubeletConfig", "LocalApiConfig", "ScriptsConfig"]
 
 _SHA256: Final = re.compile(r"[0-9a-fA-F]{64}")
 
@@ -63,6 +63,39 @@ class NodeApiConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", f
     are; empty: ``<dataDir>/node-credentials``."""
     server_name: str = "kubernetes.default.svc"
     """The name the API server's certificate must carry."""
+
+
+class KubeletConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True):
+    """The node's kubelet, for NodeUpgradeJobs with ``component: kubelet`` (``roles.edge.kubelet``).
+
+    Off by default (no ``binary``): a job that names the kubelet then fails its Check naming this setting.
+    Not updatable by a ConfigUpdateJob: whoever may create jobs must not choose what the device runs as root."""
+
+    binary: str = ""
+    """The kubelet's executable, as its supervisor starts it (absolute). An upgrade replaces it whole (a
+    rename in its directory), after keeping the running one under ``<dataDir>/kubelet/backup``."""
+    restart_command: tuple[str, ...] = ()
+    """The command (argv, no shell) that restarts the kubelet under its supervisor, e.g.
+    ``[systemctl, restart, kubelet]``; required with ``binary``."""
+    healthz_url: str = "http://127.0.0.1:10248/healthz"
+    """The kubelet's health endpoint (its ``healthzBindAddress`` and ``healthzPort``), on this device."""
+    health_deadline: Seconds = 120.0
+    """How long a restarted kubelet may take to answer ``healthz`` and post its Node Ready (with the version
+    the upgrade installed) before the upgrade is rolled back."""
+    upgrade_image: str = ""
+    """Repository of kubelet artifacts (``{upgradeImage}:{version}``) for jobs without ``spec.image``."""
+
+    def __post_init__(self) -> None:
+        if self.binary and not self.binary.startswith("/"):
+            raise ValueError(f"kubelet.binary {clip(self.binary)!r} is not an absolute path")
+        if self.binary and not self.restart_command:
+            raise ValueError("kubelet.restartCommand is empty: say how the kubelet's supervisor restarts it")
+        if not self.healthz_url.startswith(("http://", "https://")):
+            raise ValueError(f"kubelet.healthzUrl {clip(self.healthz_url)!r} is not an http(s) URL")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.binary)
 
 
 class AutonomyConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True):
@@ -196,6 +229,8 @@ class EdgeConfig(BaseConfig, frozen=True, kw_only=True):
     ConfigUpdateJob: whoever may create jobs must not open it on every device."""
     autonomy: AutonomyConfig = AutonomyConfig()
     """Edge autonomy's settings. Not updatable by a ConfigUpdateJob (nothing in it needs to be)."""
+    kubelet: KubeletConfig = KubeletConfig()
+    """The node's kubelet, which NodeUpgradeJobs may upgrade once ``kubelet.binary`` is set; off by default."""
 
     diagnosis: DiagnosisConfig = DiagnosisConfig()
     """What diagnosis processors may do here; closed by default. Not updatable by a ConfigUpdateJob."""

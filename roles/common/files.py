@@ -36,6 +36,16 @@ def write_atomically(path: Path, data: bytes, *, mode: int | None = None, replac
         os.fsync(out.fileno())
 
 
+def copy_atomically(source: Path, path: Path, *, mode: int) -> None:
+    """Replace ``path`` with a copy of ``source`` (an executable being swapped, a backup being kept)."""
+    with _replacing(path) as (fd, _), os.fdopen(fd, "wb") as out, source.open("rb") as src:
+        os.fchmod(out.fileno(), mode)
+        while chunk := src.read(1 << 20):
+            out.write(chunk)
+        out.flush()
+        os.fsync(out.fileno())
+
+
 def link_atomically(path: Path, target: str) -> None:
     """Point the symbolic link ``path`` at ``target``, replacing whatever ``path`` was."""
     with _replacing(path) as (fd, temporary):

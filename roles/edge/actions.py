@@ -22,10 +22,11 @@ from roles.edge import processors
 from roles.edge.checks.checks import run_checks
 from roles.edge.config_update import config_update
 from roles.edge.context import Action, Actions, Outcome, TaskContext, take_exclusive
+from roles.edge.kubelet import upgrade as kubelet_upgrade
 from roles.edge.processors import ProcessorEnv, ProcessorOutcome
 from roles.edge.upgrade import upgrade
 from schemas.processors import Processor
-from schemas.v1alpha2 import ImageStatus
+from schemas.v1alpha2 import ImageStatus, UpgradeComponent
 from schemas.version_rule import is_version
 
 __all__ = ["PullImages", "RunProcessor", "build_actions", "diagnosis_run"]
@@ -86,10 +87,20 @@ def _upgrade_check(*, find_artifact: Callable[[TaskContext], Awaitable[Outcome |
         checked = await _checks(ctx, ctx.spec.check_items)
         if not checked.succ:
             return checked
-        if find_artifact is not None and (missing := await find_artifact(ctx)) is not None:
-            return missing
+        find = kubelet_upgrade.check if ctx.spec.component is UpgradeComponent.KUBELET else find_artifact
+        if find is not None and (refused := await find(ctx)) is not None:
+            return refused
         # Last, so that a failed check never holds the node's slot.
         return await take_exclusive(ctx) or Outcome(True)
+
+    return action
+
+
+def _by_component(agent: Action, kubelet: Action) -> Action:
+    """A NodeUpgradeJob step: the agent's own, or the kubelet's for ``component: kubelet``."""
+
+    async def action(ctx: TaskContext) -> Outcome:
+        return await (kubelet if ctx.spec.component is UpgradeComponent.KUBELET else agent)(ctx)
 
     return action
 
@@ -135,7 +146,8 @@ def build_actions(
 
     ``self_upgrade`` says whether the agent can restart onto another installed version, which
     only its launcher can do (None: whether the launcher started this process). Without it the
-    NodeUpgradeJob still runs Check and WaitingConfirmation, and then fails with that reason.
+    NodeUpgradeJob still runs Check and WaitingConfirmation, and then fails with that reason. A
+    NodeUpgradeJob with ``component: kubelet`` needs no launcher (:mod:`roles.edge.kubelet.upgrade`).
     ``diagnosis`` is what diagnosis processors may use; without it, Tasks fail saying so.
     """
     if self_upgrade is None:
@@ -153,9 +165,15 @@ def build_actions(
             find_artifact=upgrade.find_artifact if self_upgrade else None
         ),
         (node_upgrade, nodeupgradejob.WAITING_CONFIRMATION): _waiting_confirmation,
-        (node_upgrade, nodeupgradejob.BACK_UP): upgrade.back_up if self_upgrade else no_upgrade,
-        (node_upgrade, nodeupgradejob.UPGRADE): upgrade.upgrade if self_upgrade else no_upgrade,
-        (node_upgrade, nodeupgradejob.ROLL_BACK): upgrade.roll_back if self_upgrade else no_upgrade,
+        (node_upgrade, nodeupgradejob.BACK_UP): _by_component(
+            upgrade.back_up if self_upgrade else no_upgrade, kubelet_upgrade.back_up
+        ),
+        (node_upgrade, nodeupgradejob.UPGRADE): _by_component(
+            upgrade.upgrade if self_upgrade else no_upgrade, kubelet_upgrade.upgrade
+        ),
+        (node_upgrade, nodeupgradejob.ROLL_BACK): _by_component(
+            upgrade.roll_back if self_upgrade else no_upgrade, kubelet_upgrade.roll_back
+        ),
         (config, configupdatejob.CHECK): config_update.check,
         (config, configupdatejob.BACK_UP): config_update.back_up,
         (config, configupdatejob.UPDATE): config_update.update,

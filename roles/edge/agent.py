@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from typing import Final, final
+from typing import Any, Final, final
 
 import anyio
 import anyio.abc
@@ -163,6 +163,7 @@ class EdgeAgent:
             send_now=self._hub.send_now,
             log=self._log,
             ended=self._forget_credentials,
+            read_node=self._own_node,
         )
 
     @property
@@ -190,6 +191,12 @@ class EdgeAgent:
 
     def _forget_credentials(self, job_uid: str) -> None:
         self._credentials.pop(job_uid, None)
+
+    async def _own_node(self) -> Mapping[str, Any] | None:
+        """This device's Node as the cache holds it (None before :meth:`run` has opened the cache)."""
+        if self._autonomy is None:
+            return None
+        return await self._autonomy.cache.get("Node", "", self.settings.node)
 
     async def status(self) -> Mapping[str, str]:
         """The agent's own state, for the ``agent.status`` diagnosis collector: ``version``, ``node``,

@@ -38,6 +38,8 @@ class TaskContext(msgspec.Struct, frozen=True):
     health_deadline: float = 60.0
     wait_connected: Callable[[float], Awaitable[bool]] | None = None
     """Whether the agent reaches a hub within the given seconds: the health check after a restart."""
+    read_node: Callable[[], Awaitable[Mapping[str, Any] | None]] | None = None
+    """The device's own Node as its cache holds it: the health check after a kubelet restart."""
 
 
 Action = Callable[[TaskContext], Awaitable[Outcome]]

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Final, NoReturn, final
+from typing import Any, Final, NoReturn, final
 
 import anyio
 import anyio.abc
@@ -79,9 +79,11 @@ class TaskRunner:
         send_now: Callable[[Upstream], Awaitable[None]],
         log: Log,
         ended: Callable[[str], object] = lambda job_uid: None,
+        read_node: Callable[[], Awaitable[Mapping[str, Any] | None]] | None = None,
     ) -> None:
         """``ended`` is called with a task's job UID once the task has ended (not when it pauses for a
-        confirmation, stalls on its store or is left for a restart)."""
+        confirmation, stalls on its store or is left for a restart); ``read_node`` reads the device's own
+        Node from its cache, for actions that judge the kubelet."""
         self._settings = settings
         self._store = store
         self._actions = actions
@@ -92,6 +94,7 @@ class TaskRunner:
         self._send_now = send_now
         self._log = log
         self._ended = ended
+        self._read_node = read_node
         self._work: anyio.abc.TaskGroup | None = None
         self._running: dict[str, _Walk] = {}
         self._turns: Mapping[str, Turns] = {
@@ -223,6 +226,7 @@ class TaskRunner:
             config_file=settings.config_file,
             health_deadline=settings.health_deadline,
             wait_connected=self._wait_connected,
+            read_node=self._read_node,
         )
 
     async def _walk_task(self, job_uid: str) -> bool:
@@ -299,7 +303,8 @@ class TaskRunner:
             action=action,
             succ=outcome.succ,
             finish_time=self._clock.stamp(),
-            reason="" if outcome.succ else outcome.reason or f"action {action} failed",
+            # A success may say something too (a rollback: what it undid and why); a failure always does.
+            reason=outcome.reason if outcome.succ else outcome.reason or f"action {action} failed",
             extend=outcome.extend,
         )
         # Shielded: a Cancel arriving mid-write must not leave a result unreported.

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -49,16 +50,23 @@ def node_api(port: int) -> dict[str, object]:
 
 
 @asynccontextmanager
-async def device_node(cp: ControlPlane, home: Path, name: str, port: int) -> AsyncIterator[Node]:
+async def device_node(
+    cp: ControlPlane, home: Path, name: str, port: int, *, supervised: bool = False, healthz_port: int = 0
+) -> AsyncIterator[Node]:
     """The kubelet of node ``name`` talking to the agent's ``nodeApi`` on ``port``, once its Node is Ready
-    and labelled an edge node; stopped, and its Node deleted, at the end."""
+    and labelled an edge node; stopped, and its Node deleted, at the end. ``supervised`` and
+    ``healthz_port`` are :func:`start_node`'s."""
     tools = await anyio.to_thread.run_sync(ensure_node_tools)
     kubeconfig = home / "kubelet.kubeconfig"
     kubeconfig.write_text(plain_kubeconfig(f"http://127.0.0.1:{port}"))
     # The kubelet registers its own Node (kubelet 1.20 panics taking over one made without its capacity),
     # and may not give it the edge-role label itself (a kubelet may set no node-role.kubernetes.io label).
     cp.kubectl("delete", "node", name, "--ignore-not-found")
-    node = await anyio.to_thread.run_sync(start_node, node_dir(home), name, kubeconfig, tools)
+    node = await anyio.to_thread.run_sync(
+        functools.partial(
+            start_node, node_dir(home), name, kubeconfig, tools, supervised=supervised, healthz_port=healthz_port
+        )
+    )
     try:
         await eventually("Node Ready through the agent", lambda: ready_node(cp, name))
         cp.kubectl("label", "node", name, f"{EDGE_ROLE_LABEL}=")

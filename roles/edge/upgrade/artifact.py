@@ -69,7 +69,8 @@ LAYERS: Final = frozenset(
 MAX_MANIFEST_BYTES: Final = 4 << 20
 VERSION_FILE: Final = "VERSION"
 PACKAGES: Final = ("nodetask", "roles", "flows", "schemas")
-"""What an artifact must hold besides ``VERSION``: the agent's own packages."""
+AGENT_FILES: Final = tuple(f"{package}/__init__.py" for package in PACKAGES)
+"""What an agent artifact must hold besides ``VERSION``: the agent's own packages."""
 
 # Python's machine names to Go's GOARCH, the names image platforms and imageDigestGatter use.
 _GOARCH: Final = {
@@ -317,19 +318,19 @@ def _extract(archive: Path, target: Path) -> None:
         tar.extractall(target, members=members, filter="data")
 
 
-def _verify_tree(tree: Path, version: str) -> None:
+def _verify_tree(tree: Path, version: str, required: tuple[str, ...]) -> None:
     try:
         found = (tree / VERSION_FILE).read_text().strip()
     except OSError:
         raise ArtifactError(f"the artifact has no {VERSION_FILE} file: it is not an upgrade artifact") from None
     if found != version:
         raise ArtifactError(f"the artifact holds version {found!r}, not {version!r}")
-    missing = [p for p in PACKAGES if not (tree / p / "__init__.py").is_file()]
+    missing = [name for name in required if not (tree / name).is_file()]
     if missing:
-        raise ArtifactError(f"the artifact lacks the package(s) {', '.join(missing)}")
+        raise ArtifactError(f"the artifact lacks {', '.join(missing)}")
 
 
-def _install(resolved: Resolved, versions: Path, version: str) -> Path:
+def _install(resolved: Resolved, versions: Path, version: str, required: tuple[str, ...]) -> Path:
     target = versions / version
     stamp = target / ".artifact"
     if stamp.is_file() and json.loads(stamp.read_text()).get("layer") == resolved.layer.digest:
@@ -349,7 +350,7 @@ def _install(resolved: Resolved, versions: Path, version: str) -> Path:
             _extract(archive, tree)
         except (tarfile.TarError, OSError) as exc:
             raise ArtifactError(f"cannot unpack layer {resolved.layer.digest}: {exc}") from None
-        _verify_tree(tree, version)
+        _verify_tree(tree, version, required)
         (tree / ".artifact").write_text(
             json.dumps({"image": str(resolved.ref), "digest": resolved.digest, "layer": resolved.layer.digest})
         )
@@ -365,8 +366,11 @@ def _install(resolved: Resolved, versions: Path, version: str) -> Path:
     return target
 
 
-async def install(resolved: Resolved, versions: Path, version: str) -> Path:
+async def install(resolved: Resolved, versions: Path, version: str, *, required: tuple[str, ...] = AGENT_FILES) -> Path:
     """Download, verify and unpack the artifact into ``versions/<version>``; returns that directory.
+
+    ``required`` are the files it must hold besides ``VERSION`` (the agent's packages; a kubelet
+    artifact's ``kubelet``).
 
     The tree is unpacked in a temporary directory beside it and renamed into place, so
     ``versions/<version>`` is either absent or complete. Idempotent: a version already installed
@@ -374,4 +378,4 @@ async def install(resolved: Resolved, versions: Path, version: str) -> Path:
 
     Errors: :class:`ArtifactError`.
     """
-    return await anyio.to_thread.run_sync(_install, resolved, versions, version)
+    return await anyio.to_thread.run_sync(_install, resolved, versions, version, required)

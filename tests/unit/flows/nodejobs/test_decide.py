@@ -11,7 +11,7 @@ from flows.nodejobs import decide
 from nodetask.phases import ConditionStatus, JobPhase, NodeTaskPhase
 from schemas import v1alpha2
 from schemas.access import counted
-from schemas.core import AGENT_VERSION_ANNOTATION, EDGE_ROLE_LABEL, Node, NodeCondition, NodeStatus
+from schemas.core import AGENT_VERSION_ANNOTATION, EDGE_ROLE_LABEL, Node, NodeCondition, NodeStatus, NodeSystemInfo
 from schemas.kinds import CONFIG_UPDATE_JOB, IMAGE_PRE_PULL_JOB, NODE_UPGRADE_JOB
 from schemas.meta import ObjectMeta
 
@@ -94,6 +94,24 @@ def test_node_already_at_target_version_is_successful() -> None:
     entries = decide.initial_status(NODE_UPGRADE_JOB, upgrade_job(nodeNames=["new", "old"]), nodes).node_status
     assert [(e.phase, e.reason) for e in entries] == [
         (NodeTaskPhase.SUCCESSFUL, "the node already runs version v1.21.0"),
+        (NodeTaskPhase.PENDING, ""),
+    ]
+
+
+def test_a_kubelet_upgrade_skips_a_node_by_its_kubelet_version_not_its_agents() -> None:
+    """With ``component: kubelet`` the Node's ``kubeletVersion`` decides, whatever the agent's annotation says."""
+    at = msgspec.structs.replace(
+        node("at", version="v1.20.0"),
+        status=NodeStatus(
+            conditions=(NodeCondition(type="Ready", status="True"),),
+            node_info=NodeSystemInfo(kubelet_version="v1.21.0"),
+        ),
+    )
+    nodes = {"at": at, "agent-only": node("agent-only", version="v1.21.0")}
+    job = upgrade_job(nodeNames=["at", "agent-only"], component="kubelet")
+    entries = decide.initial_status(NODE_UPGRADE_JOB, job, nodes).node_status
+    assert [(e.phase, e.reason) for e in entries] == [
+        (NodeTaskPhase.SUCCESSFUL, "the node's kubelet already runs version v1.21.0"),
         (NodeTaskPhase.PENDING, ""),
     ]
 

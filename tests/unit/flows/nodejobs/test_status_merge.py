@@ -77,6 +77,19 @@ def test_failed_upgrade_then_rollback_is_a_failure_saying_so() -> None:
     assert rolled.current_version == "v1.20.0"
 
 
+def test_a_rollback_that_says_what_failed_carries_it_into_the_nodes_reason() -> None:
+    """A kubelet rollback's own reason (what was not healthy) follows the fixed text."""
+    jt = nodeupgradejob.JOB_TYPE
+    entry = apply_result(jt, _upgrade_entry(), _fail("Upgrade", "healthz does not answer"), now=NOW) or _upgrade_entry()
+    said = ActionResult(
+        action="RollBack", succ=True, finish_time="2026-11-25T09:00:00Z", reason="kubelet v1 runs again, v2 failed: x"
+    )
+    rolled = apply_result(jt, entry, said, now=NOW)
+    assert rolled is not None
+    assert rolled.phase is NodeTaskPhase.FAILURE
+    assert rolled.reason == "the upgrade failed and the node was rolled back: kubelet v1 runs again, v2 failed: x"
+
+
 def test_config_update_rollback_is_a_failure() -> None:
     """A config update that was rolled back did not happen: the node is Failure."""
     jt = configupdatejob.JOB_TYPE

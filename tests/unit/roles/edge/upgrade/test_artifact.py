@@ -206,9 +206,11 @@ def test_the_artifact_tool_builds_a_reproducible_layer_of_this_project(tmp_path:
     assert upgrade_artifact.build_layer("v0.2.0") == (first, diff_id)
     (tmp_path / "layer.tar.gz").write_bytes(first)
     artifact._extract(tmp_path / "layer.tar.gz", tmp_path)
-    artifact._verify_tree(tmp_path, "v0.2.0")
+    artifact._verify_tree(tmp_path, "v0.2.0", artifact.AGENT_FILES)
     with pytest.raises(ArtifactError, match=r"holds version 'v0\.2\.0', not 'v0\.3\.0'"):
-        artifact._verify_tree(tmp_path, "v0.3.0")
+        artifact._verify_tree(tmp_path, "v0.3.0", artifact.AGENT_FILES)
+    with pytest.raises(ArtifactError, match=r"the artifact lacks kubelet$"):
+        artifact._verify_tree(tmp_path, "v0.2.0", ("kubelet",))
     broken, _ = upgrade_artifact.build_layer("v0.9.0", broken=True)
     with tarfile.open(fileobj=io.BytesIO(broken)) as tar:
         cli = tar.extractfile("roles/cli/main.py")

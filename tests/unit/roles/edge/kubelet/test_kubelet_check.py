@@ -1,0 +1,125 @@
+"""A kubelet upgrade's Check on the device: off until the device's config names its kubelet, and no downgrade
+unless the job allows one. The kubelet is an executable script answering ``--version`` as a kubelet does."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import cast
+
+import msgspec
+import pytest
+
+from flows.nodejobs import nodeupgradejob
+from roles.common.config import ConfigError, load_config
+from roles.edge.actions import build_actions
+from roles.edge.checks.checks import Thresholds
+from roles.edge.context import Outcome, TaskContext
+from roles.edge.store.records import NodeTask, TaskState
+from roles.edge.store.store import EdgeStore
+from schemas.v1alpha2 import NodeUpgradeJobSpec, UpgradeComponent
+
+RUNNING = "v1.20.3"
+
+
+class _FreeSlot:
+    """A store whose exclusive slot is always free (the only store call a passing Check makes)."""
+
+    async def try_begin_exclusive(self, job_uid: str, kind: str) -> str | None:
+        return None
+
+
+def _config(home: Path, **kubelet: object) -> Path:
+    (home / "token").write_text("secret")
+    config = {"nodeName": "edge-1", "hubUrls": ["ws://127.0.0.1:1"], "tokenFile": str(home / "token")}
+    path = home / "edge.yaml"
+    path.write_bytes(msgspec.yaml.encode({**config, **({"kubelet": kubelet} if kubelet else {})}))
+    return path
+
+
+def _kubelet(home: Path, says: str = f"Kubernetes {RUNNING}") -> Path:
+    script = home / "kubelet"
+    script.write_text(f'#!/bin/sh\n[ "$1" = --version ] && echo "{says}" && exit 0\nexit 1\n')
+    script.chmod(0o755)
+    return script
+
+
+async def _check(config: Path, version: str, *, allow_downgrade: bool = False) -> Outcome:
+    task = NodeTask(
+        job_uid="uid-1",
+        route="operations.kubeedge.io/v1alpha2/nodeupgradejob/up/nodes/edge-1",
+        job_type=nodeupgradejob.JOB_TYPE.resource_type,
+        spec=b"{}",
+        run_action_id="1",
+        received_at=datetime.now(UTC),
+        state=TaskState.RUNNING,
+        current_action=nodeupgradejob.CHECK,
+    )
+    ctx = TaskContext(
+        task=task,
+        spec=NodeUpgradeJobSpec(
+            version=version, node_names=("edge-1",), component=UpgradeComponent.KUBELET, allow_downgrade=allow_downgrade
+        ),
+        node="edge-1",
+        version="v0.1.0",
+        data_dir=config.parent / "data",
+        thresholds=Thresholds(),
+        store=cast("EdgeStore", _FreeSlot()),
+        config_file=config,
+    )
+    check = build_actions(pull=None, credentials=lambda _: ({}, ""), self_upgrade=False)[
+        (nodeupgradejob.JOB_TYPE.resource_type, nodeupgradejob.CHECK)
+    ]
+    return await check(ctx)
+
+
+async def test_a_kubelet_upgrade_is_refused_until_the_device_names_its_kubelet(tmp_path: Path) -> None:
+    """With no ``kubelet.binary`` the Check fails naming that setting, even where the agent could upgrade itself."""
+    outcome = await _check(_config(tmp_path), "v1.20.4")
+    assert outcome == Outcome(
+        False, "kubelet upgrades are off on this node: kubelet.binary is not set in its configuration"
+    )
+
+
+async def test_a_downgrade_is_refused_unless_the_job_allows_it(tmp_path: Path) -> None:
+    """An older version fails naming ``spec.allowDowngrade``; with it, Check goes on to look for the artifact."""
+    config = _config(tmp_path, binary=str(_kubelet(tmp_path)), restartCommand=["true"])
+    refused = await _check(config, "v1.20.3-rc.1")
+    assert refused == Outcome(
+        False, "refusing to downgrade the kubelet from v1.20.3 to v1.20.3-rc.1: set spec.allowDowngrade"
+    )
+    allowed = await _check(config, "v1.20.3-rc.1", allow_downgrade=True)
+    assert allowed == Outcome(
+        False, "no kubelet upgrade image: spec.image is empty and kubelet.upgradeImage is not configured"
+    )
+
+
+async def test_the_running_version_passes_check_with_nothing_to_fetch(tmp_path: Path) -> None:
+    """A node already at the version (the controller's view was stale) passes Check without a registry."""
+    config = _config(tmp_path, binary=str(_kubelet(tmp_path)), restartCommand=["true"])
+    assert await _check(config, RUNNING) == Outcome(True)
+
+
+async def test_a_binary_that_is_no_kubelet_is_named(tmp_path: Path) -> None:
+    """What ``--version`` printed is quoted when it is not ``Kubernetes <version>``."""
+    config = _config(tmp_path, binary=str(_kubelet(tmp_path, says="hello")), restartCommand=["true"])
+    outcome = await _check(config, "v1.20.4")
+    assert not outcome.succ
+    assert outcome.reason == f"{tmp_path / 'kubelet'} --version exited 0 saying 'hello', not 'Kubernetes <version>'"
+
+
+@pytest.mark.parametrize(
+    ("kubelet", "problem"),
+    [
+        ({"binary": "kubelet", "restartCommand": ["true"]}, "kubelet.binary 'kubelet' is not an absolute path"),
+        ({"binary": "/usr/bin/kubelet"}, "kubelet.restartCommand is empty"),
+        ({"healthzUrl": "127.0.0.1:10248"}, "kubelet.healthzUrl '127.0.0.1:10248' is not an http(s) URL"),
+        ({"bianry": "/usr/bin/kubelet"}, "bianry"),
+    ],
+)
+def test_a_kubelet_setting_that_cannot_work_is_refused_at_load(
+    tmp_path: Path, kubelet: dict[str, object], problem: str
+) -> None:
+    """The agent does not start with a kubelet block it could not act on; the error names the key."""
+    with pytest.raises(ConfigError, match=problem.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+        load_config("edge", _config(tmp_path, **kubelet), {})
