@@ -207,11 +207,12 @@ class ImageDigestGetter(ApiStruct, frozen=True):
     registry_api: RegistryAPI | None = msgspec.field(default=None, name="registryAPI")
 
 
-class UpgradeComponent(StrEnum):
-    """What a NodeUpgradeJob upgrades on its nodes (nodetaskd's addition; absent means the agent, as in KubeEdge)."""
+class NodeComponent(StrEnum):
+    """What a NodeUpgradeJob upgrades, or a ConfigUpdateJob configures, on its nodes (nodetaskd's addition;
+    absent means the agent, as in KubeEdge)."""
 
     NODETASKD = "nodetaskd"
-    """The edge agent itself, under its launcher."""
+    """The edge agent itself."""
     KUBELET = "kubelet"
     """The node's kubelet, under whatever supervises it on the device (the agent's ``kubelet`` settings)."""
 
@@ -227,7 +228,7 @@ class NodeUpgradeJobSpec(ApiStruct, frozen=True):
     check_items: tuple[str, ...] = ()
     failure_tolerate: Tolerance | None = None
     require_confirmation: bool = False
-    component: UpgradeComponent = UpgradeComponent.NODETASKD
+    component: NodeComponent = NodeComponent.NODETASKD
     """nodetaskd's addition: ``kubelet`` upgrades the node's kubelet instead of the agent."""
     allow_downgrade: bool = False
     """nodetaskd's addition, for ``component: kubelet``: install a version older than the running one
@@ -264,6 +265,8 @@ class ConfigUpdateJobSpec(ApiStruct, frozen=True):
     concurrency: Int32 = 0
     update_fields: dict[str, str] = {}
     failure_tolerate: Tolerance | None = None
+    component: NodeComponent = NodeComponent.NODETASKD
+    """nodetaskd's addition: ``kubelet`` sets fields of the node's KubeletConfiguration instead of the agent's."""
 
     def __post_init__(self) -> None:
         parse_tolerance(self.failure_tolerate)

@@ -46,6 +46,7 @@ from schemas.checker import (
 )
 from schemas.diagnosis.v1 import DEFAULT_MAX_TARGETS
 from schemas.kinds import CONFIG_UPDATE_JOB, IMAGE_PRE_PULL_JOB, NODE_UPGRADE_JOB, Kind
+from schemas.kubelet_fields import kubelet_field_problem, kubelet_value
 from schemas.manifest import ManifestError, kind_of
 from schemas.meta import parse_tolerance
 from schemas.update_fields import key_problem, shown_key, typed_value
@@ -187,6 +188,11 @@ def _check_config_update(c: Checker, spec: Mapping[str, Any], policy: AdmissionP
     fields = c.typed(spec, "updateFields", "spec", dict, "an object of field paths to values")
     if spec.get("updateFields") is None or fields == {}:
         c.fail("spec.updateFields", "must set at least one field")
+    if spec.get("component") == "kubelet":
+        _check_kubelet_fields(c, fields or {})
+        _check_selectors(c, spec, "spec")
+        _check_execution(c, spec, "spec")
+        return
     typed: dict[str, object] = {}
     for key, value in (fields or {}).items():
         path = f"spec.updateFields[{shown_key(key)}]" if key else "spec.updateFields"
@@ -200,6 +206,18 @@ def _check_config_update(c: Checker, spec: Mapping[str, Any], policy: AdmissionP
         _check_edge_values(c, typed, policy.edge_config)
     _check_selectors(c, spec, "spec")
     _check_execution(c, spec, "spec")
+
+
+def _check_kubelet_fields(c: Checker, fields: Mapping[str, Any]) -> None:
+    """The kubelet's allowed fields, each value of its KubeletConfiguration type."""
+    for key, value in fields.items():
+        path = f"spec.updateFields[{shown_key(key)}]" if key else "spec.updateFields"
+        if problem := kubelet_field_problem(key):
+            c.fail(path, problem)
+        elif not isinstance(value, str):
+            c.fail(path, f"must be a string, got {json_type(value)}")
+        elif (problem := kubelet_value(key, value)[1]) != "":
+            c.fail(path, problem)
 
 
 def _check_edge_values(c: Checker, typed: Mapping[str, object], edge_config: type[Any]) -> None:

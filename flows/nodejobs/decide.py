@@ -37,8 +37,8 @@ def not_found(name: str) -> str:
     return f'failed to get node, err: nodes "{name}" not found'
 
 
-def already_at(version: str, component: v1alpha2.UpgradeComponent = v1alpha2.UpgradeComponent.NODETASKD) -> str:
-    if component is v1alpha2.UpgradeComponent.KUBELET:
+def already_at(version: str, component: v1alpha2.NodeComponent = v1alpha2.NodeComponent.NODETASKD) -> str:
+    if component is v1alpha2.NodeComponent.KUBELET:
         return f"the node's kubelet already runs version {version}"
     return f"the node already runs version {version}"
 
@@ -48,11 +48,11 @@ class UpgradeTarget:
     """What a NodeUpgradeJob installs: a node already running it is Successful at selection."""
 
     version: str
-    component: v1alpha2.UpgradeComponent
+    component: v1alpha2.NodeComponent
 
     def reached_by(self, node: Node) -> bool:
         """Whether ``node`` runs it: the agent's version annotation, or the kubelet's own ``kubeletVersion``."""
-        if self.component is v1alpha2.UpgradeComponent.KUBELET:
+        if self.component is v1alpha2.NodeComponent.KUBELET:
             info = node.status.node_info
             return info is not None and info.kubelet_version == self.version
         return node.metadata.annotations.get(AGENT_VERSION_ANNOTATION) == self.version

@@ -66,7 +66,7 @@ class NodeApiConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", f
 
 
 class KubeletConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True):
-    """The node's kubelet, for NodeUpgradeJobs with ``component: kubelet`` (``roles.edge.kubelet``).
+    """The node's kubelet, for NodeUpgradeJobs and ConfigUpdateJobs with ``component: kubelet`` (roles.edge.kubelet).
 
     Off by default (no ``binary``): a job that names the kubelet then fails its Check naming this setting.
     Not updatable by a ConfigUpdateJob: whoever may create jobs must not choose what the device runs as root."""
@@ -84,10 +84,15 @@ class KubeletConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", f
     the upgrade installed) before the upgrade is rolled back."""
     upgrade_image: str = ""
     """Repository of kubelet artifacts (``{upgradeImage}:{version}``) for jobs without ``spec.image``."""
+    config_file: str = ""
+    """The kubelet's KubeletConfiguration file (its ``--config``, absolute), which ConfigUpdateJobs with
+    ``component: kubelet`` edit; empty: they fail their Check naming this setting."""
 
     def __post_init__(self) -> None:
         if self.binary and not self.binary.startswith("/"):
             raise ValueError(f"kubelet.binary {clip(self.binary)!r} is not an absolute path")
+        if self.config_file and not self.config_file.startswith("/"):
+            raise ValueError(f"kubelet.configFile {clip(self.config_file)!r} is not an absolute path")
         if self.binary and not self.restart_command:
             raise ValueError("kubelet.restartCommand is empty: say how the kubelet's supervisor restarts it")
         if not self.healthz_url.startswith(("http://", "https://")):

@@ -22,11 +22,12 @@ from roles.edge import processors
 from roles.edge.checks.checks import run_checks
 from roles.edge.config_update import config_update
 from roles.edge.context import Action, Actions, Outcome, TaskContext, take_exclusive
+from roles.edge.kubelet import config as kubelet_config
 from roles.edge.kubelet import upgrade as kubelet_upgrade
 from roles.edge.processors import ProcessorEnv, ProcessorOutcome
 from roles.edge.upgrade import upgrade
 from schemas.processors import Processor
-from schemas.v1alpha2 import ImageStatus, UpgradeComponent
+from schemas.v1alpha2 import ImageStatus, NodeComponent
 from schemas.version_rule import is_version
 
 __all__ = ["PullImages", "RunProcessor", "build_actions", "diagnosis_run"]
@@ -87,7 +88,7 @@ def _upgrade_check(*, find_artifact: Callable[[TaskContext], Awaitable[Outcome |
         checked = await _checks(ctx, ctx.spec.check_items)
         if not checked.succ:
             return checked
-        find = kubelet_upgrade.check if ctx.spec.component is UpgradeComponent.KUBELET else find_artifact
+        find = kubelet_upgrade.check if ctx.spec.component is NodeComponent.KUBELET else find_artifact
         if find is not None and (refused := await find(ctx)) is not None:
             return refused
         # Last, so that a failed check never holds the node's slot.
@@ -97,10 +98,10 @@ def _upgrade_check(*, find_artifact: Callable[[TaskContext], Awaitable[Outcome |
 
 
 def _by_component(agent: Action, kubelet: Action) -> Action:
-    """A NodeUpgradeJob step: the agent's own, or the kubelet's for ``component: kubelet``."""
+    """A NodeUpgradeJob or ConfigUpdateJob step: the agent's own, or the kubelet's for ``component: kubelet``."""
 
     async def action(ctx: TaskContext) -> Outcome:
-        return await (kubelet if ctx.spec.component is UpgradeComponent.KUBELET else agent)(ctx)
+        return await (kubelet if ctx.spec.component is NodeComponent.KUBELET else agent)(ctx)
 
     return action
 
@@ -174,10 +175,10 @@ def build_actions(
         (node_upgrade, nodeupgradejob.ROLL_BACK): _by_component(
             upgrade.roll_back if self_upgrade else no_upgrade, kubelet_upgrade.roll_back
         ),
-        (config, configupdatejob.CHECK): config_update.check,
-        (config, configupdatejob.BACK_UP): config_update.back_up,
-        (config, configupdatejob.UPDATE): config_update.update,
-        (config, configupdatejob.ROLL_BACK): config_update.roll_back,
+        (config, configupdatejob.CHECK): _by_component(config_update.check, kubelet_config.check),
+        (config, configupdatejob.BACK_UP): _by_component(config_update.back_up, kubelet_config.back_up),
+        (config, configupdatejob.UPDATE): _by_component(config_update.update, kubelet_config.update),
+        (config, configupdatejob.ROLL_BACK): _by_component(config_update.roll_back, kubelet_config.roll_back),
         (diagnosis_job.RESOURCE_TYPE, diagnosis_job.RUN): (
             diagnosis_run(diagnosis) if diagnosis is not None else _unavailable("diagnosis", "no processor settings")
         ),

@@ -1,13 +1,15 @@
-"""NodeUpgradeJob with ``component: kubelet`` on a device that is a real node: the agent swaps the node's
-kubelet for an artifact from a registry, restarts it under its supervisor (``tools/provision/supervise.py``,
-standing in for systemd) and judges it by its ``healthz`` and its Node; a kubelet that cannot start is rolled
-back. The controller, a hub relaying the device's API requests, the agent, the kubelet, containerd and the
-registry are real processes."""
+"""NodeUpgradeJob and ConfigUpdateJob with ``component: kubelet`` on a device that is a real node: the agent swaps
+the node's kubelet for an artifact from a registry, or sets fields of its KubeletConfiguration, restarts it under
+its supervisor (``tools/provision/supervise.py``, standing in for systemd) and judges it by its ``healthz`` and
+its Node; a kubelet that does not come back is rolled back. The controller, a hub relaying the device's API
+requests, the agent, the kubelet, containerd and the registry are real processes."""
 
 from __future__ import annotations
 
 import hashlib
-import sys
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ import pytest
 from nodetask.phases import JobPhase, NodeTaskPhase
 from roles.kube import Kube
 from roles.kube.resources import job_resource
-from schemas.kinds import NODE_UPGRADE_JOB
+from schemas.kinds import CONFIG_UPDATE_JOB, NODE_UPGRADE_JOB
 from tests.integration.controlplane import ControlPlane
 from tests.integration.device_nodes import HUB_OPTIONS, device_node, eventually, node_api, node_dir, web_container
 from tests.integration.objects import create_job, job_when, settled, unique
@@ -26,7 +28,9 @@ from tests.integration.real_nodes import create, get, serving_pod
 from tools.ports import free_ports
 from tools.provision import kubebuild, upgrade_artifact
 from tools.provision.containerd import Registry
-from tools.provision.node import web_pod
+from tools.provision.node import Node, web_pod
+from tools.provision.node_config import Layout
+from tools.provision.node_device import kubelet_restart_command
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow(150)]
 UPGRADES = job_resource(NODE_UPGRADE_JOB)
@@ -34,6 +38,7 @@ BASE = f"v{kubebuild.KUBERNETES_VERSION}"
 NEXT = f"v{kubebuild.NEXT_KUBELET_VERSION}"
 BROKEN = "v1.20.4-broken.1"
 HEALTH_DEADLINE_S = 40
+CONFIGS = job_resource(CONFIG_UPDATE_JOB)
 
 
 def _kubelet_version(cp: ControlPlane, name: str) -> str:
@@ -43,6 +48,35 @@ def _kubelet_version(cp: ControlPlane, name: str) -> str:
 
 def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@asynccontextmanager
+async def _kubelet_device(cp: ControlPlane, home: Path, image: str) -> AsyncIterator[tuple[str, Node, str]]:
+    """A device whose supervised kubelet its agent may upgrade and configure, running the web pod ``web``: its
+    name, node and the pod's namespace."""
+    port, healthz = free_ports(2)
+    state = node_dir(home)
+    kubelet = {
+        "binary": str(state / "kubelet"),
+        "restartCommand": kubelet_restart_command(state),
+        "healthzUrl": f"http://127.0.0.1:{healthz}/healthz",
+        "healthDeadline": HEALTH_DEADLINE_S,
+        "upgradeImage": image,
+        "configFile": str(Layout(state).kubelet_config),
+    }
+    options = {**node_api(port), "kubelet": kubelet}
+    namespace = unique("kubelet")
+    cp.kubectl("create", "namespace", namespace)
+    try:
+        async with (
+            fleet(cp, home, edges=1, hubs=1, hub_options=HUB_OPTIONS, edge_options=lambda _: options) as running,
+        ):
+            (name,) = running.edges
+            async with device_node(cp, home, name, port, supervised=True, healthz_port=healthz) as node:
+                create(cp, namespace, web_pod("web", name))
+                yield name, node, namespace
+    finally:
+        cp.kubectl("delete", "namespace", namespace, "--wait=false")
 
 
 async def _upgrade(cp: ControlPlane, kube: Kube, node: str, version: str, **extra: object) -> Any:
@@ -67,61 +101,84 @@ async def test_a_kubelet_that_cannot_start_is_rolled_back_and_the_next_build_is_
     await anyio.to_thread.run_sync(
         lambda: upgrade_artifact.push(image, BROKEN, kubelet=upgrade_artifact.broken_kubelet(BROKEN))
     )
-    port, healthz = free_ports(2)
-    home = node_dir(tmp_path)
-    binary = home / "kubelet"
-    node_py = Path(kubebuild.__file__).with_name("node.py")
-    kubelet = {
-        "binary": str(binary),
-        "restartCommand": [sys.executable, str(node_py), "restart-kubelet", str(home)],
-        "healthzUrl": f"http://127.0.0.1:{healthz}/healthz",
-        "healthDeadline": HEALTH_DEADLINE_S,
-        "upgradeImage": image,
-    }
-    options = {**node_api(port), "kubelet": kubelet}
-    namespace = unique("kubelet")
-    cp.kubectl("create", "namespace", namespace)
-    try:
-        async with fleet(cp, tmp_path, edges=1, hubs=1, hub_options=HUB_OPTIONS, edge_options=lambda _: options) as f:
-            (name,) = f.edges
-            async with device_node(cp, tmp_path, name, port, supervised=True, healthz_port=healthz) as node:
-                create(cp, namespace, web_pod("web", name))
-                before = await eventually("the web pod's container", lambda: web_container(cp, node, namespace, "web"))
-                original = _digest(binary)
-                assert _kubelet_version(cp, name) == BASE
+    binary = node_dir(tmp_path) / "kubelet"
+    async with _kubelet_device(cp, tmp_path, image) as (name, node, namespace):
+        before = await eventually("the web pod's container", lambda: web_container(cp, node, namespace, "web"))
+        original = _digest(binary)
+        assert _kubelet_version(cp, name) == BASE
 
-                failed = await _upgrade(cp, cloud_kube, name, BROKEN)
-                assert failed.status.phase is JobPhase.FAILURE, failed.status
-                (entry,) = failed.status.node_status
-                assert entry.phase is NodeTaskPhase.FAILURE
-                assert "rolled back" in entry.reason, entry.reason
-                assert f"kubelet {BASE} runs again, {BROKEN} failed" in entry.reason, entry.reason
-                assert "was not healthy within" in entry.reason, entry.reason
-                assert [(a.action, a.status) for a in entry.action_flow][-2:] == [
-                    ("Upgrade", "False"),
-                    ("RollBack", "True"),
-                ]
-                assert _digest(binary) == original
-                assert node.healthz()[0] == 200
-                assert _kubelet_version(cp, name) == BASE
+        failed = await _upgrade(cp, cloud_kube, name, BROKEN)
+        assert failed.status.phase is JobPhase.FAILURE, failed.status
+        (entry,) = failed.status.node_status
+        assert entry.phase is NodeTaskPhase.FAILURE
+        assert "rolled back" in entry.reason, entry.reason
+        assert f"kubelet {BASE} runs again, {BROKEN} failed" in entry.reason, entry.reason
+        assert "was not healthy within" in entry.reason, entry.reason
+        assert [(a.action, a.status) for a in entry.action_flow][-2:] == [
+            ("Upgrade", "False"),
+            ("RollBack", "True"),
+        ]
+        assert _digest(binary) == original
+        assert node.healthz()[0] == 200
+        assert _kubelet_version(cp, name) == BASE
 
-                done = await _upgrade(cp, cloud_kube, name, NEXT)
-                assert done.status.phase is JobPhase.COMPLETED, done.status
-                assert _kubelet_version(cp, name) == NEXT
-                wide = cp.kubectl("get", "node", name, "-o", "wide").stdout
-                assert NEXT in wide, wide
-                assert _digest(binary) == _digest(built["kubelet-next"])
-                after = await eventually("the web pod's container", lambda: web_container(cp, node, namespace, "web"))
-                assert after[:2] == before[:2], (before, after)  # the same container, the same process
-                await eventually("the web pod serving", lambda: serving_pod(cp, namespace, "web"))
+        done = await _upgrade(cp, cloud_kube, name, NEXT)
+        assert done.status.phase is JobPhase.COMPLETED, done.status
+        assert _kubelet_version(cp, name) == NEXT
+        wide = cp.kubectl("get", "node", name, "-o", "wide").stdout
+        assert NEXT in wide, wide
+        assert _digest(binary) == _digest(built["kubelet-next"])
+        after = await eventually("the web pod's container", lambda: web_container(cp, node, namespace, "web"))
+        assert after[:2] == before[:2], (before, after)  # the same container, the same process
+        await eventually("the web pod serving", lambda: serving_pod(cp, namespace, "web"))
 
-                again = await _upgrade(cp, cloud_kube, name, NEXT)
-                assert again.status.phase is JobPhase.COMPLETED, again.status
-                assert "already runs version" in again.status.node_status[0].reason
+        again = await _upgrade(cp, cloud_kube, name, NEXT)
+        assert again.status.phase is JobPhase.COMPLETED, again.status
+        assert "already runs version" in again.status.node_status[0].reason
 
-                back = await _upgrade(cp, cloud_kube, name, BASE)
-                assert back.status.phase is JobPhase.FAILURE, back.status
-                assert f"refusing to downgrade the kubelet from {NEXT} to {BASE}" in back.status.node_status[0].reason
-                assert _kubelet_version(cp, name) == NEXT
-    finally:
-        cp.kubectl("delete", "namespace", namespace, "--wait=false")
+        back = await _upgrade(cp, cloud_kube, name, BASE)
+        assert back.status.phase is JobPhase.FAILURE, back.status
+        assert f"refusing to downgrade the kubelet from {NEXT} to {BASE}" in back.status.node_status[0].reason
+        assert _kubelet_version(cp, name) == NEXT
+
+
+async def _configure(cp: ControlPlane, kube: Kube, node: str, fields: dict[str, str]) -> Any:
+    job = unique("kubelet-config")
+    spec = {"nodeNames": [node], "component": "kubelet", "updateFields": fields, "timeoutSeconds": 300}
+    await create_job(cp, "ConfigUpdateJob", job, spec)
+    return await job_when(kube, CONFIGS, job, settled, limit_s=240)
+
+
+def _pods_capacity(cp: ControlPlane, name: str) -> str:
+    node = get(cp, "node", name)
+    return str(node["status"]["capacity"]["pods"]) if node else ""
+
+
+async def test_a_kubelet_setting_is_applied_and_one_the_kubelet_rejects_is_rolled_back(
+    crds: ControlPlane, cloud_kube: Kube, registry: Registry, tmp_path: Path
+) -> None:
+    """``maxPods: 42`` completes and the kubelet reports 42 pods of capacity; an image GC threshold below the
+    low one, which the kubelet's own validation rejects at start, fails with the reason and leaves the previous
+    file running; the pod's container runs throughout. (The webhook's refusals: ``test_webhook``.)"""
+    cp = crds
+    config = Layout(node_dir(tmp_path)).kubelet_config
+    async with _kubelet_device(cp, tmp_path, f"{registry.host}/nodetaskd/kubelet") as (name, node, namespace):
+        before = await eventually("the web pod's container", lambda: web_container(cp, node, namespace, "web"))
+        assert _pods_capacity(cp, name) == "110"
+
+        done = await _configure(cp, cloud_kube, name, {"maxPods": "42"})
+        assert done.status.phase is JobPhase.COMPLETED, done.status
+        assert json.loads(config.read_text())["maxPods"] == 42
+        await eventually("the Node's pod capacity", lambda: _pods_capacity(cp, name) == "42" or None)
+        applied = config.read_bytes()
+
+        failed = await _configure(cp, cloud_kube, name, {"imageGCHighThresholdPercent": "50"})
+        assert failed.status.phase is JobPhase.FAILURE, failed.status
+        (entry,) = failed.status.node_status
+        assert entry.reason.startswith("the config update failed and the previous config was restored: "), entry
+        assert "was not healthy within" in entry.reason, entry.reason
+        assert config.read_bytes() == applied
+        assert node.healthz()[0] == 200
+        assert _pods_capacity(cp, name) == "42"
+        after = await eventually("the web pod's container", lambda: web_container(cp, node, namespace, "web"))
+        assert after[:2] == before[:2], (before, after)

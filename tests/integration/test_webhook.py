@@ -278,6 +278,23 @@ REFUSALS = {
         "spec.updateFields['maxCpuUsage']",
         "Expected `float`, got `str`",
     ),
+    "kubelet-key": Refusal(
+        "ConfigUpdateJob",
+        V2,
+        {"updateFields": {"address": "0.0.0.0"}, "nodeNames": ["edge-1"], "component": "kubelet"},
+        "spec.updateFields['address']",
+        "address is not a kubelet setting a ConfigUpdateJob may change: only containerLogMaxFiles,",
+    ),
+    "kubelet-value": Refusal(
+        "ConfigUpdateJob",
+        V2,
+        {"updateFields": {"maxPods": "0"}, "nodeNames": ["edge-1"], "component": "kubelet"},
+        "spec.updateFields['maxPods']",
+        "maxPods must be an integer from 1 to 10000",
+    ),
+    "component": Refusal(
+        "NodeUpgradeJob", V2, upgrade_spec(component="kubectl"), "spec.component", "Invalid enum value 'kubectl'"
+    ),
 }
 
 

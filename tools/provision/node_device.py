@@ -47,6 +47,12 @@ KUBELET_READY_TIMEOUT: Final = 60.0
 _NODE_NAME: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
+def kubelet_restart_command(state_dir: Path) -> list[str]:
+    """What restarts the supervised kubelet of the node in ``state_dir`` (``node.py restart-kubelet``), as
+    ``systemctl restart kubelet`` does on a device: what an agent's ``kubelet.restartCommand`` names."""
+    return [sys.executable, str(Path(__file__).with_name("node.py")), "restart-kubelet", str(state_dir)]
+
+
 @dataclass
 class Node:
     """A running node: its containerd and kubelet, by PID, and everything they were given."""
@@ -84,8 +90,7 @@ class Node:
 
     @property
     def kubelet_restart_command(self) -> list[str]:
-        """What restarts the supervised kubelet (``node.py restart-kubelet``), as ``systemctl restart`` does."""
-        return [sys.executable, str(Path(__file__).with_name("node.py")), "restart-kubelet", str(self.state_dir)]
+        return kubelet_restart_command(self.state_dir)
 
     @property
     def healthz_url(self) -> str:
@@ -390,5 +395,6 @@ def start_node(
 __all__ = [
     "KUBELET_READY_TIMEOUT",
     "Node",
+    "kubelet_restart_command",
     "start_node",
 ]

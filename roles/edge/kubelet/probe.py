@@ -9,7 +9,7 @@ from __future__ import annotations
 import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
@@ -19,9 +19,10 @@ import msgspec
 
 from flows.nodejobs.kubelet_health import node_problem
 from nodetask.names import clip
+from roles.common.edge_config import KubeletConfig
 from schemas.core import Node
 
-__all__ = ["ReadNode", "binary_version", "restart", "wait_healthy"]
+__all__ = ["ReadNode", "binary_version", "restart", "restart_and_prove", "wait_healthy"]
 
 ReadNode = Callable[[], Awaitable[Mapping[str, Any] | None]]
 """The device's own Node as its cache holds it (the kubelet's status updates pass through the node API)."""
@@ -89,3 +90,15 @@ async def wait_healthy(healthz_url: str, read_node: ReadNode, *, version: str, s
                     return ""
             await anyio.sleep(POLL_SECONDS)
     return f"the kubelet was not healthy within {within:g}s: {problem}"
+
+
+async def restart_and_prove(settings: KubeletConfig, read_node: ReadNode | None, version: str) -> str:
+    """Restart the kubelet and wait ``healthDeadline`` for it healthy at ``version``: "" or why it is not."""
+    since = datetime.now(UTC)
+    if problem := await restart(settings.restart_command):
+        return problem
+    if read_node is None:
+        return "this agent cannot read its Node (no cache): the kubelet's health cannot be judged"
+    return await wait_healthy(
+        settings.healthz_url, read_node, version=version, since=since, within=settings.health_deadline
+    )

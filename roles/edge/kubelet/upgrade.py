@@ -21,18 +21,18 @@ judges the kubelet again.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
 import anyio.to_thread
 import msgspec
 
-from roles.common.config import ConfigError, EdgeConfig, load_config
+from roles.common.config import EdgeConfig
 from roles.common.edge_config import KubeletConfig
 from roles.common.files import copy_atomically
 from roles.edge.context import Outcome, TaskContext
 from roles.edge.kubelet import probe
+from roles.edge.kubelet.settings import kubelet_settings
 from roles.edge.upgrade import artifact
 from schemas.version_rule import precedence
 
@@ -40,7 +40,6 @@ __all__ = ["back_up", "check", "roll_back", "upgrade"]
 
 KUBELET_DIR: Final = "kubelet"
 EXECUTABLE: Final = 0o755
-OFF: Final = "kubelet upgrades are off on this node: kubelet.binary is not set in its configuration"
 
 
 class _Progress(msgspec.Struct, frozen=True, kw_only=True):
@@ -55,25 +54,6 @@ class _Progress(msgspec.Struct, frozen=True, kw_only=True):
 
 def _fact(ctx: TaskContext) -> str:
     return f"kubelet_upgrade/{ctx.task.key}"
-
-
-def _settings(ctx: TaskContext) -> tuple[EdgeConfig | None, str]:
-    # Read when the action runs, as the agent's own upgrade options are.
-    if ctx.config_file is None:
-        return EdgeConfig(), ""
-    try:
-        cfg = load_config("edge", ctx.config_file, {})
-    except ConfigError as exc:
-        return None, f"cannot read the agent's configuration: {exc}"
-    assert isinstance(cfg, EdgeConfig)
-    return cfg, ""
-
-
-async def _kubelet(ctx: TaskContext) -> tuple[EdgeConfig | None, str]:
-    cfg, problem = await anyio.to_thread.run_sync(_settings, ctx)
-    if cfg is not None and not cfg.kubelet.enabled:
-        return None, OFF
-    return cfg, problem
 
 
 def _backup(ctx: TaskContext, version: str) -> Path:
@@ -95,7 +75,7 @@ async def _resolve(ctx: TaskContext, cfg: EdgeConfig) -> tuple[artifact.Resolved
 
 async def check(ctx: TaskContext) -> Outcome | None:
     """Check's part for the kubelet: a failed Outcome naming the problem, or None when the upgrade may go on."""
-    cfg, problem = await _kubelet(ctx)
+    cfg, problem = await kubelet_settings(ctx)
     if cfg is None:
         return Outcome(False, problem)
     running, problem = await probe.binary_version(Path(cfg.kubelet.binary))
@@ -115,7 +95,7 @@ async def check(ctx: TaskContext) -> Outcome | None:
 
 
 async def back_up(ctx: TaskContext) -> Outcome:
-    cfg, problem = await _kubelet(ctx)
+    cfg, problem = await kubelet_settings(ctx)
     if cfg is None:
         return Outcome(False, problem)
     binary = Path(cfg.kubelet.binary)
@@ -140,18 +120,7 @@ async def _swap_and_prove(ctx: TaskContext, settings: KubeletConfig, source: Pat
         await anyio.to_thread.run_sync(lambda: copy_atomically(source, binary, mode=EXECUTABLE))
     except OSError as exc:
         return f"cannot replace {binary}: {exc}"
-    return await _restart_and_prove(ctx, settings, version)
-
-
-async def _restart_and_prove(ctx: TaskContext, settings: KubeletConfig, version: str) -> str:
-    since = datetime.now(UTC)
-    if problem := await probe.restart(settings.restart_command):
-        return problem
-    if ctx.read_node is None:
-        return "this agent cannot read its Node (no cache): the kubelet's health cannot be judged"
-    return await probe.wait_healthy(
-        settings.healthz_url, ctx.read_node, version=version, since=since, within=settings.health_deadline
-    )
+    return await probe.restart_and_prove(settings, ctx.read_node, version)
 
 
 async def _install(ctx: TaskContext, cfg: EdgeConfig, to: str) -> tuple[Path | None, str]:
@@ -176,7 +145,7 @@ async def upgrade(ctx: TaskContext) -> Outcome:
     to = progress.to_version
     if progress.stage == "healthy" or progress.from_version == to:
         return Outcome(True, extend=f"{progress.from_version},{to}")
-    cfg, problem = await _kubelet(ctx)
+    cfg, problem = await kubelet_settings(ctx)
     if cfg is not None and progress.stage == "backed_up":
         new, problem = await _install(ctx, cfg, to)
         if new is not None:
@@ -185,7 +154,7 @@ async def upgrade(ctx: TaskContext) -> Outcome:
             await ctx.store.set_fact(_fact(ctx), progress)
             problem = await _swap_and_prove(ctx, cfg.kubelet, new, to)
     elif cfg is not None:
-        problem = await _restart_and_prove(ctx, cfg.kubelet, to)
+        problem = await probe.restart_and_prove(cfg.kubelet, ctx.read_node, to)
     if problem:
         await ctx.store.set_fact(_fact(ctx), msgspec.structs.replace(progress, failure=problem))
         return Outcome(False, problem)
@@ -203,7 +172,7 @@ async def roll_back(ctx: TaskContext) -> Outcome:
         return Outcome(True, f"kubelet {to} was never installed: {why}", extend=f"{to},{back}")
     if progress.stage == "rolled_back":
         return Outcome(True, f"kubelet {back} runs again, {to} failed: {why}", extend=f"{to},{back}")
-    cfg, problem = await _kubelet(ctx)
+    cfg, problem = await kubelet_settings(ctx)
     if cfg is None:
         return Outcome(False, f"cannot roll the kubelet back to {back}: {problem}")
     problem = await _swap_and_prove(ctx, cfg.kubelet, _backup(ctx, back), back)

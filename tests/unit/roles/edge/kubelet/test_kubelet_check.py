@@ -17,7 +17,7 @@ from roles.edge.checks.checks import Thresholds
 from roles.edge.context import Outcome, TaskContext
 from roles.edge.store.records import NodeTask, TaskState
 from roles.edge.store.store import EdgeStore
-from schemas.v1alpha2 import NodeUpgradeJobSpec, UpgradeComponent
+from schemas.v1alpha2 import NodeComponent, NodeUpgradeJobSpec
 
 RUNNING = "v1.20.3"
 
@@ -58,7 +58,7 @@ async def _check(config: Path, version: str, *, allow_downgrade: bool = False) -
     ctx = TaskContext(
         task=task,
         spec=NodeUpgradeJobSpec(
-            version=version, node_names=("edge-1",), component=UpgradeComponent.KUBELET, allow_downgrade=allow_downgrade
+            version=version, node_names=("edge-1",), component=NodeComponent.KUBELET, allow_downgrade=allow_downgrade
         ),
         node="edge-1",
         version="v0.1.0",
