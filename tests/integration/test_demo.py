@@ -20,12 +20,14 @@ import msgspec
 import pytest
 
 from tools.processes import processes_mentioning
+from tools.provision.kubebuild import NEXT_KUBELET_VERSION
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow(330)]
 
 REPO = Path(__file__).resolve().parents[2]
 DISK_REASON = "current disk usage is"
 NO_RUNTIME = "a container runtime is not available"
+NEXT_KUBELET = f"v{NEXT_KUBELET_VERSION}"
 
 
 def _demo(state: Path, log: Path, *extra: str) -> subprocess.Popen[bytes]:
@@ -266,7 +268,8 @@ def _assert_devices(devices: dict[str, Any], output: str) -> None:
     cloud, device-02's pod (20 s toleration) was evicted and device-01's (its Node asks for autonomy, its pod
     bound to tolerate that for ever) kept; device-01, restarted whole with the cloud gone, answered its page
     from the cache; with the hubs back both Nodes were Ready and device-01's pod answered its ConfigMap as
-    changed meanwhile."""
+    changed meanwhile. Before the outage, device-02's kubelet was upgraded (after its canary confirmation) to
+    the second build, which its Node then reported, while its pod's container ran throughout."""
     pages = {"device-01": "served by device-01\n", "device-02": "served by device-02\n"}
     assert devices["problem"] == "", devices
     assert devices["served"] == pages, devices
@@ -278,10 +281,17 @@ def _assert_devices(devices: dict[str, Any], output: str) -> None:
     assert devices["restarted"] == pages["device-01"], devices
     assert devices["readyAgain"] == ["device-01", "device-02"], devices
     assert devices["newPage"] == "changed in the cloud while every hub was down\n", devices
+    kubelet = devices["kubeletUpgrade"]
+    assert (kubelet["phase"], kubelet["node"], kubelet["version"]) == ("Completed", "device-02", NEXT_KUBELET), kubelet
+    assert kubelet["podKept"] is True, kubelet
+    assert NEXT_KUBELET not in kubelet["before"], kubelet
+    assert any(line.split()[:1] == ["device-02"] and NEXT_KUBELET in line for line in kubelet["after"].splitlines())
     shown = " ".join(output.split())
     for line in (
         "device-01: Ready, its pod answered 'served by device-01\\n'",
         "device-02: evicted in the cloud; device-01: kept (its Node asks for autonomy)",
         "hubs back: device-01, device-02 Ready",
+        f"kubelet upgrade kubelet-canary of device-02 (v1.20.2 to {NEXT_KUBELET}, confirmed with nodetaskd ctl"
+        " confirm): Completed in",
     ):
         assert line in shown, line

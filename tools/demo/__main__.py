@@ -24,7 +24,9 @@ autonomy, is cut off from its hub, and the demo's kubectl still reads that devic
 (``tools/demo/autonomy.py``); then the hub is started again on its ports, and the edge reconnects and
 relists its cache, a change made meanwhile in the cloud included. Then two devices run as real nodes
 (a kubelet and containerd each, behind their agents; :mod:`tools.demo.devices`, started beside the
-jobs) through an outage of every hub (:mod:`tools.demo.devices_scene`). A summary says what happened and
+jobs): one's kubelet is upgraded by a NodeUpgradeJob after a canary confirmation
+(:mod:`tools.demo.kubelet_scene`), then both go through an outage of every hub
+(:mod:`tools.demo.devices_scene`). A summary says what happened and
 why, each retried node's two attempts, the diagnosis's paths, the cut-off edge's return, each Node's
 Autonomy condition and label and each hub's state included, and everything is stopped again - on
 Ctrl-C too. Whatever is not built yet in nodetaskd shows up as the reason the nodes report, never
@@ -52,7 +54,7 @@ from typing import Final
 
 from rich.console import Console
 
-from tools.demo import autonomy_scene, bringup, devices_scene, diagnosis_scene, jobs_scene, summary
+from tools.demo import autonomy_scene, bringup, devices_scene, diagnosis_scene, jobs_scene, kubelet_scene, summary
 from tools.demo.fleet import Layout
 from tools.demo.kube import ApiFailure
 from tools.demo.procs import STOP_SIGNALS, Supervisor, kill_recorded
@@ -134,6 +136,7 @@ def run(demo: Demo) -> None:
     jobs_scene.retry_tolerant(demo)
     diagnosis_scene.diagnose(demo)
     autonomy_scene.cut_off_edge(demo)
+    kubelet_scene.upgrade_kubelet(demo)
     devices_scene.go_offline(demo)
     summary.summarize(demo)
     summary.linger(demo)

@@ -29,13 +29,18 @@ from tools.demo.state import Demo
 from tools.ports import free_port, free_ports, reported
 from tools.processes import http_get, role_command
 from tools.provision import controlplane as _cp
+from tools.provision import kubebuild
 from tools.provision.containerd import RuntimeServicesError
 from tools.provision.image import build_and_push, project_version
 from tools.provision.image_tools import ImageError
+from tools.provision.upgrade_artifact import PushError
 from tools.provision.upgrade_artifact import push as push_artifact
 
 UPGRADE_REPOSITORY: Final = "nodetaskd/agent"
 UPGRADE_VERSION: Final = "v0.2.0"
+KUBELET_REPOSITORY: Final = "nodetaskd/kubelet"
+KUBELET_VERSION: Final = f"v{kubebuild.NEXT_KUBELET_VERSION}"
+"""The kubelet the kubelet upgrade installs: the same source as the nodes', built with another version."""
 """What ``containers/samples/nodeupgradejob.yaml`` upgrades the canaries to."""
 IMAGE_REPOSITORY: Final = "nodetaskd/nodetaskd"
 """Where the controller's and hubs' image (``containers/Containerfile``) goes in the demo's registry."""
@@ -179,6 +184,16 @@ def publish_upgrade(demo: Demo) -> None:
     image = f"{demo.runtime.registry.host}/{UPGRADE_REPOSITORY}"
     push_artifact(image, UPGRADE_VERSION)
     demo.say(f"upgrade artifact: this project as agent {UPGRADE_VERSION}, pushed to {image}:{UPGRADE_VERSION}")
+    if os.geteuid() != 0:
+        return  # no real nodes, no kubelet to upgrade
+    image = f"{demo.runtime.registry.host}/{KUBELET_REPOSITORY}"
+    try:
+        kubelet = kubebuild.ensure_built(("kubelet-next",))["kubelet-next"]
+        push_artifact(image, KUBELET_VERSION, kubelet=kubelet.read_bytes())
+    except (_cp.ControlPlaneError, PushError, OSError) as exc:
+        demo.say(f"NO KUBELET ARTIFACT (the kubelet upgrade will fail its Check): {exc}", "bold yellow")
+        return
+    demo.say(f"kubelet artifact: kubelet {KUBELET_VERSION} (the nodes' source, another version), pushed to {image}")
 
 
 def publish_image(demo: Demo) -> None:
@@ -259,11 +274,15 @@ def start_devices(demo: Demo, cri_endpoint: str) -> None:
         demo.devices.view.problem = "real nodes need root (cgroups, mounts, bridges)"
         demo.say(f"NO REAL NODES: {demo.devices.view.problem}", "bold yellow")
         return
-    planned = devices.plan_devices(demo.hubs, free_ports(len(devices.NAMES)))
+    *node_api_ports, healthz_port = free_ports(len(devices.NAMES) + 1)
+    planned = devices.plan_devices(demo.hubs, node_api_ports, healthz_port)
     ca_file = demo.layout.hub_tls / "ca.crt"
+    image = f"{demo.runtime.registry.host}/{KUBELET_REPOSITORY}" if demo.runtime else ""
     for edge in planned:
         token = register_token(demo.api, edge.name)
-        config = edge_config(demo.layout, edge, token=token, ca_file=ca_file, cri_endpoint=cri_endpoint)
+        config = edge_config(
+            demo.layout, edge, token=token, ca_file=ca_file, cri_endpoint=cri_endpoint, kubelet_image=image
+        )
         demo.procs.start(edge.name, edge_launcher(config), log=demo.layout.log(edge.name))
     demo.record()
     demo.layout.nodes.mkdir(parents=True, exist_ok=True)

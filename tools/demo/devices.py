@@ -37,7 +37,8 @@ from tools.provision.pki import plain_kubeconfig
 
 T = TypeVar("T")
 NAMES: Final = ("device-01", "device-02")
-"""The first asks for autonomy, the second's pod tolerates an outage for :data:`SHORT_TOLERATION_S`."""
+"""The first asks for autonomy, the second's pod tolerates an outage for :data:`SHORT_TOLERATION_S`; the second's
+kubelet runs supervised, and is upgraded (:mod:`tools.demo.kubelet_scene`)."""
 CLOUD_NODE: Final = "cloud-01"
 NAMESPACE: Final = "demo-devices"
 ZONE_LABEL: Final = "topology.kubernetes.io/zone"
@@ -90,6 +91,9 @@ class DevicesView:
     ready_again: list[str] = field(default_factory=list)
     new_page: str = ""
     """What the autonomy device's pod answered once the hubs were back (its ConfigMap changed meanwhile)."""
+    kubelet: dict[str, Any] = field(default_factory=dict)
+    """The kubelet upgrade (:mod:`tools.demo.kubelet_scene`): its job, outcome, versions and the Nodes before
+    and after, as ``kubectl get nodes -o wide`` shows them."""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -103,6 +107,7 @@ class DevicesView:
             "restarted": self.restarted,
             "readyAgain": self.ready_again,
             "newPage": self.new_page,
+            "kubeletUpgrade": self.kubelet,
         }
 
     def lines(self) -> list[str]:
@@ -121,7 +126,25 @@ class DevicesView:
             out.append(f"  hubs back: {', '.join(self.ready_again)} Ready")
         if self.new_page:
             out.append(f"  {NAMES[0]}'s pod answers its ConfigMap as changed meanwhile: {self.new_page!r}")
-        return out
+        return out + _kubelet_lines(self.kubelet)
+
+
+def _kubelet_lines(kubelet: dict[str, Any]) -> list[str]:
+    if not kubelet:
+        return []
+    if kubelet.get("problem"):
+        return [f"  kubelet upgrade: NOT RUN: {kubelet['problem']}"]
+    kept = "the same container ran throughout" if kubelet.get("podKept") else "ITS POD'S CONTAINER CHANGED"
+    out = [
+        f"  kubelet upgrade {kubelet['job']} of {kubelet['node']} ({kubelet['from']} to {kubelet['to']}, confirmed"
+        f" with nodetaskd ctl confirm): {kubelet['phase']} in {kubelet['seconds']:.0f} s; {kept}"
+    ]
+    if kubelet.get("reason"):
+        out.append(f"    reason: {kubelet['reason']}")
+    for when in ("before", "after"):
+        out.append(f"    kubectl get nodes -o wide, {when}:")
+        out += [f"      {line}" for line in kubelet.get(when, "").splitlines()]
+    return out
 
 
 def _seconds(value: int | None) -> str:
@@ -181,6 +204,7 @@ class Devices:
         cp.kubectl("create", "namespace", NAMESPACE)
         cp.kubectl("label", "namespace", NAMESPACE, f"{BINDABLE_LABEL}=true")
         starts: dict[str, tuple[Path, str]] = {CLOUD_NODE: (cp.node_kubeconfig(CLOUD_NODE, self.root / "pki"), "cloud")}
+        healthz = {edge.name: edge.kubelet_healthz_port for edge in self.edges}
         for edge in self.edges:
             kubeconfig = self.root / f"{edge.name}.kubeconfig"
             kubeconfig.write_text(plain_kubeconfig(f"http://127.0.0.1:{edge.node_api_port}"))
@@ -189,7 +213,10 @@ class Devices:
             cp.kubectl("create", "configmap", page_name(edge.name), "-n", NAMESPACE, literal)
         self.say(f"real nodes: starting {', '.join(starts)} ({CLOUD_NODE}'s kubelet speaks to the API server)", "")
         with concurrent.futures.ThreadPoolExecutor(len(starts)) as pool:
-            for started in [pool.submit(self._start, n, k, tools, zone=z) for n, (k, z) in starts.items()]:
+            for started in [
+                pool.submit(self._start, n, k, tools, zone=z, healthz_port=healthz.get(n, 0))
+                for n, (k, z) in starts.items()
+            ]:
                 started.result()
         for name in (CLOUD_NODE, *NAMES):
             self._until(f"{name}'s Node Ready", lambda n=name: ready(cp, n))  # type: ignore[misc]
@@ -222,11 +249,18 @@ class Devices:
             "",
         )
 
-    def _start(self, name: str, kubeconfig: Path, tools: NodeTools, *, zone: str) -> None:
+    def _start(self, name: str, kubeconfig: Path, tools: NodeTools, *, zone: str, healthz_port: int) -> None:
         if self.cancelled.is_set():
             raise _cp.ControlPlaneError("cancelled")
         node = start_node(
-            self.root / name, name, kubeconfig, tools, labels={ZONE_LABEL: zone}, kubelet_args=KUBELET_ARGS
+            self.root / name,
+            name,
+            kubeconfig,
+            tools,
+            labels={ZONE_LABEL: zone},
+            kubelet_args=KUBELET_ARGS,
+            supervised=bool(healthz_port),
+            healthz_port=healthz_port,
         )
         with self._lock:
             self.nodes[name] = node
@@ -242,8 +276,9 @@ class Devices:
         return value
 
 
-def plan_devices(hubs: list[Hub], ports: list[int]) -> list[Edge]:
-    """The devices' agents: each lists every hub (its primary first) and runs ``nodeApi`` on its port."""
+def plan_devices(hubs: list[Hub], ports: list[int], kubelet_healthz_port: int) -> list[Edge]:
+    """The devices' agents: each lists every hub (its primary first) and runs ``nodeApi`` on its port; the
+    second's kubelet is supervised, its healthz on ``kubelet_healthz_port``."""
     return [
         Edge(
             name=name,
@@ -251,6 +286,7 @@ def plan_devices(hubs: list[Hub], ports: list[int]) -> list[Edge]:
             hubs=(hubs[i % len(hubs)], *(h for h in hubs if h is not hubs[i % len(hubs)])),
             full_disk=False,
             node_api_port=port,
+            kubelet_healthz_port=kubelet_healthz_port if name == NAMES[1] else 0,
         )
         for i, (name, port) in enumerate(zip(NAMES, ports, strict=True))
     ]

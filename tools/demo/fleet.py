@@ -24,11 +24,15 @@ from typing import Final
 
 import msgspec
 
+from tools.provision.node_device import kubelet_restart_command
+
 CANARIES: Final = 2
 """Nodes in the ``canary`` ring (the upgrade job's); the rest form the ``main`` ring."""
 RING_LABEL: Final = "demo.nodetaskd.io/ring"
 FULL_DISK_THRESHOLD: Final = 1.0
 """maxDiskUsage of the one node whose disk check must fail (any real disk is more than 1% used)."""
+KUBELET_HEALTH_DEADLINE: Final = 60
+"""Seconds an upgraded kubelet has to answer healthz and post its Node Ready before it is rolled back."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +145,9 @@ class Edge:
     """The autonomy step's edge (:mod:`tools.demo.autonomy`): its local API's port; 0 for the others."""
     node_api_port: int = 0
     """A device's (:mod:`tools.demo.devices`): the port its kubelet's API endpoint listens on; 0 for the others."""
+    kubelet_healthz_port: int = 0
+    """A device whose kubelet runs supervised and may be upgraded (:mod:`tools.demo.kubelet_scene`): its
+    kubelet's healthz port, which the agent's ``kubelet`` settings name; 0 for the others."""
 
 
 def plan_edges(count: int, hubs: Sequence[Hub], *, local_api_port: int = 0) -> list[Edge]:
@@ -224,6 +231,7 @@ def edge_config(
     ca_file: Path,
     cri_endpoint: str,
     loopback_ports: Sequence[int] = (),
+    kubelet_image: str = "",
 ) -> Path:
     home = layout.edge(edge.name)
     (home / "data").mkdir(parents=True, exist_ok=True)
@@ -246,4 +254,13 @@ def edge_config(
         config["nodeApi"] = {"enabled": True, "port": edge.node_api_port}
     if loopback_ports:
         config["diagnosis"] = {"loopbackPorts": list(loopback_ports)}
+    if edge.kubelet_healthz_port:
+        node = layout.nodes / edge.name
+        config["kubelet"] = {
+            "binary": str(node / "kubelet"),
+            "restartCommand": kubelet_restart_command(node),
+            "healthzUrl": f"http://127.0.0.1:{edge.kubelet_healthz_port}/healthz",
+            "healthDeadline": KUBELET_HEALTH_DEADLINE,
+            "upgradeImage": kubelet_image,
+        }
     return write_yaml(home / "edge.yaml", config)
