@@ -3,30 +3,18 @@ unless the job allows one. The kubelet is an executable script answering ``--ver
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import cast
 
 import msgspec
 import pytest
 
 from flows.nodejobs import nodeupgradejob
 from roles.common.config import ConfigError, load_config
-from roles.edge.actions import build_actions
-from roles.edge.checks.checks import Thresholds
-from roles.edge.context import Outcome, TaskContext
-from roles.edge.store.records import NodeTask, TaskState
-from roles.edge.store.store import EdgeStore
+from roles.edge.context import Outcome
 from schemas.v1alpha2 import NodeComponent, NodeUpgradeJobSpec
+from tests.unit.roles.edge.checks_run import run_check
 
 RUNNING = "v1.20.3"
-
-
-class _FreeSlot:
-    """A store whose exclusive slot is always free (the only store call a passing Check makes)."""
-
-    async def try_begin_exclusive(self, job_uid: str, kind: str) -> str | None:
-        return None
 
 
 def _config(home: Path, **kubelet: object) -> Path:
@@ -45,32 +33,10 @@ def _kubelet(home: Path, says: str = f"Kubernetes {RUNNING}") -> Path:
 
 
 async def _check(config: Path, version: str, *, allow_downgrade: bool = False) -> Outcome:
-    task = NodeTask(
-        job_uid="uid-1",
-        route="operations.kubeedge.io/v1alpha2/nodeupgradejob/up/nodes/edge-1",
-        job_type=nodeupgradejob.JOB_TYPE.resource_type,
-        spec=b"{}",
-        run_action_id="1",
-        received_at=datetime.now(UTC),
-        state=TaskState.RUNNING,
-        current_action=nodeupgradejob.CHECK,
+    spec = NodeUpgradeJobSpec(
+        version=version, node_names=("edge-1",), component=NodeComponent.KUBELET, allow_downgrade=allow_downgrade
     )
-    ctx = TaskContext(
-        task=task,
-        spec=NodeUpgradeJobSpec(
-            version=version, node_names=("edge-1",), component=NodeComponent.KUBELET, allow_downgrade=allow_downgrade
-        ),
-        node="edge-1",
-        version="v0.1.0",
-        data_dir=config.parent / "data",
-        thresholds=Thresholds(),
-        store=cast("EdgeStore", _FreeSlot()),
-        config_file=config,
-    )
-    check = build_actions(pull=None, credentials=lambda _: ({}, ""), self_upgrade=False)[
-        (nodeupgradejob.JOB_TYPE.resource_type, nodeupgradejob.CHECK)
-    ]
-    return await check(ctx)
+    return await run_check(nodeupgradejob.JOB_TYPE, spec, config_file=config, data_dir=config.parent / "data")
 
 
 async def test_a_kubelet_upgrade_is_refused_until_the_device_names_its_kubelet(tmp_path: Path) -> None:

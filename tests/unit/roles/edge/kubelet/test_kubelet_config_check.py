@@ -4,28 +4,18 @@ allowlist and the value types enforced here too (a job stored while the webhook 
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import cast
 
 import msgspec
 import pytest
 
 from flows.nodejobs import configupdatejob
-from roles.edge.actions import build_actions
-from roles.edge.checks.checks import Thresholds
-from roles.edge.context import Outcome, TaskContext
+from roles.edge.context import Outcome
 from roles.edge.kubelet.config import _updated
-from roles.edge.store.records import NodeTask, TaskState
-from roles.edge.store.store import EdgeStore
 from schemas.v1alpha2 import ConfigUpdateJobSpec, NodeComponent
+from tests.unit.roles.edge.checks_run import run_check
 
 KUBELET_CONFIG = {"apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration", "maxPods": 110}
-
-
-class _FreeSlot:
-    async def try_begin_exclusive(self, job_uid: str, kind: str) -> str | None:
-        return None
 
 
 def _config(home: Path, *, config_file: bool = True) -> Path:
@@ -42,30 +32,8 @@ def _config(home: Path, *, config_file: bool = True) -> Path:
 
 
 async def _check(config: Path, fields: dict[str, str]) -> Outcome:
-    task = NodeTask(
-        job_uid="uid-1",
-        route="operations.kubeedge.io/v1alpha2/configupdatejob/c/nodes/edge-1",
-        job_type=configupdatejob.JOB_TYPE.resource_type,
-        spec=b"{}",
-        run_action_id="1",
-        received_at=datetime.now(UTC),
-        state=TaskState.RUNNING,
-        current_action=configupdatejob.CHECK,
-    )
-    ctx = TaskContext(
-        task=task,
-        spec=ConfigUpdateJobSpec(node_names=("edge-1",), update_fields=fields, component=NodeComponent.KUBELET),
-        node="edge-1",
-        version="v0.1.0",
-        data_dir=config.parent / "data",
-        thresholds=Thresholds(),
-        store=cast("EdgeStore", _FreeSlot()),
-        config_file=config,
-    )
-    check = build_actions(pull=None, credentials=lambda _: ({}, ""), self_upgrade=False)[
-        (configupdatejob.JOB_TYPE.resource_type, configupdatejob.CHECK)
-    ]
-    return await check(ctx)
+    spec = ConfigUpdateJobSpec(node_names=("edge-1",), update_fields=fields, component=NodeComponent.KUBELET)
+    return await run_check(configupdatejob.JOB_TYPE, spec, config_file=config, data_dir=config.parent / "data")
 
 
 async def test_a_kubelet_config_update_is_refused_until_the_device_names_the_kubelets_file(tmp_path: Path) -> None:
