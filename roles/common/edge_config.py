@@ -83,7 +83,8 @@ class KubeletConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", f
     """How long a restarted kubelet may take to answer ``healthz`` and post its Node Ready (with the version
     the upgrade installed) before the upgrade is rolled back."""
     upgrade_image: str = ""
-    """Repository of kubelet artifacts (``{upgradeImage}:{version}``) for jobs without ``spec.image``."""
+    """The repository of kubelet artifacts (``{upgradeImage}:{version}``), the only one kubelet upgrades take
+    from (a job's ``spec.image`` may only repeat it); empty: they fail their Check naming this setting."""
     config_file: str = ""
     """The kubelet's KubeletConfiguration file (its ``--config``, absolute), which ConfigUpdateJobs with
     ``component: kubelet`` edit; empty: they fail their Check naming this setting."""

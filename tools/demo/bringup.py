@@ -38,10 +38,10 @@ from tools.provision.upgrade_artifact import push as push_artifact
 
 UPGRADE_REPOSITORY: Final = "nodetaskd/agent"
 UPGRADE_VERSION: Final = "v0.2.0"
+"""What ``containers/samples/nodeupgradejob.yaml`` upgrades the canaries to."""
 KUBELET_REPOSITORY: Final = "nodetaskd/kubelet"
 KUBELET_VERSION: Final = f"v{kubebuild.NEXT_KUBELET_VERSION}"
 """The kubelet the kubelet upgrade installs: the same source as the nodes', built with another version."""
-"""What ``containers/samples/nodeupgradejob.yaml`` upgrades the canaries to."""
 IMAGE_REPOSITORY: Final = "nodetaskd/nodetaskd"
 """Where the controller's and hubs' image (``containers/Containerfile``) goes in the demo's registry."""
 CRD_DIR: Final = _cp.REPO_ROOT / "schemas" / "crds"

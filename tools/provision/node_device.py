@@ -27,7 +27,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -168,8 +167,8 @@ class Node:
     def restart_kubelet(self) -> None:
         """The kubelet alone stopped and started again (same directories, same containerd); a supervised one
         is asked to restart (SIGHUP to its supervisor), which it does from whatever :attr:`kubelet_binary` is."""
-        if self.supervised:
-            os.kill(self.pids["kubelet"], signal.SIGHUP)
+        if self.supervised:  # returns once the new kubelet runs, as systemctl restart does
+            node_host.restart_supervised(self.pids["kubelet"], timeout=KUBELET_READY_TIMEOUT)
             return
         self.stop_kubelet()
         self.start_kubelet()

@@ -317,3 +317,21 @@ def ctr_tasks(ctr: Path, socket: Path) -> dict[str, int]:
         if len(fields) >= 3 and fields[2] == "RUNNING":
             running[fields[0]] = int(fields[1])
     return running
+
+
+def _children(pid: int) -> set[int]:
+    try:
+        return {int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
+    except OSError:
+        return set()
+
+
+def restart_supervised(supervisor: int, *, timeout: float) -> None:
+    """SIGHUP to ``supervise.py`` (pid ``supervisor``), then wait until its old child is gone and a new one runs."""
+    before = _children(supervisor)
+    os.kill(supervisor, signal.SIGHUP)
+    deadline = time.monotonic() + timeout
+    while not ((now := _children(supervisor)) and not now & before):
+        if time.monotonic() >= deadline:
+            raise host.ControlPlaneError(f"supervisor {supervisor} did not restart its command within {timeout:.0f}s")
+        time.sleep(0.05)

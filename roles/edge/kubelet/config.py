@@ -8,10 +8,12 @@ and proven, and the previous file put back if it does not come back.
   value not of its KubeletConfiguration type (the webhook's rules: a job stored while it was down comes here
   unchecked);
 * BackUp copies the file into ``<dataDir>/kubelet/config-backup/``;
-* Update writes the backup with the fields set (JSON stays JSON, YAML becomes YAML) in one rename, restarts
-  the kubelet and waits ``kubelet.healthDeadline`` for its healthz and a Ready Node posted after the restart;
-  a value the kubelet itself rejects (it exits at start) fails here;
-* RollBack puts the backup back, restarts the kubelet and proves it the same way; the node ends as Failure
+* Update writes the backup with the fields set (JSON stays JSON; YAML is written anew, without its comments)
+  in one rename, restarts the kubelet and waits ``kubelet.healthDeadline`` for its healthz and a Ready Node
+  posted after the restart; a value the kubelet itself rejects (it exits at start) fails here, and Update
+  puts the backup back and proves the kubelet on it before it reports (shielded from a Cancel from the write
+  on, so that a job's timeout never leaves a kubelet on a file nobody judged);
+* RollBack reports that restore, or does it when the agent stopped before it could; the node ends as Failure
   with what was wrong.
 
 Progress is the store fact ``kubelet_config/<task key>``: a step re-run after the agent's restart writes the
@@ -125,48 +127,68 @@ async def update(ctx: TaskContext) -> Outcome:
     progress = await ctx.store.get_fact(_fact(ctx), _Progress)
     if progress is None:
         return Outcome(False, "the kubelet's configuration was not backed up: BackUp did not run for this task")
-    if progress.stage == "healthy":
-        return Outcome(True)
+    if progress.stage in ("healthy", "rolled_back"):  # decided by an earlier run of this action
+        return Outcome(progress.stage == "healthy", progress.failure)
     cfg, problem = await kubelet_settings(ctx, _refusal)
-    if cfg is not None:
+    fields, refused = _fields(ctx.spec.update_fields)
+    problem = problem or refused
+    if cfg is not None and not problem:
         target = Path(cfg.kubelet.config_file)
-        fields, problem = _fields(ctx.spec.update_fields)
-        try:
-            # From the backup: a re-run after the agent's restart writes the same file again.
-            new = await anyio.to_thread.run_sync(_updated, _backup(ctx), fields)
-            await anyio.to_thread.run_sync(write_atomically, target, new)
-        except (OSError, ValueError) as exc:
-            problem = problem or f"cannot write {target}: {exc}"
-        if not problem:
-            progress = msgspec.structs.replace(progress, stage="written")
-            await ctx.store.set_fact(_fact(ctx), progress)
-            problem = await _prove(ctx, cfg.kubelet)
+        # Shielded from the write to the verdict and the restore it may need: a Cancel (the job's timeout) waits
+        # rather than leave the kubelet on a file nobody judged.
+        with anyio.CancelScope(shield=True):
+            try:
+                # From the backup: a re-run after the agent's restart writes the same file again.
+                new = await anyio.to_thread.run_sync(_updated, _backup(ctx), fields)
+                await anyio.to_thread.run_sync(write_atomically, target, new)
+            except (OSError, ValueError) as exc:
+                problem = f"cannot write {target}: {exc}"
+            else:
+                progress = msgspec.structs.replace(progress, stage="written")
+                await ctx.store.set_fact(_fact(ctx), progress)
+                problem = await _prove(ctx, cfg.kubelet)
+            if problem:
+                progress = await _restore(ctx, cfg.kubelet, msgspec.structs.replace(progress, failure=problem))
     if problem:
-        await ctx.store.set_fact(_fact(ctx), msgspec.structs.replace(progress, failure=problem))
+        if not progress.failure:
+            await ctx.store.set_fact(_fact(ctx), msgspec.structs.replace(progress, failure=problem))
         return Outcome(False, problem)
     await ctx.store.set_fact(_fact(ctx), msgspec.structs.replace(progress, stage="healthy"))
     return Outcome(True)
 
 
-async def roll_back(ctx: TaskContext) -> Outcome:
-    progress = await ctx.store.get_fact(_fact(ctx), _Progress)
-    if progress is None:
-        return Outcome(True, "nothing was changed")
-    why = progress.failure or "the kubelet was not healthy"
-    if progress.stage in ("backed_up", "rolled_back"):
-        return Outcome(True, why)
-    cfg, problem = await kubelet_settings(ctx, _refusal)
-    if cfg is None:
-        return Outcome(False, f"cannot restore the kubelet's configuration: {problem}")
-    target = Path(cfg.kubelet.config_file)
+async def _restore(ctx: TaskContext, settings: KubeletConfig, progress: _Progress) -> _Progress:
+    """The backup written back and the kubelet proven on it: ``rolled_back``, or as it was with both reasons."""
+    target = Path(settings.config_file)
     try:
         saved = await anyio.to_thread.run_sync(_backup(ctx).read_bytes)
         await anyio.to_thread.run_sync(write_atomically, target, saved)
     except OSError as exc:
-        return Outcome(False, f"cannot restore {target} ({why}): {exc}")
-    if problem := await _prove(ctx, cfg.kubelet):
-        return Outcome(
-            False, f"the update failed ({why}) and the kubelet is not healthy on its restored file: {problem}"
+        problem = f"cannot restore {target}: {exc}"
+    else:
+        problem = await _prove(ctx, settings)
+    if problem:
+        failure = (
+            f"the update failed ({progress.failure}) and the kubelet is not healthy on its restored file: {problem}"
         )
-    await ctx.store.set_fact(_fact(ctx), msgspec.structs.replace(progress, stage="rolled_back"))
+        restored = msgspec.structs.replace(progress, failure=failure)
+    else:
+        restored = msgspec.structs.replace(progress, stage="rolled_back")
+    await ctx.store.set_fact(_fact(ctx), restored)
+    return restored
+
+
+async def roll_back(ctx: TaskContext) -> Outcome:
+    progress = await ctx.store.get_fact(_fact(ctx), _Progress)
+    if progress is None:
+        return Outcome(True, "the kubelet's configuration was not changed (this task has no record of a backup)")
+    why = progress.failure or "the kubelet was not healthy"
+    if progress.stage in ("written", "healthy"):
+        cfg, problem = await kubelet_settings(ctx, _refusal)
+        if cfg is None:
+            return Outcome(False, f"cannot restore the kubelet's configuration: {problem}")
+        with anyio.CancelScope(shield=True):
+            progress = await _restore(ctx, cfg.kubelet, progress)
+        if progress.stage != "rolled_back":
+            return Outcome(False, progress.failure)
     return Outcome(True, why)

@@ -94,9 +94,11 @@ async def wait_healthy(healthz_url: str, read_node: ReadNode, *, version: str, s
 
 async def restart_and_prove(settings: KubeletConfig, read_node: ReadNode | None, version: str) -> str:
     """Restart the kubelet and wait ``healthDeadline`` for it healthy at ``version``: "" or why it is not."""
-    since = datetime.now(UTC)
     if problem := await restart(settings.restart_command):
         return problem
+    # Taken once the restart command has returned (systemctl restart returns once the new process started):
+    # only a status posted later is the new kubelet's.
+    since = datetime.now(UTC)
     if read_node is None:
         return "this agent cannot read its Node (no cache): the kubelet's health cannot be judged"
     return await wait_healthy(

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tools.provision import node_host
+
 SUPERVISE = Path(__file__).resolve().parents[3] / "tools" / "provision" / "supervise.py"
 
 
@@ -77,3 +79,14 @@ def test_without_a_command_it_says_how_to_call_it() -> None:
     done = subprocess.run([sys.executable, str(SUPERVISE)], capture_output=True, text=True, check=False)
     assert done.returncode == 2
     assert "usage: supervise.py -- COMMAND" in done.stderr
+
+
+def test_a_restart_through_the_node_tools_returns_once_the_new_process_runs(
+    supervisor: tuple[subprocess.Popen[bytes], Path],
+) -> None:
+    """``restart_supervised`` (what ``node.py restart-kubelet`` does) waits, as ``systemctl restart`` does."""
+    process, record = supervisor
+    (first,) = _pids(record, 1)
+    node_host.restart_supervised(process.pid, timeout=20)
+    assert not _alive(first)
+    assert len(_pids(record, 2)) == 2

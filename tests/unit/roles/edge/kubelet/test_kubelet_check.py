@@ -32,9 +32,13 @@ def _kubelet(home: Path, says: str = f"Kubernetes {RUNNING}") -> Path:
     return script
 
 
-async def _check(config: Path, version: str, *, allow_downgrade: bool = False) -> Outcome:
+async def _check(config: Path, version: str, *, allow_downgrade: bool = False, image: str = "") -> Outcome:
     spec = NodeUpgradeJobSpec(
-        version=version, node_names=("edge-1",), component=NodeComponent.KUBELET, allow_downgrade=allow_downgrade
+        version=version,
+        node_names=("edge-1",),
+        component=NodeComponent.KUBELET,
+        allow_downgrade=allow_downgrade,
+        image=image,
     )
     return await run_check(nodeupgradejob.JOB_TYPE, spec, config_file=config, data_dir=config.parent / "data")
 
@@ -56,8 +60,31 @@ async def test_a_downgrade_is_refused_unless_the_job_allows_it(tmp_path: Path) -
     )
     allowed = await _check(config, "v1.20.3-rc.1", allow_downgrade=True)
     assert allowed == Outcome(
-        False, "no kubelet upgrade image: spec.image is empty and kubelet.upgradeImage is not configured"
+        False, "kubelet upgrades need kubelet.upgradeImage: the repository this node takes kubelets from"
     )
+
+
+async def test_a_job_cannot_choose_where_the_kubelet_comes_from(tmp_path: Path) -> None:
+    """``spec.image`` may repeat the device's ``kubelet.upgradeImage`` (any tag: the version replaces it), no more."""
+    kubelet = _kubelet(tmp_path)
+    config = _config(tmp_path, binary=str(kubelet), restartCommand=["true"], upgradeImage="127.0.0.1:1/ours/kubelet")
+    refused = await _check(config, "v1.20.4", image="evil.example.com/kubelet")
+    assert refused == Outcome(
+        False,
+        "spec.image 'evil.example.com/kubelet' is not this node's kubelet.upgradeImage '127.0.0.1:1/ours/kubelet'"
+        " (its only source)",
+    )
+    repeated = await _check(config, "v1.20.4", image="127.0.0.1:1/ours/kubelet:latest")
+    assert repeated.reason.startswith("upgrade artifact 127.0.0.1:1/ours/kubelet:v1.20.4: "), repeated
+
+
+async def test_build_metadata_of_the_running_kubelet_has_no_say_in_the_order(tmp_path: Path) -> None:
+    """``v1.20.3+k3s1`` runs: v1.20.4 goes on to its artifact, v1.20.3-rc.1 is a downgrade."""
+    config = _config(tmp_path, binary=str(_kubelet(tmp_path, says="Kubernetes v1.20.3+k3s1")), restartCommand=["true"])
+    newer = await _check(config, "v1.20.4")
+    assert newer.reason.startswith("kubelet upgrades need kubelet.upgradeImage"), newer
+    older = await _check(config, "v1.20.3-rc.1")
+    assert older.reason.startswith("refusing to downgrade the kubelet from v1.20.3+k3s1 to v1.20.3-rc.1"), older
 
 
 async def test_the_running_version_passes_check_with_nothing_to_fetch(tmp_path: Path) -> None:
