@@ -60,6 +60,7 @@ __all__ = [
     "CACHE_CAPABILITY",
     "CACHE_CHUNKS_CAPABILITY",
     "CACHE_SECRETS_CAPABILITY",
+    "KUBELET_CAPABILITY",
     "NODE_CREDENTIALS_CAPABILITY",
     "PING_CAPABILITY",
     "TUNNEL_CAPABILITY",
@@ -103,6 +104,10 @@ ROUTE_CACHE_SIZE: Final = 16384
 
 ATTEMPTS_CAPABILITY: Final = "attempts"
 """In a Hello's capabilities: the agent keys its node tasks by job UID and attempt, and reports the attempt."""
+KUBELET_CAPABILITY: Final = "kubelet.v1"
+"""In a Hello's capabilities: the agent reads a node job's ``component`` and runs ``component: kubelet`` on the
+node's kubelet. An older agent ignores the field and would take such a job for one about itself, so the hub
+never sends it one: its node fails with the reason instead."""
 
 
 class ActionResult(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):

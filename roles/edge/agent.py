@@ -48,6 +48,7 @@ from nodetask.messages import (
     CACHE_CAPABILITY,
     CACHE_CHUNKS_CAPABILITY,
     CACHE_SECRETS_CAPABILITY,
+    KUBELET_CAPABILITY,
     NODE_CREDENTIALS_CAPABILITY,
     PING_CAPABILITY,
     TUNNEL_CAPABILITY,
@@ -136,6 +137,7 @@ class EdgeAgent:
                     {f"{jt}/{action}" for jt, action in actions}
                     | {
                         ATTEMPTS_CAPABILITY,
+                        KUBELET_CAPABILITY,
                         CACHE_CAPABILITY,
                         CACHE_CHUNKS_CAPABILITY,
                         PING_CAPABILITY,

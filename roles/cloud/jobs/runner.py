@@ -19,7 +19,9 @@ The pool token is held across all three in one ``async with`` (see :mod:`nodetas
 A retried job runs again under a new runner (:attr:`JobRunner.run_number`), like a first run. A
 retried node (attempt above 1) whose agent does not announce ``messages.ATTEMPTS_CAPABILITY`` is
 failed instead of dispatched: such an agent keys its task by job UID alone and would take the retry
-for a re-delivery of the first attempt, resend that attempt's result and never run again.
+for a re-delivery of the first attempt, resend that attempt's result and never run again. Likewise a
+node of a ``component: kubelet`` job whose agent does not announce ``messages.KUBELET_CAPABILITY``: such an
+agent ignores the field and would take the job for one about itself.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import structlog
 from flows.nodejobs.changes import ClaimOutcome, awaits_confirmation, claim, full, refuse
 from flows.nodejobs.jobtype import JobType
 from nodetask.clock import Clock, parse_time
-from nodetask.messages import ATTEMPTS_CAPABILITY, Cancel, Confirm, RunAction
+from nodetask.messages import ATTEMPTS_CAPABILITY, KUBELET_CAPABILITY, Cancel, Confirm, RunAction
 from nodetask.phases import ConditionStatus, NodeTaskPhase
 from nodetask.pool import JobPool, NodeTaskEnd, open_job_pool
 from nodetask.registry_credentials import TYPED_CREDENTIALS
@@ -171,7 +173,7 @@ class JobRunner:
         log = self._log.bind(node=node)
         entry = self._entry(node)
         if entry is not None and entry.phase is NodeTaskPhase.PENDING:
-            if entry.attempt > 1 and await self._refused(node, entry.attempt, log):
+            if await self._refused(node, entry.attempt, log):
                 return
             if not await self._claim(node, log):
                 return
@@ -183,16 +185,35 @@ class JobRunner:
         if scope.cancelled_caught:
             log.warning("node_task_timed_out", timeout=targeting(self.job).effective_timeout)
 
-    async def _refused(self, node: str, attempt: int, log: Log) -> bool:
-        """Fail a retried node whose agent cannot tell a retry from a re-delivery; whether it was refused."""
-        session = self._sessions.get(node)
-        if session is None or ATTEMPTS_CAPABILITY in session.capabilities:
-            return False
-        reason = (
-            f"the agent on this node (version {session.version}) cannot run a retry: it does not announce the"
-            f" capability {ATTEMPTS_CAPABILITY!r} and would take attempt {attempt} for the first one again;"
-            " upgrade the agent, or run the node in a new job"
+    def _unable(self, session: Session, attempt: int) -> tuple[str, str]:
+        """(the capability ``session``'s agent lacks for this node task, the node's reason), or ("", "")."""
+        if attempt > 1 and ATTEMPTS_CAPABILITY not in session.capabilities:
+            return ATTEMPTS_CAPABILITY, (
+                f"the agent on this node (version {session.version}) cannot run a retry: it does not announce the"
+                f" capability {ATTEMPTS_CAPABILITY!r} and would take attempt {attempt} for the first one again;"
+                " upgrade the agent, or run the node in a new job"
+            )
+        spec = self.job.spec
+        on_kubelet = (
+            isinstance(spec, v1alpha2.NodeUpgradeJobSpec | v1alpha2.ConfigUpdateJobSpec)
+            and spec.component is v1alpha2.NodeComponent.KUBELET
         )
+        if on_kubelet and KUBELET_CAPABILITY not in session.capabilities:
+            return KUBELET_CAPABILITY, (
+                f"the agent on this node (version {session.version}) cannot act on the kubelet: it does not announce"
+                f" the capability {KUBELET_CAPABILITY!r} and would take this job for one about itself; upgrade the"
+                " agent"
+            )
+        return "", ""
+
+    async def _refused(self, node: str, attempt: int, log: Log) -> bool:
+        """Fail a node whose agent cannot run its task (:meth:`_unable`) instead of dispatching it; whether it was."""
+        session = self._sessions.get(node)
+        if session is None:
+            return False
+        capability, reason = self._unable(session, attempt)
+        if not capability:
+            return False
         outage = Outage(log, "refusal_failed", initial=RETRY_INITIAL, cap=RETRY_CAP)
         while True:
             try:
@@ -204,7 +225,7 @@ class JobRunner:
                 continue
             outage.recovered()
             if refused:
-                log.warning("retry_refused_old_agent", attempt=attempt, version=session.version)
+                log.warning("node_refused_old_agent", attempt=attempt, version=session.version, lacks=capability)
             return True
 
     async def _claim(self, node: str, log: Log) -> bool:

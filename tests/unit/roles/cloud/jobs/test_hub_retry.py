@@ -10,13 +10,35 @@ import trio.testing
 from flows.nodejobs import imageprepulljob
 from flows.nodejobs.changes import RecordOutcome, record, refuse
 from flows.nodejobs.imageprepulljob import CHECK, PULL
-from nodetask.messages import ATTEMPTS_CAPABILITY, ActionResult, Cancel, Report, ReportAck, RunAction
+from nodetask.messages import (
+    ATTEMPTS_CAPABILITY,
+    KUBELET_CAPABILITY,
+    ActionResult,
+    Cancel,
+    Report,
+    ReportAck,
+    RunAction,
+)
 from nodetask.phases import JobPhase, NodeTaskPhase
 from nodetask.route import Route
-from schemas.v1alpha2 import API_VERSION, ImagePrePullJob, PreviousAttempt, RetryStatus
+from roles.kube.resources import job_resource
+from schemas.kinds import NODE_UPGRADE_JOB
+from schemas.meta import ObjectMeta
+from schemas.v1alpha2 import (
+    API_VERSION,
+    ImagePrePullJob,
+    NodeComponent,
+    NodeUpgradeJob,
+    NodeUpgradeJobNodeTaskStatus,
+    NodeUpgradeJobSpec,
+    NodeUpgradeJobStatus,
+    PreviousAttempt,
+    RetryStatus,
+)
 from tests.unit.roles.cloud.doubles import PREPULLS, MemoryApi, edge_nodes, prepull_job, running_hub
 
 PENDING = NodeTaskPhase.PENDING
+UPGRADES = job_resource(NODE_UPGRADE_JOB)
 NOW = "2026-11-26T00:00:00Z"
 ROUTE_JUMP = Route(API_VERSION, "imageprepulljob", "jump", "n0")
 
@@ -146,3 +168,37 @@ def test_a_refusal_fails_only_the_pending_attempt_it_names() -> None:
     assert refuse("n0", uid="uid-pure", attempt=3, reason="x")(job) == (None, False)
     assert refuse("n0", uid="other", attempt=2, reason="x")(job) == (None, False)
     assert refuse("n0", uid="uid-pure", attempt=2, reason="x")(new) == (None, False)
+
+
+def _kubelet_upgrade(name: str, node: str) -> NodeUpgradeJob:
+    return NodeUpgradeJob(
+        metadata=ObjectMeta(name=name, uid=f"uid-{name}"),
+        spec=NodeUpgradeJobSpec(version="v1.20.3", node_names=(node,), component=NodeComponent.KUBELET),
+        status=NodeUpgradeJobStatus(
+            phase=JobPhase.IN_PROGRESS,
+            node_status=(NodeUpgradeJobNodeTaskStatus(node_name=node, phase=PENDING),),
+        ),
+    )
+
+
+async def test_a_kubelet_job_goes_only_to_an_agent_that_acts_on_the_kubelet(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """An agent without 'kubelet.v1' would take the job for an upgrade of itself: its node fails naming why;
+    an agent announcing it gets the RunAction."""
+    api = MemoryApi()
+    edge_nodes(api, "old", "new")
+    api.put(UPGRADES, _kubelet_upgrade("k-old", "old"))
+    api.put(UPGRADES, _kubelet_upgrade("k-new", "new"))
+    async with running_hub(api) as (_, door):
+        old = door.connect("old")
+        await old.hello(version="v0.9", capabilities=(ATTEMPTS_CAPABILITY,))
+        assert [f for f in await old.frames_within(10) if isinstance(f, RunAction)] == []
+        new = door.connect("new")
+        await new.hello(capabilities=(ATTEMPTS_CAPABILITY, KUBELET_CAPABILITY))
+        run = await new.next_of(RunAction)
+        assert (run.job_uid, run.action) == ("uid-k-new", "Check")
+    (entry,) = api.peek(UPGRADES, "k-old").status.node_status
+    assert entry.phase is NodeTaskPhase.FAILURE
+    assert entry.reason.startswith("the agent on this node (version v0.9) cannot act on the kubelet:"), entry.reason
+    assert "'kubelet.v1'" in entry.reason
