@@ -6,6 +6,7 @@ Every call has its own bound (a cancel scope); a failure is a reason to report, 
 
 from __future__ import annotations
 
+import re
 import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -28,6 +29,7 @@ ReadNode = Callable[[], Awaitable[Mapping[str, Any] | None]]
 """The device's own Node as its cache holds it (the kubelet's status updates pass through the node API)."""
 
 COMMAND_TIMEOUT: Final = 60.0
+_VERSION_TEXT: Final = re.compile(r"v[0-9][0-9A-Za-z.+_-]{0,127}")
 POLL_SECONDS: Final = 1.0
 
 
@@ -46,7 +48,8 @@ async def binary_version(binary: Path) -> tuple[str, str]:
     """(version, "") as ``binary --version`` prints it (``Kubernetes v1.20.2`` gives ``v1.20.2``), or ("", why)."""
     status, output = await _run([str(binary), "--version"])
     words = output.split()
-    if status != 0 or len(words) != 2 or words[0] != "Kubernetes":
+    # The version names a backup directory: nothing but a version's characters.
+    if status != 0 or len(words) != 2 or words[0] != "Kubernetes" or not _VERSION_TEXT.fullmatch(words[1]):
         return "", f"{binary} --version exited {status} saying {clip(output, 200)!r}, not 'Kubernetes <version>'"
     return words[1], ""
 

@@ -93,12 +93,13 @@ async def test_the_running_version_passes_check_with_nothing_to_fetch(tmp_path: 
     assert await _check(config, RUNNING) == Outcome(True)
 
 
-async def test_a_binary_that_is_no_kubelet_is_named(tmp_path: Path) -> None:
-    """What ``--version`` printed is quoted when it is not ``Kubernetes <version>``."""
-    config = _config(tmp_path, binary=str(_kubelet(tmp_path, says="hello")), restartCommand=["true"])
+@pytest.mark.parametrize("says", ["hello", "Kubernetes v1.20.3/../../etc", "Kubernetes 1.20.3"])
+async def test_a_binary_that_is_no_kubelet_is_named(tmp_path: Path, says: str) -> None:
+    """What ``--version`` printed is quoted when it is not ``Kubernetes v<version>`` (no path in it either)."""
+    config = _config(tmp_path, binary=str(_kubelet(tmp_path, says=says)), restartCommand=["true"])
     outcome = await _check(config, "v1.20.4")
     assert not outcome.succ
-    assert outcome.reason == f"{tmp_path / 'kubelet'} --version exited 0 saying 'hello', not 'Kubernetes <version>'"
+    assert outcome.reason == f"{tmp_path / 'kubelet'} --version exited 0 saying {says!r}, not 'Kubernetes <version>'"
 
 
 @pytest.mark.parametrize(
