@@ -208,7 +208,8 @@ async def test_ctl_refuses_what_does_not_apply_naming_it(crds: ControlPlane) -> 
 
 
 async def test_get_selects_by_label_and_prints_names_or_rows_without_headers(crds: ControlPlane) -> None:
-    """`ctl get -l` lists only the labelled job; `-o name` prints KIND.GROUP/NAME and `--no-headers` a bare row."""
+    """`ctl get -l` lists only the labelled job; `-o name` prints KIND.GROUP/NAME, `--no-headers` a bare row and
+    `-o wide` what the job does."""
     team = unique("team")
     chosen, other = unique("labelled"), unique("unlabelled")
     for name in (chosen, other):
@@ -218,11 +219,16 @@ async def test_get_selects_by_label_and_prints_names_or_rows_without_headers(crd
     named = await _run_ctl(crds, "get", "-o", "name", "-l", f"team={team}")
     bare = await _run_ctl(crds, "get", "imageprepulljob", "--no-headers", "--selector", f"team={team}")
     everything = await _run_ctl(crds, "get", "imageprepulljob", "-o", "name")
+    wide = await _run_ctl(crds, "get", "imageprepulljob", "-o", "wide", "-l", f"team={team}")
     assert named.returncode == 0, named.stderr
     assert named.stdout.decode() == f"imageprepulljob.operations.kubeedge.io/{chosen}\n"
     assert bare.returncode == 0, bare.stderr
     (row,) = bare.stdout.decode().splitlines()
     assert row.split()[:2] == ["imageprepulljob", chosen]
+    header, wide_row = wide.stdout.decode().splitlines()
+    assert header.split()[-2:] == ["TARGET", "REASON"], header
+    assert wide_row.split()[:2] == ["imageprepulljob", chosen]
+    assert "1 image: a:1" in wide_row, wide_row
     listed = everything.stdout.decode().splitlines()
     assert f"imageprepulljob.operations.kubeedge.io/{other}" in listed
     assert f"imageprepulljob.operations.kubeedge.io/{chosen}" in listed

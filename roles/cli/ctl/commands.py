@@ -26,10 +26,11 @@ def _ctl_get(args: argparse.Namespace) -> int:
     found = with_kube(args.kubeconfig, lambda kube: fetch.jobs(kube, kinds, selector=args.selector))
     if args.output == "name":
         sys.stdout.write(text.job_names(found))
-    elif args.output != "table":
+    elif args.output not in ("table", "wide"):
         sys.stdout.write(text.encode(found, args.output))
     elif found:
-        sys.stdout.write(text.jobs_table(found, now=datetime.now(UTC), headers=not args.no_headers))
+        now = datetime.now(UTC)
+        sys.stdout.write(text.jobs_table(found, now=now, headers=not args.no_headers, wide=args.output == "wide"))
     else:
         sys.stderr.write("no node jobs\n")
     return 0
@@ -138,7 +139,11 @@ def add_ctl_parsers(commands: argparse._SubParsersAction[Parser], kube: Parser, 
     get = ctl_commands.add_parser("get", parents=[kube], help="jobs of all three kinds, phase and node counts")
     get.add_argument("kind", nargs="?", help="only this kind (nodeupgradejob, imageprepulljob, configupdatejob)")
     get.add_argument(
-        "-o", "--output", choices=("table", "name", "json", "yaml"), default="table", help="name: KIND.GROUP/NAME"
+        "-o",
+        "--output",
+        choices=("table", "wide", "name", "json", "yaml"),
+        default="table",
+        help="wide: also what each job does and its reason; name: KIND.GROUP/NAME",
     )
     get.add_argument("-l", "--selector", default="", help="only jobs with these labels (kubectl's label selector)")
     get.add_argument("--no-headers", action="store_true", help="the table without its header line")

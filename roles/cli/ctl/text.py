@@ -61,7 +61,8 @@ def _cut(text: str) -> str:
     return flat if len(flat) <= MESSAGE_LIMIT else flat[: MESSAGE_LIMIT - 1] + "…"
 
 
-def jobs_table(jobs: Sequence[JobSummary], *, now: datetime, headers: bool = True) -> str:
+def jobs_table(jobs: Sequence[JobSummary], *, now: datetime, headers: bool = True, wide: bool = False) -> str:
+    """One row a job; ``wide`` (``-o wide``) adds what it does and the reason of its phase."""
     rows = [
         [
             j.kind,
@@ -70,10 +71,12 @@ def jobs_table(jobs: Sequence[JobSummary], *, now: datetime, headers: bool = Tru
             str(j.total),
             *(str(j.counts.get(k, 0)) for k in COUNT_KEYS),
             age(j.created, now),
+            *((_cut(j.target) or "-", _cut(j.reason) or "-") if wide else ()),
         ]
         for j in jobs
     ]
-    return table(("KIND", "NAME", "PHASE", "NODES", *COUNT_HEADERS, "AGE"), rows, show_headers=headers)
+    extra = ("TARGET", "REASON") if wide else ()
+    return table(("KIND", "NAME", "PHASE", "NODES", *COUNT_HEADERS, "AGE", *extra), rows, show_headers=headers)
 
 
 def nodes_table(rows: Sequence[NodeRow]) -> str:

@@ -16,6 +16,7 @@ import msgspec
 
 from flows.nodejobs.nodeupgradejob import WAITING_CONFIRMATION
 from nodetask.phases import ConditionStatus, JobPhase, NodeTaskPhase
+from schemas import v1alpha2
 from schemas.core import AGENT_VERSION_ANNOTATION, HUB_ANNOTATION, Event, Node
 from schemas.kinds import KINDS, NODE_UPGRADE_JOB, Kind
 
@@ -71,6 +72,9 @@ class JobSummary(_Row, frozen=True):
     counts: dict[str, int] = {}
     """Nodes per phase, by :data:`COUNT_KEYS`."""
     created: str = ""
+    target: str = ""
+    """What the job does, in a few words (``-o wide``): an upgrade's component and version, a pre-pull's images,
+    a config update's fields."""
 
     @property
     def ref(self) -> str:
@@ -147,7 +151,20 @@ def summarize(kind: Kind, job: Any) -> JobSummary:
         total=total,
         counts=counts,
         created=job.metadata.creation_timestamp,
+        target=target_of(job.spec),
     )
+
+
+def target_of(spec: Any) -> str:
+    """What a job's ``spec`` does, in a few words: ``kubelet v1.20.3``, ``2 images: a:1, b:2``, ``maxPods``."""
+    if isinstance(spec, v1alpha2.NodeUpgradeJobSpec):
+        return f"{spec.component} {spec.version}"
+    if isinstance(spec, v1alpha2.ImagePrePullJobSpec):
+        images = spec.image_pre_pull_template.images
+        return f"{len(images)} image{'' if len(images) == 1 else 's'}: {', '.join(images)}"
+    if isinstance(spec, v1alpha2.ConfigUpdateJobSpec):
+        return f"{spec.component}: {', '.join(sorted(spec.update_fields))}"
+    return ""
 
 
 def node_rows(job: Any, nodes: Mapping[str, Node]) -> list[NodeRow]:

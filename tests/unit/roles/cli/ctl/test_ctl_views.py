@@ -26,15 +26,21 @@ from roles.cli.ctl.views import (
     paused_for_confirmation,
     retry_value,
     summarize,
+    target_of,
 )
 from schemas.core import AGENT_VERSION_ANNOTATION, EDGE_ROLE_LABEL, HUB_ANNOTATION, Node, NodeCondition, NodeStatus
 from schemas.kinds import CONFIG_UPDATE_JOB, IMAGE_PRE_PULL_JOB, NODE_UPGRADE_JOB
 from schemas.meta import ObjectMeta
 from schemas.v1alpha2 import (
     ActionStatus,
+    ConfigUpdateJobSpec,
+    ImagePrePullJobSpec,
+    ImagePrePullTemplate,
+    NodeComponent,
     NodeCounts,
     NodeUpgradeJob,
     NodeUpgradeJobNodeTaskStatus,
+    NodeUpgradeJobSpec,
     NodeUpgradeJobStatus,
 )
 
@@ -216,6 +222,24 @@ def test_tables_align_columns_and_lines_say_everything_on_one_line() -> None:
     assert line == "T nodeupgradejob/u phase=InProgress nodes=3 pending=1 inProgress=2 successful=0 failure=0 unknown=0"
     text = jobs_table([_summary("Completed", successful=3)], now=datetime(2026, 1, 1, tzinfo=UTC))
     assert text.splitlines()[1].split() == ["nodeupgradejob", "u", "Completed", "3", "0", "0", "3", "0", "0", "-"]
+
+
+def test_the_wide_table_says_what_each_job_does_and_why_it_is_where_it_is() -> None:
+    """``-o wide`` adds TARGET (component and version, images, fields) and REASON ("-" when there is none)."""
+    upgrade = NodeUpgradeJobSpec(version="v1.20.3", component=NodeComponent.KUBELET)
+    prepull = ImagePrePullJobSpec(image_pre_pull_template=ImagePrePullTemplate(images=("a:1", "b:2")))
+    config = ConfigUpdateJobSpec(update_fields={"maxPods": "42", "evictionHard": "memory.available<1Mi"})
+    assert [target_of(spec) for spec in (upgrade, NodeUpgradeJobSpec(version="v0.2.0"), prepull, config)] == [
+        "kubelet v1.20.3",
+        "nodetaskd v0.2.0",
+        "2 images: a:1, b:2",
+        "nodetaskd: evictionHard, maxPods",
+    ]
+    failed = msgspec.structs.replace(_summary("Failure", failure=1), reason="1/1 failed", target="kubelet v1.20.3")
+    rows = jobs_table([failed, _summary("Completed")], now=datetime(2026, 1, 1, tzinfo=UTC), wide=True).splitlines()
+    assert rows[0].split()[-3:] == ["AGE", "TARGET", "REASON"]
+    assert rows[1].endswith("kubelet v1.20.3   1/1 failed")
+    assert rows[2].split()[-2:] == ["-", "-"]
 
 
 def test_the_live_view_draws_a_bar_and_the_counts_per_job_and_the_latest_events() -> None:
