@@ -4,7 +4,8 @@
 diagnosis kinds alike. msgspec's JSON
 Schema is turned into a Kubernetes *structural* schema: ``$ref`` inlined, ``Optional`` as
 ``nullable``, no ``default``/``title``/``enum`` (KubeEdge's CRDs have none, and defaults belong to the
-webhook), no ``additionalProperties: false`` (structural schemas forbid it beside ``properties``).
+webhook) but on nodetaskd's own choices (:data:`_CLOSED_ENUMS`), no ``additionalProperties: false``
+(structural schemas forbid it beside ``properties``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ _REQUIRED: Mapping[tuple[str, str], tuple[str, ...]] = {
     ("ImagePrePullJob", "v1alpha1"): ("spec",),
 }
 _STATUS_REQUIRED: Mapping[tuple[str, str], tuple[str, ...]] = {(k.kind, "v1alpha2"): ("phase",) for k in KINDS}
+_CLOSED_ENUMS = frozenset({"NodeComponent"})
+"""Enumerations of nodetaskd's own fields, closed in the schema as well as by the webhook: no KubeEdge object
+carries them, and an API server without the webhook must not store a component no agent acts on."""
 _INT_BOUNDS = frozenset({-(2**31), 2**31 - 1, 2**32 - 1})
 _ATOMIC_SELECTOR = {"x-kubernetes-map-type": "atomic"}
 _SELECTOR_KEYS = frozenset({"labelSelector", "nodeSelector", "podSelector", "targetNodeSelector", "targetPodSelector"})
@@ -88,7 +92,8 @@ def _structural(node: Any, defs: Mapping[str, Any]) -> Any:
         return node
     if "$ref" in node:
         name = node["$ref"].removeprefix("#/$defs/")
-        return _structural(defs[name], defs)
+        closed = {"enum": defs[name]["enum"]} if name in _CLOSED_ENUMS else {}
+        return {**_structural(defs[name], defs), **closed}
     if "anyOf" in node:
         options = [o for o in node["anyOf"] if o != {"type": "null"}]
         if len(options) != 1:

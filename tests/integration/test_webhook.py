@@ -292,9 +292,6 @@ REFUSALS = {
         "spec.updateFields['maxPods']",
         "maxPods must be an integer from 1 to 10000",
     ),
-    "component": Refusal(
-        "NodeUpgradeJob", V2, upgrade_spec(component="kubectl"), "spec.component", "Invalid enum value 'kubectl'"
-    ),
 }
 
 
@@ -304,6 +301,20 @@ async def test_invalid_jobs_are_refused_naming_the_field(cluster: Cluster, case:
     message = await cluster.refused(cluster.job(case.kind, case.spec, api_version=case.api_version))
     assert f"{case.field}: " in message
     assert case.says in message
+
+
+async def test_a_component_no_agent_acts_on_is_refused_by_the_schema_naming_the_ones_it_may_be(
+    cluster: Cluster,
+) -> None:
+    """``component`` is a closed enum in the CRD: the API server refuses any other value before any webhook runs."""
+    for kind, spec in (
+        ("NodeUpgradeJob", upgrade_spec(component="kubectl")),
+        ("ConfigUpdateJob", {"updateFields": {"maxPods": "42"}, "nodeNames": ["edge-1"], "component": "kube-proxy"}),
+    ):
+        result = await cluster.create(cluster.job(kind, spec))
+        assert result.returncode != 0, f"admitted: {result.stdout}"
+        assert "spec.component: Unsupported value" in result.stderr, result.stderr
+        assert 'supported values: "kubelet", "nodetaskd"' in result.stderr, result.stderr
 
 
 async def test_spec_is_immutable_but_metadata_and_status_may_change(cluster: Cluster) -> None:

@@ -179,3 +179,20 @@ def test_generated_crds_carry_no_yaml_aliases() -> None:
         text = crdgen.render(kind)
         assert "&id" not in text
         assert "*id" not in text
+
+
+def test_only_nodetaskds_own_choices_are_closed_enums_in_the_schema() -> None:
+    """``component`` lists the components agents act on; KubeEdge's phases and actions stay open strings."""
+    for kind in KINDS:
+        crd = yaml.safe_load(crdgen.render(kind))
+        enums = {
+            path: node["enum"]
+            for version in crd["spec"]["versions"]
+            for path, node in _walk(version["schema"]["openAPIV3Schema"])
+            if isinstance(node, dict) and "enum" in node
+        }
+        if kind.kind in ("NodeUpgradeJob", "ConfigUpdateJob"):
+            assert list(enums.values()) == [["kubelet", "nodetaskd"]], enums
+            assert all(path.endswith(".component") for path in enums), enums
+        else:
+            assert enums == {}, enums
