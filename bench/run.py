@@ -26,6 +26,8 @@ from bench.fleet import raise_fd_limit
 from bench.report import page
 from roles.common.logs import configure_logging
 
+SERIES = ("codec", "edge", "job", "diagnosis", "hub", "hubcache", "heap", "nodeapi", "kubelet", "relay")
+
 
 def _sizes(text: str) -> list[int]:
     return [int(s.replace("_", "")) for s in text.split(",") if s.strip()]
@@ -58,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--only",
         action="append",
-        choices=("codec", "edge", "job", "diagnosis", "hub", "hubcache", "heap", "nodeapi", "relay"),
+        choices=SERIES,
         help="run only these (repeatable)",
     )
     p.add_argument("--job-sizes", type=_sizes, default=[100, 1000, 5000], help="nodes per job, comma-separated")
@@ -100,6 +102,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--edge-layer-mib", type=int, default=32, help="size of the image layer the agent pulls")
     p.add_argument("--node-api-runs", type=int, default=3, help="fresh hub and agent pairs of the node API series")
     p.add_argument("--node-api-rounds", type=int, default=1000, help="requests per row and way in each of them")
+    p.add_argument("--kubelet-runs", type=int, default=6, help="kubelet upgrades of the kubelet series (alternating)")
     # 10,000 needs a hub allowed more file descriptors than this machine's hard limit (20,000): one per tunnel.
     p.add_argument("--relay-sizes", type=_sizes, default=[1000], help="simulated nodes through one hub")
     p.add_argument("--relay-repeats", type=int, default=2, help="runs per relay size")
@@ -115,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.render:
         page.write(msgspec.json.decode(store.RESULTS.read_bytes()), out=args.out, images=store.RESULTS.parent)
         return
-    args.only = args.only or ["codec", "edge", "job", "diagnosis", "hub", "hubcache", "heap", "nodeapi", "relay"]
+    args.only = args.only or list(SERIES)
     raise_fd_limit()
     configure_logging(level="error", fmt="console")
     results: dict[str, Any] = msgspec.json.decode(store.RESULTS.read_bytes()) if store.RESULTS.exists() else {}
@@ -126,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         store.save(results, args)
     if "edge" in args.only:
         anyio.run(_terminable, _edge_footprint_into, args, results, backend="trio")
-    if {"job", "diagnosis", "hub", "hubcache", "heap", "nodeapi", "relay"} & set(args.only):
+    if {"job", "diagnosis", "hub", "hubcache", "heap", "nodeapi", "kubelet", "relay"} & set(args.only):
         anyio.run(_terminable, series.cluster_series, args, results, failed, backend="trio")
     if failed:
         progress.log(f"{len(failed)} run(s) FAILED and are missing from the report:")

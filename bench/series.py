@@ -25,6 +25,7 @@ from bench import (
     hub_heap,
     hub_profile,
     job_cost,
+    kubelet_upgrade,
     node_api_latency,
     progress,
     relay_load,
@@ -55,6 +56,8 @@ async def cluster_series(args: argparse.Namespace, results: dict[str, Any], fail
             # Cheapest and most robust first: the 5,000-node job is last.
             if "nodeapi" in args.only:
                 await _node_api(cp, seed, args, results, failed=failed)
+            if "kubelet" in args.only:
+                await _kubelet(cp, args, Path(tmp) / "kubelet", results, failed=failed)
             if "relay" in args.only:
                 await _relay(cp, seed, args, Path(tmp), results, failed=failed)
             if "hub" in args.only:
@@ -89,6 +92,34 @@ async def _node_api(
         progress.note_failure(failed, "node API endpoint", exc)
         return
     store.save(results, args)
+
+
+async def _kubelet(
+    cp: Any, args: argparse.Namespace, home: Path, results: dict[str, Any], *, failed: list[str]
+) -> None:
+    """The kubelet upgrade series (issue 26): one real node, one job after another, storing each run."""
+    runs: list[dict[str, Any]] = []
+    results["kubelet_upgrade"] = {
+        "measured": store.now(), "runs": runs, "rate_per_s": kubelet_upgrade.RATE_PER_S,
+        "request_limit_s": kubelet_upgrade.REQUEST_LIMIT_S,
+    }  # fmt: skip
+
+    def record(run: kubelet_upgrade.UpgradeRun) -> None:
+        progress.log(
+            f"  kubelet {run.target}: Ready {run.ready_s:.1f}s after the job's creation, Completed"
+            f" {run.completed_s:.1f}s; {run.failed} of {run.answered + run.failed} requests failed"
+        )
+        runs.append({**asdict(run), "load": store.load_average(), "measured": store.now()})
+        store.save(results, args)
+
+    progress.log(f"kubelet upgrade: {args.kubelet_runs} jobs on one real node")
+    try:
+        await kubelet_upgrade.series(
+            cp, home, runs=args.kubelet_runs, record=record,
+            fail=lambda what, exc: progress.note_failure(failed, what, exc),
+        )  # fmt: skip
+    except Exception as exc:  # the other series still run
+        progress.note_failure(failed, "kubelet upgrade", exc)
 
 
 async def _relay(

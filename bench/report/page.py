@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.report import api_cost, codec, edge, hub, node_api, notes
+from bench.report import api_cost, codec, edge, hub, kubelet, node_api, notes
 from bench.report.cells import table
 
 
@@ -48,5 +48,7 @@ def write(results: dict[str, Any], *, out: Path, images: Path) -> None:
         lines += node_api.latency_section(results["node_api"])
     if "relay_load" in results:
         lines += node_api.relay_section(results["relay_load"])
+    if "kubelet_upgrade" in results:
+        lines += kubelet.upgrade_section(results["kubelet_upgrade"])
     lines += notes.write(results)
     out.write_text("\n".join(lines).rstrip() + "\n")
