@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import ssl
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -26,7 +29,7 @@ from tests.integration.objects import create_job, job_when, settled, unique
 from tests.integration.processes import fleet
 from tests.integration.real_nodes import create, get, serving_pod
 from tools.ports import free_ports
-from tools.provision import kubebuild, upgrade_artifact
+from tools.provision import kubebuild, node_inspect, upgrade_artifact
 from tools.provision.containerd import Registry
 from tools.provision.node import Node, web_pod
 from tools.provision.node_config import Layout
@@ -154,23 +157,43 @@ def _pods_capacity(cp: ControlPlane, name: str) -> str:
     return str(node["status"]["capacity"]["pods"]) if node else ""
 
 
+def _anonymous_configz(node: Node) -> int:
+    """The status the kubelet answers ``/configz`` with to a client without a certificate."""
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    try:
+        with urllib.request.urlopen(f"https://127.0.0.1:{node.kubelet_port}/configz", context=context, timeout=5):
+            return 200
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+async def _configz(node: Node) -> dict[str, Any]:
+    """What the kubelet's ``/configz`` says it runs with (asked with the harness's client certificate)."""
+    return await anyio.to_thread.run_sync(node_inspect.configz, node.layout.inspector_dir, node.kubelet_port)
+
+
 async def test_a_kubelet_setting_is_applied_and_one_the_kubelet_rejects_is_rolled_back(
     crds: ControlPlane, cloud_kube: Kube, registry: Registry, tmp_path: Path
 ) -> None:
-    """``maxPods: 42`` completes and the kubelet reports 42 pods of capacity; an image GC threshold below the
-    low one, which the kubelet's own validation rejects at start, fails with the reason and leaves the previous
-    file running; the pod's container runs throughout. (The webhook's refusals: ``test_webhook``.)"""
+    """``maxPods: 42`` completes, the kubelet's ``/configz`` says 42 and its Node 42 pods of capacity; an image GC
+    threshold below the low one, which the kubelet's own validation rejects at start, fails with the reason and
+    leaves the previous file running; the pod's container runs throughout. (The webhook's refusals:
+    ``test_webhook``.)"""
     cp = crds
     config = Layout(node_dir(tmp_path)).kubelet_config
     async with _kubelet_device(cp, tmp_path, f"{registry.host}/nodetaskd/kubelet") as (name, node, namespace):
         before = await eventually("the web pod's container", lambda: web_container(cp, node, namespace, "web"))
         assert _pods_capacity(cp, name) == "110"
+        assert (await _configz(node))["maxPods"] == 110
+        assert _anonymous_configz(node) == 401  # the harness's certificate is what lets it in
 
         done = await _configure(cp, cloud_kube, name, {"maxPods": "42"})
         assert done.status.phase is JobPhase.COMPLETED, done.status
         assert json.loads(config.read_text())["maxPods"] == 42
         # At once: the job completes only once the restarted kubelet has posted its Node.
         assert _pods_capacity(cp, name) == "42"
+        assert (await _configz(node))["maxPods"] == 42
         applied = config.read_bytes()
 
         failed = await _configure(cp, cloud_kube, name, {"imageGCHighThresholdPercent": "50"})
@@ -181,5 +204,7 @@ async def test_a_kubelet_setting_is_applied_and_one_the_kubelet_rejects_is_rolle
         assert config.read_bytes() == applied
         assert node.healthz()[0] == 200
         assert _pods_capacity(cp, name) == "42"
+        running = await _configz(node)
+        assert (running["maxPods"], running["imageGCHighThresholdPercent"]) == (42, 100), running
         after = await eventually("the web pod's container", lambda: web_container(cp, node, namespace, "web"))
         assert after[:2] == before[:2], (before, after)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from tools.provision import node_inspect
 from tools.provision.node_images import PAUSE_IMAGE
 
 _DISABLED_PLUGINS: Final = (
@@ -78,6 +79,11 @@ class Layout:
     @property
     def kubelet_config(self) -> Path:
         return self.state_dir / "kubelet-config.json"
+
+    @property
+    def inspector_dir(self) -> Path:
+        """The client CA the kubelet's API trusts, and the harness's certificate (:mod:`node_inspect`)."""
+        return self.state_dir / "inspector"
 
     @property
     def kubelet_cert_dir(self) -> Path:
@@ -208,8 +214,9 @@ def cni_conflist(network: Network, layout: Layout) -> str:
 def kubelet_configuration(*, port: int, healthz_port: int, cgroup_root: str, layout: Layout) -> str:
     """A KubeletConfiguration (v1beta1, JSON) for a kubelet sharing the machine with others.
 
-    Its API port answers on loopback only and authenticates nobody (anonymous off, no client CA, no
-    webhook): nothing here uses it, and a node's credentials would otherwise reach every node's pods.
+    Its API port answers on loopback only and to the harness only: anonymous and webhook authentication are
+    off, and the one client CA it trusts is the node's own (:mod:`tools.provision.node_inspect`), so no
+    node's credentials reach another node's pods.
     Image garbage collection is off (images cannot be pulled again here) and hard eviction only
     guards against exhaustion (a shared test machine's disk or memory would evict the pods). No
     iptables chains: they are for kube-proxy, which does not run, and a kubelet's would stay in the
@@ -222,7 +229,11 @@ def kubelet_configuration(*, port: int, healthz_port: int, cgroup_root: str, lay
         "readOnlyPort": 0,
         "healthzBindAddress": "127.0.0.1",
         "healthzPort": healthz_port,
-        "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": False}, "x509": {}},
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": False},
+            "x509": {"clientCAFile": str(node_inspect.client_ca(layout.inspector_dir))},
+        },
         "authorization": {"mode": "AlwaysAllow"},
         "cgroupDriver": "cgroupfs",
         "cgroupRoot": cgroup_root,

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Final
 
 from tools import ports
-from tools.provision import children, host, node_config, node_host, node_images
+from tools.provision import children, host, node_config, node_host, node_images, node_inspect
 from tools.provision.node_config import Layout, Network
 
 CONTAINERD_READY_TIMEOUT: Final = 30.0
@@ -374,6 +374,7 @@ def start_node(
         shutil.copy2(tools.kubelet, node.kubelet_binary)
     host.write_atomic(layout.containerd_config, node_config.containerd_toml(layout))
     host.write_atomic(layout.cni_conf_dir / "10-nodetaskd.conflist", node_config.cni_conflist(network, layout))
+    node_inspect.make_inspector(layout.inspector_dir, name)
     kubelet_config = node_config.kubelet_configuration(
         port=kubelet_port, healthz_port=node.healthz_port, cgroup_root=node.cgroup_root, layout=layout
     )
