@@ -5,8 +5,8 @@
 * Check refuses when ``kubelet.binary`` is not set (kubelet upgrades are off by default), when the job's
   version is older than the running kubelet's unless ``allowDowngrade``, and when the artifact
   ``{image}:{version}`` is missing or its digest is not ``imageDigestGatter``'s;
-* BackUp copies the running kubelet into ``<dataDir>/kubelet/backup/<version>/kubelet`` and reports
-  ``",<version>"``;
+* BackUp copies the running kubelet into ``<dataDir>/kubelet/backup/<version>/kubelet`` (unless it already
+  runs the job's version) and reports ``",<version>"``; once an upgrade is healthy only that backup stays;
 * Upgrade installs the artifact in ``<dataDir>/kubelet/versions/<version>/``, checks that its kubelet says
   that version, replaces ``kubelet.binary`` with it (one rename: never a half-written kubelet), restarts the
   kubelet with ``kubelet.restartCommand`` and waits ``kubelet.healthDeadline`` for ``healthz`` and a Ready
@@ -136,8 +136,9 @@ async def back_up(ctx: TaskContext) -> Outcome:
         return Outcome(False, problem)
     saved = _backup(ctx, running)
     try:
-        await anyio.to_thread.run_sync(lambda: saved.parent.mkdir(parents=True, exist_ok=True))
-        await anyio.to_thread.run_sync(lambda: copy_atomically(binary, saved, mode=EXECUTABLE))
+        if running != ctx.spec.version:  # else nothing is swapped, and the backup of the previous kubelet stays
+            await anyio.to_thread.run_sync(lambda: saved.parent.mkdir(parents=True, exist_ok=True))
+            await anyio.to_thread.run_sync(lambda: copy_atomically(binary, saved, mode=EXECUTABLE))
     except OSError as exc:
         return Outcome(False, f"cannot back up the kubelet {binary} into {saved}: {exc}")
     progress = _Progress(stage="backed_up", from_version=running, to_version=ctx.spec.version)
@@ -248,7 +249,21 @@ async def _swap_in(ctx: TaskContext, cfg: EdgeConfig, progress: _Progress) -> Ou
 async def _healthy(ctx: TaskContext, progress: _Progress) -> Outcome:
     await ctx.store.set_fact(_fact(ctx), msgspec.structs.replace(progress, stage="healthy"))
     await _settled(ctx, progress.to_version)
+    if progress.from_version != progress.to_version:
+        await _keep_one_backup(ctx, progress.from_version)
     return Outcome(True, extend=f"{progress.from_version},{progress.to_version}")
+
+
+async def _keep_one_backup(ctx: TaskContext, version: str) -> None:
+    """Only the backup of the kubelet just replaced stays: each is 100+ MB, and older ones are in the registry."""
+    root = _backup(ctx, version).parent.parent
+
+    def prune() -> None:
+        for entry in root.iterdir():
+            if entry.name != version:
+                shutil.rmtree(entry, ignore_errors=True)
+
+    await anyio.to_thread.run_sync(prune)
 
 
 async def _failed(ctx: TaskContext, progress: _Progress, problem: str) -> Outcome:
