@@ -27,7 +27,7 @@ from nodetask.backoff import Backoff
 from roles.kube import crossing
 from roles.kube.aio import MERGE_PATCH, AioApi, log_asyncio_error
 from roles.kube.errors import Conflict
-from roles.kube.resources import Resource
+from roles.kube.resources import JSON, Resource
 from roles.kube.watching import Invalid, Relisted, WatchEvent, list_objects, watch_loop
 
 T = TypeVar("T", bound=msgspec.Struct)
@@ -119,6 +119,12 @@ class Kube:
                 resource_version=resource_version,
             )
         return listed
+
+    async def list_raw(self, resource: Resource[Any], *, label_selector: str = "", namespace: str = "") -> bytes:
+        """The list as the API server sends it (JSON, every field of every object): for printing, not reading."""
+        query = {"labelSelector": label_selector} if label_selector else None
+        path = resource.path(namespace=namespace)
+        return await self._request(self._slots(resource), "GET", path, query=query, accept=JSON)
 
     async def create(self, resource: Resource[T], obj: T, *, namespace: str = "") -> T:
         """POST a new object, with its ``apiVersion`` and ``kind`` even where they are the type's defaults.

@@ -13,6 +13,7 @@ from typing import Any
 import anyio
 import anyio.abc
 import pytest
+import yaml
 
 from nodetask.phases import JobPhase
 from roles.kube import Kube
@@ -232,3 +233,29 @@ async def test_get_selects_by_label_and_prints_names_or_rows_without_headers(crd
     listed = everything.stdout.decode().splitlines()
     assert f"imageprepulljob.operations.kubeedge.io/{other}" in listed
     assert f"imageprepulljob.operations.kubeedge.io/{chosen}" in listed
+
+
+async def test_get_prints_the_api_objects_as_json_or_yaml_as_kubectl_does(crds: ControlPlane) -> None:
+    """`ctl get -o json|yaml` prints a List of the jobs with every field the API server keeps, the same objects
+    `kubectl get -o json` prints."""
+    team = unique("team")
+    names = sorted(unique("printed") for _ in range(2))
+    for name in names:
+        spec: dict[str, object] = {"imagePrePullTemplate": {"images": ["a:1"], "nodeNames": ["x"]}}
+        await create_job(crds, "ImagePrePullJob", name, spec)
+        await kubectl(crds, "label", "imageprepulljob", name, f"team={team}")
+    as_json = await _run_ctl(crds, "get", "imageprepulljob", "-o", "json", "-l", f"team={team}")
+    as_yaml = await _run_ctl(crds, "get", "-o", "yaml", "-l", f"team={team}")
+    theirs = json.loads((await kubectl(crds, "get", "imageprepulljob", "-l", f"team={team}", "-o", "json")).stdout)
+    assert as_json.returncode == 0, as_json.stderr
+    ours = json.loads(as_json.stdout)
+    assert (ours["apiVersion"], ours["kind"]) == ("v1", "List")
+    assert [o["metadata"]["name"] for o in ours["items"]] == names
+    assert ours["items"] == theirs["items"]  # uid, resourceVersion, status: nothing dropped or added
+    assert "managedFields" not in ours["items"][0]["metadata"]  # as kubectl leaves them out
+    managed = await _run_ctl(
+        crds, "get", "imageprepulljob", "-o", "json", "-l", f"team={team}", "--show-managed-fields"
+    )
+    assert json.loads(managed.stdout)["items"][0]["metadata"]["managedFields"], managed.stdout
+    assert as_yaml.returncode == 0, as_yaml.stderr
+    assert yaml.safe_load(as_yaml.stdout)["items"] == theirs["items"]  # every kind: only these two match

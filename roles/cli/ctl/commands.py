@@ -23,11 +23,18 @@ def _ctl_get(args: argparse.Namespace) -> int:
     from schemas.kinds import KINDS
 
     kinds = (find_kind(args.kind),) if args.kind else KINDS
+    if args.output in ("json", "yaml"):  # the API objects, as kubectl prints them
+        listed = with_kube(
+            args.kubeconfig,
+            lambda kube: fetch.job_objects(
+                kube, kinds, selector=args.selector, managed_fields=args.show_managed_fields
+            ),
+        )
+        sys.stdout.write(text.encode(listed, args.output))
+        return 0
     found = with_kube(args.kubeconfig, lambda kube: fetch.jobs(kube, kinds, selector=args.selector))
     if args.output == "name":
         sys.stdout.write(text.job_names(found))
-    elif args.output not in ("table", "wide"):
-        sys.stdout.write(text.encode(found, args.output))
     elif found:
         now = datetime.now(UTC)
         sys.stdout.write(text.jobs_table(found, now=now, headers=not args.no_headers, wide=args.output == "wide"))
@@ -143,10 +150,11 @@ def add_ctl_parsers(commands: argparse._SubParsersAction[Parser], kube: Parser, 
         "--output",
         choices=("table", "wide", "name", "json", "yaml"),
         default="table",
-        help="wide: also what each job does and its reason; name: KIND.GROUP/NAME",
+        help="wide: also what each job does and its reason; name: KIND.GROUP/NAME; json, yaml: the API objects",
     )
     get.add_argument("-l", "--selector", default="", help="only jobs with these labels (kubectl's label selector)")
     get.add_argument("--no-headers", action="store_true", help="the table without its header line")
+    get.add_argument("--show-managed-fields", action="store_true", help="with -o json|yaml, keep managedFields")
     get.set_defaults(handler=_ctl_get)
     watch = ctl_commands.add_parser(
         "watch", parents=[options], help="follow jobs until final: exit 0 if all Completed, 1 otherwise"

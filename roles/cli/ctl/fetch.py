@@ -6,6 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+import msgspec
+
 from roles.cli.ctl.views import (
     EdgeRow,
     EventRow,
@@ -37,6 +39,7 @@ __all__ = [
     "describe",
     "edges",
     "events_selector",
+    "job_objects",
     "jobs",
     "resolve",
     "retry",
@@ -88,6 +91,21 @@ async def jobs(kube: Kube, kinds: tuple[Kind, ...] = KINDS, *, selector: str = "
         listed, _, _ = await kube.list(job_resource(kind), label_selector=selector)
         found.extend(summarize(kind, job) for job in sorted(listed, key=lambda j: j.metadata.name))
     return found
+
+
+async def job_objects(
+    kube: Kube, kinds: tuple[Kind, ...] = KINDS, *, selector: str = "", managed_fields: bool = False
+) -> dict[str, Any]:
+    """The jobs of ``kinds`` as the API server has them in one ``List``, as ``kubectl get -o json`` prints them:
+    every field, but ``metadata.managedFields`` only when asked for."""
+    items: list[Any] = []
+    for kind in kinds:
+        listed = msgspec.json.decode(await kube.list_raw(job_resource(kind), label_selector=selector))
+        for item in sorted(listed.get("items") or [], key=lambda o: str(o.get("metadata", {}).get("name", ""))):
+            if not managed_fields:
+                item.get("metadata", {}).pop("managedFields", None)
+            items.append(item)
+    return {"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""}, "items": items}
 
 
 def events_selector(kind: Kind, name: str) -> str:
