@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from http import HTTPStatus
 
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry, Gauge, ProcessCollector
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from roles.common.httpserver import (
@@ -46,7 +46,7 @@ def health_routes(
 ) -> tuple[HttpRoute, ...]:
     """``/healthz`` and ``/livez`` (200 while the event loop serves), ``/readyz`` (200 when ``ready()``,
     else 503 saying ``why_not_ready()``) and ``/metrics`` (Prometheus text format from ``registry``, and the
-    ``nodetaskd_build_info`` gauge every role's endpoint shows: see :func:`build_info`)."""
+    ``nodetaskd_build_info`` gauge and ``process_*`` metrics every role's endpoint shows: see :func:`build_info`)."""
     build = build_info()
 
     async def live(_: Request) -> Response:
@@ -71,11 +71,13 @@ def health_routes(
 
 def build_info() -> CollectorRegistry:
     """A registry of its own holding ``nodetaskd_build_info{version}`` (always 1), the usual way to tell
-    which version each scraped process runs. Kept out of the role's registry so that any number of
-    endpoints may serve it."""
+    which version each scraped process runs, and the process's standard ``process_*`` metrics (resident
+    memory, CPU seconds, open and allowed file descriptors, start time). Kept out of the role's registry so
+    that any number of endpoints may serve it."""
     registry = CollectorRegistry()
     info = Gauge(
         "nodetaskd_build_info", "The nodetaskd version this process runs (always 1).", ["version"], registry=registry
     )
     info.labels(version=package_version()).set(1)
+    ProcessCollector(registry=registry)
     return registry

@@ -255,8 +255,9 @@ async def test_health_ready_and_metrics_endpoints() -> None:
                 assert f'nodetaskd_build_info{{version="{package_version()}"}} 1.0'.encode() in body
 
 
-async def test_every_metrics_endpoint_serves_the_build_info_beside_its_registry() -> None:
-    """Two endpoints serving one registry both show the version gauge once, and the registry's own metrics."""
+async def test_every_metrics_endpoint_serves_the_build_info_and_process_metrics_beside_its_registry() -> None:
+    """Two endpoints serving one registry both show the version gauge once, the process's memory, CPU and file
+    descriptors, and the registry's own metrics."""
     registry = prometheus_client.CollectorRegistry()
     prometheus_client.Gauge("test_level", "A level set by the test.", registry=registry).set(2)
     for routes in (health_routes(ready=lambda: True, registry=registry) for _ in range(2)):
@@ -269,6 +270,10 @@ async def test_every_metrics_endpoint_serves_the_build_info_beside_its_registry(
         samples = [line for line in body.decode().splitlines() if not line.startswith("#")]
         assert samples.count(f'nodetaskd_build_info{{version="{package_version()}"}} 1.0') == 1
         assert "test_level 2.0" in samples
+        process = {line.split()[0]: float(line.split()[1]) for line in samples if line.startswith("process_")}
+        assert process["process_resident_memory_bytes"] > 1 << 20, process
+        assert 0 < process["process_open_fds"] <= process["process_max_fds"], process
+        assert "process_cpu_seconds_total" in process, process
 
 
 async def test_tls_serves_and_a_failed_handshake_leaves_other_connections_alone(tmp_path: Path) -> None:
