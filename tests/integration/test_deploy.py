@@ -113,7 +113,7 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
 def test_a_server_side_dry_run_accepts_every_object_and_creates_none(deployed: Deployed) -> None:
     """`kubectl apply --dry-run=server -k` passes every object through the API server's validation, creating nothing."""
     lines = [line for line in deployed.dry_run.splitlines() if line]
-    assert len(lines) == len(deployed.expected) == 33
+    assert len(lines) == len(deployed.expected) == 35
     assert all(line.endswith("(server dry run)") for line in lines), lines
     assert not deployed.created_before_apply
 
@@ -248,6 +248,46 @@ def test_each_service_account_may_do_its_roles_work_and_is_refused_the_rest(depl
         if _can(deployed.cp, who, access)
     ]
     assert wrong == []
+
+
+JOB_RESOURCES = tuple(f"{plural}.operations.kubeedge.io" for plural in ("nodeupgradejobs", "imageprepulljobs"))
+USER_ACCESS = {
+    "view": {
+        **{f"{verb} {jobs}": True for verb in ("get", "list", "watch") for jobs in JOB_RESOURCES},
+        **{f"{verb} {jobs}": False for verb in ("create", "patch", "delete") for jobs in JOB_RESOURCES},
+        "list diagnoses.diagnosis.kubediag.org -n default": True,
+        "list tasks.diagnosis.kubediag.org -n default": True,
+        "create diagnoses.diagnosis.kubediag.org -n default": False,
+    },
+    "edit": {
+        **{f"{verb} {jobs}": True for verb in ("list", "create", "patch", "delete") for jobs in JOB_RESOURCES},
+        **{f"patch {jobs} --subresource=status": False for jobs in JOB_RESOURCES},
+        "create diagnoses.diagnosis.kubediag.org -n default": True,
+        "create operations.diagnosis.kubediag.org": True,
+        "create tasks.diagnosis.kubediag.org -n default": False,
+    },
+}
+"""What a user bound (cluster-wide) to the cluster's own ``view`` or ``edit`` role may do with nodetaskd's objects."""
+
+
+async def test_view_and_edit_users_read_and_create_jobs_and_diagnoses_by_aggregation(deployed: Deployed) -> None:
+    """Users bound to ``view`` read jobs and Diagnoses and change nothing; ``edit`` also creates and deletes them but
+    writes no status (the rules reach those roles through the clusterrole-aggregation controller)."""
+    cp = deployed.cp
+    for role in USER_ACCESS:
+        cp.kubectl("create", "clusterrolebinding", f"test-{role}", f"--clusterrole={role}", f"--user=user-{role}")
+
+    def answers() -> dict[str, dict[str, bool]]:
+        return {
+            role: {access: _can(cp, f"user-{role}", access) for access in wanted}
+            for role, wanted in USER_ACCESS.items()
+        }
+
+    with anyio.move_on_after(60):  # aggregation is the controller manager's, a moment after the apply
+        # kubectl auth can-i: nothing to wait on but its answers
+        while (found := await anyio.to_thread.run_sync(answers)) != USER_ACCESS:  # noqa: ASYNC110
+            await anyio.sleep(1)
+    assert found == USER_ACCESS
 
 
 def test_the_controller_elects_only_in_its_namespace_and_patches_only_its_own_webhooks(deployed: Deployed) -> None:

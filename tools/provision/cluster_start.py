@@ -46,6 +46,8 @@ CONTROLLERS: Final[Mapping[str, str]] = {
     "serviceaccount-token": "each ServiceAccount's token Secret, which its pods mount",
     "garbagecollector": "deletes objects whose owners are gone (a Diagnosis's Tasks, a deleted pod's leftovers)",
     "namespace": "empties a deleted namespace, so that it goes",
+    "clusterrole-aggregation": "gives view, edit and admin the rules of the ClusterRoles labelled to aggregate into "
+    "them (nodetaskd's user roles)",
 }
 """kube-controller-manager's ``--controllers``, each with why it runs."""
 
@@ -55,6 +57,7 @@ _CONTROLLER_ROLES: Final = (
     "service-account-controller",
     "namespace-controller",
     "generic-garbage-collector",
+    "clusterrole-aggregation-controller",
 )
 """The bootstrap ``system:controller:*`` roles of :data:`CONTROLLERS`. With
 ``--use-service-account-credentials=false`` every controller acts as the controller manager itself, so
