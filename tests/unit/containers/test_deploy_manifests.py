@@ -118,3 +118,11 @@ def test_the_controller_runs_two_replicas_and_always_keeps_one() -> None:
     assert _one("controller.yaml", "PodDisruptionBudget", "nodetaskd-controller")["spec"]["minAvailable"] == 1
     service = _one("cloud.yaml", "Service", "nodetaskd-cloud-headless")
     assert service["spec"]["clusterIP"] == "None"
+
+
+def test_the_controller_is_scheduled_before_ordinary_workloads_by_a_class_the_manifests_define() -> None:
+    """Its pods name the PriorityClass controller.yaml defines, above the default 0 and below system-* classes."""
+    pod = _one("controller.yaml", "Deployment", "nodetaskd-controller")["spec"]["template"]["spec"]
+    priority = _one("controller.yaml", "PriorityClass", pod["priorityClassName"])
+    assert 0 < priority["value"] < 1_000_000_000
+    assert priority["globalDefault"] is False
