@@ -8,6 +8,7 @@ It needs only the base install: the launcher loads it on the device. Loaded with
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import re
 from typing import Annotated, ClassVar, Final
 
@@ -46,6 +47,15 @@ class LocalApiConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", 
                 f"localApi.maxConnectionsPerClient ({self.max_connections_per_client}) is more than"
                 f" localApi.maxConnections ({self.max_connections})"
             )
+
+
+class MetricsConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True):
+    """The agent's own ``/healthz`` and ``/metrics`` (``roles.edge.metrics``), for the device's monitoring."""
+
+    enabled: bool = False
+    """Off by default: when on, any local process can read the agent's counts (no names, no secrets)."""
+    port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 10263
+    """The port on 127.0.0.1 (the only address it listens on)."""
 
 
 class NodeApiConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True):
@@ -233,6 +243,9 @@ class EdgeConfig(BaseConfig, frozen=True, kw_only=True):
     node_api: NodeApiConfig = NodeApiConfig()
     """``nodeApi: {enabled: true}`` serves the node's kubelet its API server on loopback. Not updatable by a
     ConfigUpdateJob: whoever may create jobs must not open it on every device."""
+    metrics: MetricsConfig = MetricsConfig()
+    """``metrics: {enabled: true, port: 10263}`` serves the agent's health and Prometheus metrics on loopback.
+    Not updatable by a ConfigUpdateJob, like the other listeners."""
     autonomy: AutonomyConfig = AutonomyConfig()
     """Edge autonomy's settings. Not updatable by a ConfigUpdateJob (nothing in it needs to be)."""
     kubelet: KubeletConfig = KubeletConfig()
@@ -255,18 +268,24 @@ class EdgeConfig(BaseConfig, frozen=True, kw_only=True):
         socket = self.cri_endpoint.removeprefix("unix://")
         if self.cri_endpoint and not socket.startswith("/"):
             raise ValueError(f"criEndpoint {self.cri_endpoint!r} is not a unix socket (unix:///path or /path)")
-        if self.local_api.enabled and self.node_api.enabled and self.local_api.port == self.node_api.port:
-            raise ValueError(f"localApi.port and nodeApi.port are both {self.node_api.port}: give each its own")
+        listeners = self._listeners
+        for (one, port), (other, same) in itertools.combinations(listeners, 2):
+            if port == same:
+                raise ValueError(f"{one}.port and {other}.port are both {port}: give each its own")
         for port in self.served_ports:
             if port in self.diagnosis.loopback_ports:
+                names = ", ".join(f"{name}.port" for name, _ in listeners)
                 raise ValueError(
-                    f"diagnosis.loopbackPorts lists {port}, a port of this agent's (localApi.port, nodeApi.port):"
+                    f"diagnosis.loopbackPorts lists {port}, a port of this agent's ({names}):"
                     " no diagnosis Task may reach the agent's own ports"
                 )
 
     @property
+    def _listeners(self) -> tuple[tuple[str, int], ...]:
+        on = (("localApi", self.local_api), ("nodeApi", self.node_api), ("metrics", self.metrics))
+        return tuple((name, block.port) for name, block in on if block.enabled)
+
+    @property
     def served_ports(self) -> tuple[int, ...]:
         """The TCP ports this agent itself listens on, on the device: no diagnosis Task may reach them."""
-        return ((self.local_api.port,) if self.local_api.enabled else ()) + (
-            (self.node_api.port,) if self.node_api.enabled else ()
-        )
+        return tuple(port for _, port in self._listeners)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from http import HTTPStatus
 
-from prometheus_client import CollectorRegistry, Gauge, ProcessCollector
+from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from roles.common.httpserver import (
@@ -24,7 +24,7 @@ from roles.common.httpserver import (
     router,
     serve_http,
 )
-from roles.common.version import package_version
+from roles.common.process_metrics import build_info
 
 __all__ = [
     "DEFAULT_IDLE_TIMEOUT",
@@ -67,17 +67,3 @@ def health_routes(
         HttpRoute("GET", "/readyz", readyz),
         HttpRoute("GET", "/metrics", metrics),
     )
-
-
-def build_info() -> CollectorRegistry:
-    """A registry of its own holding ``nodetaskd_build_info{version}`` (always 1), the usual way to tell
-    which version each scraped process runs, and the process's standard ``process_*`` metrics (resident
-    memory, CPU seconds, open and allowed file descriptors, start time). Kept out of the role's registry so
-    that any number of endpoints may serve it."""
-    registry = CollectorRegistry()
-    info = Gauge(
-        "nodetaskd_build_info", "The nodetaskd version this process runs (always 1).", ["version"], registry=registry
-    )
-    info.labels(version=package_version()).set(1)
-    ProcessCollector(registry=registry)
-    return registry

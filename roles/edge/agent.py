@@ -77,6 +77,7 @@ from roles.edge.context import Actions
 from roles.edge.control import serve_control
 from roles.edge.node_api.certificate_keeper import CertificateKeeper
 from roles.edge.node_api.tunnel_client import TunnelClient
+from roles.edge.observed import Observed
 from roles.edge.outbox import Outbox
 from roles.edge.session import HubConnection, Session
 from roles.edge.settings import AgentSettings
@@ -216,6 +217,33 @@ class EdgeAgent:
             "hub": self._hub.hub,
             "connected": "true" if self._hub.connected.is_set() else "false",
         }
+
+    async def observe(self) -> Observed:
+        """The agent's counts for its metrics, read now (:class:`~roles.edge.observed.Observed`)."""
+        tasks: dict[str, int] = {}
+        depth = dropped = used = 0
+        problem = ""
+        try:
+            for task in await self._store.tasks():
+                tasks[task.state.value] = tasks.get(task.state.value, 0) + 1
+            depth, dropped, used = (
+                await self._store.outbox_depth(),
+                len(await self._store.dropped()),
+                await self._store.used_bytes(),
+            )
+        except StoreError as exc:
+            problem = str(exc)
+        autonomy = self._autonomy
+        ledger = autonomy.cache.ledger if autonomy is not None else None
+        verdict = autonomy.state.verdict if autonomy is not None else None
+        return Observed(
+            tasks=tasks, outbox_depth=depth, reports_dropped=dropped, store_bytes=used, store_problem=problem,
+            connected=self._hub.connected.is_set(), sessions=self._hub.connects,
+            error_keys=len(ledger.errors) if ledger is not None else 0,
+            ledger_persisted=ledger.persisted if ledger is not None else False,
+            autonomy_requested=ledger.requested if ledger is not None else False,
+            autonomy_condition=str(verdict.status) if verdict is not None else "",
+        )  # fmt: skip
 
     @property
     def autonomy(self) -> AutonomyManager:

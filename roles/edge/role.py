@@ -123,6 +123,21 @@ async def _serve_local_api(
         task_status.started(serving.api.end_watches)
 
 
+async def _serve_metrics(
+    agent: EdgeAgent, cfg: EdgeConfig, log: Log, *, task_status: anyio.abc.TaskStatus[int]
+) -> None:
+    """Serve the agent's health and metrics until cancelled (:mod:`roles.edge.metrics`).
+
+    Errors: OSError when its port cannot be bound (``metrics.port`` is taken)."""
+    # Loaded only when on: an agent with its metrics off carries no Prometheus client.
+    from roles.edge.metrics import serve_metrics  # noqa: PLC0415 (deferred on purpose)
+
+    async with anyio.create_task_group() as tg:
+        task_status.started(
+            await tg.start(functools.partial(serve_metrics, agent.observe, port=cfg.metrics.port, log=log))
+        )
+
+
 def node_credentials_dir(settings: AgentSettings, cfg: EdgeConfig) -> Path:
     """Where the node's certificate, key and CA are (``nodeApi.credentialsDir``, by default in the data directory)."""
     configured = cfg.node_api.credentials_dir
@@ -204,5 +219,7 @@ async def _run(settings: AgentSettings, cfg: EdgeConfig, path: Path, clock: Cloc
                 tunnels=tunnels,
                 certificates=certificates,
             )
+            if cfg.metrics.enabled:
+                await tg.start(_serve_metrics, agent, cfg, log)
             await agent.run()
             tg.cancel_scope.cancel()
