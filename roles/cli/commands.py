@@ -89,7 +89,7 @@ def _token_create(args: argparse.Namespace) -> int:
     if args.token_file != "-" and not args.force and (token_file.exists() or token_file.is_symlink()):
         # Refused before the Secret changes: a rotated token that cannot be written would be lost.
         return fail(f"{token_file} exists: give --force to overwrite it, or another --token-file", EXIT_USAGE)
-    created = with_kube(args.kubeconfig, lambda kube: create_token(kube, args.node, namespace=args.namespace))
+    created = with_kube(args, lambda kube: create_token(kube, args.node, namespace=args.namespace))
     what = "rotated the token in" if created.rotated else "created"
     lines = [f"{what} Secret {created.namespace}/{created.secret} (labelled for the hubs to watch)"]
     if created.rotated:
@@ -120,7 +120,7 @@ def _certs_create(args: argparse.Namespace) -> int:
     from roles.cli.certs import create_certs, write_ca
 
     created = with_kube(
-        args.kubeconfig,
+        args,
         lambda kube: create_certs(kube, namespace=args.namespace, hub_hosts=tuple(args.hub_host), rotate=args.rotate),
     )
     lines = [f"created Secret {name}" for name in created.written]
@@ -140,11 +140,36 @@ def _certs_create(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------------ parser
 
 
+KUBECONFIG_HELP: Final = "kubeconfig path (default: $KUBECONFIG, ~/.kube/config, in-cluster)"
+CONTEXT_HELP: Final = "the kubeconfig's context to use (default: its current context)"
+GLOBAL_OPTIONS: Final = frozenset({"--kubeconfig", "--context"})
+"""Options every command that talks to the API server takes before its name as well as after it, as kubectl's."""
+
+
+def command_index(arguments: Sequence[str]) -> int | None:
+    """Where the command's name is in ``arguments``, past any :data:`GLOBAL_OPTIONS` (``--kubeconfig X`` or
+    ``--kubeconfig=X``); None when they do not start with one."""
+    index = 0
+    while index < len(arguments):
+        word = arguments[index]
+        if word in COMMANDS:
+            return index
+        name, equals, _ = word.partition("=")
+        if name not in GLOBAL_OPTIONS:
+            return None
+        index += 1 if equals else 2
+    return None
+
+
 def _parser() -> argparse.ArgumentParser:
     top = Parser(prog="nodetaskd", description="Install, connect and operate nodetaskd.")
+    top.add_argument("--kubeconfig", help=KUBECONFIG_HELP)
+    top.add_argument("--context", help=CONTEXT_HELP)
     commands = top.add_subparsers(dest="command", required=True, parser_class=Parser)
+    # After the command too; absent there, the value given before it stays (SUPPRESS adds no default).
     kube = Parser(add_help=False)
-    kube.add_argument("--kubeconfig", help="kubeconfig path (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
+    kube.add_argument("--kubeconfig", default=argparse.SUPPRESS, help=KUBECONFIG_HELP)
+    kube.add_argument("--context", default=argparse.SUPPRESS, help=CONTEXT_HELP)
     _edge_parsers(commands)
     _cloud_parsers(commands, kube)
     add_ctl_parsers(commands, kube, help=SUMMARIES["ctl"])
@@ -195,7 +220,7 @@ def _cloud_parsers(commands: argparse._SubParsersAction[Parser], kube: Parser) -
 
 
 def main(argv: Sequence[str]) -> int:
-    """Run the command ``argv`` names (``argv[0]`` is one of :data:`COMMANDS`)."""
+    """Run the command ``argv`` names (past :data:`GLOBAL_OPTIONS`, see :func:`command_index`)."""
     args = _parser().parse_args(list(argv))
     if getattr(args, "all", False) and getattr(args, "nodes", None):
         return fail("ctl confirm: name nodes or give --all, not both", EXIT_USAGE)

@@ -177,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:  # noqa: PLR0911 (one exit p
     arguments = list(sys.argv[1:] if argv is None else argv)
     from roles.cli import commands  # beside the roles: edge join|reset, token create, certs create
 
-    if arguments and arguments[0] in commands.COMMANDS:
+    if commands.command_index(arguments) is not None:
         return commands.main(arguments)
     args = _parser().parse_args(argv)
     role = ROLE_ALIASES[args.role]

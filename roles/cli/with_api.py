@@ -1,7 +1,8 @@
 """What the commands that talk to the API server share: the kubeconfig they use, a client, and their errors.
 
 The kubeconfig is ``--kubeconfig``, else ``$KUBECONFIG``, else ``~/.kube/config``, else the pod's
-ServiceAccount. Every error a command meets through the API becomes one line and an exit status.
+ServiceAccount; ``--context`` picks one of its contexts instead of its current one. Every error a command meets
+through the API becomes one line and an exit status.
 """
 
 from __future__ import annotations
@@ -34,8 +35,11 @@ def kubeconfig_path(flag: str | None) -> str:
     return str(default) if default.is_file() else ""
 
 
-def with_kube(kubeconfig: str | None, work: Callable[[Kube], Awaitable[T]]) -> T:
-    """Run ``work`` with an API client (warnings of the client go to stderr)."""
+def with_kube(args: argparse.Namespace, work: Callable[[Kube], Awaitable[T]]) -> T:
+    """Run ``work`` with an API client of the command's ``--kubeconfig`` and ``--context`` (warnings of the client
+    go to stderr)."""
+    kubeconfig: str | None = getattr(args, "kubeconfig", None)
+    context: str = getattr(args, "context", None) or ""
     # Imported here: the edge commands must not load the cloud extra.
     import trio
 
@@ -45,7 +49,7 @@ def with_kube(kubeconfig: str | None, work: Callable[[Kube], Awaitable[T]]) -> T
     log = configure_logging(level="warning", fmt="console")
 
     async def run() -> T:
-        async with open_kube(kubeconfig=kubeconfig_path(kubeconfig), log=log) as kube:
+        async with open_kube(kubeconfig=kubeconfig_path(kubeconfig), context=context, log=log) as kube:
             return await work(kube)
 
     return trio.run(run)
@@ -63,7 +67,8 @@ def api_errors(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.N
             # Errors raised inside the API client's task groups arrive wrapped in exception groups.
             error = leaf(raised)
             if isinstance(error, KubeconfigError):
-                hint = "" if kubeconfig_path(args.kubeconfig) else "; give --kubeconfig, or set $KUBECONFIG"
+                given = kubeconfig_path(getattr(args, "kubeconfig", None))
+                hint = "" if given else "; give --kubeconfig, or set $KUBECONFIG"
                 return fail(f"{error}{hint}", EXIT_UNAVAILABLE)
             if isinstance(error, ValueError):  # a job that does not fit (CtlError), a bad name or value
                 return fail(str(error), EXIT_USAGE)

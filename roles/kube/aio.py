@@ -41,13 +41,18 @@ class AioApi:
         self._proxy, self._proxy_auth = _proxy_for(self.host, api_client.configuration.proxy)
 
     @classmethod
-    async def connect(cls, kubeconfig: str) -> AioApi:
-        """Configuration from ``kubeconfig``, or from the pod's service account when empty."""
+    async def connect(cls, kubeconfig: str, context: str = "") -> AioApi:
+        """Configuration from ``kubeconfig`` (its ``context``, else its current one), or from the pod's service
+        account when empty."""
         cfg = k8s_client.Configuration()
         _require_file(kubeconfig)
+        if context and not kubeconfig:
+            raise KubeconfigError(f"--context {context!r} needs a kubeconfig: this is the pod's ServiceAccount")
         try:
             if kubeconfig:
-                await k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+                await k8s_config.load_kube_config(
+                    config_file=kubeconfig, context=context or None, client_configuration=cfg
+                )
             else:
                 k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
         except Exception as exc:  # the loader raises whatever its parsers do: each means a bad file

@@ -314,12 +314,13 @@ async def _seen_through(grace: float, fn: Callable[..., Awaitable[R]], *args: An
 
 
 @asynccontextmanager
-async def open_kube(*, kubeconfig: str, log: Log) -> AsyncIterator[Kube]:
-    """Open the asyncio loop and an API client; close both on exit (even when cancelled)."""
+async def open_kube(*, kubeconfig: str, log: Log, context: str = "") -> AsyncIterator[Kube]:
+    """Open the asyncio loop and an API client (of ``context`` in ``kubeconfig``, else its current one); close both
+    on exit (even when cancelled)."""
     async with trio_asyncio.open_loop() as loop:
         loop.set_exception_handler(functools.partial(log_asyncio_error, log=log))
         cross = crossing.bound(loop)
-        api = await cross(AioApi.connect, kubeconfig)
+        api = await cross(AioApi.connect, kubeconfig, context)
         try:
             yield Kube(api, log=log, cross=cross)
         finally:

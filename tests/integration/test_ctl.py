@@ -259,3 +259,28 @@ async def test_get_prints_the_api_objects_as_json_or_yaml_as_kubectl_does(crds: 
     assert json.loads(managed.stdout)["items"][0]["metadata"]["managedFields"], managed.stdout
     assert as_yaml.returncode == 0, as_yaml.stderr
     assert yaml.safe_load(as_yaml.stdout)["items"] == theirs["items"]  # every kind: only these two match
+
+
+async def test_kubeconfig_and_context_go_before_the_command_as_with_kubectl(crds: ControlPlane, tmp_path: Path) -> None:
+    """`nodetaskd --kubeconfig K --context C ctl get` uses context C of K; K's current context (an API server
+    that is not there) fails in one line with exit 3, and so does a context K does not have, naming it."""
+    config = yaml.safe_load(crds.kubeconfig("admin").read_text())
+    (good,) = config["contexts"]
+    config["clusters"].append({"name": "gone", "cluster": {"server": "https://127.0.0.1:1"}})
+    config["contexts"].append({"name": "gone", "context": {**good["context"], "cluster": "gone"}})
+    config["current-context"] = "gone"
+    kubeconfig = tmp_path / "two-contexts.kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump(config))
+    name = unique("context")
+    await create_job(crds, "ImagePrePullJob", name, {"imagePrePullTemplate": {"images": ["a:1"], "nodeNames": ["x"]}})
+    command = [sys.executable, "-m", "roles.cli", f"--kubeconfig={kubeconfig}"]
+    chosen = await anyio.run_process([*command, "--context", good["name"], "ctl", "get", "-o", "name"], check=False)
+    current = await anyio.run_process([*command, "ctl", "get"], check=False)
+    unknown = await anyio.run_process([*command, "ctl", "get", "--context=elsewhere"], check=False)
+    assert chosen.returncode == 0, chosen.stderr
+    assert f"imageprepulljob.operations.kubeedge.io/{name}" in chosen.stdout.decode().splitlines()
+    for failed in (current, unknown):
+        assert failed.returncode == 3, failed
+        assert failed.stderr.decode().count("\n") == 1, failed.stderr
+    assert b"127.0.0.1:1" in current.stderr, current.stderr
+    assert b"elsewhere" in unknown.stderr, unknown.stderr

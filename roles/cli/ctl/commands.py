@@ -25,14 +25,14 @@ def _ctl_get(args: argparse.Namespace) -> int:
     kinds = (find_kind(args.kind),) if args.kind else KINDS
     if args.output in ("json", "yaml"):  # the API objects, as kubectl prints them
         listed = with_kube(
-            args.kubeconfig,
+            args,
             lambda kube: fetch.job_objects(
                 kube, kinds, selector=args.selector, managed_fields=args.show_managed_fields
             ),
         )
         sys.stdout.write(text.encode(listed, args.output))
         return 0
-    found = with_kube(args.kubeconfig, lambda kube: fetch.jobs(kube, kinds, selector=args.selector))
+    found = with_kube(args, lambda kube: fetch.jobs(kube, kinds, selector=args.selector))
     if args.output == "name":
         sys.stdout.write(text.job_names(found))
     elif found:
@@ -47,7 +47,7 @@ def _ctl_get(args: argparse.Namespace) -> int:
 def _ctl_describe(args: argparse.Namespace) -> int:
     from roles.cli.ctl import fetch, text
 
-    found = with_kube(args.kubeconfig, lambda kube: fetch.describe(kube, args.job))
+    found = with_kube(args, lambda kube: fetch.describe(kube, args.job))
     if args.output != "table":
         document = {"job": found.job, "nodes": found.nodes, "events": found.events}
         sys.stdout.write(text.encode(document, args.output))
@@ -60,7 +60,7 @@ def _ctl_describe(args: argparse.Namespace) -> int:
 def _ctl_confirm(args: argparse.Namespace) -> int:
     from roles.cli.ctl import fetch, text
 
-    done = with_kube(args.kubeconfig, lambda kube: fetch.confirm(kube, args.job, tuple(args.nodes), every=args.all))
+    done = with_kube(args, lambda kube: fetch.confirm(kube, args.job, tuple(args.nodes), every=args.all))
     if args.output != "table":
         document = {"job": done.job, "before": done.before, "confirm": done.after, "paused": done.paused}
         sys.stdout.write(text.encode(document, args.output))
@@ -78,9 +78,7 @@ def _ctl_confirm(args: argparse.Namespace) -> int:
 def _ctl_retry(args: argparse.Namespace) -> int:
     from roles.cli.ctl import fetch, text
 
-    done = with_kube(
-        args.kubeconfig, lambda kube: fetch.retry(kube, args.job, keep_confirmations=args.keep_confirmations)
-    )
+    done = with_kube(args, lambda kube: fetch.retry(kube, args.job, keep_confirmations=args.keep_confirmations))
     if args.output != "table":
         document = {
             "job": done.job,
@@ -107,7 +105,7 @@ def _ctl_retry(args: argparse.Namespace) -> int:
 def _ctl_nodes(args: argparse.Namespace) -> int:
     from roles.cli.ctl import fetch, text
 
-    rows = with_kube(args.kubeconfig, fetch.edges)
+    rows = with_kube(args, fetch.edges)
     if args.output != "table":
         sys.stdout.write(text.encode(rows, args.output))
     elif rows:
@@ -124,17 +122,17 @@ def _ctl_watch(args: argparse.Namespace) -> int:
     if args.output == "yaml":
         return fail("ctl watch prints a table, or a JSON line per change with -o json", EXIT_USAGE)
     if args.output == "json":
-        return with_kube(args.kubeconfig, lambda kube: watch(kube, args.jobs, JsonLines(sys.stdout)))
+        return with_kube(args, lambda kube: watch(kube, args.jobs, JsonLines(sys.stdout)))
     if not sys.stdout.isatty():
-        return with_kube(args.kubeconfig, lambda kube: watch(kube, args.jobs, PlainLines(sys.stdout)))
+        return with_kube(args, lambda kube: watch(kube, args.jobs, PlainLines(sys.stdout)))
     try:
         from roles.cli.ctl.live import LiveView  # rich comes with the ctl extra only
     except ModuleNotFoundError:
         sys.stderr.write("(a line per change: the live view needs rich, pip install 'nodetaskd[ctl]')\n")
-        return with_kube(args.kubeconfig, lambda kube: watch(kube, args.jobs, PlainLines(sys.stdout)))
+        return with_kube(args, lambda kube: watch(kube, args.jobs, PlainLines(sys.stdout)))
     with LiveView() as view:
         presenter: Presenter = view
-        return with_kube(args.kubeconfig, lambda kube: watch(kube, args.jobs, presenter))
+        return with_kube(args, lambda kube: watch(kube, args.jobs, presenter))
 
 
 def add_ctl_parsers(commands: argparse._SubParsersAction[Parser], kube: Parser, *, help: str) -> None:

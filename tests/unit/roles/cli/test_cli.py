@@ -254,3 +254,43 @@ def test_a_role_whose_kubeconfig_is_missing_exits_3_with_one_line(tmp_path: Path
     done = _run(f"--role={role}", f"--kubeconfig={missing}", "--log-level=error")
     assert done.returncode == 3, done.stderr
     assert done.stderr == f"nodetaskd: error: kubeconfig {missing} does not exist\n"
+
+
+@pytest.mark.parametrize(
+    ("arguments", "index"),
+    [
+        (["ctl", "get"], 0),
+        (["--kubeconfig", "k", "ctl", "get"], 2),
+        (["--kubeconfig=k", "--context", "c", "token", "create", "n"], 3),
+        (["--context=c", "certs", "create"], 1),
+        (["--role=edge"], None),
+        (["--kubeconfig", "k", "--role=cloud"], None),
+        (["--kubeconfig"], None),
+        ([], None),
+    ],
+)
+def test_the_command_is_found_past_the_options_kubectl_takes_before_it(arguments: list[str], index: int | None) -> None:
+    """--kubeconfig and --context (with their values, either way) may come before a command's name; a role's
+    flags may not, so those arguments stay a role's."""
+    from roles.cli.commands import command_index
+
+    assert command_index(arguments) == index
+
+
+@pytest.mark.parametrize(
+    ("arguments", "kubeconfig", "context"),
+    [
+        (["--kubeconfig=a", "--context=c", "ctl", "get"], "a", "c"),
+        (["ctl", "get", "--kubeconfig=b", "--context=d"], "b", "d"),
+        (["--kubeconfig=a", "ctl", "get", "--kubeconfig=b"], "b", None),
+        (["ctl", "nodes"], None, None),
+    ],
+)
+def test_global_options_before_or_after_the_command_reach_it_the_later_one_winning(
+    arguments: list[str], kubeconfig: str | None, context: str | None
+) -> None:
+    """The value given after the command replaces the one given before it, as kubectl's flags do."""
+    from roles.cli.commands import _parser
+
+    args = _parser().parse_args(arguments)
+    assert (args.kubeconfig, args.context) == (kubeconfig, context)
