@@ -116,7 +116,8 @@ async def test_confirm_releases_paused_nodes_and_watch_exits_1_when_the_job_fail
     crds: ControlPlane, cloud_kube: Kube, tmp_path: Path
 ) -> None:
     """`ctl confirm` adds a node, then every node, to the annotation; the released upgrades fail (no launcher
-    in-process), so `ctl watch -o json` ends on Failure with exit 1; `ctl describe` shows each node's row;
+    in-process), so `ctl watch -o json` ends on Failure with exit 1; `ctl describe` shows each node's row, and
+    with `--phase` only those in that phase;
     `ctl retry` runs both again, paused for a fresh confirmation, and is refused while they run."""
     first, second = unique("gate-a"), unique("gate-b")
     tokens = await register_edges(crds, [first, second])
@@ -148,6 +149,9 @@ async def test_confirm_releases_paused_nodes_and_watch_exits_1_when_the_job_fail
             await terminate(watch)
         described = await _run_ctl(crds, "describe", name)
         described_json = await _run_ctl(crds, "describe", name, "-o", "json")
+        failures = await _run_ctl(crds, "describe", name, "--phase", "failure")
+        successes = await _run_ctl(crds, "describe", name, "--phase", "Successful", "-o", "json")
+        bad_phase = await _run_ctl(crds, "describe", name, "--phase", "Done")
         listed = await _run_ctl(crds, "get", "nodeupgradejob")
         # The retry takes the stale "*" away: without that, the retried upgrades would run on unconfirmed.
         retried = await _run_ctl(crds, "retry", f"nodeupgradejob/{name}")
@@ -181,6 +185,14 @@ async def test_confirm_releases_paused_nodes_and_watch_exits_1_when_the_job_fail
         assert rows[node][-2:] == [hub_id, "v0.1.0"]
     nodes = {n["node"]: n for n in json.loads(described_json.stdout)["nodes"]}
     assert nodes[first]["reason"].startswith("agent self-upgrade is not available")
+    assert "Nodes in Failure: 2 of 2" in failures.stdout.decode(), failures.stdout
+    assert {line.split()[0] for line in failures.stdout.decode().splitlines() if line.startswith("gate-")} == {
+        first,
+        second,
+    }
+    assert json.loads(successes.stdout)["nodes"] == []
+    assert bad_phase.returncode == 2
+    assert b"'Done' is not a node phase: one of Pending, InProgress, Successful, Failure, Unknown" in bad_phase.stderr
     (row,) = [line.split() for line in listed.stdout.decode().splitlines() if name in line]
     assert row[:4] == ["nodeupgradejob", name, "Failure", "2"]
 

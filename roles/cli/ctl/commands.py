@@ -15,6 +15,16 @@ from roles.cli.with_api import api_errors, with_kube
 
 __all__ = ["add_ctl_parsers"]
 
+PHASES = ("Pending", "InProgress", "Successful", "Failure", "Unknown")
+"""A node's phases in a job's status, as ``describe --phase`` takes them (in any case)."""
+
+
+def _phase(value: str) -> str:
+    for phase in PHASES:
+        if phase.lower() == value.lower():
+            return phase
+    raise argparse.ArgumentTypeError(f"{value!r} is not a node phase: one of {', '.join(PHASES)}")
+
 
 @api_errors
 def _ctl_get(args: argparse.Namespace) -> int:
@@ -48,11 +58,14 @@ def _ctl_describe(args: argparse.Namespace) -> int:
     from roles.cli.ctl import fetch, text
 
     found = with_kube(args, lambda kube: fetch.describe(kube, args.job))
+    phases = {p.lower() for p in args.phase}
+    nodes = [n for n in found.nodes if n.phase.lower() in phases] if phases else found.nodes
     if args.output != "table":
-        document = {"job": found.job, "nodes": found.nodes, "events": found.events}
+        document = {"job": found.job, "nodes": nodes, "events": found.events}
         sys.stdout.write(text.encode(document, args.output))
     else:
-        sys.stdout.write(text.describe_text(found.job, found.nodes, found.events, now=datetime.now(UTC)))
+        only = tuple(p for p in PHASES if p.lower() in phases)
+        sys.stdout.write(text.describe_text(found.job, nodes, found.events, now=datetime.now(UTC), only=only))
     return 0
 
 
@@ -161,6 +174,14 @@ def add_ctl_parsers(commands: argparse._SubParsersAction[Parser], kube: Parser, 
     watch.set_defaults(handler=_ctl_watch)
     describe = ctl_commands.add_parser("describe", parents=[options], help="a job's nodes and latest Events")
     describe.add_argument("job", metavar="JOB", help="NAME or KIND/NAME")
+    describe.add_argument(
+        "--phase",
+        action="append",
+        default=[],
+        type=_phase,
+        metavar="PHASE",
+        help=f"only the nodes in this phase (repeatable): {', '.join(PHASES)}",
+    )
     describe.set_defaults(handler=_ctl_describe)
     confirm = ctl_commands.add_parser(
         "confirm", parents=[options], help="release nodes paused at WaitingConfirmation (from the cloud)"

@@ -107,7 +107,10 @@ def events_table(rows: Sequence[EventRow]) -> str:
     return table(("TIME", "TYPE", "REASON", "MESSAGE"), cells)
 
 
-def describe_text(job: JobSummary, nodes: Sequence[NodeRow], events: Sequence[EventRow], *, now: datetime) -> str:
+def describe_text(
+    job: JobSummary, nodes: Sequence[NodeRow], events: Sequence[EventRow], *, now: datetime, only: Sequence[str] = ()
+) -> str:
+    """The job, its ``nodes`` (those in the phases ``only`` names, when it names any) and its events."""
     counts = ", ".join(f"{k} {job.counts.get(k, 0)}" for k in COUNT_KEYS)
     head = [
         f"Name:    {job.name}",
@@ -118,7 +121,11 @@ def describe_text(job: JobSummary, nodes: Sequence[NodeRow], events: Sequence[Ev
         f"Age:     {age(job.created, now)}",
         "",
     ]
-    parts = ["\n".join(head), nodes_table(nodes) if nodes else "No nodes yet.\n"]
+    if only:
+        shown = f"Nodes in {' or '.join(only)}: {len(nodes)} of {job.total}\n"
+        parts = ["\n".join(head), shown + (nodes_table(nodes) if nodes else "")]
+    else:
+        parts = ["\n".join(head), nodes_table(nodes) if nodes else "No nodes yet.\n"]
     parts.append("\nEvents:\n" + (events_table(events) if events else "  none\n"))
     return "\n".join(parts).replace("\n\n\n", "\n\n")
 
