@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
+from typing import Literal
 
 from flows.diagnosis import job as diagnosis_job
 from flows.diagnosis.job import TaskRun
@@ -22,8 +23,6 @@ from roles.edge import processors
 from roles.edge.checks.checks import run_checks
 from roles.edge.config_update import config_update
 from roles.edge.context import Action, Actions, Outcome, TaskContext, take_exclusive
-from roles.edge.kubelet import config as kubelet_config
-from roles.edge.kubelet import upgrade as kubelet_upgrade
 from roles.edge.processors import ProcessorEnv, ProcessorOutcome
 from roles.edge.upgrade import upgrade
 from schemas.processors import Processor
@@ -88,11 +87,30 @@ def _upgrade_check(*, find_artifact: Callable[[TaskContext], Awaitable[Outcome |
         checked = await _checks(ctx, ctx.spec.check_items)
         if not checked.succ:
             return checked
-        find = kubelet_upgrade.check if ctx.spec.component is NodeComponent.KUBELET else find_artifact
+        find = find_artifact
+        if ctx.spec.component is NodeComponent.KUBELET:
+            from roles.edge.kubelet import upgrade as kubelet_upgrade  # noqa: PLC0415 (see _kubelet)
+
+            find = kubelet_upgrade.check
         if find is not None and (refused := await find(ctx)) is not None:
             return refused
         # Last, so that a failed check never holds the node's slot.
         return await take_exclusive(ctx) or Outcome(True)
+
+    return action
+
+
+def _kubelet(job: Literal["upgrade", "config"], step: str) -> Action:
+    """Step ``step`` of the kubelet's upgrade or configuration, loaded with the first kubelet job: most devices
+    never get one, and an idle agent carries none of it."""
+
+    async def action(ctx: TaskContext) -> Outcome:
+        # Deferred on purpose (see above).
+        from roles.edge.kubelet import config as kubelet_config  # noqa: PLC0415
+        from roles.edge.kubelet import upgrade as kubelet_upgrade  # noqa: PLC0415
+
+        run: Action = getattr(kubelet_upgrade if job == "upgrade" else kubelet_config, step)
+        return await run(ctx)
 
     return action
 
@@ -167,18 +185,18 @@ def build_actions(
         ),
         (node_upgrade, nodeupgradejob.WAITING_CONFIRMATION): _waiting_confirmation,
         (node_upgrade, nodeupgradejob.BACK_UP): _by_component(
-            upgrade.back_up if self_upgrade else no_upgrade, kubelet_upgrade.back_up
+            upgrade.back_up if self_upgrade else no_upgrade, _kubelet("upgrade", "back_up")
         ),
         (node_upgrade, nodeupgradejob.UPGRADE): _by_component(
-            upgrade.upgrade if self_upgrade else no_upgrade, kubelet_upgrade.upgrade
+            upgrade.upgrade if self_upgrade else no_upgrade, _kubelet("upgrade", "upgrade")
         ),
         (node_upgrade, nodeupgradejob.ROLL_BACK): _by_component(
-            upgrade.roll_back if self_upgrade else no_upgrade, kubelet_upgrade.roll_back
+            upgrade.roll_back if self_upgrade else no_upgrade, _kubelet("upgrade", "roll_back")
         ),
-        (config, configupdatejob.CHECK): _by_component(config_update.check, kubelet_config.check),
-        (config, configupdatejob.BACK_UP): _by_component(config_update.back_up, kubelet_config.back_up),
-        (config, configupdatejob.UPDATE): _by_component(config_update.update, kubelet_config.update),
-        (config, configupdatejob.ROLL_BACK): _by_component(config_update.roll_back, kubelet_config.roll_back),
+        (config, configupdatejob.CHECK): _by_component(config_update.check, _kubelet("config", "check")),
+        (config, configupdatejob.BACK_UP): _by_component(config_update.back_up, _kubelet("config", "back_up")),
+        (config, configupdatejob.UPDATE): _by_component(config_update.update, _kubelet("config", "update")),
+        (config, configupdatejob.ROLL_BACK): _by_component(config_update.roll_back, _kubelet("config", "roll_back")),
         (diagnosis_job.RESOURCE_TYPE, diagnosis_job.RUN): (
             diagnosis_run(diagnosis) if diagnosis is not None else _unavailable("diagnosis", "no processor settings")
         ),

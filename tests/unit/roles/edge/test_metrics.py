@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import msgspec
 import pytest
 from hypothesis import given
@@ -74,3 +77,11 @@ def test_the_metrics_port_is_one_of_the_agents_own_and_may_not_be_another_listen
     assert EdgeConfig(metrics=on, local_api=LocalApiConfig(enabled=True)).served_ports == (10261, 10263)
     with pytest.raises(ValueError, match=r"nodeApi.port and metrics.port are both 10263: give each its own"):
         EdgeConfig(metrics=on, node_api=NodeApiConfig(enabled=True, port=10263))
+
+
+def test_an_idle_agent_loads_neither_its_metrics_nor_the_kubelets_jobs() -> None:
+    """Starting the edge role imports no Prometheus client and no kubelet step: each waits until it is used."""
+    heavy = ["prometheus_client", "roles.edge.metrics", "roles.edge.kubelet.upgrade", "roles.edge.kubelet.config"]
+    code = f"import sys, roles.edge.role; print([m for m in {heavy!r} if m in sys.modules])"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "[]"
