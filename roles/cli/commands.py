@@ -14,6 +14,7 @@ deleted, or a write on the device failed; 2 bad arguments, or a job or input tha
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,16 +28,42 @@ __all__ = ["COMMANDS", "SUMMARIES", "kubeconfig_path", "main"]
 
 SUMMARIES: Final = {
     "ctl": "node jobs and edges, for operators",
-    "edge": "install the edge agent on this device, or remove it",
+    "edge": "install the edge agent on this device, show its status, or remove it",
     "token": "edge tokens",
     "certs": "serving certificates of a cluster install",
 }
 """Each command's line in ``nodetaskd --help`` and in its own parser."""
 COMMANDS: Final = frozenset(SUMMARIES)
+EDGE_CONFIG: Final = "/etc/nodetaskd/edge.yaml"
+"""Where ``edge join`` writes the agent's configuration on a device (``roles.cli.join_layout``)."""
 DEFAULT_TOKEN_NAMESPACE: Final = "kube-system"
 """The hubs' ``tokenNamespace`` default (``roles.common.config.CloudConfig``)."""
 
 # ------------------------------------------------------------------------------------------ edge
+
+
+def _edge_status(args: argparse.Namespace) -> int:
+    from roles.cli.edge_status import AgentUnreachable, ask, render
+    from roles.common.config import ConfigError, load_config
+    from roles.common.edge_config import EdgeConfig
+    from roles.edge.control import control_socket
+
+    try:
+        cfg = load_config("edge", Path(args.config), {})
+    except ConfigError as exc:
+        return fail(str(exc), EXIT_USAGE)
+    assert isinstance(cfg, EdgeConfig)
+    try:
+        status = ask(control_socket(Path(cfg.data_dir)))
+    except AgentUnreachable as exc:
+        return fail(f"{exc} (is the agent running? systemctl status nodetaskd-edge)", EXIT_UNAVAILABLE)
+    except ValueError as exc:
+        return fail(str(exc), EXIT_FAILED)
+    if args.output == "json":
+        sys.stdout.write(json.dumps(status, indent=2) + "\n")
+    else:
+        sys.stdout.write(render(status))
+    return 0
 
 
 def _edge_join(args: argparse.Namespace) -> int:
@@ -188,6 +215,10 @@ def _edge_parsers(commands: argparse._SubParsersAction[Parser]) -> None:
     join.add_argument("--force", action="store_true", help="overwrite an existing join (the data is kept)")
     join.add_argument("--allow-plain-ws", action="store_true", help="accept ws:// hubs (the token is sent unencrypted)")
     join.set_defaults(handler=_edge_join)
+    status = edge_commands.add_parser("status", help="the running agent's hub session, tasks, outbox and autonomy")
+    status.add_argument("--config", default=EDGE_CONFIG, help="the agent's configuration (join writes it here)")
+    status.add_argument("-o", "--output", choices=("table", "json"), default="table")
+    status.set_defaults(handler=_edge_status)
     reset = edge_commands.add_parser("reset", help="remove what join wrote (stop the agent first)")
     reset.add_argument("--root", default="/", help="the directory join installed under")
     reset.set_defaults(handler=_edge_reset)

@@ -37,6 +37,7 @@ from typing import Any, Final, final
 
 import anyio
 import anyio.abc
+import msgspec
 import structlog
 
 from flows.diagnosis import job as diagnosis_job
@@ -245,6 +246,11 @@ class EdgeAgent:
             autonomy_condition=str(verdict.status) if verdict is not None else "",
         )  # fmt: skip
 
+    async def _status_line(self) -> bytes:
+        """What ``nodetaskd edge status`` shows: :meth:`status` and :meth:`observe` in one JSON object."""
+        observed = msgspec.to_builtins(await self.observe())
+        return msgspec.json.encode({**await self.status(), "observed": observed})
+
     @property
     def autonomy(self) -> AutonomyManager:
         """The autonomy manager: the cache, its ledger (error keys, whether persisted) and the last check.
@@ -269,7 +275,12 @@ class EdgeAgent:
             work.start_soon(self._tasks.prune)
             await work.start(self._tasks.run)
             control = functools.partial(
-                serve_control, self.settings.data_dir, store=self._store, confirm=self.confirm, log=self._log
+                serve_control,
+                self.settings.data_dir,
+                store=self._store,
+                confirm=self.confirm,
+                status=self._status_line,
+                log=self._log,
             )
             await work.start(control)
             task_status.started()

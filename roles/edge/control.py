@@ -1,8 +1,9 @@
 """The agent's local control socket ``<dataDir>/control.sock``: one-line commands from the device.
 
-Today one command: ``confirm <job name>``, sent by ``nodetaskd --role=edge --confirm <job>``,
-releases that job's task waiting for confirmation on this node. The socket is the owner's only
-(mode 0600): confirming an upgrade is privileged.
+Two commands: ``confirm <job name>``, sent by ``nodetaskd --role=edge --confirm <job>``, releases that
+job's task waiting for confirmation on this node; ``status``, sent by ``nodetaskd edge status``, answers
+the agent's state as one JSON line. The socket is the owner's only (mode 0600): confirming an upgrade is
+privileged.
 """
 
 from __future__ import annotations
@@ -38,10 +39,12 @@ async def serve_control(
     *,
     store: EdgeStore,
     confirm: Callable[[str], Awaitable[bool]],
+    status: Callable[[], Awaitable[bytes]],
     log: Log,
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the control socket until cancelled; ``confirm`` releases a waiting task by its job UID.
+    """Serve the control socket until cancelled; ``confirm`` releases a waiting task by its job UID, ``status``
+    is the agent's state as one line of JSON.
 
     Ready (``task_status.started()``) once listening, or at once when the socket cannot be made
     (e.g. a data directory whose path is too long for a unix socket): the agent works without it.
@@ -65,8 +68,8 @@ async def serve_control(
             async with stream:
                 with anyio.move_on_after(CONTROL_TIMEOUT_S):
                     request = (await stream.receive(1024)).decode(errors="replace").strip()
-                    answer = await _answer(request, store, confirm)
-                    await stream.send(f"{answer}\n".encode())
+                    answer = await status() if request == "status" else await _answer(request, store, confirm)
+                    await stream.send((answer if isinstance(answer, bytes) else answer.encode()) + b"\n")
 
     async with listener:
         await listener.serve(serve)
@@ -75,7 +78,7 @@ async def serve_control(
 async def _answer(request: str, store: EdgeStore, confirm: Callable[[str], Awaitable[bool]]) -> str:
     command, _, job = request.partition(" ")
     if command != "confirm" or not job:
-        return f"error: unknown command {request!r}; expected: confirm <job name>"
+        return f"error: unknown command {request!r}; expected: confirm <job name>, or status"
     for task in await store.tasks(TaskState.WAITING_CONFIRMATION):
         if Route.parse(task.route).job == job:
             await confirm(task.job_uid)

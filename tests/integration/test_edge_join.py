@@ -83,7 +83,8 @@ async def test_token_create_then_edge_join_brings_a_real_agent_to_a_real_hub(
     crds: ControlPlane, cloud_kube: Kube, tmp_path: Path, device: Path
 ) -> None:
     """The token Secret is created (its file never overwritten unforced), the join's files start the agent, which
-    makes its data directory 0700, the hub marks the Node, and reset undoes the join."""
+    makes its data directory 0700, the hub marks the Node, `edge status` shows its session, and reset undoes
+    the join."""
     node, hub_id = unique("joined"), unique("hub")
     async with admin(crds) as kube:
         ready = NodeStatus(conditions=(NodeCondition(type="Ready", status="True", reason="Test", message="test"),))
@@ -174,11 +175,27 @@ async def test_token_create_then_edge_join_brings_a_real_agent_to_a_real_hub(
         (row,) = [r for r in json.loads(listed.stdout) if r["name"] == node]
         assert (row["connected"], row["hub"]) == (True, hub_id)
 
+        # On the device, the agent says how it stands; with it stopped, the status fails in one line.
+        shown = await _nodetaskd("edge", "status", f"--config={layout.config}", cwd=device)
+        assert shown.returncode == 0, shown.stderr
+        lines = dict(line.split(":", 1) for line in shown.stdout.decode().splitlines())
+        assert lines["Node"].strip() == node
+        assert lines["Hub"].strip().startswith(f"{hub_id}, connected (1 sessions"), lines
+        assert lines["Tasks"].strip() == "running 0, waiting_confirmation 0, finished 0"
+        as_json = json.loads(
+            (await _nodetaskd("edge", "status", f"--config={layout.config}", "-o", "json", cwd=device)).stdout
+        )
+        assert (as_json["connected"], as_json["observed"]["sessions"]) == ("true", 1)
+
         # Reset refuses while the agent runs, then undoes the join once it is stopped.
         refused = await _nodetaskd("edge", "reset", f"--root={root}", cwd=device)
         assert refused.returncode == 1
         assert b"is running" in refused.stderr
         assert await terminate(launcher) == 0
+        gone = await _nodetaskd("edge", "status", f"--config={layout.config}", cwd=device)
+        assert gone.returncode == 3, gone
+        assert gone.stderr.decode().count("\n") == 1, gone.stderr
+        assert b"cannot reach the edge agent at" in gone.stderr, gone.stderr
         reset = await _nodetaskd("edge", "reset", f"--root={root}", cwd=device)
         assert reset.returncode == 0, reset.stderr
         assert list(root.iterdir()) == []
