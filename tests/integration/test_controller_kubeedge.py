@@ -1,7 +1,7 @@
 """Counterparts of KubeEdge's controller-manager tests not already covered by test_controller.py.
 
 Each test names the KubeEdge test it mirrors (``cloud/pkg/controllermanager/nodetask/``). Where
-nodetaskd deliberately differs (README, "Decisions worth knowing"), the test asserts nodetaskd's
+nodetaskd deliberately differs (docs/decisions.md, "Node jobs"), the test asserts nodetaskd's
 behaviour and says so: node timeouts count from dispatch; duplicate node names are dropped.
 """
 

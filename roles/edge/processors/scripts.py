@@ -21,7 +21,7 @@ How it runs (KubeDiag runs ``timeout <N>s /bin/sh <file> <args>`` and always rep
   process group.
 - Arguments arrive as argv, but the script decides how to use them: it must quote them (``"$1"``,
   never ``$1``, which the shell splits and globs) and end options before them (``cmd -- "$1"``), or
-  a parameter can still add options to the commands it runs (README, Security).
+  a parameter can still add options to the commands it runs (docs/security.md).
 - Exit status 0 is success, with stdout (at most ``maxOutputBytes``, the rest read and dropped)
   under ``operation.<operationResultKey>.output`` (KubeDiag's key; ``script.output`` without an
   ``operationResultKey``). Any other status is failure, with the status and the tail of stderr.

@@ -22,7 +22,7 @@ def test_the_diagnosis_section_is_closed_by_default() -> None:
 
 
 def test_the_diagnosis_section_loads_from_the_config_file(tmp_path: Path) -> None:
-    """Its camelCase keys, as the README shows them."""
+    """Its camelCase keys, as docs/decisions.md shows them."""
     path = tmp_path / "edge.yaml"
     path.write_text(
         "diagnosis:\n"
