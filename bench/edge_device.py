@@ -83,7 +83,15 @@ async def device_process(*argv: str) -> AsyncIterator[anyio.abc.Process]:
         await process.aclose()
 
 
-def agent_config(home: Path, *, port: int, cri_endpoint: str, ca_file: Path, local_api_port: int | None = None) -> Path:
+def agent_config(
+    home: Path,
+    *,
+    port: int,
+    cri_endpoint: str,
+    ca_file: Path,
+    local_api_port: int | None = None,
+    metrics_port: int | None = None,
+) -> Path:
     (home / "token").write_text("bench-token\n")
     config: dict[str, Any] = {
         "nodeName": NODE,
@@ -98,6 +106,8 @@ def agent_config(home: Path, *, port: int, cri_endpoint: str, ca_file: Path, loc
     }
     if local_api_port is not None:
         config["localApi"] = {"enabled": True, "port": local_api_port}
+    if metrics_port is not None:
+        config["metrics"] = {"enabled": True, "port": metrics_port}
     path = home / "edge.yaml"
     path.write_bytes(msgspec.yaml.encode(config))
     return path

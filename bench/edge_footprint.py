@@ -29,6 +29,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,7 @@ from bench.edge_device import (
 )
 from bench.edge_hub import MinimalHub, serving
 from bench.local_api import list_latency, realistic_pod
-from bench.waits import deadline
+from bench.waits import Stalled, deadline
 from nodetask import messages
 from tools.ports import free_port
 from tools.processes import role_command
@@ -175,6 +176,8 @@ async def launcher_run(*, settle_s: float = 5.0) -> LauncherRun:
 @dataclass(frozen=True, slots=True)
 class CacheRun:
     local_api: bool
+    metrics: bool
+    """The agent's metrics on, and scraped once before its memory is read."""
     idle: Memory
     """Memory ``settle_s`` after the cache was filled (the condition True), with no list asked for."""
     list_pods: dict[str, float] | None = None
@@ -196,23 +199,36 @@ def cache_frames() -> tuple[messages.CacheObjects, ...]:
     )
 
 
-async def cache_run(*, local_api: bool, settle_s: float = 5.0, requests: int = 1000) -> CacheRun:
+async def cache_run(*, local_api: bool, metrics: bool = False, settle_s: float = 5.0, requests: int = 1000) -> CacheRun:
     """A fresh agent (no container runtime) whose hub fills its cache: its idle memory with the local API
-    on or off, and with it on, how fast it lists the node's Pods from that cache over HTTP."""
+    on or off (and its metrics on or off), and with the local API on, how fast it lists the node's Pods from
+    that cache over HTTP."""
     python = device_python()
     hub = MinimalHub(image="", cache=cache_frames())
     api_port = free_port() if local_api else None
+    metrics_port = free_port() if metrics else None
     with tempfile.TemporaryDirectory(prefix="ntd-cache-") as tmp:
         async with serving(hub, Path(tmp)) as (port, ca_file):
-            config = agent_config(Path(tmp), port=port, cri_endpoint="", ca_file=ca_file, local_api_port=api_port)
+            config = agent_config(
+                Path(tmp), port=port, cri_endpoint="", ca_file=ca_file, local_api_port=api_port,
+                metrics_port=metrics_port,
+            )  # fmt: skip
             argv = (*role_command("edge", config, python=python), "--log-level=warning")
             async with device_process(*argv) as process:
                 with deadline("the agent's Autonomy condition", 60):
                     await hub.autonomous.wait()
+                if metrics_port is not None:
+                    await anyio.to_thread.run_sync(_scrape, metrics_port)
                 await anyio.sleep(settle_s)
                 idle = await settled_memory(process.pid)
                 latency = None if api_port is None else await list_latency(api_port, requests)
-    return CacheRun(local_api=local_api, idle=idle, list_pods=latency)
+    return CacheRun(local_api=local_api, metrics=metrics, idle=idle, list_pods=latency)
+
+
+def _scrape(port: int) -> None:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        if b"nodetaskd_edge_hub_connected 1.0" not in answer.read():
+            raise Stalled("the agent's metrics do not show its hub session")
 
 
 def import_costs() -> list[ImportStep]:

@@ -369,9 +369,9 @@ async def edge_footprint_series(args: argparse.Namespace) -> dict[str, Any]:
         "launcher": asdict(await edge_footprint.launcher_run(settle_s=settle_s)),
         # Alternated, so that a change in the machine's load falls on both alike.
         "cache": [
-            asdict(await edge_footprint.cache_run(local_api=on, settle_s=settle_s))
+            asdict(await edge_footprint.cache_run(local_api=api, metrics=metrics, settle_s=settle_s))
             for _ in range(args.edge_runs)
-            for on in (False, True)
+            for api, metrics in ((False, False), (True, False), (False, True))
         ],
         "settle_s": settle_s,
         "layer_mib": args.edge_layer_mib,

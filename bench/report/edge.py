@@ -97,16 +97,19 @@ def _cache_rows(res: dict[str, Any]) -> list[str]:
     out = [
         "With edge autonomy's cache: a fresh agent (no container runtime) whose hub lists `cache.v1`, requests",
         "autonomy and relists the node (its Node, 10 Pods of about 4 KiB of JSON each, a ConfigMap) into the",
-        f"agent's store; memory {res['settle_s']:.0f} s after the agent reported its condition True, the local",
-        f"API off and on (runs alternated, medians of {len(runs) // 2} each):",
+        f"agent's store; memory {res['settle_s']:.0f} s after the agent reported its condition True, with",
+        "nothing more on, with the local API on, and with its metrics on (`metrics.enabled`, scraped once",
+        "before): runs alternated, medians of each:",
         "",
     ]
     rows = []
-    for on in (False, True):
-        chosen = [r["idle"] for r in runs if r["local_api"] is on]
+    for what, api, metrics in (("", False, False), ("local API on", True, False), ("metrics on", False, True)):
+        chosen = [r["idle"] for r in runs if r["local_api"] is api and r.get("metrics", False) is metrics]
+        if not chosen:
+            continue
         rows.append(
             (
-                f"idle, cache filled, local API {'on' if on else 'off'}",
+                f"idle, cache filled{', ' + what if what else ''} ({len(chosen)} runs)",
                 *(mib(statistics.median(float(m[key]) for m in chosen)) for key in ("rss", "uss", "pss")),
             )
         )

@@ -286,7 +286,7 @@ def cache_section(res: dict[str, Any]) -> list[str]:
         if max(sizes) < 10000:
             verdict = "not measured at 10,000 yet (a smaller size carries more of the hub's fixed growth)"
         out += [
-            f"**Target** (seed 003): 10,000 sessions with cache streams and {pods} Pods per node under 50 KiB each:",
+            f"**Target** (autonomy): 10,000 sessions with cache streams and {pods} Pods per node under 50 KiB each:",
             f"{whole(max(sizes))} sessions held, **{per:.1f} KiB** per session, {verdict}.",
             "",
         ]
