@@ -29,6 +29,9 @@ _REQUIRED: Mapping[tuple[str, str], tuple[str, ...]] = {
     ("ImagePrePullJob", "v1alpha1"): ("spec",),
 }
 _STATUS_REQUIRED: Mapping[tuple[str, str], tuple[str, ...]] = {(k.kind, "v1alpha2"): ("phase",) for k in KINDS}
+_LABELS: Mapping[str, str] = {"app.kubernetes.io/name": "nodetaskd", "app.kubernetes.io/component": "crds"}
+"""The recommended labels every object of the install carries (``kubectl get crd -l
+app.kubernetes.io/name=nodetaskd``)."""
 _CLOSED_ENUMS = frozenset({"NodeComponent"})
 """Enumerations of nodetaskd's own fields, closed in the schema as well as by the webhook: no KubeEdge object
 carries them, and an API server without the webhook must not store a component no agent acts on."""
@@ -181,7 +184,7 @@ def _definition(
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": kind.crd_name},
+        "metadata": {"name": kind.crd_name, "labels": dict(_LABELS)},
         "spec": {
             "group": group,
             "names": {

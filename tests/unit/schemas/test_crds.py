@@ -196,3 +196,10 @@ def test_only_nodetaskds_own_choices_are_closed_enums_in_the_schema() -> None:
             assert all(path.endswith(".component") for path in enums), enums
         else:
             assert enums == {}, enums
+
+
+def test_every_crd_carries_the_installs_recommended_labels() -> None:
+    """``app.kubernetes.io/name: nodetaskd`` on each CRD, as on every other object of the install."""
+    for kind in KINDS + DIAGNOSIS_KINDS:
+        labels = yaml.safe_load(crdgen.render(kind))["metadata"]["labels"]
+        assert labels == {"app.kubernetes.io/name": "nodetaskd", "app.kubernetes.io/component": "crds"}
