@@ -5,6 +5,7 @@ Loaded with the others by :func:`roles.common.config.load_config`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Final
 
 import msgspec
@@ -22,6 +23,7 @@ from roles.common.config_types import (
 __all__ = ["ControllerConfig", "NodeCertificatesConfig"]
 
 FEATURE_GATES: Final = frozenset({"disableNodeTaskV1alpha2"})
+POD_NAMESPACE_ENV: Final = "POD_NAMESPACE"
 DEFAULT_WEBHOOK_MAX_BODY_BYTES: Final = (3 << 20) + (64 << 10)
 """Two objects of etcd's 1.5 MiB (an UPDATE's object and oldObject) and 64 KiB for the review around them."""
 
@@ -36,6 +38,9 @@ class NodeCertificatesConfig(msgspec.Struct, frozen=True, kw_only=True, rename="
 
     hub_users: tuple[str, ...] = ()
     """User names the hubs act as (e.g. ``system:serviceaccount:nodetaskd-system:nodetaskd-cloud``)."""
+    hub_service_accounts: tuple[str, ...] = ()
+    """``[namespace/]name`` of ServiceAccounts the hubs run as, without a namespace the controller's own
+    (``namespace``): the user names ``system:serviceaccount:<namespace>:<name>``, beside ``hubUsers``."""
     hub_groups: tuple[str, ...] = ("nodetaskd:clouds",)
     """Groups whose members act as hubs (containers/rbac binds the cloud role to ``nodetaskd:clouds``). Whoever
     is in one may have certificates of every edge node approved: list only the hubs' own."""
@@ -49,20 +54,34 @@ class NodeCertificatesConfig(msgspec.Struct, frozen=True, kw_only=True, rename="
         for what, names in (("hubUsers", self.hub_users), ("hubGroups", self.hub_groups)):
             if any(not name or name.startswith("system:node") for name in names):
                 raise ValueError(f"nodeCertificates.{what}: an empty name, or a node's, cannot be a hub's")
+        for account in self.hub_service_accounts:
+            if not all(NAMESPACE.fullmatch(part) for part in account.split("/", 1)):
+                raise ValueError(f"nodeCertificates.hubServiceAccounts: {account!r} is not [namespace/]name")
 
     @property
     def enabled(self) -> bool:
-        return bool(self.hub_users or self.hub_groups)
+        return bool(self.hub_users or self.hub_groups or self.hub_service_accounts)
+
+    def hub_user_names(self, own_namespace: str) -> frozenset[str]:
+        """``hubUsers`` and the users of ``hubServiceAccounts`` (those without a namespace in ``own_namespace``)."""
+        accounts = (a if "/" in a else f"{own_namespace}/{a}" for a in self.hub_service_accounts)
+        return frozenset(self.hub_users) | {f"system:serviceaccount:{a.replace('/', ':')}" for a in accounts}
 
 
 class ControllerConfig(BaseConfig, frozen=True, kw_only=True):
     kubeconfig: str = ""
     """Path of a kubeconfig; empty means in-cluster configuration."""
     feature_gates: tuple[str, ...] = ()
+    namespace: str = ""
+    """The namespace this controller runs in. Empty: the pod's own, from the environment variable
+    ``POD_NAMESPACE`` (``containers/deploy/controller.yaml`` sets it from the downward API); outside
+    Kubernetes, kube-system. The settings below that leave their namespace out mean this one, so that a
+    kustomize ``namespace:`` alone moves the install."""
     lease_name: str = "nodetaskd-controller"
-    lease_namespace: str = "kube-system"
-    """Where the leader Lease lives: the only namespace whose Leases the controller's RBAC lets it write
-    (the Role ``nodetaskd:controller:leader-election``, containers/rbac/controller.yaml, must be there)."""
+    lease_namespace: str = ""
+    """Where the leader Lease lives (empty: ``namespace``): the only namespace whose Leases the controller's
+    RBAC lets it write (the Role ``nodetaskd:controller:leader-election``, containers/rbac/controller.yaml,
+    must be there)."""
     identity: str = ""
     """This instance's name in the leader Lease; empty means host name and process id."""
     lease_duration: Seconds = 15.0
@@ -102,11 +121,11 @@ class ControllerConfig(BaseConfig, frozen=True, kw_only=True):
     webhook_url: str = ""
     """The HTTPS base URL the API server calls the webhooks at; when set, the controller registers them."""
     webhook_service: str = ""
-    """``namespace/name[:port]`` of the Service in front of every replica's webhook server (port 443 when
-    not given); when set, the controller registers the webhooks with ``clientConfig.service`` and the CA
-    of ``tlsCaFile``. It then needs ``tlsCertFile``, ``tlsKeyFile`` and ``tlsCaFile``: one certificate
-    shared by all replicas (mounted from a Secret), since replicas that each generated their own CA
-    would each register theirs and undo the others' registration."""
+    """``[namespace/]name[:port]`` of the Service in front of every replica's webhook server (the controller's
+    ``namespace`` and port 443 when not given); when set, the controller registers the webhooks with
+    ``clientConfig.service`` and the CA of ``tlsCaFile``. It then needs ``tlsCertFile``, ``tlsKeyFile``
+    and ``tlsCaFile``: one certificate shared by all replicas (mounted from a Secret), since replicas that
+    each generated their own CA would each register theirs and undo the others' registration."""
     tls_cert_file: str = ""
     tls_key_file: str = ""
     tls_ca_file: str = ""
@@ -144,6 +163,9 @@ class ControllerConfig(BaseConfig, frozen=True, kw_only=True):
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ValueError("tlsCertFile and tlsKeyFile must be given together")
         check_namespaces(self.image_secret_namespaces)
+        for what, namespace in (("namespace", self.namespace), ("leaseNamespace", self.lease_namespace)):
+            if namespace and not NAMESPACE.fullmatch(namespace):
+                raise ValueError(f"{what}: {namespace!r} is not a namespace name")
         if self.webhook_url and not self.webhook_url.startswith("https://"):
             raise ValueError(f"webhookUrl {self.webhook_url!r} must be an https:// URL")
         if self.webhook_max_connections_per_peer > self.webhook_max_connections:
@@ -164,15 +186,38 @@ class ControllerConfig(BaseConfig, frozen=True, kw_only=True):
     @property
     def webhook_service_ref(self) -> tuple[str, str, int]:
         """``webhookService`` as (namespace, name, port)."""
-        return _service_ref(self.webhook_service)
+        return _service_ref(self.webhook_service, self.own_namespace)
+
+    @property
+    def own_namespace(self) -> str:
+        """``namespace``, or kube-system when it is empty (``POD_NAMESPACE`` is read at start: see
+        :func:`in_pod_namespace`)."""
+        return self.namespace or "kube-system"
+
+    @property
+    def leader_namespace(self) -> str:
+        """Where the leader Lease lives: ``leaseNamespace``, else the controller's own namespace."""
+        return self.lease_namespace or self.own_namespace
 
 
-def _service_ref(text: str) -> tuple[str, str, int]:
-    """``namespace/name[:port]`` as (namespace, name, port); ValueError naming ``webhookService`` otherwise."""
+def in_pod_namespace(cfg: ControllerConfig, environ: Mapping[str, str]) -> ControllerConfig:
+    """``cfg`` with ``namespace`` from ``POD_NAMESPACE`` in ``environ`` when the config gives none.
+
+    Errors: ValueError naming the variable when its value is not a namespace name."""
+    if cfg.namespace or not (found := environ.get(POD_NAMESPACE_ENV, "").strip()):
+        return cfg
+    if not NAMESPACE.fullmatch(found):
+        raise ValueError(f"{POD_NAMESPACE_ENV} {found!r} is not a namespace name")
+    return msgspec.structs.replace(cfg, namespace=found)
+
+
+def _service_ref(text: str, own_namespace: str = "kube-system") -> tuple[str, str, int]:
+    """``[namespace/]name[:port]`` as (namespace, name, port); ValueError naming ``webhookService`` otherwise."""
     ref, _, port = text.partition(":")
-    namespace, _, name = ref.partition("/")
+    namespace, _, name = ref.rpartition("/")
+    namespace = namespace or own_namespace
     if not (NAMESPACE.fullmatch(namespace) and NAMESPACE.fullmatch(name)):
-        raise ValueError(f"webhookService {text!r} is not namespace/name[:port]")
+        raise ValueError(f"webhookService {text!r} is not [namespace/]name[:port]")
     if port and not (port.isdigit() and 0 < int(port) <= 65535):
         raise ValueError(f"webhookService {text!r}: port {port!r} is not within 1-65535")
     return namespace, name, int(port or 443)

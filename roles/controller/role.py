@@ -18,6 +18,7 @@ request head within ``headerTimeout``; the webhook listens on the pod's IP only 
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 from typing import Final
 
@@ -28,6 +29,7 @@ from prometheus_client import CollectorRegistry
 from flows.certificates.node_requests import Hubs
 from nodetask.clock import Clock
 from roles.common.config import ControllerConfig, RoleConfig
+from roles.common.controller_config import in_pod_namespace
 from roles.common.health import health_routes, router, serve_http
 from roles.controller.admission.webhook_server import serve_webhooks
 from roles.controller.autonomy.controller import AutonomyController
@@ -48,6 +50,7 @@ METRICS_MAX_BODY_BYTES: Final = 64 << 10
 async def run(cfg: RoleConfig, *, log: Log, config_path: Path | None = None) -> None:
     """Run the controller until cancelled."""
     assert isinstance(cfg, ControllerConfig)
+    cfg = in_pod_namespace(cfg, os.environ)
     kinds = () if "disableNodeTaskV1alpha2" in cfg.feature_gates else KINDS
     if not kinds:
         log.warning("controllers_disabled", gate="disableNodeTaskV1alpha2")
@@ -57,7 +60,7 @@ async def run(cfg: RoleConfig, *, log: Log, config_path: Path | None = None) -> 
         elector = Elector(
             kube,
             name=cfg.lease_name,
-            namespace=cfg.lease_namespace,
+            namespace=cfg.leader_namespace,
             identity=cfg.identity or default_identity(),
             duration=cfg.lease_duration,
             log=log,
@@ -80,7 +83,8 @@ async def run(cfg: RoleConfig, *, log: Log, config_path: Path | None = None) -> 
                     tg.start_soon(diagnoses.run)
                     tg.start_soon(autonomy.run)
                     if certificates.enabled:
-                        hubs = Hubs(users=frozenset(certificates.hub_users), groups=frozenset(certificates.hub_groups))
+                        users = certificates.hub_user_names(cfg.own_namespace)
+                        hubs = Hubs(users=users, groups=frozenset(certificates.hub_groups))
                         approver = CertificateApprover(
                             kube=kube, hubs=hubs, token_namespace=certificates.token_namespace, log=log
                         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 from collections.abc import AsyncIterator, Callable
@@ -38,6 +39,8 @@ class RoleProcess:
     log: Path
     ready_url: str = ""
     """Answers 200 once the process serves (its /readyz), if it has one."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Set in its environment beside this process's own."""
     process: anyio.abc.Process | None = None
     starts: int = 0
     killed: bool = False
@@ -46,7 +49,10 @@ class RoleProcess:
     async def start(self) -> None:
         with self.log.open("ab") as out:
             self.process = await anyio.open_process(
-                role_command(self.role, self.config), stdout=out, stderr=subprocess.STDOUT
+                role_command(self.role, self.config),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env} if self.env else None,
             )
         self.starts += 1
         self.killed = False

@@ -39,7 +39,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow(130)]
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "containers" / "deploy"
 OVERLAY = Path(__file__).resolve().parent / "deploy-k8s-1.20"
-NAMESPACE = "nodetaskd-system"
+NAMESPACE = "nodetaskd-elsewhere"
+"""Where ``deploy-k8s-1.20/`` puts the install: not the base's ``nodetaskd-system``, as an operator's overlay may."""
 CONTROLLER_SA = f"system:serviceaccount:{NAMESPACE}:nodetaskd-controller"
 CLOUD_SA = f"system:serviceaccount:{NAMESPACE}:nodetaskd-cloud"
 WEBHOOK_HOST = f"nodetaskd-webhook.{NAMESPACE}.svc"
@@ -84,7 +85,7 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
         rendered = cp.kubectl("kustomize", str(OVERLAY)).stdout
         # A dry run cannot create the namespace the other objects go into: it exists first, as it would
         # after a first install.
-        cp.kubectl("apply", "-f", str(DEPLOY / "namespace.yaml"))
+        cp.kubectl("create", "namespace", NAMESPACE)
         dry_run = cp.kubectl("apply", "--dry-run=server", "-k", str(OVERLAY)).stdout
         probe = cp.kubectl("-n", NAMESPACE, "get", "deployment", "nodetaskd-controller", check=False)
         cp.kubectl("apply", "-k", str(OVERLAY))
@@ -93,6 +94,7 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
             "certs",
             "create",
             f"--kubeconfig={cp.kubeconfig('admin')}",
+            f"--namespace={NAMESPACE}",
             "--hub-host=127.0.0.1",
             f"--ca-out={home / 'hub-ca.crt'}",
             cwd=REPO,
@@ -291,10 +293,9 @@ async def test_view_and_edit_users_read_and_create_jobs_and_diagnoses_by_aggrega
 
 
 def test_the_controller_elects_only_in_its_namespace_and_patches_only_its_own_webhooks(deployed: Deployed) -> None:
-    """The controller's Leases are those of its leaseNamespace only; of the webhook configurations it may patch
+    """The controller's Leases are those of its own namespace only; of the webhook configurations it may patch
     its own two, and create, change or delete no other (the manifests create them)."""
-    lease_namespace = _config_map(deployed, "nodetaskd-controller", "controller.yaml")["leaseNamespace"]
-    assert lease_namespace == NAMESPACE
+    assert "leaseNamespace" not in _config_map(deployed, "nodetaskd-controller", "controller.yaml")  # its own
     leases = "leases.coordination.k8s.io"
     configurations = [
         f"{resource}.admissionregistration.k8s.io"
@@ -317,7 +318,7 @@ def test_cache_secrets_adds_only_list_and_watch_of_secrets_to_the_hubs(deployed:
     """`kubectl apply -k containers/deploy/cache-secrets` lets the hubs list and watch Secrets everywhere, still
     never get one outside kube-system nor write any."""
     cp = deployed.cp
-    extra = DEPLOY / "cache-secrets"
+    extra = OVERLAY / "cache-secrets"
     cp.kubectl("apply", "-k", str(extra))
     try:
         answers = {
@@ -408,7 +409,9 @@ async def test_controller_replicas_register_the_service_webhooks_with_the_one_mo
         }
         path = tmp_path / f"controller-{i}.yaml"
         path.write_bytes(msgspec.yaml.encode(config))
-        replicas.append(RoleProcess(f"controller-{i}", path, "controller", tmp_path / f"controller-{i}.log"))
+        # What the Deployment's downward API gives the pod.
+        env = {"POD_NAMESPACE": NAMESPACE}
+        replicas.append(RoleProcess(f"controller-{i}", path, "controller", tmp_path / f"controller-{i}.log", env=env))
     try:
         for replica in replicas:
             await replica.start()

@@ -15,6 +15,7 @@ import yaml
 
 from roles.cli import certs
 from roles.common.config import ControllerConfig, load_config
+from roles.common.controller_config import in_pod_namespace
 from roles.controller.admission.registration import webhook_configurations
 from tools.provision import deploy_crds
 
@@ -46,6 +47,7 @@ def test_the_webhook_manifests_are_what_the_controller_registers_but_the_ca(tmp_
     """What roles/controller/admission/registration.py builds for the Service, but the caBundle."""
     config = _role_config("controller", tmp_path)
     assert isinstance(config, ControllerConfig)
+    config = in_pod_namespace(config, {"POD_NAMESPACE": certs.NAMESPACE})
     built = webhook_configurations(service=config.webhook_service_ref, ca_bundle=b"")
     for document, code in zip(_documents("webhooks.yaml"), built, strict=True):
         expected = msgspec.json.decode(msgspec.json.encode(code))
@@ -61,7 +63,9 @@ def test_the_configmaps_are_valid_role_configs_that_use_the_mounted_files(tmp_pa
     """Both ConfigMaps load as their role's config; the files they name are where the Secrets are mounted."""
     controller = _role_config("controller", tmp_path)
     cloud = _role_config("cloud", tmp_path)
-    assert controller.webhook_service_ref == (certs.NAMESPACE, certs.WEBHOOK_SERVICE, 443)
+    assert isinstance(controller, ControllerConfig)
+    in_pod = in_pod_namespace(controller, {"POD_NAMESPACE": certs.NAMESPACE})
+    assert in_pod.webhook_service_ref == (certs.NAMESPACE, certs.WEBHOOK_SERVICE, 443)
     for role, config, secret in (("controller", controller, certs.WEBHOOK_SECRET), ("cloud", cloud, certs.HUB_SECRET)):
         pod = _one(f"{role}.yaml", "Deployment", f"nodetaskd-{role}")["spec"]["template"]["spec"]
         (container,) = pod["containers"]
@@ -126,3 +130,20 @@ def test_the_controller_is_scheduled_before_ordinary_workloads_by_a_class_the_ma
     priority = _one("controller.yaml", "PriorityClass", pod["priorityClassName"])
     assert 0 < priority["value"] < 1_000_000_000
     assert priority["globalDefault"] is False
+
+
+def test_no_config_names_the_namespace_so_a_namespace_overlay_moves_the_whole_install(tmp_path: Path) -> None:
+    """The ConfigMaps' settings name no namespace of the install: the controller takes its own from the downward
+    API (POD_NAMESPACE) for its Lease, its webhook Service and the hubs' ServiceAccount."""
+    for role in ("controller", "cloud"):
+        data = _one(f"{role}.yaml", "ConfigMap", f"nodetaskd-{role}")["data"]
+        assert all(certs.NAMESPACE not in text for text in data.values()), role
+    pod = _one("controller.yaml", "Deployment", "nodetaskd-controller")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in container["env"]}
+    assert env["POD_NAMESPACE"] == "metadata.namespace"
+    controller = in_pod_namespace(_role_config("controller", tmp_path), {"POD_NAMESPACE": "edge-ops"})
+    assert controller.leader_namespace == "edge-ops"
+    assert controller.webhook_service_ref[0] == "edge-ops"
+    users = controller.node_certificates.hub_user_names(controller.own_namespace)
+    assert users == {"system:serviceaccount:edge-ops:nodetaskd-cloud"}

@@ -8,6 +8,7 @@ import msgspec
 import pytest
 
 from roles.common.config import ConfigError, ControllerConfig, load_config
+from roles.common.controller_config import in_pod_namespace
 from roles.common.tls import generate_serving_certificate
 from roles.controller.admission.registration import webhook_configurations
 from roles.controller.admission.reviews import MUTATE_PATH, VALIDATE_PATH
@@ -32,6 +33,38 @@ def test_webhook_service_is_read_as_namespace_name_and_port() -> None:
     assert _controller(webhookService="ns/svc:8443", **MOUNTED).webhook_service_ref == ("ns", "svc", 8443)
 
 
+def test_a_webhook_service_without_a_namespace_is_in_the_controllers_own() -> None:
+    """``name[:port]`` is in the controller's ``namespace``: the pod's (``POD_NAMESPACE``), else kube-system."""
+    alone = _controller(webhookService="nodetaskd-webhook:443", **MOUNTED)
+    assert alone.webhook_service_ref == ("kube-system", "nodetaskd-webhook", 443)
+    in_pod = in_pod_namespace(alone, {"POD_NAMESPACE": "edge-ops"})
+    assert in_pod.webhook_service_ref == ("edge-ops", "nodetaskd-webhook", 443)
+    assert (in_pod.leader_namespace, alone.leader_namespace) == ("edge-ops", "kube-system")
+    named = _controller(namespace="ops", leaseNamespace="leases", webhookService="svc", **MOUNTED)
+    assert in_pod_namespace(named, {"POD_NAMESPACE": "edge-ops"}) == named  # the config's word wins
+    assert (named.webhook_service_ref[0], named.leader_namespace) == ("ops", "leases")
+    with pytest.raises(ValueError, match="POD_NAMESPACE 'Edge_Ops' is not a namespace name"):
+        in_pod_namespace(alone, {"POD_NAMESPACE": "Edge_Ops"})
+
+
+def test_hub_service_accounts_are_users_in_the_controllers_namespace_unless_they_name_theirs() -> None:
+    """``hubServiceAccounts`` become ServiceAccount user names beside ``hubUsers``, and turn the approver on."""
+    cfg = _controller(
+        nodeCertificates={
+            "hubServiceAccounts": ["nodetaskd-cloud", "other/hub"],
+            "hubUsers": ["alice"],
+            "hubGroups": [],
+        }
+    )
+    certificates = cfg.node_certificates
+    assert certificates.enabled
+    assert certificates.hub_user_names("edge-ops") == {
+        "alice", "system:serviceaccount:edge-ops:nodetaskd-cloud", "system:serviceaccount:other:hub",
+    }  # fmt: skip
+    with pytest.raises(ConfigError, match=r"hubServiceAccounts: 'a/b/c' is not \[namespace/\]name"):
+        _controller(nodeCertificates={"hubServiceAccounts": ["a/b/c"]})
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
@@ -40,8 +73,8 @@ def test_webhook_service_is_read_as_namespace_name_and_port() -> None:
             {"webhookService": "ns/svc", "tlsCertFile": "/c", "tlsKeyFile": "/k"},
             "webhookService needs tlsCertFile, tlsKeyFile and tlsCaFile",
         ),
-        ({"webhookService": "svc", **MOUNTED}, "webhookService 'svc' is not namespace/name[:port]"),
-        ({"webhookService": "ns/Svc", **MOUNTED}, "is not namespace/name[:port]"),
+        ({"webhookService": "a/b/c", **MOUNTED}, "webhookService 'a/b/c' is not [namespace/]name[:port]"),
+        ({"webhookService": "ns/Svc", **MOUNTED}, "is not [namespace/]name[:port]"),
         ({"webhookService": "ns/svc:0", **MOUNTED}, "port '0' is not within 1-65535"),
         (
             {"webhookService": "ns/svc", "webhookUrl": "https://127.0.0.1:9443", **MOUNTED},
