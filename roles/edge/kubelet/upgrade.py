@@ -259,7 +259,7 @@ async def _keep_one_backup(ctx: TaskContext, version: str) -> None:
     root = _backup(ctx, version).parent.parent
 
     def prune() -> None:
-        for entry in root.iterdir():
+        for entry in root.iterdir() if root.is_dir() else ():
             if entry.name != version:
                 shutil.rmtree(entry, ignore_errors=True)
 
