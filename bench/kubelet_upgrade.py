@@ -1,7 +1,7 @@
 """Issue 26's row: a NodeUpgradeJob with ``component: kubelet`` on one real node, how long it takes, and whether the
 node's pod kept serving meanwhile.
 
-Real processes on loopback, started by the harness of ``tests/integration/test_kubelet_upgrade.py``: a controller,
+Real processes on loopback, the kubelet tests' device (``tests/integration/kubelet_device.py``): a controller,
 a hub relaying the device's API requests, the agent (``nodeApi`` and its ``kubelet`` block on), and the node: its
 containerd and its kubelet under the device's supervisor (``tools/provision/supervise.py``), running one web pod.
 A registry holds two kubelet artifacts, the base build (``v1.20.2``) and the next build of the same source
@@ -35,16 +35,11 @@ from nodetask.phases import JobPhase, NodeTaskPhase
 from roles.kube import Kube, NotFound
 from roles.kube.resources import NODES, job_resource
 from schemas.kinds import NODE_UPGRADE_JOB
-from tests.integration.device_nodes import HUB_OPTIONS, device_node, eventually, node_api, node_dir, web_container
+from tests.integration.device_nodes import eventually, web_container
+from tests.integration.kubelet_device import kubelet_device
 from tests.integration.objects import create_job, unique
-from tests.integration.processes import fleet
-from tests.integration.real_nodes import create
-from tools.ports import free_ports
 from tools.provision import kubebuild, upgrade_artifact
 from tools.provision.controlplane import ControlPlane
-from tools.provision.node import web_pod
-from tools.provision.node_config import Layout
-from tools.provision.node_device import kubelet_restart_command
 from tools.provision.node_images import WEB_PORT
 from tools.provision.registry import start_registry
 from tools.provision.runtime_processes import ensure_tools
@@ -55,7 +50,6 @@ NEXT = f"v{kubebuild.NEXT_KUBELET_VERSION}"
 RATE_PER_S = 10
 REQUEST_LIMIT_S = 1.0
 JOB_LIMIT_S = 240.0
-HEALTH_DEADLINE_S = 40
 Record = Callable[["UpgradeRun"], None]
 Failed = Callable[[str, Exception], None]
 
@@ -112,29 +106,10 @@ async def _version(kube: Kube, node: str) -> str:
 
 @asynccontextmanager
 async def _kubelet_device(cp: ControlPlane, home: Path, image: str) -> AsyncIterator[tuple[str, str]]:
-    """The device of ``test_kubelet_upgrade``, running its web pod: the node's name and the pod's IP."""
-    port, healthz = free_ports(2)
-    state = node_dir(home)
-    kubelet = {
-        "binary": str(state / "kubelet"),
-        "restartCommand": kubelet_restart_command(state),
-        "healthzUrl": f"http://127.0.0.1:{healthz}/healthz",
-        "healthDeadline": HEALTH_DEADLINE_S,
-        "upgradeImage": image,
-        "configFile": str(Layout(state).kubelet_config),
-    }
-    options = {**node_api(port), "kubelet": kubelet}
-    namespace = unique("bench-kubelet")
-    cp.kubectl("create", "namespace", namespace)
-    try:
-        async with fleet(cp, home, edges=1, hubs=1, hub_options=HUB_OPTIONS, edge_options=lambda _: options) as running:
-            (name,) = running.edges
-            async with device_node(cp, home, name, port, supervised=True, healthz_port=healthz) as node:
-                create(cp, namespace, web_pod("web", name))
-                found = await eventually("the web pod's container", lambda: web_container(cp, node, namespace, "web"))
-                yield name, found[2]
-    finally:
-        cp.kubectl("delete", "namespace", namespace, "--wait=false")
+    """The device of ``test_kubelet_upgrade``, once its web pod runs: the node's name and the pod's IP."""
+    async with kubelet_device(cp, home, image) as (name, node, namespace):
+        found = await eventually("the web pod's container", lambda: web_container(cp, node, namespace, "web"))
+        yield name, found[2]
 
 
 async def _upgrade(cp: ControlPlane, kube: Kube, node: str, pod_ip: str, target: str) -> UpgradeRun:

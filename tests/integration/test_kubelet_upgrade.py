@@ -12,8 +12,6 @@ import json
 import ssl
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,23 +23,20 @@ from roles.kube import Kube
 from roles.kube.resources import job_resource
 from schemas.kinds import CONFIG_UPDATE_JOB, NODE_UPGRADE_JOB
 from tests.integration.controlplane import ControlPlane
-from tests.integration.device_nodes import HUB_OPTIONS, device_node, eventually, node_api, node_dir, web_container
+from tests.integration.device_nodes import eventually, node_dir, web_container
+from tests.integration.kubelet_device import kubelet_device
 from tests.integration.objects import create_job, job_when, settled, unique
-from tests.integration.processes import fleet
-from tests.integration.real_nodes import create, get, serving_pod
-from tools.ports import free_ports
+from tests.integration.real_nodes import get, serving_pod
 from tools.provision import kubebuild, node_inspect, upgrade_artifact
 from tools.provision.containerd import Registry
-from tools.provision.node import Node, web_pod
+from tools.provision.node import Node
 from tools.provision.node_config import Layout
-from tools.provision.node_device import kubelet_restart_command
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow(150)]
 UPGRADES = job_resource(NODE_UPGRADE_JOB)
 BASE = f"v{kubebuild.KUBERNETES_VERSION}"
 NEXT = f"v{kubebuild.NEXT_KUBELET_VERSION}"
 BROKEN = "v1.20.4-broken.1"
-HEALTH_DEADLINE_S = 40
 CONFIGS = job_resource(CONFIG_UPDATE_JOB)
 
 
@@ -58,35 +53,6 @@ def _backups(home: Path, node: str) -> dict[str, str]:
     """The device's kubelet backups: each version's digest (the agent's ``dataDir`` is the fleet's)."""
     root = home / node / "data" / "kubelet" / "backup"
     return {entry.name: _digest(entry / "kubelet") for entry in root.iterdir()}
-
-
-@asynccontextmanager
-async def _kubelet_device(cp: ControlPlane, home: Path, image: str) -> AsyncIterator[tuple[str, Node, str]]:
-    """A device whose supervised kubelet its agent may upgrade and configure, running the web pod ``web``: its
-    name, node and the pod's namespace."""
-    port, healthz = free_ports(2)
-    state = node_dir(home)
-    kubelet = {
-        "binary": str(state / "kubelet"),
-        "restartCommand": kubelet_restart_command(state),
-        "healthzUrl": f"http://127.0.0.1:{healthz}/healthz",
-        "healthDeadline": HEALTH_DEADLINE_S,
-        "upgradeImage": image,
-        "configFile": str(Layout(state).kubelet_config),
-    }
-    options = {**node_api(port), "kubelet": kubelet}
-    namespace = unique("kubelet")
-    cp.kubectl("create", "namespace", namespace)
-    try:
-        async with (
-            fleet(cp, home, edges=1, hubs=1, hub_options=HUB_OPTIONS, edge_options=lambda _: options) as running,
-        ):
-            (name,) = running.edges
-            async with device_node(cp, home, name, port, supervised=True, healthz_port=healthz) as node:
-                create(cp, namespace, web_pod("web", name))
-                yield name, node, namespace
-    finally:
-        cp.kubectl("delete", "namespace", namespace, "--wait=false")
 
 
 async def _upgrade(cp: ControlPlane, kube: Kube, node: str, version: str, **extra: object) -> Any:
@@ -112,7 +78,7 @@ async def test_a_kubelet_that_cannot_start_is_rolled_back_and_the_next_build_is_
         lambda: upgrade_artifact.push(image, BROKEN, kubelet=upgrade_artifact.broken_kubelet(BROKEN))
     )
     binary = node_dir(tmp_path) / "kubelet"
-    async with _kubelet_device(cp, tmp_path, image) as (name, node, namespace):
+    async with kubelet_device(cp, tmp_path, image) as (name, node, namespace):
         before = await eventually("the web pod's container", lambda: web_container(cp, node, namespace, "web"))
         original = _digest(binary)
         assert _kubelet_version(cp, name) == BASE
@@ -190,7 +156,7 @@ async def test_a_kubelet_setting_is_applied_and_one_the_kubelet_rejects_is_rolle
     ``test_webhook``.)"""
     cp = crds
     config = Layout(node_dir(tmp_path)).kubelet_config
-    async with _kubelet_device(cp, tmp_path, f"{registry.host}/nodetaskd/kubelet") as (name, node, namespace):
+    async with kubelet_device(cp, tmp_path, f"{registry.host}/nodetaskd/kubelet") as (name, node, namespace):
         before = await eventually("the web pod's container", lambda: web_container(cp, node, namespace, "web"))
         assert _pods_capacity(cp, name) == "110"
         assert (await _configz(node))["maxPods"] == 110
