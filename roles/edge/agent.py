@@ -82,7 +82,7 @@ from roles.edge.observed import Observed
 from roles.edge.outbox import Outbox
 from roles.edge.session import HubConnection, Session
 from roles.edge.settings import AgentSettings
-from roles.edge.store.records import TaskState
+from roles.edge.store.records import StoreCounts, TaskState
 from roles.edge.store.store import EdgeStore, StoreError
 from roles.edge.task_runner import TaskRunner
 from roles.edge.ws_link import open_ws_link
@@ -221,24 +221,16 @@ class EdgeAgent:
 
     async def observe(self) -> Observed:
         """The agent's counts for its metrics, read now (:class:`~roles.edge.observed.Observed`)."""
-        tasks: dict[str, int] = {}
-        depth = dropped = used = 0
-        problem = ""
         try:
-            for task in await self._store.tasks():
-                tasks[task.state.value] = tasks.get(task.state.value, 0) + 1
-            depth, dropped, used = (
-                await self._store.outbox_depth(),
-                len(await self._store.dropped()),
-                await self._store.used_bytes(),
-            )
+            counts, problem = await self._store.counts(), ""
         except StoreError as exc:
-            problem = str(exc)
+            counts, problem = StoreCounts(tasks={}, outbox_depth=0, dropped=0, used_bytes=0), str(exc)
         autonomy = self._autonomy
         ledger = autonomy.cache.ledger if autonomy is not None else None
         verdict = autonomy.state.verdict if autonomy is not None else None
         return Observed(
-            tasks=tasks, outbox_depth=depth, reports_dropped=dropped, store_bytes=used, store_problem=problem,
+            tasks=counts.tasks, outbox_depth=counts.outbox_depth, reports_dropped=counts.dropped,
+            store_bytes=counts.used_bytes, store_problem=problem,
             connected=self._hub.connected.is_set(), sessions=self._hub.connects,
             error_keys=len(ledger.errors) if ledger is not None else 0,
             ledger_persisted=ledger.persisted if ledger is not None else False,
@@ -247,9 +239,16 @@ class EdgeAgent:
         )  # fmt: skip
 
     async def _status_line(self) -> bytes:
-        """What ``nodetaskd edge status`` shows: :meth:`status` and :meth:`observe` in one JSON object."""
-        observed = msgspec.to_builtins(await self.observe())
-        return msgspec.json.encode({**await self.status(), "observed": observed})
+        """What ``nodetaskd edge status`` shows: the agent and its hub, and :meth:`observe`'s counts, as JSON."""
+        observed = await self.observe()
+        connected = "true" if observed.connected else "false"
+        who = {
+            "version": self.settings.version,
+            "node": self.settings.node,
+            "hub": self._hub.hub,
+            "connected": connected,
+        }
+        return msgspec.json.encode({**who, "observed": msgspec.to_builtins(observed)})
 
     @property
     def autonomy(self) -> AutonomyManager:

@@ -132,10 +132,7 @@ async def _serve_metrics(
     # Loaded only when on: an agent with its metrics off carries no Prometheus client.
     from roles.edge.metrics import serve_metrics  # noqa: PLC0415 (deferred on purpose)
 
-    async with anyio.create_task_group() as tg:
-        task_status.started(
-            await tg.start(functools.partial(serve_metrics, agent.observe, port=cfg.metrics.port, log=log))
-        )
+    await serve_metrics(agent.observe, port=cfg.metrics.port, log=log, task_status=task_status)
 
 
 def node_credentials_dir(settings: AgentSettings, cfg: EdgeConfig) -> Path:

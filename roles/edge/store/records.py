@@ -108,6 +108,17 @@ class DroppedReport(_Record, frozen=True):
     dropped_at: datetime
 
 
+class StoreCounts(_Record, frozen=True):
+    """What the store holds, counted in one read (the agent's metrics and ``edge status``)."""
+
+    tasks: dict[str, int]
+    """Node tasks by :class:`TaskState` value (finished ones until pruned)."""
+    outbox_depth: int
+    dropped: int
+    """Dropped reports kept for inspection (the latest ``DROPPED_KEPT``)."""
+    used_bytes: int
+
+
 class ExclusiveHold(_Record, frozen=True):
     """The node task currently running an upgrade or config update on this node."""
 

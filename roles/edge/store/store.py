@@ -38,7 +38,7 @@ import anyio.to_thread
 import msgspec
 import structlog
 
-from roles.edge.store import cache_rows, fact_rows, hold_rows, outbox_rows, task_rows
+from roles.edge.store import cache_rows, count_rows, fact_rows, hold_rows, outbox_rows, task_rows
 from roles.edge.store.cache_rows import Deletion, Kept, Key, Replacement, Row, Written
 from roles.edge.store.records import (
     ActionProgress,
@@ -46,6 +46,7 @@ from roles.edge.store.records import (
     ExclusiveHold,
     NodeTask,
     OutboxReport,
+    StoreCounts,
     TaskState,
     stamp,
     utc_now,
@@ -218,14 +219,11 @@ class EdgeStore:
 
     async def used_bytes(self) -> int:
         """Bytes of the store's file in use, free pages not counted: what ``storeQuotaBytes`` is measured against."""
+        return await self._call(count_rows.used_bytes)
 
-        def op(conn: sqlite3.Connection) -> int:
-            pages: int = conn.execute("PRAGMA page_count").fetchone()[0]
-            free: int = conn.execute("PRAGMA freelist_count").fetchone()[0]
-            size: int = conn.execute("PRAGMA page_size").fetchone()[0]
-            return (pages - free) * size
-
-        return await self._call(op)
+    async def counts(self) -> StoreCounts:
+        """Tasks by state, reports waiting and dropped, bytes in use: counted in one read, no row decoded."""
+        return await self._call(count_rows.counts)
 
     async def outbox_depth(self) -> int:
         """How many reports wait for a hub's acknowledgement."""

@@ -360,3 +360,19 @@ def test_any_interleaving_keeps_the_outbox_equal_to_a_list(program: list[tuple[s
 
     with tempfile.TemporaryDirectory() as tmp:
         trio.run(main, Path(tmp) / "store.sqlite")
+
+
+async def test_counts_say_what_the_rows_say_in_one_read(tmp_path: Path) -> None:
+    """Tasks by state, reports waiting and dropped, and the bytes in use match the store's own readings."""
+    async with open_store(tmp_path / "store.sqlite", now=ticking_clock()) as store:
+        for uid in ("u1", "u2", "u3"):
+            await add(store, uid)
+        first = await store.record_result(progress("u1", "Check"), state=TaskState.WAITING_CONFIRMATION)
+        await store.record_result(progress("u2", "Check", succ=False), state=TaskState.FINISHED)
+        await store.drop(first.seq, "job_gone")
+        counts = await store.counts()
+        assert counts.tasks == {"running": 1, "waiting_confirmation": 1, "finished": 1}
+        assert (
+            (counts.outbox_depth, counts.dropped) == (await store.outbox_depth(), len(await store.dropped())) == (1, 1)
+        )
+        assert counts.used_bytes == await store.used_bytes() > 0
