@@ -20,14 +20,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
-from roles.cli.ctl.commands import add_ctl_parsers
+from roles.cli.ctl.commands import add_ctl_parsers, add_namespace
 from roles.cli.parsing import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_UNAVAILABLE, EXIT_USAGE, Parser, fail
 from roles.cli.with_api import api_errors, kubeconfig_path, with_kube
 
 __all__ = ["COMMANDS", "SUMMARIES", "kubeconfig_path", "main"]
 
 SUMMARIES: Final = {
-    "ctl": "node jobs and edges, for operators",
+    "ctl": "node jobs, Diagnoses and edges, for operators",
     "edge": "install the edge agent on this device, show its status, or remove it",
     "token": "edge tokens",
     "certs": "serving certificates of a cluster install",
@@ -38,6 +38,8 @@ EDGE_CONFIG: Final = "/etc/nodetaskd/edge.yaml"
 """Where ``edge join`` writes the agent's configuration on a device (``roles.cli.join_layout``)."""
 DEFAULT_TOKEN_NAMESPACE: Final = "kube-system"
 """The hubs' ``tokenNamespace`` default (``roles.common.config.CloudConfig``)."""
+DEFAULT_INSTALL_NAMESPACE: Final = "nodetaskd-system"
+"""Where ``containers/deploy`` runs nodetaskd."""
 
 # ------------------------------------------------------------------------------------------ edge
 
@@ -112,11 +114,12 @@ def _edge_reset(args: argparse.Namespace) -> int:
 def _token_create(args: argparse.Namespace) -> int:
     from roles.cli.tokens import create_token, join_command, write_token
 
+    namespace = args.namespace or DEFAULT_TOKEN_NAMESPACE
     token_file = Path(args.token_file or f"{args.node}.token")
     if args.token_file != "-" and not args.force and (token_file.exists() or token_file.is_symlink()):
         # Refused before the Secret changes: a rotated token that cannot be written would be lost.
         return fail(f"{token_file} exists: give --force to overwrite it, or another --token-file", EXIT_USAGE)
-    created = with_kube(args, lambda kube: create_token(kube, args.node, namespace=args.namespace))
+    created = with_kube(args, lambda kube: create_token(kube, args.node, namespace=namespace))
     what = "rotated the token in" if created.rotated else "created"
     lines = [f"{what} Secret {created.namespace}/{created.secret} (labelled for the hubs to watch)"]
     if created.rotated:
@@ -146,9 +149,10 @@ def _token_create(args: argparse.Namespace) -> int:
 def _certs_create(args: argparse.Namespace) -> int:
     from roles.cli.certs import create_certs, write_ca
 
+    namespace = args.namespace or DEFAULT_INSTALL_NAMESPACE
     created = with_kube(
         args,
-        lambda kube: create_certs(kube, namespace=args.namespace, hub_hosts=tuple(args.hub_host), rotate=args.rotate),
+        lambda kube: create_certs(kube, namespace=namespace, hub_hosts=tuple(args.hub_host), rotate=args.rotate),
     )
     lines = [f"created Secret {name}" for name in created.written]
     lines += [f"kept Secret {name} (it exists; --rotate replaces it)" for name in created.kept]
@@ -157,7 +161,7 @@ def _certs_create(args: argparse.Namespace) -> int:
         lines.append(f"wrote the hubs' CA to {args.ca_out}: give it to each edge (`nodetaskd edge join --ca-file`)")
     if args.rotate and created.written:
         lines.append(
-            f"restart what mounts them: kubectl -n {args.namespace} rollout restart"
+            f"restart what mounts them: kubectl -n {namespace} rollout restart"
             " deployment/nodetaskd-controller deployment/nodetaskd-cloud"
         )
     sys.stdout.write("".join(f"{line}\n" for line in lines))
@@ -169,7 +173,8 @@ def _certs_create(args: argparse.Namespace) -> int:
 
 KUBECONFIG_HELP: Final = "kubeconfig path (default: $KUBECONFIG, ~/.kube/config, in-cluster)"
 CONTEXT_HELP: Final = "the kubeconfig's context to use (default: its current context)"
-GLOBAL_OPTIONS: Final = frozenset({"--kubeconfig", "--context"})
+NAMESPACE_HELP: Final = "the namespace of the command's objects (each command's --help says its default)"
+GLOBAL_OPTIONS: Final = frozenset({"--kubeconfig", "--context", "-n", "--namespace"})
 """Options every command that talks to the API server takes before its name as well as after it, as kubectl's."""
 
 
@@ -182,6 +187,9 @@ def command_index(arguments: Sequence[str]) -> int | None:
         if word in COMMANDS:
             return index
         name, equals, _ = word.partition("=")
+        if word.startswith("-n") and len(word) > 2 and not word.startswith("--"):
+            index += 1  # -nNAMESPACE
+            continue
         if name not in GLOBAL_OPTIONS:
             return None
         index += 1 if equals else 2
@@ -192,6 +200,7 @@ def _parser() -> argparse.ArgumentParser:
     top = Parser(prog="nodetaskd", description="Install, connect and operate nodetaskd.")
     top.add_argument("--kubeconfig", help=KUBECONFIG_HELP)
     top.add_argument("--context", help=CONTEXT_HELP)
+    top.add_argument("-n", "--namespace", help=NAMESPACE_HELP)
     commands = top.add_subparsers(dest="command", required=True, parser_class=Parser)
     # After the command too; absent there, the value given before it stays (SUPPRESS adds no default).
     kube = Parser(add_help=False)
@@ -229,7 +238,7 @@ def _cloud_parsers(commands: argparse._SubParsersAction[Parser], kube: Parser) -
     token_commands = token.add_subparsers(dest="action", required=True, parser_class=Parser)
     create = token_commands.add_parser("create", parents=[kube], help="create or rotate NODE's token Secret")
     create.add_argument("node", help="the edge's node name")
-    create.add_argument("--namespace", default=DEFAULT_TOKEN_NAMESPACE, help="the hubs' tokenNamespace")
+    add_namespace(create, help=f"the hubs' tokenNamespace (default: {DEFAULT_TOKEN_NAMESPACE})")
     create.add_argument("--token-file", help="where to write the token (default: NODE.token; - prints it)")
     create.add_argument("--force", action="store_true", help="overwrite an existing token file")
     create.add_argument("--hub", action="append", default=[], help="the hubs' wss:// URL, for the join command")
@@ -241,7 +250,7 @@ def _cloud_parsers(commands: argparse._SubParsersAction[Parser], kube: Parser) -
     make = certs_commands.add_parser(
         "create", parents=[kube], help="create the Secrets nodetaskd-webhook-tls and nodetaskd-hub-tls"
     )
-    make.add_argument("--namespace", default="nodetaskd-system", help="where containers/deploy/ runs nodetaskd")
+    add_namespace(make, help=f"where containers/deploy/ runs nodetaskd (default: {DEFAULT_INSTALL_NAMESPACE})")
     make.add_argument(
         "--hub-host", action="append", default=[], help="a DNS name or IP address edges reach the hubs at (repeatable)"
     )

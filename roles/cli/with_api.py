@@ -11,14 +11,16 @@ import argparse
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from roles.cli.parsing import EXIT_FAILED, EXIT_UNAVAILABLE, EXIT_USAGE, fail, leaf
 
 if TYPE_CHECKING:
     from roles.kube import Kube
 
-__all__ = ["api_errors", "kubeconfig_path", "with_kube"]
+__all__ = ["api_errors", "kubeconfig_path", "namespace_of", "with_kube"]
+
+SERVICE_ACCOUNT_NAMESPACE: Final = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 T = TypeVar("T")
 
@@ -33,6 +35,41 @@ def kubeconfig_path(flag: str | None) -> str:
         return first
     default = Path.home() / ".kube" / "config"
     return str(default) if default.is_file() else ""
+
+
+def namespace_of(args: argparse.Namespace) -> str:
+    """The namespace a command acts in, as kubectl picks it: ``-n``, else the kubeconfig context's (``--context``,
+    else the current one), else the pod's own in a cluster, else ``default``."""
+    given: str | None = getattr(args, "namespace", None)
+    if given:
+        return given
+    path = kubeconfig_path(getattr(args, "kubeconfig", None))
+    if not path:
+        try:
+            return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or "default"
+        except OSError:
+            return "default"
+    return context_namespace(path, getattr(args, "context", None) or "") or "default"
+
+
+def context_namespace(path: str, context: str) -> str:
+    """The namespace of the kubeconfig ``path``'s ``context`` (else its current one); empty when it sets none.
+
+    A file that cannot be read is left to the API client, which says what is wrong with it."""
+    import yaml
+
+    try:
+        document: Any = yaml.safe_load(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return ""
+    if not isinstance(document, dict):
+        return ""
+    wanted = context or document.get("current-context") or ""
+    for entry in document.get("contexts") or []:
+        if isinstance(entry, dict) and entry.get("name") == wanted and isinstance(entry.get("context"), dict):
+            namespace = entry["context"].get("namespace")
+            return namespace if isinstance(namespace, str) else ""
+    return ""
 
 
 def with_kube(args: argparse.Namespace, work: Callable[[Kube], Awaitable[T]]) -> T:

@@ -6,6 +6,8 @@ import contextlib
 import functools
 import json
 import operator
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, cast
@@ -44,6 +46,7 @@ from tests.integration.controlplane import ControlPlane
 from tests.integration.fleet import admin
 from tests.integration.objects import answer_task, diagnosis_when, finished, kubectl, polled, tasks_of, unique
 from tests.integration.processes import recording
+from tools.processes import terminate
 
 pytestmark = pytest.mark.integration
 NS = "default"
@@ -838,3 +841,72 @@ async def test_a_status_the_api_server_refuses_for_its_size_ends_the_run_and_the
     finally:
         async with running(controller_kube):
             await made.cleanup()
+
+
+def _ctl(cp: ControlPlane, *args: str) -> list[str]:
+    return [sys.executable, "-m", "roles.cli", "ctl", *args, f"--kubeconfig={cp.kubeconfig('admin')}"]
+
+
+async def test_ctl_follows_a_diagnosis_to_its_end_and_describes_its_paths_and_failed_nodes(
+    crds: ControlPlane, objects: Objects, admin_kube: Kube
+) -> None:
+    """`ctl watch diagnosis/NAME` prints a line per change and exits 0 on Succeeded; `ctl describe` then shows the
+    failed path, the one that succeeded and the failed node's reason; `ctl get diagnosis` finds it by namespace."""
+    collect, check, other = await objects.operations("collect", "check", "other")
+    opset = await objects.operation_set([[1], [2, 3], [], []], [collect, check, other])
+    edges = list(await objects.edges(2))
+    diagnosis = await objects.diagnosis(opset.metadata.name, TargetSelector(node_names=tuple(edges)))
+    name = diagnosis.metadata.name
+
+    def decide(task: Task) -> Verdict:
+        return (task.spec.operation != check or task.spec.node_name == edges[0]), {}
+
+    watch = await anyio.open_process(
+        _ctl(crds, "watch", f"diagnosis/{name}", "-n", NS, "-o", "json"), stdout=subprocess.PIPE
+    )
+    output = b""
+    try:
+        assert watch.stdout is not None
+        with anyio.fail_after(120):
+            while b"\n" not in output:  # the watch has found the Diagnosis before anything moves
+                output += await watch.stdout.receive()
+            async with hub(admin_kube, diagnosis, decide):
+                with contextlib.suppress(anyio.EndOfStream):
+                    while True:
+                        output += await watch.stdout.receive()
+                status = await watch.wait()
+    finally:
+        await terminate(watch)
+    lines = [json.loads(line) for line in output.decode().splitlines()]
+    assert status == 0
+    phases = [line["diagnosis"]["phase"] for line in lines if "diagnosis" in line]
+    assert phases[-1] == "Succeeded"
+    assert "Running" in phases
+    assert any(line["diagnosis"].get("path") == 2 for line in lines if "diagnosis" in line)  # the fallback ran
+
+    described = await anyio.run_process(_ctl(crds, "describe", f"diag/{name}", "-o", "json"))
+    document = json.loads(described.stdout)
+    assert [(p["operations"], p["outcome"]) for p in document["paths"]] == [
+        ([collect, check], "Failed"),
+        ([collect, other], "Succeeded"),
+    ]
+    assert [(t["target"], t["operation"], t["reason"]) for t in document["failedTasks"]] == [
+        (edges[1], check, "Test: by the test")
+    ]
+    assert document["tasks"]["Succeeded"] == 5
+    text = (await anyio.run_process(_ctl(crds, "describe", f"diagnosis/{name}", f"--namespace={NS}"))).stdout.decode()
+    assert f"Name:          {name}" in text
+    assert "Phase:         Succeeded" in text
+
+    everywhere = await anyio.run_process(_ctl(crds, "get", "diagnoses", "-A", "--no-headers"))
+    assert [NS, name, "Succeeded"] in [line.split()[:3] for line in everywhere.stdout.decode().splitlines()]
+    # -n before the command, as kubectl takes it
+    elsewhere = await anyio.run_process(
+        [sys.executable, "-m", "roles.cli", "-n", OTHER_NS, *_ctl(crds, "get", "diagnosis")[3:]]
+    )
+    assert (elsewhere.stdout, elsewhere.stderr) == (b"", f"no Diagnoses in namespace {OTHER_NS}\n".encode())
+    listed = json.loads((await anyio.run_process(_ctl(crds, "get", "diagnosis", "-o", "json"))).stdout)
+    assert name in [item["metadata"]["name"] for item in listed["items"]]
+    missing = await anyio.run_process(_ctl(crds, "describe", "diagnosis/none-such", "-n", OTHER_NS), check=False)
+    assert missing.returncode == 2
+    assert f"no Diagnosis 'none-such' in namespace '{OTHER_NS}'" in missing.stderr.decode()

@@ -9,14 +9,16 @@ from __future__ import annotations
 import argparse
 import sys
 from datetime import UTC, datetime
+from typing import Final
 
 from roles.cli.parsing import EXIT_USAGE, Parser, fail
-from roles.cli.with_api import api_errors, with_kube
+from roles.cli.with_api import api_errors, namespace_of, with_kube
 
-__all__ = ["add_ctl_parsers"]
+__all__ = ["add_ctl_parsers", "add_namespace"]
 
 PHASES = ("Pending", "InProgress", "Successful", "Failure", "Unknown")
 """A node's phases in a job's status, as ``describe --phase`` takes them (in any case)."""
+DIAGNOSIS_NAMESPACE_HELP: Final = "the Diagnoses' namespace (default: the kubeconfig context's, else default)"
 
 
 def _phase(value: str) -> str:
@@ -26,11 +28,25 @@ def _phase(value: str) -> str:
     raise argparse.ArgumentTypeError(f"{value!r} is not a node phase: one of {', '.join(PHASES)}")
 
 
+def _diagnosis_name(text: str) -> str | None:
+    """The name in ``diagnosis/NAME`` (any of the kind's names), None for a job's ``NAME`` or ``KIND/NAME``."""
+    from roles.cli.ctl.diagnosis_views import is_diagnosis_kind
+
+    kind, sep, name = text.rpartition("/")
+    return name if sep and is_diagnosis_kind(kind) else None
+
+
 @api_errors
 def _ctl_get(args: argparse.Namespace) -> int:
     from roles.cli.ctl import fetch, text
+    from roles.cli.ctl.diagnosis_views import is_diagnosis_kind
     from roles.cli.ctl.views import find_kind
     from schemas.kinds import KINDS
+
+    if args.kind and is_diagnosis_kind(args.kind):
+        return _get_diagnoses(args)
+    if args.all_namespaces:
+        return fail("-A applies to Diagnoses: node jobs belong to no namespace", EXIT_USAGE)
 
     kinds = (find_kind(args.kind),) if args.kind else KINDS
     if args.output in ("json", "yaml"):  # the API objects, as kubectl prints them
@@ -53,9 +69,68 @@ def _ctl_get(args: argparse.Namespace) -> int:
     return 0
 
 
+def _get_diagnoses(args: argparse.Namespace) -> int:
+    from roles.cli.ctl import diagnosis_fetch, diagnosis_text, text
+
+    namespace = "" if args.all_namespaces else namespace_of(args)
+    if args.output in ("json", "yaml"):
+        listed = with_kube(
+            args,
+            lambda kube: diagnosis_fetch.diagnosis_objects(
+                kube, namespace=namespace, selector=args.selector, managed_fields=args.show_managed_fields
+            ),
+        )
+        sys.stdout.write(text.encode(listed, args.output))
+        return 0
+    found = with_kube(args, lambda kube: diagnosis_fetch.diagnoses(kube, namespace=namespace, selector=args.selector))
+    if args.output == "name":
+        sys.stdout.write(diagnosis_text.diagnosis_names(found))
+    elif found:
+        table = diagnosis_text.diagnoses_table(
+            found,
+            now=datetime.now(UTC),
+            headers=not args.no_headers,
+            wide=args.output == "wide",
+            namespaces=args.all_namespaces,
+        )
+        sys.stdout.write(table)
+    else:
+        sys.stderr.write(f"no Diagnoses in namespace {namespace}\n" if namespace else "no Diagnoses\n")
+    return 0
+
+
+def _describe_diagnosis(args: argparse.Namespace, name: str) -> int:
+    from roles.cli.ctl import diagnosis_fetch, diagnosis_text, text
+
+    if args.phase:
+        return fail("--phase applies to a job's nodes: a Diagnosis shows its failed Tasks", EXIT_USAGE)
+    namespace = namespace_of(args)
+    found = with_kube(args, lambda kube: diagnosis_fetch.describe_diagnosis(kube, name, namespace=namespace))
+    if args.output != "table":
+        document = {
+            "diagnosis": found.diagnosis,
+            "paths": found.paths,
+            "tasks": found.counts,
+            "failedTasks": found.tasks,
+            "events": found.events,
+        }
+        sys.stdout.write(text.encode(document, args.output))
+    else:
+        sys.stdout.write(
+            diagnosis_text.describe_diagnosis_text(
+                found.diagnosis, found.paths, found.counts, found.tasks, found.events, now=datetime.now(UTC)
+            )
+        )
+    return 0
+
+
 @api_errors
 def _ctl_describe(args: argparse.Namespace) -> int:
     from roles.cli.ctl import fetch, text
+
+    name = _diagnosis_name(args.job)
+    if name is not None:
+        return _describe_diagnosis(args, name)
 
     found = with_kube(args, lambda kube: fetch.describe(kube, args.job))
     phases = {p.lower() for p in args.phase}
@@ -130,10 +205,19 @@ def _ctl_nodes(args: argparse.Namespace) -> int:
 
 @api_errors
 def _ctl_watch(args: argparse.Namespace) -> int:
-    from roles.cli.ctl.watch import JsonLines, PlainLines, Presenter, watch
-
     if args.output == "yaml":
         return fail("ctl watch prints a table, or a JSON line per change with -o json", EXIT_USAGE)
+    names = [_diagnosis_name(text) for text in args.jobs]
+    if any(name is not None for name in names):
+        if not all(names):
+            return fail("ctl watch follows node jobs or Diagnoses, not both at once", EXIT_USAGE)
+        return _watch_diagnoses(args, [name for name in names if name])
+    return _watch_jobs(args)
+
+
+def _watch_jobs(args: argparse.Namespace) -> int:
+    from roles.cli.ctl.watch import JsonLines, PlainLines, Presenter, watch
+
     if args.output == "json":
         return with_kube(args, lambda kube: watch(kube, args.jobs, JsonLines(sys.stdout)))
     if not sys.stdout.isatty():
@@ -148,14 +232,36 @@ def _ctl_watch(args: argparse.Namespace) -> int:
         return with_kube(args, lambda kube: watch(kube, args.jobs, presenter))
 
 
+def _watch_diagnoses(args: argparse.Namespace, names: list[str]) -> int:
+    from roles.cli.ctl.diagnosis_watch import DiagnosisLines, watch_diagnoses
+
+    lines = DiagnosisLines(sys.stdout, json=args.output == "json")
+    namespace = namespace_of(args)
+    return with_kube(args, lambda kube: watch_diagnoses(kube, names, namespace=namespace, lines=lines))
+
+
+def add_namespace(parser: argparse.ArgumentParser, *, help: str) -> None:
+    """``-n/--namespace`` after a command; absent there, the value given before the command stays."""
+    parser.add_argument("-n", "--namespace", default=argparse.SUPPRESS, help=help)
+
+
 def add_ctl_parsers(commands: argparse._SubParsersAction[Parser], kube: Parser, *, help: str) -> None:
     """``ctl`` and its subcommands, each taking ``kube``'s options."""
     ctl = commands.add_parser("ctl", help=help)
     options = Parser(add_help=False, parents=[kube])
     options.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+    add_namespace(options, help=DIAGNOSIS_NAMESPACE_HELP)
     ctl_commands = ctl.add_subparsers(dest="action", required=True, parser_class=Parser)
-    get = ctl_commands.add_parser("get", parents=[kube], help="jobs of all three kinds, phase and node counts")
-    get.add_argument("kind", nargs="?", help="only this kind (nodeupgradejob, imageprepulljob, configupdatejob)")
+    get = ctl_commands.add_parser("get", parents=[kube], help="jobs (phase, node counts), or Diagnoses: get diagnosis")
+    get.add_argument(
+        "kind",
+        nargs="?",
+        help="only this kind (nodeupgradejob, imageprepulljob, configupdatejob), or diagnosis (KubeDiag's Diagnoses)",
+    )
+    add_namespace(get, help=DIAGNOSIS_NAMESPACE_HELP)
+    get.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="Diagnoses of every namespace, with a NAMESPACE column"
+    )
     get.add_argument(
         "-o",
         "--output",
@@ -170,10 +276,14 @@ def add_ctl_parsers(commands: argparse._SubParsersAction[Parser], kube: Parser, 
     watch = ctl_commands.add_parser(
         "watch", parents=[options], help="follow jobs until final: exit 0 if all Completed, 1 otherwise"
     )
-    watch.add_argument("jobs", nargs="+", metavar="JOB", help="NAME or KIND/NAME")
+    watch.add_argument("jobs", nargs="+", metavar="JOB", help="NAME or KIND/NAME of jobs, or diagnosis/NAME")
     watch.set_defaults(handler=_ctl_watch)
-    describe = ctl_commands.add_parser("describe", parents=[options], help="a job's nodes and latest Events")
-    describe.add_argument("job", metavar="JOB", help="NAME or KIND/NAME")
+    describe = ctl_commands.add_parser(
+        "describe",
+        parents=[options],
+        help="a job's nodes and latest Events; a Diagnosis's paths, failed Tasks and Events",
+    )
+    describe.add_argument("job", metavar="JOB", help="NAME or KIND/NAME of a job, or diagnosis/NAME")
     describe.add_argument(
         "--phase",
         action="append",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -24,7 +24,7 @@ from roles.cli.ctl.views import (
     summarize,
 )
 from roles.common.events import EVENT_NAMESPACE
-from roles.kube import Conflict, Kube, NotFound
+from roles.kube import Conflict, Kube, NotFound, Resource
 from roles.kube.resources import EVENTS, NODES, job_resource
 from schemas.core import CONFIRM_ANNOTATION, RETRY_ANNOTATION
 from schemas.kinds import KINDS, Kind
@@ -41,6 +41,7 @@ __all__ = [
     "events_selector",
     "job_objects",
     "jobs",
+    "objects_list",
     "resolve",
     "retry",
 ]
@@ -96,12 +97,31 @@ async def jobs(kube: Kube, kinds: tuple[Kind, ...] = KINDS, *, selector: str = "
 async def job_objects(
     kube: Kube, kinds: tuple[Kind, ...] = KINDS, *, selector: str = "", managed_fields: bool = False
 ) -> dict[str, Any]:
-    """The jobs of ``kinds`` as the API server has them in one ``List``, as ``kubectl get -o json`` prints them:
-    every field, but ``metadata.managedFields`` only when asked for."""
+    """The jobs of ``kinds`` as the API server has them in one ``List``, as ``kubectl get -o json`` prints them."""
+    resources = [job_resource(kind) for kind in kinds]
+    return await objects_list(kube, resources, selector=selector, managed_fields=managed_fields)
+
+
+async def objects_list(
+    kube: Kube,
+    resources: Sequence[Resource[Any]],
+    *,
+    selector: str = "",
+    managed_fields: bool = False,
+    namespace: str = "",
+) -> dict[str, Any]:
+    """The objects of ``resources`` (of ``namespace``, or all of them) as the API server has them, in one
+    ``List`` as ``kubectl get -o json`` prints it: every field, but ``metadata.managedFields`` only when asked
+    for; by namespace and name within each resource."""
     items: list[Any] = []
-    for kind in kinds:
-        listed = msgspec.json.decode(await kube.list_raw(job_resource(kind), label_selector=selector))
-        for item in sorted(listed.get("items") or [], key=lambda o: str(o.get("metadata", {}).get("name", ""))):
+
+    def key(item: Any) -> tuple[str, str]:
+        meta = item.get("metadata", {})
+        return str(meta.get("namespace", "")), str(meta.get("name", ""))
+
+    for resource in resources:
+        listed = msgspec.json.decode(await kube.list_raw(resource, label_selector=selector, namespace=namespace))
+        for item in sorted(listed.get("items") or [], key=key):
             if not managed_fields:
                 item.get("metadata", {}).pop("managedFields", None)
             items.append(item)

@@ -13,6 +13,7 @@ from schemas.kinds import GROUP
 
 __all__ = [
     "FORMATS",
+    "cut",
     "describe_text",
     "edges_table",
     "encode",
@@ -56,7 +57,8 @@ def encode(value: Any, fmt: str) -> str:
     return msgspec.json.format(msgspec.json.encode(value).decode(), indent=2) + "\n"
 
 
-def _cut(text: str) -> str:
+def cut(text: str) -> str:
+    """``text`` on one line, at most :data:`MESSAGE_LIMIT` characters."""
     flat = " ".join(text.split())
     return flat if len(flat) <= MESSAGE_LIMIT else flat[: MESSAGE_LIMIT - 1] + "…"
 
@@ -71,7 +73,7 @@ def jobs_table(jobs: Sequence[JobSummary], *, now: datetime, headers: bool = Tru
             str(j.total),
             *(str(j.counts.get(k, 0)) for k in COUNT_KEYS),
             age(j.created, now),
-            *((_cut(j.target) or "-", _cut(j.reason) or "-") if wide else ()),
+            *((cut(j.target) or "-", cut(j.reason) or "-") if wide else ()),
         ]
         for j in jobs
     ]
@@ -85,7 +87,7 @@ def nodes_table(rows: Sequence[NodeRow]) -> str:
             r.node,
             r.phase,
             f"{r.last_action} ({r.last_action_status})" if r.last_action else "-",
-            _cut(r.reason) or "-",
+            cut(r.reason) or "-",
             r.hub or "-",
             r.agent_version or "-",
         ]
@@ -103,7 +105,7 @@ def edges_table(rows: Sequence[EdgeRow]) -> str:
 
 
 def events_table(rows: Sequence[EventRow]) -> str:
-    cells = [[r.time or "-", r.type, r.reason, _cut(r.message)] for r in rows]
+    cells = [[r.time or "-", r.type, r.reason, cut(r.message)] for r in rows]
     return table(("TIME", "TYPE", "REASON", "MESSAGE"), cells)
 
 

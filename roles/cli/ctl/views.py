@@ -26,6 +26,7 @@ __all__ = [
     "EventRow",
     "JobSummary",
     "NodeRow",
+    "Row",
     "age",
     "confirm_value",
     "confirmable",
@@ -58,11 +59,11 @@ _COUNT_ATTRIBUTES: Final = {
 FINAL: Final = frozenset({JobPhase.COMPLETED, JobPhase.FAILURE})
 
 
-class _Row(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+class Row(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
     """Rows are encoded as they are for ``-o json|yaml``."""
 
 
-class JobSummary(_Row, frozen=True):
+class JobSummary(Row, frozen=True):
     kind: str
     """The kind's singular, lower case (``nodeupgradejob``), as ``kubectl`` names it."""
     name: str
@@ -90,7 +91,7 @@ class JobSummary(_Row, frozen=True):
         return sum(self.counts.get(key, 0) for key in ("successful", "failure", "unknown"))
 
 
-class NodeRow(_Row, frozen=True):
+class NodeRow(Row, frozen=True):
     node: str
     phase: str
     last_action: str = ""
@@ -101,7 +102,7 @@ class NodeRow(_Row, frozen=True):
     agent_version: str = ""
 
 
-class EdgeRow(_Row, frozen=True):
+class EdgeRow(Row, frozen=True):
     name: str
     hub: str
     agent_version: str
@@ -109,7 +110,7 @@ class EdgeRow(_Row, frozen=True):
     ready: bool
 
 
-class EventRow(_Row, frozen=True):
+class EventRow(Row, frozen=True):
     time: str
     type: str
     reason: str

@@ -27,7 +27,7 @@ from roles.kube import Deleted, Kube, Relisted, Resource, Upserted, WatchEvent
 from roles.kube.resources import EVENTS, job_resource
 from schemas.core import Event
 
-__all__ = ["JsonLines", "PlainLines", "Presenter", "watch"]
+__all__ = ["JsonLines", "PlainLines", "Presenter", "Update", "forward", "now_text", "watch"]
 
 Update = tuple[str, str, WatchEvent]
 """(``job`` or ``event``, the job's ``kind/name``, what its watch delivered)."""
@@ -39,14 +39,14 @@ class Presenter(Protocol):
     def event(self, state: WatchState, event: EventRow) -> None: ...
 
 
-def _now() -> str:
+def now_text() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class PlainLines:
     """A line per change (for logs, CI and pipes), flushed at once."""
 
-    def __init__(self, out: TextIO, *, clock: Callable[[], str] = _now) -> None:
+    def __init__(self, out: TextIO, *, clock: Callable[[], str] = now_text) -> None:
         self._out = out
         self._clock = clock
 
@@ -77,7 +77,7 @@ class JsonLines(PlainLines):
         self._line(msgspec.json.encode({"time": self._clock(), "event": event}).decode())
 
 
-async def _forward(
+async def forward(
     kube: Kube,
     resource: Resource[Any],
     updates: anyio.abc.ObjectSendStream[Update],
@@ -87,6 +87,7 @@ async def _forward(
     field_selector: str,
     namespace: str = "",
 ) -> None:
+    """Send each of ``resource``'s watch events as ``(what, ref, event)`` to ``updates``, until cancelled."""
     send, receive = anyio.create_memory_object_stream[WatchEvent](max_buffer_size=math.inf)
     async with anyio.create_task_group() as tg, receive:
         tg.start_soon(functools.partial(kube.watch, resource, send, field_selector=field_selector, namespace=namespace))
@@ -114,7 +115,7 @@ async def watch(kube: Kube, jobs: list[str], presenter: Presenter) -> int:
     async with send, receive, anyio.create_task_group() as tg:
         for ref, kind in kinds.items():
             name = ref.partition("/")[2]
-            follow = functools.partial(_forward, kube, updates=send, ref=ref)
+            follow = functools.partial(forward, kube, updates=send, ref=ref)
             tg.start_soon(
                 functools.partial(follow, job_resource(kind), what="job", field_selector=f"metadata.name={name}")
             )

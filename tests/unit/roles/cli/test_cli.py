@@ -263,6 +263,8 @@ def test_a_role_whose_kubeconfig_is_missing_exits_3_with_one_line(tmp_path: Path
         (["--kubeconfig", "k", "ctl", "get"], 2),
         (["--kubeconfig=k", "--context", "c", "token", "create", "n"], 3),
         (["--context=c", "certs", "create"], 1),
+        (["-n", "ops", "ctl", "get", "diagnosis"], 2),
+        (["-nops", "--namespace=x", "ctl", "get"], 2),
         (["--role=edge"], None),
         (["--kubeconfig", "k", "--role=cloud"], None),
         (["--kubeconfig"], None),
@@ -294,3 +296,44 @@ def test_global_options_before_or_after_the_command_reach_it_the_later_one_winni
 
     args = _parser().parse_args(arguments)
     assert (args.kubeconfig, args.context) == (kubeconfig, context)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "namespace"),
+    [
+        (["-n", "a", "ctl", "get", "diagnosis"], "a"),
+        (["ctl", "get", "diagnosis", "-n", "b"], "b"),
+        (["--namespace=a", "ctl", "describe", "diagnosis/x", "--namespace", "c"], "c"),
+        (["-n", "a", "token", "create", "edge-1"], "a"),
+        (["certs", "create"], None),
+    ],
+)
+def test_the_namespace_flag_goes_before_or_after_the_command(arguments: list[str], namespace: str | None) -> None:
+    """-n/--namespace reaches every command that takes one from either side, the later one winning."""
+    from roles.cli.commands import _parser
+
+    assert _parser().parse_args(arguments).namespace == namespace
+
+
+def test_the_namespace_defaults_to_the_kubeconfig_contexts_as_kubectl_picks_it(tmp_path: Path) -> None:
+    """-n wins; else the namespace of --context's context, else the current context's, else default."""
+    import argparse
+
+    from roles.cli.with_api import namespace_of
+
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(
+        "current-context: ops\n"
+        "contexts:\n"
+        "- {name: ops, context: {cluster: c, user: u, namespace: operations}}\n"
+        "- {name: bare, context: {cluster: c, user: u}}\n"
+    )
+
+    def pick(**given: str | None) -> str:
+        return namespace_of(argparse.Namespace(kubeconfig=str(kubeconfig), **{"context": None, **given}))
+
+    assert pick() == "operations"
+    assert pick(namespace="given") == "given"
+    assert pick(context="bare") == "default"
+    kubeconfig.write_text("not: [valid\n")
+    assert pick() == "default"  # the API client then says what is wrong with the file
