@@ -115,7 +115,7 @@ def deployed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployed]:
 def test_a_server_side_dry_run_accepts_every_object_and_creates_none(deployed: Deployed) -> None:
     """`kubectl apply --dry-run=server -k` passes every object through the API server's validation, creating nothing."""
     lines = [line for line in deployed.dry_run.splitlines() if line]
-    assert len(lines) == len(deployed.expected) == 36
+    assert len(lines) == len(deployed.expected) == 40
     assert all(line.endswith("(server dry run)") for line in lines), lines
     assert not deployed.created_before_apply
 

@@ -147,3 +147,63 @@ def test_no_config_names_the_namespace_so_a_namespace_overlay_moves_the_whole_in
     assert controller.webhook_service_ref[0] == "edge-ops"
     users = controller.node_certificates.hub_user_names(controller.own_namespace)
     assert users == {"system:serviceaccount:edge-ops:nodetaskd-cloud"}
+
+
+def _pod_ports(role: str) -> tuple[dict[str, str], set[str]]:
+    """The labels of ``role``'s pods and the names of their container ports."""
+    template = _one(f"{role}.yaml", "Deployment", f"nodetaskd-{role}")["spec"]["template"]
+    (container,) = template["spec"]["containers"]
+    return template["metadata"]["labels"], {p["name"] for p in container["ports"]}
+
+
+PUBLIC_PORTS = {"controller": {"webhook"}, "cloud": {"hub"}}
+"""The ports called from outside the namespace's pods: the API server's webhook calls, the edges' sessions."""
+
+
+def test_the_edges_service_publishes_the_hub_port_alone_and_metrics_have_cluster_ip_services() -> None:
+    """The LoadBalancer carries 10004 only; health and metrics are reached through ClusterIP Services."""
+    public = _one("cloud.yaml", "Service", "nodetaskd-cloud")
+    assert public["spec"]["type"] == "LoadBalancer"
+    assert [(p["name"], p["port"]) for p in public["spec"]["ports"]] == [("hub", 10004)]
+    for role, port in (("controller", "metrics"), ("cloud", "http")):
+        service = _one("metrics-services.yaml", "Service", f"nodetaskd-{role}-metrics")
+        assert service["spec"].get("type", "ClusterIP") == "ClusterIP"
+        assert [p["targetPort"] for p in service["spec"]["ports"]] == [port]
+        assert service["spec"]["selector"].items() <= _pod_ports(role)[0].items()
+    listed = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())["resources"]
+    assert {"metrics-services.yaml", "network-policies.yaml"} <= set(listed)
+
+
+@pytest.mark.parametrize("role", ["controller", "cloud"])
+def test_the_network_policy_admits_every_port_of_the_pods_and_only_the_public_ones_from_anywhere(role: str) -> None:
+    """The policy selects the role's pods; each container port has a rule; the webhook and hub ports are open
+    to any source, the health and metrics port to Prometheus pods alone."""
+    policy = _one("network-policies.yaml", "NetworkPolicy", f"nodetaskd-{role}")
+    labels, ports = _pod_ports(role)
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    open_ports: set[str] = set()
+    guarded: set[str] = set()
+    for rule in policy["spec"]["ingress"]:
+        named = {p["port"] for p in rule["ports"]}
+        assert named <= ports
+        if "from" in rule:
+            assert all(source["podSelector"]["matchLabels"] for source in rule["from"])
+            guarded |= named
+        else:
+            open_ports |= named
+    assert open_ports == PUBLIC_PORTS[role]
+    assert guarded == ports - PUBLIC_PORTS[role]
+
+
+def test_the_kubeedge_reports_component_publishes_the_report_port_and_opens_it_to_the_edges() -> None:
+    """Only with the component does port 10002 get a LoadBalancer and a rule admitting any source."""
+    component = DEPLOY / "kubeedge-reports"
+    assert yaml.safe_load((component / "kustomization.yaml").read_text())["kind"] == "Component"
+    documents = [d for d in yaml.safe_load_all((component / "reports.yaml").read_text()) if d]
+    (service,) = [d for d in documents if d["kind"] == "Service"]
+    assert service["spec"]["type"] == "LoadBalancer"
+    assert [(p["port"], p["targetPort"]) for p in service["spec"]["ports"]] == [(10002, "http")]
+    (policy,) = [d for d in documents if d["kind"] == "NetworkPolicy"]
+    assert policy["spec"]["ingress"] == [{"ports": [{"port": "http"}]}]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= _pod_ports("cloud")[0].items()
