@@ -13,8 +13,9 @@ Nothing is registered globally: the role passes the registry it serves.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any, Final, Protocol, final
 
 from prometheus_client import CollectorRegistry, Histogram
@@ -22,6 +23,7 @@ from prometheus_client import Counter as MetricCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from flows.nodejobs.overdue import overdue
 from nodetask.phases import JobPhase, NodeTaskPhase
 from schemas.kinds import KINDS, Kind
 
@@ -74,9 +76,17 @@ class ControllerMetrics:
     reconciler inside :meth:`tracking`.
     """
 
-    def __init__(self, registry: CollectorRegistry, *, kube: WriteCounts, leader: LeaderState) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        kube: WriteCounts,
+        leader: LeaderState,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
         self._kube = kube
         self._leader = leader
+        self._now = now
         self._cache: JobCache | None = None
         self._latency = Histogram(
             f"{PREFIX}_reconcile_duration_seconds",
@@ -111,16 +121,19 @@ class ControllerMetrics:
 
     def collect(self) -> Iterable[Metric]:
         """Build every family from the current state; called by the registry on each scrape."""
-        jobs, node_tasks, conflicts, writes, leader = self._families()
+        jobs, node_tasks, late, conflicts, writes, leader = self._families()
         # A snapshot: copying the values is one C-level step, so a scrape from another thread never
         # sees the dict change size mid-iteration.
         cached = tuple(self._cache.jobs.items()) if self._cache is not None else None
         if cached is not None:
             job_counts: Counter[tuple[str, str]] = Counter()
             node_counts: Counter[tuple[str, str]] = Counter()
+            overdue_counts: Counter[str] = Counter()
+            now = self._now()
             for (plural, _), job in cached:
                 kind = _KIND_OF_PLURAL.get(plural, plural)
                 job_counts[kind, _job_phase(job.status.phase)] += 1
+                overdue_counts[kind] += overdue(job, now)
                 for entry in job.status.node_status:
                     node_counts[kind, _node_phase(entry.phase)] += 1
             # Every kind and phase is reported, zeros included, so that series do not come and go.
@@ -129,14 +142,20 @@ class ControllerMetrics:
                     jobs.add_metric([kind, phase], job_counts[kind, phase])
                 for phase in _NODE_PHASES:
                     node_tasks.add_metric([kind, phase], node_counts[kind, phase])
+                late.add_metric([kind], overdue_counts[kind])
         conflicts.add_metric([], self._kube.conflicts)
         writes.add_metric([], self._kube.writes)
         leader.add_metric([], 1 if self._leader.is_leader else 0)
-        return [jobs, node_tasks, conflicts, writes, leader]
+        return [jobs, node_tasks, late, conflicts, writes, leader]
 
     @staticmethod
     def _families() -> tuple[
-        GaugeMetricFamily, GaugeMetricFamily, CounterMetricFamily, CounterMetricFamily, GaugeMetricFamily
+        GaugeMetricFamily,
+        GaugeMetricFamily,
+        GaugeMetricFamily,
+        CounterMetricFamily,
+        CounterMetricFamily,
+        GaugeMetricFamily,
     ]:
         return (
             GaugeMetricFamily(
@@ -146,6 +165,11 @@ class ControllerMetrics:
                 f"{PREFIX}_node_tasks",
                 "Node tasks of the cached jobs by kind and node phase.",
                 labels=["kind", "phase"],
+            ),
+            GaugeMetricFamily(
+                f"{PREFIX}_jobs_overdue",
+                "Cached jobs still running past the latest end their nodes' timeouts and concurrency allow.",
+                labels=["kind"],
             ),
             CounterMetricFamily(
                 f"{PREFIX}_status_conflicts", "Status writes refused with 409 and retried on a fresh read.", labels=[]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -128,3 +129,25 @@ def test_registering_twice_in_one_registry_is_refused() -> None:
     ControllerMetrics(registry, kube=Counts(), leader=Leading())
     with pytest.raises(ValueError, match="Duplicated timeseries"):
         ControllerMetrics(registry, kube=Counts(), leader=Leading())
+
+
+def test_jobs_running_past_their_timeouts_are_counted_as_overdue_per_kind() -> None:
+    """At scrape time, a job still InProgress past the end its nodes' timeouts allow counts; a young one does not."""
+    created = "2026-11-29T12:00:00Z"
+    now = datetime(2026, 11, 29, 14, 0, tzinfo=UTC)
+
+    def job(name: str, timeout: int) -> v1alpha2.NodeUpgradeJob:
+        entries = (v1alpha2.NodeUpgradeJobNodeTaskStatus(node_name="n0", phase=NodeTaskPhase.IN_PROGRESS),)
+        return v1alpha2.NodeUpgradeJob(
+            metadata=ObjectMeta(name=name, creation_timestamp=created),
+            spec=v1alpha2.NodeUpgradeJobSpec(version="v1.2.3", timeout_seconds=timeout),
+            status=v1alpha2.NodeUpgradeJobStatus(phase=JobPhase.IN_PROGRESS, node_status=entries),
+        )
+
+    registry = CollectorRegistry()
+    metrics = ControllerMetrics(registry, kube=Counts(), leader=Leading(is_leader=True), now=lambda: now)
+    cache = Cache({("nodeupgradejobs", "stuck"): job("stuck", 600), ("nodeupgradejobs", "young"): job("young", 9000)})
+    with metrics.tracking(cache):
+        samples = scrape(registry)
+    assert samples["nodetaskd_controller_jobs_overdue", (("kind", "NodeUpgradeJob"),)] == 1
+    assert samples["nodetaskd_controller_jobs_overdue", (("kind", "ImagePrePullJob"),)] == 0
