@@ -72,6 +72,11 @@ def _edge_join(args: argparse.Namespace) -> int:
     from roles.cli.join import join
     from roles.cli.join_layout import JoinError
 
+    def ask_hubs(hubs: tuple[str, ...], *, node: str, token: str, ca: str | None) -> list[str]:
+        from roles.cli.join_probe import probe_hubs, verdict
+
+        return verdict(probe_hubs(hubs, node=node, token=token, ca=ca))
+
     try:
         done = join(
             root=Path(args.root),
@@ -81,6 +86,7 @@ def _edge_join(args: argparse.Namespace) -> int:
             ca_file=Path(args.ca_file) if args.ca_file else None,
             force=args.force,
             allow_plain_ws=args.allow_plain_ws,
+            probe=None if args.no_hub_check else ask_hubs,
         )
     except JoinError as exc:
         return fail(str(exc), EXIT_USAGE)
@@ -223,6 +229,11 @@ def _edge_parsers(commands: argparse._SubParsersAction[Parser]) -> None:
     join.add_argument("--root", default="/", help="install under this directory instead of / (tests, images)")
     join.add_argument("--force", action="store_true", help="overwrite an existing join (the data is kept)")
     join.add_argument("--allow-plain-ws", action="store_true", help="accept ws:// hubs (the token is sent unencrypted)")
+    join.add_argument(
+        "--no-hub-check",
+        action="store_true",
+        help="write without asking the hubs whether they take the token (a device installed away from its network)",
+    )
     join.set_defaults(handler=_edge_join)
     status = edge_commands.add_parser("status", help="the running agent's hub session, tasks, outbox and autonomy")
     status.add_argument("--config", default=EDGE_CONFIG, help="the agent's configuration (join writes it here)")

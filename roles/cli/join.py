@@ -25,7 +25,7 @@ import ssl
 import stat
 import sys
 from pathlib import Path
-from typing import Final
+from typing import Final, Protocol
 
 import msgspec
 
@@ -35,7 +35,14 @@ from roles.cli.token_format import token_problem
 from roles.common.config import EdgeConfig
 from roles.common.files import write_atomically
 
-__all__ = ["join"]
+__all__ = ["HubProbe", "join"]
+
+
+class HubProbe(Protocol):
+    """Asks the hubs about the node's token and the CA; a line per hub, or :class:`JoinError`."""
+
+    def __call__(self, hubs: tuple[str, ...], *, node: str, token: str, ca: str | None) -> list[str]: ...
+
 
 MAX_TOKEN_FILE_BYTES: Final = 4096
 """A token file holds one line of at most 1,024 characters (``roles.cli.token_format``); anything larger is not one."""
@@ -108,8 +115,9 @@ def _read_token(path: Path) -> bytes:
     return f"{token}\n".encode()
 
 
-def _read_ca(path: Path) -> bytes:
-    """The CA file's content, once its certificates load; copied whole, as the agent's TLS reads the copy."""
+def _read_ca(path: Path) -> tuple[bytes, str]:
+    """The CA file's content, once its certificates load (copied whole, as the agent's TLS reads the copy), and
+    its certificates as PEM text."""
     data = _read_input(path, "the CA file", MAX_CA_FILE_BYTES)
     # Only the certificate blocks are checked (a bundle's comments may be in any script): the
     # ssl module takes PEM from memory only as ASCII text.
@@ -117,11 +125,12 @@ def _read_ca(path: Path) -> bytes:
     try:
         if not blocks:
             raise ValueError("no certificate block")
-        ssl.create_default_context(cadata=b"\n".join(blocks).decode("ascii"))
+        pem = b"\n".join(blocks).decode("ascii")
+        ssl.create_default_context(cadata=pem)
     except (ssl.SSLError, UnicodeDecodeError, ValueError) as exc:
         reason = getattr(exc, "reason", None) or exc
         raise JoinError(f"the CA file {path} holds no usable PEM certificate ({reason})") from None
-    return data
+    return data, pem
 
 
 def _checked_root(root: Path) -> Path:
@@ -141,15 +150,18 @@ def join(
     python: str = sys.executable,
     force: bool = False,
     allow_plain_ws: bool = False,
+    probe: HubProbe | None = None,
 ) -> list[str]:
     """Install the agent's files for ``node`` under ``root``; returns what was done, a line each.
 
-    Errors: :class:`JoinError` naming the bad input or the existing join, before anything is written.
+    ``probe`` (``roles.cli.join_probe``) asks the hubs whether they take the token over TLS checked with the
+    CA, once everything local is checked; its lines come first. Errors: :class:`JoinError` naming the bad
+    input, the existing join or what the hubs refused, before anything is written.
     """
     layout = Layout(_checked_root(root))
     _check_hubs(hubs, allow_plain_ws=allow_plain_ws)
     token = _read_token(token_file)
-    ca = _read_ca(ca_file) if ca_file is not None else None
+    ca, ca_pem = _read_ca(ca_file) if ca_file is not None else (None, None)
     config: dict[str, object] = {
         "nodeName": node,
         "hubUrls": list(hubs),
@@ -168,6 +180,9 @@ def join(
             " or give --force to overwrite it (the data directory is kept)"
         )
     unit = render_unit(unit_template(), python=python, config=layout.config, data_dir=layout.data_dir)
+    done: list[str] = []
+    if probe is not None:
+        done += probe(hubs, node=node, token=token.decode("ascii").strip(), ca=ca_pem)
 
     files = [layout.config, layout.token, layout.unit, *([layout.ca] if ca is not None else [])]
     created = [d for d in (layout.config_dir, layout.data_dir) if not d.exists()]
@@ -179,7 +194,6 @@ def join(
         directories=tuple(sorted({str(d) for d in created} | set(previous.directories if previous else ()))),
         parents=tuple(sorted({str(d) for d in parents} | set(previous.parents if previous else ()))),
     )
-    done: list[str] = []
     layout.config_dir.mkdir(parents=True, exist_ok=True)
     write_atomically(layout.record, msgspec.json.format(msgspec.json.encode(record)) + b"\n", mode=0o600)
     write_atomically(layout.token, token, mode=0o600)

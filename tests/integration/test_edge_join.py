@@ -148,8 +148,22 @@ async def test_token_create_then_edge_join_brings_a_real_agent_to_a_real_hub(
         # The device: the token file carried over, and the printed line run there (into a temporary root).
         (device / f"{node}.token").write_bytes((operator / f"{node}.token").read_bytes())
         argv = shlex.split(join_line)[1:]
+
+        # Join asks the hub first: the token of before the rotation, or another CA, is refused naming it, and
+        # nothing is written.
+        (device / "old.token").write_bytes(first)
+        stale = await _nodetaskd(*argv, "--token-file=old.token", f"--root={root}", cwd=device)
+        assert stale.returncode == 2, stale.stderr
+        assert f"refused the token for node {node} (403".encode() in stale.stderr, stale.stderr
+        other = generate_serving_certificate(tmp_path / "other-tls", dns_names=["localhost"])
+        foreign = await _nodetaskd(*argv, f"--ca-file={other.ca_file}", f"--root={root}", cwd=device)
+        assert foreign.returncode == 2, foreign.stderr
+        assert b"its certificate does not verify against the CA" in foreign.stderr, foreign.stderr
+        assert not root.exists()
+
         joined = await _nodetaskd(*argv, f"--root={root}", cwd=device)
         assert joined.returncode == 0, joined.stderr
+        assert f"hub wss://127.0.0.1:{port}: certificate verified, token accepted".encode() in joined.stdout
         layout = Layout(root)
         command, workdir = _unit_command(layout.unit.read_text())
         assert command[-2:] == ["--config", str(layout.config)]

@@ -16,6 +16,7 @@ import pytest
 
 from roles.cli.join import join
 from roles.cli.join_layout import JoinError, Layout
+from roles.cli.join_probe import HubAnswer, Outcome, probe_hubs, verdict
 from roles.cli.main import main
 from roles.cli.reset import reset
 from roles.cli.systemd_unit import render_unit
@@ -381,3 +382,53 @@ def test_reset_keeps_a_directory_found_where_join_wrote_a_file(
     (layout.unit / "x").write_text("x")
     assert main(["edge", "reset", f"--root={root}"]) == 0
     assert f"kept {layout.unit}: a directory, where join wrote a file" in capsys.readouterr().out
+
+
+def test_join_asks_the_hubs_after_every_local_check_and_writes_nothing_when_they_refuse(
+    tmp_path: Path, token: Path
+) -> None:
+    """The probe gets the node, the token and the CA's PEM; a bad token file is refused before it is asked; its
+    refusal leaves the root empty; its lines come first in what join prints."""
+    asked: list[tuple[tuple[str, ...], str, str, str | None]] = []
+
+    def refuse(hubs: tuple[str, ...], *, node: str, token: str, ca: str | None) -> list[str]:
+        asked.append((hubs, node, token, ca))
+        raise JoinError("hub wss://hub.example:10004 refused the token for node edge-1 (403: no)")
+
+    ca = tmp_path / "ca.crt"
+    ca.write_bytes(generate_serving_certificate(tmp_path / "tls", dns_names=["hub.example"]).ca_bundle)
+    empty = tmp_path / "empty.token"
+    empty.write_text("")
+    with pytest.raises(JoinError, match="is empty"):
+        _join(tmp_path / "root", empty, probe=refuse)
+    assert asked == []
+    with pytest.raises(JoinError, match="refused the token"):
+        _join(tmp_path / "root", token, ca_file=ca, probe=refuse)
+    ((hubs, node, sent, pem),) = asked
+    assert (hubs, node, sent) == (("wss://hub.example:10004",), "edge-1", TOKEN)
+    assert pem is not None
+    assert pem.startswith("-----BEGIN CERTIFICATE-----")
+    assert not (tmp_path / "root").exists()
+    done = _join(tmp_path / "root", token, probe=lambda hubs, **_: ["hub checked"])
+    assert done[0] == "hub checked"
+    assert Layout(tmp_path / "root").config.exists()
+
+
+def test_a_hub_that_cannot_be_reached_is_only_noted_unless_none_can_be() -> None:
+    """A closed port is unreachable (not a mistake); with every hub unreachable join stops, naming --no-hub-check;
+    a refusal anywhere stops it whatever the others said."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    (answer,) = probe_hubs([f"wss://127.0.0.1:{port}"], node="edge-1", token=TOKEN, ca=None, timeout=5)
+    assert answer.outcome is Outcome.UNREACHABLE
+    assert "refused" in answer.detail.lower()
+    with pytest.raises(JoinError, match=r"no hub could be reached.*--no-hub-check"):
+        verdict([answer])
+    accepted = HubAnswer("wss://b:10004", Outcome.ACCEPTED)
+    lines = verdict([answer, accepted])
+    assert lines[0].startswith(f"hub wss://127.0.0.1:{port}: not reachable now")
+    assert lines[1] == "hub wss://b:10004: certificate verified, token accepted for this node"
+    refused = HubAnswer("wss://c:10004", Outcome.REFUSED, "refused the token for node edge-1 (403: not its token)")
+    with pytest.raises(JoinError, match=r"hub wss://c:10004 refused the token .*nothing was written"):
+        verdict([accepted, refused])
