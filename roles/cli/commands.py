@@ -21,7 +21,17 @@ from pathlib import Path
 from typing import Final
 
 from roles.cli.ctl.commands import add_ctl_parsers, add_namespace
-from roles.cli.parsing import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_UNAVAILABLE, EXIT_USAGE, Parser, fail
+from roles.cli.parsing import (
+    DIRECTORIES,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    FILES,
+    Parser,
+    completes,
+    fail,
+)
 from roles.cli.with_api import api_errors, kubeconfig_path, with_kube
 
 __all__ = ["COMMANDS", "SUMMARIES", "kubeconfig_path", "main"]
@@ -31,6 +41,7 @@ SUMMARIES: Final = {
     "edge": "install the edge agent on this device, show its status, or remove it",
     "token": "edge tokens",
     "certs": "serving certificates of a cluster install",
+    "completion": "a shell's completion script: source <(nodetaskd completion bash)",
 }
 """Each command's line in ``nodetaskd --help`` and in its own parser."""
 COMMANDS: Final = frozenset(SUMMARIES)
@@ -202,19 +213,29 @@ def command_index(arguments: Sequence[str]) -> int | None:
     return None
 
 
+def _completion(args: argparse.Namespace) -> int:
+    from roles.cli.completion import completion_script
+
+    sys.stdout.write(completion_script(_parser(), args.shell))
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     top = Parser(prog="nodetaskd", description="Install, connect and operate nodetaskd.")
-    top.add_argument("--kubeconfig", help=KUBECONFIG_HELP)
+    completes(top.add_argument("--kubeconfig", help=KUBECONFIG_HELP), FILES)
     top.add_argument("--context", help=CONTEXT_HELP)
     top.add_argument("-n", "--namespace", help=NAMESPACE_HELP)
     commands = top.add_subparsers(dest="command", required=True, parser_class=Parser)
     # After the command too; absent there, the value given before it stays (SUPPRESS adds no default).
     kube = Parser(add_help=False)
-    kube.add_argument("--kubeconfig", default=argparse.SUPPRESS, help=KUBECONFIG_HELP)
+    completes(kube.add_argument("--kubeconfig", default=argparse.SUPPRESS, help=KUBECONFIG_HELP), FILES)
     kube.add_argument("--context", default=argparse.SUPPRESS, help=CONTEXT_HELP)
     _edge_parsers(commands)
     _cloud_parsers(commands, kube)
     add_ctl_parsers(commands, kube, help=SUMMARIES["ctl"])
+    completion = commands.add_parser("completion", help=SUMMARIES["completion"])
+    completion.add_argument("shell", choices=("bash", "zsh", "tcsh"))
+    completion.set_defaults(handler=_completion)
     return top
 
 
@@ -224,9 +245,17 @@ def _edge_parsers(commands: argparse._SubParsersAction[Parser]) -> None:
     join = edge_commands.add_parser("join", help="write the agent's configuration, data directory and systemd unit")
     join.add_argument("--hub", action="append", default=[], required=True, help="wss:// URL of the hubs (repeatable)")
     join.add_argument("--node", required=True, help="this device's Kubernetes node name")
-    join.add_argument("--token-file", required=True, help="the node's token (from `nodetaskd token create`)")
-    join.add_argument("--ca-file", help="the CA the hubs' certificate is checked against (default: the system's)")
-    join.add_argument("--root", default="/", help="install under this directory instead of / (tests, images)")
+    completes(
+        join.add_argument("--token-file", required=True, help="the node's token (from `nodetaskd token create`)"), FILES
+    )
+    completes(
+        join.add_argument("--ca-file", help="the CA the hubs' certificate is checked against (default: the system's)"),
+        FILES,
+    )
+    completes(
+        join.add_argument("--root", default="/", help="install under this directory instead of / (tests, images)"),
+        DIRECTORIES,
+    )
     join.add_argument("--force", action="store_true", help="overwrite an existing join (the data is kept)")
     join.add_argument("--allow-plain-ws", action="store_true", help="accept ws:// hubs (the token is sent unencrypted)")
     join.add_argument(
@@ -236,11 +265,14 @@ def _edge_parsers(commands: argparse._SubParsersAction[Parser]) -> None:
     )
     join.set_defaults(handler=_edge_join)
     status = edge_commands.add_parser("status", help="the running agent's hub session, tasks, outbox and autonomy")
-    status.add_argument("--config", default=EDGE_CONFIG, help="the agent's configuration (join writes it here)")
+    completes(
+        status.add_argument("--config", default=EDGE_CONFIG, help="the agent's configuration (join writes it here)"),
+        FILES,
+    )
     status.add_argument("-o", "--output", choices=("table", "json"), default="table")
     status.set_defaults(handler=_edge_status)
     reset = edge_commands.add_parser("reset", help="remove what join wrote (stop the agent first)")
-    reset.add_argument("--root", default="/", help="the directory join installed under")
+    completes(reset.add_argument("--root", default="/", help="the directory join installed under"), DIRECTORIES)
     reset.set_defaults(handler=_edge_reset)
 
 
@@ -250,7 +282,9 @@ def _cloud_parsers(commands: argparse._SubParsersAction[Parser], kube: Parser) -
     create = token_commands.add_parser("create", parents=[kube], help="create or rotate NODE's token Secret")
     create.add_argument("node", help="the edge's node name")
     add_namespace(create, help=f"the hubs' tokenNamespace (default: {DEFAULT_TOKEN_NAMESPACE})")
-    create.add_argument("--token-file", help="where to write the token (default: NODE.token; - prints it)")
+    completes(
+        create.add_argument("--token-file", help="where to write the token (default: NODE.token; - prints it)"), FILES
+    )
     create.add_argument("--force", action="store_true", help="overwrite an existing token file")
     create.add_argument("--hub", action="append", default=[], help="the hubs' wss:// URL, for the join command")
     create.add_argument("--ca-file", default="", help="the hubs' CA file name, for the join command")
@@ -265,7 +299,10 @@ def _cloud_parsers(commands: argparse._SubParsersAction[Parser], kube: Parser) -
     make.add_argument(
         "--hub-host", action="append", default=[], help="a DNS name or IP address edges reach the hubs at (repeatable)"
     )
-    make.add_argument("--ca-out", default="nodetaskd-hub-ca.crt", help="where to write the hubs' CA for the edges")
+    completes(
+        make.add_argument("--ca-out", default="nodetaskd-hub-ca.crt", help="where to write the hubs' CA for the edges"),
+        FILES,
+    )
     make.add_argument("--rotate", action="store_true", help="replace existing Secrets (then restart the pods)")
     make.set_defaults(handler=_certs_create)
 

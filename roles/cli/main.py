@@ -24,12 +24,10 @@ import structlog
 import trio
 
 from roles.cli.parsing import EXIT_UNAVAILABLE, EXIT_USAGE, Parser, leaf
+from roles.cli.role_options import ROLE_ALIASES, add_role_options
 from roles.common.config import ConfigError, EdgeConfig, RoleConfig, load_config
 from roles.common.logs import configure_logging
 from roles.common.restart import RestartRequested, reexec
-from roles.common.version import package_version
-
-ROLE_ALIASES = {"controller": "controller", "cloud": "cloud", "cloudhub": "cloud", "edge": "edge"}
 
 CLOUD_EXTRA_MODULES = frozenset({"trio_asyncio", "kubernetes_asyncio", "aiohttp", "prometheus_client"})
 """What the ``cloud`` extra installs (and what it brings), by top-level module."""
@@ -66,21 +64,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=_command_list(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--version", action="version", version=f"nodetaskd {package_version()}")
-    p.add_argument("--role", required=True, choices=sorted(ROLE_ALIASES), help="which role this process plays")
-    p.add_argument("--config", type=Path, help="YAML configuration file of the role")
-    p.add_argument("--check-config", action="store_true", help="print the effective configuration and exit")
-    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
-    p.add_argument("--log-format", choices=("console", "json"))
-    p.add_argument("--kubeconfig", help="controller, cloud: kubeconfig path (default: in-cluster)")
-    p.add_argument("--feature-gates", action="append", default=[], help="controller: gates to enable, comma-separated")
-    p.add_argument("--listen", help="cloud: host:port of the websocket hub")
-    p.add_argument("--node-name", help="edge: the node this agent acts for")
-    p.add_argument("--hub-url", action="append", default=[], help="edge: a cloud hub URL (repeatable)")
-    p.add_argument("--data-dir", help="edge: directory of the durable local state")
-    p.add_argument(
-        "--confirm", metavar="JOB", help="edge: release JOB's upgrade waiting for confirmation on this node, then exit"
-    )
+    add_role_options(p)
     return p
 
 

@@ -8,9 +8,21 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from typing import Final, NoReturn
 
-__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_UNAVAILABLE", "EXIT_USAGE", "Parser", "fail", "leaf"]
+__all__ = [
+    "DIRECTORIES",
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "EXIT_UNAVAILABLE",
+    "EXIT_USAGE",
+    "FILES",
+    "Parser",
+    "completes",
+    "fail",
+    "leaf",
+]
 
 EXIT_FAILED: Final = 1
 """A command's work failed (a write on the device, a watched job that failed)."""
@@ -20,6 +32,18 @@ EXIT_UNAVAILABLE: Final = 3
 """The API server could not be reached or refused, or an extra is missing."""
 EXIT_INTERRUPTED: Final = 130
 """Interrupted (Ctrl-C)."""
+
+
+FILES: Final = {"bash": "_shtab_compgen_files", "zsh": "_files", "tcsh": "f"}
+"""What a shell completes a path option's value with (shtab's ``FILE``, spelled here: shtab loads only when a
+completion script is made)."""
+DIRECTORIES: Final = {"bash": "_shtab_compgen_dirs", "zsh": "_files -/", "tcsh": "d"}
+
+
+def completes(action: argparse.Action, what: Mapping[str, str]) -> argparse.Action:
+    """``action`` with the shell completion of its value (:data:`FILES`, :data:`DIRECTORIES`) set for shtab."""
+    action.complete = what  # type: ignore[attr-defined]
+    return action
 
 
 class Parser(argparse.ArgumentParser):
