@@ -6,7 +6,9 @@ then for real), each ServiceAccount's RBAC allows what its role does and refuses
 (``kubectl auth can-i --as``), and the two roles, run as processes with those ServiceAccounts'
 tokens, the Deployments' ConfigMaps and the Secrets ``nodetaskd certs create`` made, do their work:
 two controller replicas register the Service-based webhooks with the one shared CA and serve the
-certificate the API server would check, and a hub becomes ready. The tests' kube-apiserver (1.20)
+certificate the API server would check, and a hub becomes ready; with the webhook Service's Endpoints
+naming the controller process (as they would its pod), a job goes through the Service-based webhooks and
+completes on a hub and an edge. The tests' kube-apiserver (1.20)
 predates policy/v1, so the manifests go in through ``deploy-k8s-1.20/``, which only changes the
 PodDisruptionBudgets' apiVersion.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import ipaddress
 import json
 import socket
 import ssl
@@ -26,9 +29,14 @@ from pathlib import Path
 
 import anyio
 import msgspec
+import psutil
 import pytest
 import yaml
 
+from roles.controller.admission.registration import VALIDATING_WEBHOOK_NAME
+from schemas.kinds import GROUP
+from tests.integration.fleet import register_edges
+from tests.integration.hubs import light_edge, running_edges
 from tests.integration.processes import RoleProcess
 from tools.ports import free_ports
 from tools.processes import answers_ok
@@ -512,3 +520,112 @@ async def test_a_hub_as_its_service_account_becomes_ready_with_the_mounted_certi
     log = hub.log.read_text(errors="replace")
     assert "token_secrets_listed" in log
     assert "forbidden" not in log.lower()
+
+
+def _host_address() -> str:
+    """An IPv4 address of this machine that Endpoints may hold (the API server refuses loopback ones there)."""
+    for addresses in psutil.net_if_addrs().values():
+        for entry in addresses:
+            if entry.family == socket.AF_INET:
+                address = ipaddress.ip_address(entry.address)
+                if not (address.is_loopback or address.is_link_local):
+                    return entry.address
+    pytest.fail("this machine has no IPv4 address but loopback and link-local ones, which Endpoints refuse")
+
+
+def _job_phase(cp: ControlPlane, kind: str, name: str) -> str:
+    found = json.loads(cp.kubectl("get", kind, name, "-o", "json").stdout)
+    return str(found.get("status", {}).get("phase", ""))
+
+
+async def test_a_job_goes_through_the_service_webhooks_and_completes_in_the_other_namespace(
+    deployed: Deployed, tmp_path: Path
+) -> None:
+    """With the webhook Service's Endpoints naming the controller (as its pod's would), the API server calls the
+    Service-based webhooks of the install in another namespace: they refuse a bad job and admit a good one, which
+    completes on a hub and an edge, every role acting as its ServiceAccount."""
+    cp = deployed.cp
+    address = _host_address()
+    webhook_port, metrics_port = free_ports(2)
+    # No pod runs here, so no endpoints controller fills these in: they name the controller process, as the
+    # Service's selector would name its pod. The API server calls the Endpoints' address
+    # (--enable-aggregator-routing), checking the certificate for the Service's name.
+    endpoints = {
+        "apiVersion": "v1",
+        "kind": "Endpoints",
+        "metadata": {"name": "nodetaskd-webhook", "namespace": NAMESPACE},
+        "subsets": [{"addresses": [{"ip": address}], "ports": [{"name": "webhook", "port": webhook_port}]}],
+    }
+    cp.kubectl("apply", "-f", "-", input=json.dumps(endpoints))
+    webhook_tls = _mounted(deployed, "nodetaskd-webhook-tls", tmp_path / "webhook-tls")
+    controller_config = {
+        **_config_map(deployed, "nodetaskd-controller", "controller.yaml"),
+        "kubeconfig": str(_kubeconfig(deployed, "nodetaskd-controller")),
+        "identity": "the-controller",
+        "webhookPort": webhook_port,
+        "metricsPort": metrics_port,
+        "logFormat": "console",
+        "tlsCertFile": str(webhook_tls / "tls.crt"),
+        "tlsKeyFile": str(webhook_tls / "tls.key"),
+        "tlsCaFile": str(webhook_tls / "ca.crt"),
+    }
+    (tmp_path / "controller.yaml").write_bytes(msgspec.yaml.encode(controller_config))
+    # What the Deployment's downward API gives the pod: its namespace and its address.
+    env = {"POD_NAMESPACE": NAMESPACE, "POD_IP": address}
+    controller = RoleProcess("controller", tmp_path / "controller.yaml", "controller", tmp_path / "c.log", env=env)
+    hub_tls = _mounted(deployed, "nodetaskd-hub-tls", tmp_path / "hub-tls")
+    ports_file = tmp_path / "hub.ports.json"
+    hub_config = {
+        **_config_map(deployed, "nodetaskd-cloud", "cloud.yaml"),
+        "kubeconfig": str(_kubeconfig(deployed, "nodetaskd-cloud")),
+        "hubId": "the-hub",
+        "listen": "127.0.0.1:0",
+        "httpListen": "127.0.0.1:0",
+        "portsFile": str(ports_file),
+        "logFormat": "console",
+        "tlsCertFile": str(hub_tls / "tls.crt"),
+        "tlsKeyFile": str(hub_tls / "tls.key"),
+    }
+    (tmp_path / "cloud.yaml").write_bytes(msgspec.yaml.encode(hub_config))
+    hub = RoleProcess("hub", tmp_path / "cloud.yaml", "cloud", tmp_path / "hub.log")
+    node = "edge-in-other-namespace"
+    tokens = await register_edges(cp, [node])
+    version, good_name = f"{GROUP}/v1alpha2", "through-the-service"
+    bad = {"apiVersion": version, "kind": "NodeUpgradeJob", "metadata": {"name": "bad"}, "spec": {"version": "x"}}
+    good = {
+        "apiVersion": version,
+        "kind": "ImagePrePullJob",
+        "metadata": {"name": good_name},
+        "spec": {"imagePrePullTemplate": {"images": ["example/a:1"], "nodeNames": [node]}},
+    }
+    try:
+        await controller.start()
+        await hub.start()
+        edge_port = (await hub.reported_ports(ports_file))["listen"]
+        with anyio.fail_after(60):
+            while "webhook_configuration_updated" not in controller.log.read_text(errors="replace"):
+                assert controller.alive, controller.log.read_text()
+                await anyio.sleep(0.2)
+        refused = cp.kubectl("create", "-f", "-", input=json.dumps(bad), check=False)
+        assert refused.returncode != 0
+        assert f'admission webhook "{VALIDATING_WEBHOOK_NAME}" denied the request' in refused.stderr, refused.stderr
+        cp.kubectl("create", "-f", "-", input=json.dumps(good))
+        edge = light_edge(
+            node,
+            f"wss://127.0.0.1:{edge_port}",
+            tokens[node],
+            ssl_context=ssl.create_default_context(cafile=str(deployed.hub_ca)),
+        )
+        async with running_edges([edge]):
+            with anyio.fail_after(90):
+                while _job_phase(cp, "imageprepulljob", good_name) != "Completed":
+                    assert controller.alive, controller.log.read_text()
+                    assert hub.alive, hub.log.read_text()
+                    await anyio.sleep(0.5)
+        assert [action.route.node for action in edge.run_actions] == [node]
+        # While the controller runs, so that it takes its finalizer away.
+        await anyio.to_thread.run_sync(functools.partial(cp.kubectl, "delete", "imageprepulljob", good_name))
+    finally:
+        await hub.stop()
+        await controller.stop()
+        cp.kubectl("-n", NAMESPACE, "delete", "endpoints", "nodetaskd-webhook", "--ignore-not-found")

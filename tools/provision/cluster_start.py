@@ -259,6 +259,8 @@ def start(
         f"--service-account-key-file={sa_key}",
         f"--service-account-signing-key-file={sa_key}",
         "--service-cluster-ip-range=10.0.0.0/24",
+        # Service-based webhooks and APIs are called at their Endpoints' addresses: nothing routes ClusterIPs here.
+        "--enable-aggregator-routing=true",
         "--profiling=false",
         "--v=1",
     ]
