@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 import structlog
 import trio
@@ -17,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nodetask.messages import CacheDeleted
-from roles.edge.cache.view import ChangeType
+from roles.edge.cache.durable_cache import _decode, _key_fields
+from roles.edge.cache.view import ChangeType, object_key, resource_version
 from tests.unit.roles.edge.cache.world import PAGE, full, key, mirror, obj, opened, relist, upsert, versions
 
 # ------------------------------------------------------------------------------------------ the model
@@ -272,3 +274,33 @@ async def test_an_erred_key_sent_again_as_cached_is_cleared_and_announces_nothin
             with pytest.raises(anyio.WouldBlock):
                 changes.receive_nowait()
         assert set(cache.ledger.errors) == {key("new")}
+
+
+_SCALARS = st.none() | st.booleans() | st.integers() | st.text(max_size=8) | st.sampled_from(["", "7", "x1", "012"])
+_LABELS = st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=2)
+_METADATA = st.fixed_dictionaries(
+    {}, optional={"name": _SCALARS, "namespace": _SCALARS, "resourceVersion": _SCALARS, "labels": _LABELS}
+)
+
+
+def _judged(read: Any, raw: Any) -> object:
+    """The key and version a row gets from ``raw`` read by ``read``, or the kind of error that stops it."""
+    try:
+        fields = read(raw)
+        return object_key(fields), resource_version(fields)
+    except (msgspec.DecodeError, ValueError) as exc:
+        return type(exc).__name__ if isinstance(exc, msgspec.DecodeError) else str(exc)
+
+
+@given(st.dictionaries(st.sampled_from(["kind", "spec", "metadata"]), _METADATA | _SCALARS, max_size=3))
+def test_a_rows_key_and_version_are_read_from_the_metadata_alone_as_from_the_whole_object(document: Any) -> None:
+    """Reading only name, namespace and resourceVersion gives the same key, version or error as the whole object."""
+    raw = msgspec.Raw(msgspec.json.encode(document))
+    metadata = document.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        # A metadata that is no object: the whole object reads, its check says "no name"; the fields alone do not
+        # decode. Both end the same way: the object is skipped as unreadable.
+        assert _judged(_decode, raw) == "object has no metadata.name"
+        assert _judged(_key_fields, raw) == "ValidationError"
+        return
+    assert _judged(_key_fields, raw) == _judged(_decode, raw)
