@@ -14,7 +14,6 @@ from __future__ import annotations
 import enum
 import functools
 import ssl
-import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -22,15 +21,15 @@ from typing import Final
 import trio
 import trio_websocket
 
+from nodetask.link import NORMAL_CLOSE, LinkClosed
 from roles.cli.join_layout import JoinError
+from roles.edge.ws_link import open_ws_link
 
 __all__ = ["PROBE_TIMEOUT_S", "HubAnswer", "Outcome", "probe_hubs", "verdict"]
 
 PROBE_TIMEOUT_S: Final = 10.0
 """How long join waits for one hub's TCP, TLS and websocket handshakes."""
 _BODY_SHOWN: Final = 200
-_FAILED: Final = (OSError, trio.BrokenResourceError, trio_websocket.HandshakeError, trio_websocket.ConnectionClosed)
-"""How a handshake fails: the network, TLS (a broken stream caused by an SSLError), or the hub's answer."""
 
 
 class Outcome(enum.Enum):
@@ -98,33 +97,17 @@ def _judge(url: str, error: BaseException, *, node: str) -> HubAnswer:
     return HubAnswer(url, Outcome.UNREACHABLE, str(error) or type(error).__name__)
 
 
-async def _check_tls(url: str, context: ssl.SSLContext) -> None:
-    """Shake hands over TLS alone: a certificate the CA does not verify fails here, saying why (trio-websocket's
-    own handshake waits out its whole timeout then)."""
-    parts = urllib.parse.urlsplit(url)
-    stream = await trio.open_ssl_over_tcp_stream(
-        parts.hostname or "", parts.port or 443, ssl_context=context, https_compatible=True
-    )
-    try:
-        await stream.do_handshake()
-    finally:
-        await stream.aclose()
-
-
 async def _probe(url: str, *, node: str, token: str, context: ssl.SSLContext | None, limit_s: float) -> HubAnswer:
     endpoint = f"{url.rstrip('/')}/nodes/{node}"
     headers = [(b"authorization", f"Bearer {token}".encode())]
     tls = context if url.startswith("wss://") else None
     with trio.move_on_after(limit_s):
         try:
-            if tls is not None:
-                await _check_tls(url, tls)
-            async with trio_websocket.open_websocket_url(
-                endpoint, ssl_context=tls, extra_headers=headers, connect_timeout=limit_s, disconnect_timeout=1
-            ) as ws:
-                # Closed before a hello: the hub starts no session for this connection.
-                await ws.aclose(1000, "edge join checked the token")
-        except (*_FAILED, ExceptionGroup) as exc:  # not Cancelled: the timeout is the scope's
+            # The agent's own connection (TLS checked before the websocket handshake), closed before a hello: the
+            # hub starts no session for it.
+            async with open_ws_link(endpoint, headers=headers, ssl_context=tls) as link:
+                await link.close(NORMAL_CLOSE, "edge join checked the token")
+        except LinkClosed as exc:
             return _judge(url, exc, node=node)
         return HubAnswer(url, Outcome.ACCEPTED)
     return HubAnswer(url, Outcome.UNREACHABLE, f"no answer within {limit_s:g} s")
