@@ -129,15 +129,16 @@ async def open_ws_link(
     What the block raises reaches the caller as raised (not wrapped by the connection's own task group).
     """
     target = _target(url, ssl_context)
+    deadline = trio.current_time() + CONNECT_TIMEOUT_S
     try:
-        with trio.fail_after(CONNECT_TIMEOUT_S):
+        with trio.fail_at(deadline):
             stream = await _stream(target, ssl_context)
     except (OSError, trio.BrokenResourceError, trio.TooSlowError) as exc:
         raise _closed(exc) from exc
     try:
         async with trio.open_nursery() as nursery:
             try:
-                with trio.fail_after(CONNECT_TIMEOUT_S):
+                with trio.fail_at(deadline):
                     ws = await trio_websocket.wrap_client_stream(
                         nursery, stream, target.host_header, target.resource, extra_headers=list(headers)
                     )
