@@ -10,7 +10,6 @@ from pathlib import Path
 
 import anyio
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from nodetask.phases import JobPhase
 from roles.kube import Kube
@@ -19,11 +18,11 @@ from schemas.kinds import CONFIG_UPDATE_JOB
 from tests.integration.controlplane import ControlPlane
 from tests.integration.objects import create_job, job_when, settled, unique
 from tests.integration.processes import fleet
+from tests.metric_samples import Samples, samples
 from tools.ports import free_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow(60)]
 LIMIT_S = 60.0
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 def _get(url: str) -> tuple[int, str]:
@@ -38,11 +37,7 @@ def _scrape(port: int) -> Samples:
     status, text = _get(f"http://127.0.0.1:{port}/metrics")
     if status != 200:
         return {}
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+    return samples(text)
 
 
 async def _until(port: int, what: str, holds: Callable[[Samples], bool]) -> Samples:

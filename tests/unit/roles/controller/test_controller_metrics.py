@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from nodetask.phases import JobPhase, NodeTaskPhase
 from roles.controller.metrics import ControllerMetrics
 from schemas import v1alpha2
 from schemas.kinds import IMAGE_PRE_PULL_JOB, NODE_UPGRADE_JOB
 from schemas.meta import ObjectMeta
+from tests.metric_samples import Samples, samples
 
 
 @dataclass
@@ -41,14 +41,9 @@ def upgrade(name: str, phase: JobPhase, *nodes: NodeTaskPhase) -> v1alpha2.NodeU
     )
 
 
-def scrape(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+def scrape(registry: CollectorRegistry) -> Samples:
     """Every sample of a text-format scrape, by name and sorted labels."""
-    text = generate_latest(registry).decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+    return samples(generate_latest(registry).decode())
 
 
 def test_jobs_and_node_tasks_are_counted_by_kind_and_phase() -> None:

@@ -9,11 +9,11 @@ import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from prometheus_client.parser import text_string_to_metric_families
 
 from roles.common.edge_config import EdgeConfig, LocalApiConfig, MetricsConfig, NodeApiConfig
 from roles.edge.metrics import render
 from roles.edge.observed import Observed
+from tests.metric_samples import Samples, samples
 
 SEEN = Observed(
     tasks={"running": 2, "finished": 5},
@@ -30,13 +30,8 @@ SEEN = Observed(
 )
 
 
-def _samples(observed: Observed) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = render(observed).decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+def _samples(observed: Observed) -> Samples:
+    return samples(render(observed).decode())
 
 
 def test_every_count_the_agent_read_is_a_sample_named_for_it() -> None:
