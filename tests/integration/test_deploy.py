@@ -383,6 +383,47 @@ def _config_map(deployed: Deployed, name: str, key: str) -> dict[str, object]:
     return loaded
 
 
+def _controller(
+    deployed: Deployed, home: Path, identity: str, *, tls: Path, env: dict[str, str], **settings: object
+) -> RoleProcess:
+    """A controller as its ServiceAccount, with the ConfigMap's settings (``settings`` over them) and the webhook
+    Secret's files in ``tls``; ``env`` is what the Deployment's downward API gives its pod."""
+    config = {
+        **_config_map(deployed, "nodetaskd-controller", "controller.yaml"),
+        "kubeconfig": str(_kubeconfig(deployed, "nodetaskd-controller")),
+        "identity": identity,
+        "logFormat": "console",
+        "tlsCertFile": str(tls / "tls.crt"),
+        "tlsKeyFile": str(tls / "tls.key"),
+        "tlsCaFile": str(tls / "ca.crt"),
+        **settings,
+    }
+    path = home / f"{identity}.yaml"
+    path.write_bytes(msgspec.yaml.encode(config))
+    return RoleProcess(identity, path, "controller", home / f"{identity}.log", env=env)
+
+
+def _hub(deployed: Deployed, home: Path, hub_id: str) -> tuple[RoleProcess, Path]:
+    """A hub as its ServiceAccount, with the ConfigMap's settings and the hub Secret's files, on ports of its
+    own choosing; and the file it reports them in."""
+    tls = _mounted(deployed, "nodetaskd-hub-tls", home / "hub-tls")
+    ports_file = home / f"{hub_id}.ports.json"
+    config = {
+        **_config_map(deployed, "nodetaskd-cloud", "cloud.yaml"),
+        "kubeconfig": str(_kubeconfig(deployed, "nodetaskd-cloud")),
+        "hubId": hub_id,
+        "listen": "127.0.0.1:0",
+        "httpListen": "127.0.0.1:0",
+        "portsFile": str(ports_file),
+        "logFormat": "console",
+        "tlsCertFile": str(tls / "tls.crt"),
+        "tlsKeyFile": str(tls / "tls.key"),
+    }
+    path = home / f"{hub_id}.yaml"
+    path.write_bytes(msgspec.yaml.encode(config))
+    return RoleProcess("hub", path, "cloud", home / f"{hub_id}.log"), ports_file
+
+
 def _webhook_configs(deployed: Deployed) -> list[dict[str, object]]:
     return [
         json.loads(deployed.cp.kubectl("get", kind, "nodetaskd", "-o", "json").stdout)["webhooks"][0]["clientConfig"]
@@ -397,29 +438,21 @@ async def test_controller_replicas_register_the_service_webhooks_with_the_one_mo
     both set the shared CA on the Service-based webhooks, and each serves a certificate valid for the Service."""
     assert all("caBundle" not in config for config in _webhook_configs(deployed))  # as applied
     tls = _mounted(deployed, "nodetaskd-webhook-tls", tmp_path / "tls")
-    settings = _config_map(deployed, "nodetaskd-controller", "controller.yaml")
-    kubeconfig = _kubeconfig(deployed, "nodetaskd-controller")
-    replicas, ports = [], []
     picked = free_ports(4)
-    for i in range(2):
-        ports.append(picked[2 * i])
-        config = {
-            **settings,
-            "kubeconfig": str(kubeconfig),
-            "identity": f"replica-{i}",
-            "listenHost": "127.0.0.1",
-            "webhookPort": ports[-1],
-            "metricsPort": picked[2 * i + 1],
-            "logFormat": "console",
-            "tlsCertFile": str(tls / "tls.crt"),
-            "tlsKeyFile": str(tls / "tls.key"),
-            "tlsCaFile": str(tls / "ca.crt"),
-        }
-        path = tmp_path / f"controller-{i}.yaml"
-        path.write_bytes(msgspec.yaml.encode(config))
-        # What the Deployment's downward API gives the pod.
-        env = {"POD_NAMESPACE": NAMESPACE}
-        replicas.append(RoleProcess(f"controller-{i}", path, "controller", tmp_path / f"controller-{i}.log", env=env))
+    ports = picked[0::2]
+    replicas = [
+        _controller(
+            deployed,
+            tmp_path,
+            f"replica-{i}",
+            tls=tls,
+            env={"POD_NAMESPACE": NAMESPACE},
+            listenHost="127.0.0.1",
+            webhookPort=ports[i],
+            metricsPort=picked[2 * i + 1],
+        )
+        for i in range(2)
+    ]
     try:
         for replica in replicas:
             await replica.start()
@@ -479,22 +512,7 @@ async def test_a_hub_as_its_service_account_becomes_ready_with_the_mounted_certi
 ) -> None:
     """A hub with the cloud ServiceAccount, the ConfigMap's settings and the hub Secret syncs jobs, watches the
     token Secrets (allowed in kube-system) and answers /readyz over TLS the edges' CA verifies."""
-    tls = _mounted(deployed, "nodetaskd-hub-tls", tmp_path / "tls")
-    ports_file = tmp_path / "hub.ports.json"
-    config = {
-        **_config_map(deployed, "nodetaskd-cloud", "cloud.yaml"),
-        "kubeconfig": str(_kubeconfig(deployed, "nodetaskd-cloud")),
-        "hubId": "hub-under-test",
-        "listen": "127.0.0.1:0",
-        "httpListen": "127.0.0.1:0",
-        "portsFile": str(ports_file),
-        "logFormat": "console",
-        "tlsCertFile": str(tls / "tls.crt"),
-        "tlsKeyFile": str(tls / "tls.key"),
-    }
-    path = tmp_path / "cloud.yaml"
-    path.write_bytes(msgspec.yaml.encode(config))
-    hub = RoleProcess("hub", path, "cloud", tmp_path / "hub.log")
+    hub, ports_file = _hub(deployed, tmp_path, "hub-under-test")
     client = ssl.create_default_context(cafile=str(deployed.hub_ca))
 
     # Ready does not wait for the watches (tokens are read one by one meanwhile; cache streams retry):
@@ -557,37 +575,17 @@ async def test_a_job_goes_through_the_service_webhooks_and_completes_in_the_othe
         "subsets": [{"addresses": [{"ip": address}], "ports": [{"name": "webhook", "port": webhook_port}]}],
     }
     cp.kubectl("apply", "-f", "-", input=json.dumps(endpoints))
-    webhook_tls = _mounted(deployed, "nodetaskd-webhook-tls", tmp_path / "webhook-tls")
-    controller_config = {
-        **_config_map(deployed, "nodetaskd-controller", "controller.yaml"),
-        "kubeconfig": str(_kubeconfig(deployed, "nodetaskd-controller")),
-        "identity": "the-controller",
-        "webhookPort": webhook_port,
-        "metricsPort": metrics_port,
-        "logFormat": "console",
-        "tlsCertFile": str(webhook_tls / "tls.crt"),
-        "tlsKeyFile": str(webhook_tls / "tls.key"),
-        "tlsCaFile": str(webhook_tls / "ca.crt"),
-    }
-    (tmp_path / "controller.yaml").write_bytes(msgspec.yaml.encode(controller_config))
     # What the Deployment's downward API gives the pod: its namespace and its address.
-    env = {"POD_NAMESPACE": NAMESPACE, "POD_IP": address}
-    controller = RoleProcess("controller", tmp_path / "controller.yaml", "controller", tmp_path / "c.log", env=env)
-    hub_tls = _mounted(deployed, "nodetaskd-hub-tls", tmp_path / "hub-tls")
-    ports_file = tmp_path / "hub.ports.json"
-    hub_config = {
-        **_config_map(deployed, "nodetaskd-cloud", "cloud.yaml"),
-        "kubeconfig": str(_kubeconfig(deployed, "nodetaskd-cloud")),
-        "hubId": "the-hub",
-        "listen": "127.0.0.1:0",
-        "httpListen": "127.0.0.1:0",
-        "portsFile": str(ports_file),
-        "logFormat": "console",
-        "tlsCertFile": str(hub_tls / "tls.crt"),
-        "tlsKeyFile": str(hub_tls / "tls.key"),
-    }
-    (tmp_path / "cloud.yaml").write_bytes(msgspec.yaml.encode(hub_config))
-    hub = RoleProcess("hub", tmp_path / "cloud.yaml", "cloud", tmp_path / "hub.log")
+    controller = _controller(
+        deployed,
+        tmp_path,
+        "the-controller",
+        tls=_mounted(deployed, "nodetaskd-webhook-tls", tmp_path / "webhook-tls"),
+        env={"POD_NAMESPACE": NAMESPACE, "POD_IP": address},
+        webhookPort=webhook_port,
+        metricsPort=metrics_port,
+    )
+    hub, ports_file = _hub(deployed, tmp_path, "the-hub")
     node = "edge-in-other-namespace"
     tokens = await register_edges(cp, [node])
     version, good_name = f"{GROUP}/v1alpha2", "through-the-service"
