@@ -22,6 +22,7 @@ from roles.cli.reset import reset
 from roles.cli.systemd_unit import render_unit
 from roles.common.config import EdgeConfig, load_config
 from roles.common.tls import generate_serving_certificate
+from tools.ports import free_port
 
 TOKEN = "0P2JxTsk7bWk4iJx1qkJd5Ql2m6vyUeXv2VYg8TnQ-E"
 """Shaped as ``token create`` makes them (43 URL-safe characters)."""
@@ -417,9 +418,7 @@ def test_join_asks_the_hubs_after_every_local_check_and_writes_nothing_when_they
 def test_a_hub_that_cannot_be_reached_is_only_noted_unless_none_can_be() -> None:
     """A closed port is unreachable (not a mistake); with every hub unreachable join stops, naming --no-hub-check;
     a refusal anywhere stops it whatever the others said."""
-    with socket.socket() as closed:
-        closed.bind(("127.0.0.1", 0))
-        port = closed.getsockname()[1]
+    port = free_port()  # nothing listens there
     (answer,) = probe_hubs([f"wss://127.0.0.1:{port}"], node="edge-1", token=TOKEN, ca=None, timeout=5)
     assert answer.outcome is Outcome.UNREACHABLE
     assert "refused" in answer.detail.lower()

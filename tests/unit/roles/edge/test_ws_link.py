@@ -13,6 +13,7 @@ import trio_websocket
 from nodetask.link import LinkClosed
 from roles.common.tls import ServingCertificate, generate_serving_certificate
 from roles.edge.ws_link import open_ws_link
+from tools.ports import free_port
 
 HEADERS = [(b"authorization", b"Bearer the-token")]
 
@@ -90,9 +91,7 @@ async def test_what_the_block_raises_reaches_the_caller_unwrapped_and_a_refused_
         with pytest.raises(KeyError, match="mine"):
             async with open_ws_link(f"ws://127.0.0.1:{port}/nodes/x", headers=HEADERS, ssl_context=None):
                 raise KeyError("mine")
-    with trio.socket.socket() as unused:
-        await unused.bind(("127.0.0.1", 0))
-        closed = unused.getsockname()[1]
+    closed = free_port()  # nothing listens there
     with pytest.raises(LinkClosed, match="connect"):
         async with open_ws_link(f"ws://127.0.0.1:{closed}/nodes/x", headers=HEADERS, ssl_context=None):
             pass
