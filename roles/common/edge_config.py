@@ -237,6 +237,11 @@ class EdgeConfig(BaseConfig, frozen=True, kw_only=True):
     """Registry hosts (``host[:port]``) reached over plain HTTP; loopback registries always are, others use HTTPS."""
     upgrade_health_deadline: Seconds = 60.0
     """How long a newly installed agent version may take to reach a hub before the launcher rolls it back."""
+    reconnect_max_delay: Annotated[float, msgspec.Meta(ge=1, le=3600)] = 30.0
+    """The longest wait, in seconds, between two attempts to reach a hub. The waits double from half a second
+    up to it (each drawn from its upper half), so after an outage an edge is back within about this long; a
+    large fleet spreads its reconnections with a larger one. Not updatable by a ConfigUpdateJob, like the
+    rest of the hub connection."""
     local_api: LocalApiConfig = LocalApiConfig()
     """``localApi: {enabled: true, port: 10261}`` serves the device's cached cloud objects on loopback.
     Not updatable by a ConfigUpdateJob: whoever may create jobs must not open it on every device."""

@@ -28,6 +28,7 @@ class AgentSettings(msgspec.Struct, frozen=True):
     thresholds: Thresholds
     ssl_context: ssl.SSLContext | None = None
     reconnect_cap: float = 30.0
+    """The longest wait between two attempts to reach a hub (``reconnectMaxDelay``)."""
     missed_heartbeats: int = 3
     config_file: Path | None = None
     """The YAML file this agent was started with; config updates rewrite it."""
@@ -101,6 +102,7 @@ def settings_of(cfg: EdgeConfig, *, config_file: Path | None = None) -> AgentSet
         ssl_context=client_tls(cfg),
         config_file=config_file,
         health_deadline=cfg.config_update_health_deadline,
+        reconnect_cap=cfg.reconnect_max_delay,
         cache_secrets=cfg.local_api.serve_secrets or cfg.node_api.enabled,
         repair_period=cfg.autonomy.repair_period,
         store_quota_bytes=cfg.store_quota_bytes,

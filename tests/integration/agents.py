@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Final
 
 import anyio
 import msgspec
@@ -21,6 +22,9 @@ from roles.edge.settings import AgentSettings
 from roles.edge.store.store import open_store
 from schemas.v1alpha2 import ImageStatus
 from tools.processes import role_command
+
+RECONNECT_MAX_DELAY_S: Final = 3
+"""The longest wait of the tests' agents between two attempts to reach a hub (``reconnectMaxDelay``)."""
 
 
 class FakeRuntime:
@@ -51,6 +55,7 @@ async def running_agent(
         data_dir=data_dir,
         # The checks run for real, but a busy CI machine must not fail them: nothing exceeds 100%.
         thresholds=Thresholds(cpu=100.0, mem=100.0, disk=100.0),
+        reconnect_cap=RECONNECT_MAX_DELAY_S,
     )
     async with open_store(data_dir / "store.sqlite", max_bytes=store_max_bytes) as store:
         agent: EdgeAgent
@@ -75,8 +80,10 @@ async def running_agent(
 def write_agent_config(home: Path, *, node: str, token: str, hub_urls: list[str], **options: object) -> Path:
     """Write an agent's token file and config (its store under ``home/data``); returns the config's path.
 
-    The checks' thresholds default to 100% so a busy test machine never fails them; ``options``
-    (camelCase keys) override anything.
+    The checks' thresholds default to 100% so a busy test machine never fails them, and an agent waits at most
+    :data:`RECONNECT_MAX_DELAY_S` between attempts to reach a hub (the tests stop hubs for tens of seconds, and
+    production's 30 s would be most of a test's wait once they are back); ``options`` (camelCase keys) override
+    anything.
     """
     home.mkdir(parents=True, exist_ok=True)
     (home / "token").write_text(token)
@@ -87,6 +94,7 @@ def write_agent_config(home: Path, *, node: str, token: str, hub_urls: list[str]
         "dataDir": str(home / "data"),
         "criEndpoint": "",
         "maxCpuUsage": 100,
+        "reconnectMaxDelay": RECONNECT_MAX_DELAY_S,
         **options,
     }
     path = home / "edge.yaml"

@@ -89,7 +89,7 @@ def go_offline(demo: Demo) -> None:
     api = demo.api
     assert api is not None
     names = [e.name for e in demo.edges] + list(dev.NAMES)
-    # Every agent lost its hub too; after a minute of refused attempts each waits up to 30 s between tries.
+    # Every agent lost its hub too; after a minute of refused attempts each waits up to its reconnectMaxDelay.
     demo.wait(
         "every edge to hold a hub session again",
         lambda: all(hubs_of_nodes(api).get(n) for n in names),

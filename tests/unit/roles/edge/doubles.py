@@ -276,6 +276,7 @@ async def running_edge(
     store_quota_bytes: int = 64 << 20,
     max_request_bytes: int = 128 << 10,
     max_concurrent_tasks: int = 4,
+    reconnect_cap: float = 30.0,
     actions: FakeActions | None = None,
     certificates: CertificateKeeper | None = None,
 ) -> AsyncIterator[Edge]:
@@ -293,6 +294,7 @@ async def running_edge(
         store_quota_bytes=store_quota_bytes,
         max_request_bytes=max_request_bytes,
         max_concurrent_tasks=max_concurrent_tasks,
+        reconnect_cap=reconnect_cap,
     )
     actions = actions or FakeActions(block_pull=block_pull)
     async with anyio.create_task_group() as tg:

@@ -199,6 +199,21 @@ async def test_a_silent_hub_ends_the_session_after_three_intervals_and_the_agent
         assert all(c / 2 <= gap <= c for gap, c in zip(gaps, ceilings, strict=True)), gaps
 
 
+async def test_a_hub_down_for_long_is_tried_again_at_most_reconnect_max_delay_apart(
+    tmp_path: Path, clock: MockClock
+) -> None:
+    """Refused attempts double their waits only up to ``reconnectMaxDelay`` (3 s here), each drawn from its
+    upper half: an edge is back within that long of its hub."""
+    async with running_edge(tmp_path, echo=False, refuse=8, reconnect_cap=3.0) as edge:
+        edge.hub.interval = 5.0
+        await edge.hub.accept()
+        assert await edge.agent.wait_connected(INTERVAL)
+        gaps = [b - a for a, b in itertools.pairwise(edge.hub.attempts)]
+        ceilings = [0.5, 1.0, 2.0, 3.0, 3.0, 3.0, 3.0, 3.0]
+        assert len(gaps) == len(ceilings)
+        assert all(c / 2 <= gap <= c for gap, c in zip(gaps, ceilings, strict=True)), gaps
+
+
 async def test_the_backoff_starts_over_once_a_session_was_welcomed(tmp_path: Path, clock: MockClock) -> None:
     """After refused attempts grew the backoff, a welcomed session resets it: its loss is retried within 0.5 s."""
     async with running_edge(tmp_path, echo=False) as edge:
