@@ -265,7 +265,7 @@ def _assert_hubs(hubs: list[dict[str, Any]], state: Path, output: str) -> None:
 def _assert_devices(devices: dict[str, Any], output: str) -> None:
     """device-01 and device-02 ran as real nodes (a kubelet behind their agents): both Ready with their pods
     answering their pages; with every hub stopped both pods kept answering, both Nodes went NotReady in the
-    cloud, device-02's pod (20 s toleration) was evicted and device-01's (its Node asks for autonomy, its pod
+    cloud, device-02's pod (10 s toleration) was evicted and device-01's (its Node asks for autonomy, its pod
     bound to tolerate that for ever) kept; device-01, restarted whole with the cloud gone, answered its page
     from the cache; with the hubs back both Nodes were Ready and device-01's pod answered its ConfigMap as
     changed meanwhile. Before the outage, device-02's kubelet was upgraded (after its canary confirmation) to
@@ -273,7 +273,7 @@ def _assert_devices(devices: dict[str, Any], output: str) -> None:
     pages = {"device-01": "served by device-01\n", "device-02": "served by device-02\n"}
     assert devices["problem"] == "", devices
     assert devices["served"] == pages, devices
-    assert devices["tolerations"] == {"device-01": None, "device-02": 20}, devices
+    assert devices["tolerations"] == {"device-01": None, "device-02": 10}, devices
     assert devices["offline"] == pages, devices
     assert set(devices["notReady"]) == set(pages), devices
     assert all(status in ("Unknown", "False") for status in devices["notReady"].values()), devices

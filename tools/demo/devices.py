@@ -44,7 +44,7 @@ NAMESPACE: Final = "demo-devices"
 ZONE_LABEL: Final = "topology.kubernetes.io/zone"
 AUTONOMY_DURATION: Final = "0"
 """For ever, as ``node.beta.openyurt.io/autonomy: "true"`` says too (that annotation alone binds no pod)."""
-SHORT_TOLERATION_S: Final = 20
+SHORT_TOLERATION_S: Final = 10
 NODE_MONITOR: Final = NodeMonitor(period_s=2)
 """The demo's node lifecycle controller: production's grace (a Node silent for 40 s is NotReady), looked at
 every 2 s. Not shorter: the agent-only edges' Nodes have no kubelet to report them, and the controller gives
