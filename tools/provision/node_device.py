@@ -7,7 +7,8 @@ containerd, whose CRI plugin makes sandboxes of :data:`node_images.PAUSE_IMAGE` 
 gives them addresses the machine reaches (both images are imported at the first start; nothing is
 pulled). Several nodes run on one machine at once: each has its own ports, directories, cgroup root,
 bridge and /24 (:mod:`tools.provision.node_config`), and its containerd and kubelet run in a mount
-namespace of the node's own (:mod:`tools.provision.node_host`), which is what a device is here:
+namespace of the node's own (:mod:`tools.provision.node_host`), which is what a device is here (beside them
+:mod:`tools.provision.docker_info` answers the kubelet's one question to Docker, which this machine lacks):
 
 - :meth:`Node.restart_device` is a power cut and a boot: every process of the node (kubelet,
   containerd, shims, the pods' containers) is killed, their mounts go with the namespace, and
@@ -43,6 +44,7 @@ from tools.provision.node_config import Layout, Network
 
 CONTAINERD_READY_TIMEOUT: Final = 30.0
 KUBELET_READY_TIMEOUT: Final = 60.0
+DOCKER_INFO: Final = Path(__file__).with_name("docker_info.py")
 _NODE_NAME: Final = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
@@ -132,6 +134,7 @@ class Node:
         argv = node_host.in_private_mounts(
             argv, unshare=self.tools.unshare, binds=binds, tmpfs=node_config.PRIVATE_TMPFS
         )
+        self._spawn("docker-info", [sys.executable, str(DOCKER_INFO), str(self.layout.docker_info_socket)])
         self._spawn("containerd", argv)
         self._wait("containerd", CONTAINERD_READY_TIMEOUT, self._containerd_ready)
         # The claim lives while containerd, this process or the reaper does (containerd is down while a
@@ -198,6 +201,7 @@ class Node:
         remove its cgroups, delete its bridge and release its pod network. Idempotent."""
         self._terminate("kubelet")
         self._terminate("containerd")
+        self._terminate("docker-info")
         self.power_off()
         problems = node_host.remove_cgroup_root(self.cgroup_root)
         node_host.release_network(self.network, self.state_dir, self.tools.ip)
@@ -210,7 +214,8 @@ class Node:
     # -- internals ---------------------------------------------------------------------------------
 
     def _marker(self, name: str) -> str:
-        return str(self.layout.containerd_config if name == "containerd" else self.layout.kubelet_config)
+        markers = {"containerd": self.layout.containerd_config, "docker-info": self.layout.docker_info_socket}
+        return str(markers.get(name, self.layout.kubelet_config))
 
     def _alive(self, name: str) -> bool:
         child = self._children.get(name)
