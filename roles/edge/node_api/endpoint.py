@@ -6,7 +6,8 @@ gave it (status, headers, body; a watch streamed as its events come). What the a
 node's objects is written to the cache (:mod:`.cache_feed`) by one writer task, in order, behind the
 answer (a slow disk holds up the feed, not the kubelet, until :data:`FEED_QUEUE` answers wait; a key
 that cannot be written goes to the error-key ledger, as for the hub's streams). When no tunnel can be
-had (no hub session, a hub that does not relay, the API server unreachable), :mod:`.offline` answers.
+had (no hub session, a hub that does not relay, the API server unreachable), :mod:`.offline` answers,
+except a write while a session relays: that one gets a 503 to send again (:meth:`NodeApi._unanswered`).
 When a relaying session starts again, the watches answered offline end, so the kubelet lists anew
 through the relay.
 
@@ -39,7 +40,7 @@ from roles.edge.local_api.answers import failure
 from roles.edge.local_api.local_api import LOOPBACK, LOOPBACK_HOSTS, LocalApi
 from roles.edge.local_api.requests import host_name
 from roles.edge.node_api.cache_feed import CacheFeed, WatchLines, answer_feed, event_feed, object_target, wants_watch
-from roles.edge.node_api.offline import OfflineAnswers
+from roles.edge.node_api.offline import RETRY_AFTER_S, OfflineAnswers
 from roles.edge.node_api.tunnel_client import Offline, TunnelClient
 from roles.edge.node_api.upstream import HEAD_TIMEOUT_S, NodeTlsSource, Upstream
 
@@ -148,7 +149,7 @@ class NodeApi:
                 head_timeout=None if watch else HEAD_TIMEOUT_S,
             )
         except Offline as exc:
-            return await self._offline.answer(request, str(exc))
+            return await self._unanswered(request, str(exc))
         headers = tuple((k, v) for k, v in answer.headers if k not in _NOT_RETURNED)
         content_type = answer.header("content-type") or "application/json"
         if watch and answer.status == HTTPStatus.OK:
@@ -159,11 +160,25 @@ class NodeApi:
             body = await answer.read(MAX_ANSWER_BYTES)
         except (anyio.BrokenResourceError, TimeoutError) as exc:
             await answer.close()
-            return await self._offline.answer(request, str(exc))
+            return await self._unanswered(request, str(exc))
         await answer.close()
         for item in answer_feed(request.method, request.path, query, node=self._node, status=answer.status, body=body):
             await self._feed.send(item)
         return Response(status=answer.status, body=body, content_type=content_type, headers=headers)
+
+    async def _unanswered(self, request: Request, why: str) -> Response:
+        """What a request the API server did not answer gets: the offline answers while no hub session relays;
+        while one does, a write gets a 503 to send again. It may or may not have been applied, and the offline
+        answer (the cached object, as if written) would keep a kubelet from ever sending its status again."""
+        if request.method in ("GET", "HEAD") or not self._tunnels.online:
+            return await self._offline.answer(request, why)
+        self._log.info("node_api_write_unanswered", method=request.method, path=request.path, why=why)
+        refused = failure(
+            HTTPStatus.SERVICE_UNAVAILABLE,
+            "ServiceUnavailable",
+            f"the API server did not answer this {request.method} ({why}): send it again",
+        )
+        return dataclasses.replace(refused, headers=(("retry-after", RETRY_AFTER_S),))
 
     async def _relay_watch(
         self, chunks: AsyncIterator[bytes], close: Callable[[], Awaitable[None]], kind: str, send: Send

@@ -34,7 +34,7 @@ from roles.edge.local_api.local_api import LocalApi
 from roles.edge.local_api.paths import Target
 from roles.edge.node_api.cache_feed import object_target
 
-__all__ = ["OfflineAnswers"]
+__all__ = ["RETRY_AFTER_S", "OfflineAnswers"]
 
 Log = structlog.typing.FilteringBoundLogger
 
