@@ -16,10 +16,11 @@ __all__ = ["node_problem"]
 
 
 def node_problem(node: Node | None, *, version: str, since: datetime) -> str:
-    """Why ``node`` does not (yet) show a healthy kubelet at ``version`` posting after ``since``; "" when it does.
+    """Why ``node`` does not (yet) show a healthy kubelet at ``version`` posting since ``since``; "" when it does.
 
-    ``lastHeartbeatTime`` has whole seconds: only one in a later second than ``since`` counts, as one in the same
-    second may have been posted before it."""
+    ``lastHeartbeatTime`` has whole seconds, so one in ``since``'s second counts: a restart begins on a whole
+    second (:func:`roles.edge.kubelet.probe.restart_and_prove`), and a kubelet posts its status once as it starts,
+    then only on a change or every five minutes; requiring a later second would miss a quick one for good."""
     if node is None:
         return "the device holds no Node object of its own"
     info = node.status.node_info
@@ -34,6 +35,6 @@ def node_problem(node: Node | None, *, version: str, since: datetime) -> str:
         beat = parse_time(ready.last_heartbeat_time or "")
     except ValueError:
         return "the Node's Ready condition has no heartbeat time"
-    if beat <= since.replace(microsecond=0):
+    if beat < since.replace(microsecond=0):
         return "the kubelet has not posted its Node's status since it was restarted"
     return ""

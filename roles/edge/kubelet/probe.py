@@ -10,7 +10,7 @@ import re
 import urllib.error
 import urllib.request
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
@@ -95,13 +95,20 @@ async def wait_healthy(healthz_url: str, read_node: ReadNode, *, version: str, s
     return f"the kubelet was not healthy within {within:g}s: {problem}"
 
 
+async def _next_whole_second() -> datetime:
+    now = datetime.now(UTC)
+    await anyio.sleep(1 - now.microsecond / 1e6)
+    return max(datetime.now(UTC), (now + timedelta(seconds=1)).replace(microsecond=0))
+
+
 async def restart_and_prove(settings: KubeletConfig, read_node: ReadNode | None, version: str) -> str:
     """Restart the kubelet and wait ``healthDeadline`` for it healthy at ``version``: "" or why it is not."""
+    # The restart begins on a whole second, taken as ``since``: the Node's heartbeats have whole seconds, and the
+    # new kubelet posts its status once as it starts, maybe before the restart command has even returned; every
+    # post of its is then in that second or later, every earlier post of the old one's before it.
+    since = await _next_whole_second()
     if problem := await restart(settings.restart_command):
         return problem
-    # Taken once the restart command has returned (systemctl restart returns once the new process started):
-    # only a status posted later is the new kubelet's.
-    since = datetime.now(UTC)
     if read_node is None:
         return "this agent cannot read its Node (no cache): the kubelet's health cannot be judged"
     return await wait_healthy(
