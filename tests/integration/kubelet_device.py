@@ -20,7 +20,7 @@ from tools.provision.node_device import kubelet_restart_command
 
 HEALTH_DEADLINE_S = 25
 """The tests' kubelets that cannot start are rolled back after this long; a good one is healthy in a few seconds
-(about 8 from dispatch, fetching its 100 MB artifact included, in the kubelet benchmark)."""
+(about 4 from dispatch, fetching its 100 MB artifact included, in the kubelet benchmark)."""
 
 
 @asynccontextmanager

@@ -134,8 +134,11 @@ class Node:
         argv = node_host.in_private_mounts(
             argv, unshare=self.tools.unshare, binds=binds, tmpfs=node_config.PRIVATE_TMPFS
         )
-        self._spawn("docker-info", [sys.executable, str(DOCKER_INFO), str(self.layout.docker_info_socket)])
+        answers = self.layout.docker_info_socket
+        answers.unlink(missing_ok=True)  # a power cut leaves it: only the new one's socket says it listens
+        self._spawn("docker-info", [sys.executable, str(DOCKER_INFO), str(answers)])
         self._spawn("containerd", argv)
+        self._wait("docker-info", CONTAINERD_READY_TIMEOUT, answers.exists)
         self._wait("containerd", CONTAINERD_READY_TIMEOUT, self._containerd_ready)
         # The claim lives while containerd, this process or the reaper does (containerd is down while a
         # device restarts).
