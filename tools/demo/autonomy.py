@@ -66,12 +66,14 @@ def request_autonomy(api: Api, node: str) -> None:
 
 @dataclass(frozen=True)
 class NodeAutonomy:
-    """One Node's Autonomy condition (empty when it has none) and the controller's approval label."""
+    """One Node's Autonomy condition (empty when it has none), the controller's approval label, and the
+    status of its Ready condition."""
 
     name: str
     status: str
     reason: str
     label: str
+    ready: str = ""
 
     def line(self) -> str:
         condition = f"{self.status} ({self.reason})" if self.status else "(no condition)"
@@ -84,12 +86,14 @@ def node_autonomy(api: Api) -> list[NodeAutonomy]:
     for node in api.get("/api/v1/nodes")["items"]:
         conditions = (node.get("status") or {}).get("conditions") or ()
         condition: dict[str, Any] = next((c for c in conditions if c.get("type") == CONDITION_TYPE), {})
+        ready = next((c.get("status", "") for c in conditions if c.get("type") == "Ready"), "")
         found.append(
             NodeAutonomy(
                 name=node["metadata"]["name"],
                 status=condition.get("status", ""),
                 reason=condition.get("reason", ""),
                 label=(node["metadata"].get("labels") or {}).get(STATUS_LABEL, ""),
+                ready=ready,
             )
         )
     return sorted(found, key=lambda n: n.name)
@@ -235,5 +239,5 @@ def as_json(view: AutonomyView | None, nodes: list[NodeAutonomy]) -> dict[str, A
             "error": view.error,
             "returned": None if view.returned is None else dataclasses.asdict(view.returned),
         },
-        "nodes": {n.name: {"status": n.status, "reason": n.reason, "label": n.label} for n in nodes},
+        "nodes": {n.name: {"status": n.status, "reason": n.reason, "label": n.label, "ready": n.ready} for n in nodes},
     }

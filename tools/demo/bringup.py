@@ -22,6 +22,7 @@ from tools.demo.fleet import (
     hub_config,
     plan_edges,
 )
+from tools.demo.heartbeat import Heartbeat
 from tools.demo.kube import Api, ApiFailure, hubs_of_nodes, register_edge, register_token
 from tools.demo.procs import Child
 from tools.demo.runtime import start_runtime
@@ -73,10 +74,13 @@ def register_fleet(demo: Demo, api: Api) -> dict[str, str]:
     # The edge agent's local API cannot report a port it bound: its port is picked, just before it starts.
     demo.edges = plan_edges(demo.args.nodes, demo.hubs, local_api_port=free_port())
     tokens = {e.name: register_edge(api, e.name, {RING_LABEL: e.ring}) for e in demo.edges}
+    demo.heartbeat = Heartbeat(api, [e.name for e in demo.edges])
+    demo.heartbeat.start()
     canaries = ", ".join(e.name for e in demo.edges if e.ring == "canary")
     demo.say(
         f"{len(demo.edges)} edge Nodes registered Ready with their token Secrets "
-        f"(kube-system/nodetaskd-edge-<node>); canary ring: {canaries}, main ring: the rest"
+        f"(kube-system/nodetaskd-edge-<node>), their Leases renewed by the demo as the kubelet they lack would; "
+        f"canary ring: {canaries}, main ring: the rest"
     )
     return tokens
 

@@ -19,6 +19,7 @@ from tools.demo import diagnosis as diag
 from tools.demo.confirm import Confirmer
 from tools.demo.devices import Devices
 from tools.demo.fleet import Edge, Hub, HubState, Layout
+from tools.demo.heartbeat import Heartbeat
 from tools.demo.kube import Api, ApiFailure, JobView
 from tools.demo.procs import Supervisor, write_record
 from tools.demo.runtime import Runtime
@@ -54,6 +55,8 @@ class Demo:
     hub_starts: dict[str, int] = field(default_factory=dict)
     hub_cert: ServingCertificate | None = None
     edges: list[Edge] = field(default_factory=list)
+    heartbeat: Heartbeat | None = None
+    """Renews the agent-only edges' Leases (:mod:`tools.demo.heartbeat`) from their registration on."""
     job_names: list[str] = field(default_factory=list)
     updated_settings: dict[str, list[str]] = field(default_factory=dict)
     """Per ConfigUpdateJob, the edge settings it sets (read back from the edges' files in the summary)."""
@@ -113,6 +116,8 @@ class Demo:
 
     def stop(self) -> list[str]:
         """Stop everything this run started, in reverse order; returns processes left behind (none)."""
+        if self.heartbeat is not None:
+            self.heartbeat.stop()
         if self.devices is not None:
             # The kubelets first: their pods would be restarted by nothing once the agents are gone.
             for problem in self.devices.stop():

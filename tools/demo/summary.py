@@ -127,6 +127,8 @@ def findings(demo: Demo) -> list[str]:
             )
     for job in demo.jobs:
         out.extend(_job_findings(demo, job))
+    if demo.heartbeat is not None and demo.heartbeat.problem:
+        out.append(f"Renewing the agent-only edges' Leases failed at least once: {demo.heartbeat.problem}")
     return out
 
 

@@ -216,8 +216,11 @@ def cni_conflist(network: Network, layout: Layout) -> str:
     return json.dumps(conflist, indent=2) + "\n"
 
 
-def kubelet_configuration(*, port: int, healthz_port: int, cgroup_root: str, layout: Layout) -> str:
-    """A KubeletConfiguration (v1beta1, JSON) for a kubelet sharing the machine with others.
+def kubelet_configuration(
+    *, port: int, healthz_port: int, cgroup_root: str, layout: Layout, settings: Mapping[str, object] | None = None
+) -> str:
+    """A KubeletConfiguration (v1beta1, JSON) for a kubelet sharing the machine with others, with ``settings``
+    (its JSON keys) over the defaults below.
 
     Its API port answers on loopback only and to the harness only: anonymous and webhook authentication are
     off, and the one client CA it trusts is the node's own (:mod:`tools.provision.node_inspect`), so no
@@ -256,6 +259,7 @@ def kubelet_configuration(*, port: int, healthz_port: int, cgroup_root: str, lay
             "imagefs.available": "1%",
         },
         "volumePluginDir": str(layout.state_dir / "volume-plugins"),
+        **(settings or {}),
     }
     return json.dumps(config, indent=2) + "\n"
 

@@ -336,6 +336,7 @@ def start_node(
     *,
     labels: Mapping[str, str] | None = None,
     kubelet_args: Sequence[str] = (),
+    kubelet_settings: Mapping[str, object] | None = None,
     detach: bool = False,
     supervised: bool = False,
     healthz_port: int = 0,
@@ -343,7 +344,8 @@ def start_node(
     """Start node ``name`` with everything in ``state_dir`` (created, or empty), its kubelet using
     ``kubeconfig`` (any server URL); return once the kubelet's ``/healthz`` is ok.
 
-    ``labels`` are the kubelet's ``--node-labels``; ``kubelet_args`` more kubelet flags. With
+    ``labels`` are the kubelet's ``--node-labels``; ``kubelet_args`` more kubelet flags; ``kubelet_settings``
+    keys of its KubeletConfiguration (those with no flag, such as ``nodeLeaseDurationSeconds``). With
     ``detach=False`` (tests) the kernel also terminates containerd and the kubelet if the calling
     process dies without :meth:`Node.stop` (shims and containers then stay until a ``stop`` of the same
     state directory); ``detach=True`` lets them outlive the caller. ``supervised``: see :attr:`Node.supervised`;
@@ -384,7 +386,11 @@ def start_node(
     host.write_atomic(layout.cni_conf_dir / "10-nodetaskd.conflist", node_config.cni_conflist(network, layout))
     node_inspect.make_inspector(layout.inspector_dir, name)
     kubelet_config = node_config.kubelet_configuration(
-        port=kubelet_port, healthz_port=node.healthz_port, cgroup_root=node.cgroup_root, layout=layout
+        port=kubelet_port,
+        healthz_port=node.healthz_port,
+        cgroup_root=node.cgroup_root,
+        layout=layout,
+        settings=kubelet_settings,
     )
     host.write_atomic(layout.kubelet_config, kubelet_config)
     try:
