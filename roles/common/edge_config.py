@@ -115,8 +115,14 @@ class KubeletConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", f
 
 
 class AutonomyConfig(msgspec.Struct, frozen=True, kw_only=True, rename="camel", forbid_unknown_fields=True):
-    """Edge autonomy (``roles.edge.cache.autonomy_manager``): the cache's repair of keys it failed to store."""
+    """Edge autonomy (``roles.edge.cache.autonomy_manager``): the check of the Autonomy condition and the cache's
+    repair of keys it failed to store."""
 
+    check_period: Annotated[float, msgspec.Meta(ge=1, le=300)] = 10.0
+    """How often, in seconds, the Autonomy condition is checked (connected or not). It turns Unknown on the
+    fourth check in a row that finds keys the cache failed to store, so this sets how long a failing cache
+    goes unreported (about three periods) and how soon a repaired one is True again. 10 s is OpenYurt's
+    (its kubelet's node status period)."""
     repair_period: Seconds = 30.0
     """How often keys the cache failed to store are asked for again while a hub is connected."""
 

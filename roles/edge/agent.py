@@ -267,7 +267,11 @@ class EdgeAgent:
                 self._store, self.settings.data_dir, keep_secrets=self.settings.cache_secrets, log=self._log
             )
         self._autonomy = AutonomyManager(
-            cache, log=self._log, relisted=self._relisted, repair_period=self.settings.repair_period
+            cache,
+            log=self._log,
+            relisted=self._relisted,
+            check_period=self.settings.check_period,
+            repair_period=self.settings.repair_period,
         )
         async with anyio.create_task_group() as work:
             work.start_soon(self._autonomy.run_checks)

@@ -37,6 +37,8 @@ class AgentSettings(msgspec.Struct, frozen=True):
     """Whether the node's Secrets are cached (``localApi.serveSecrets``): the Hello then lists ``cache.secrets``."""
     repair_period: float = 30.0
     """How often errored cache keys are asked for again (``autonomy.repairPeriod``)."""
+    check_period: float = 10.0
+    """How often the Autonomy condition is checked (``autonomy.checkPeriod``)."""
     task_retention: float = 7 * 24 * 3600.0
     """Seconds a finished task is kept after it was received, once its reports are acknowledged."""
     store_quota_bytes: int = 64 << 20
@@ -105,6 +107,7 @@ def settings_of(cfg: EdgeConfig, *, config_file: Path | None = None) -> AgentSet
         reconnect_cap=cfg.reconnect_max_delay,
         cache_secrets=cfg.local_api.serve_secrets or cfg.node_api.enabled,
         repair_period=cfg.autonomy.repair_period,
+        check_period=cfg.autonomy.check_period,
         store_quota_bytes=cfg.store_quota_bytes,
         max_request_bytes=cfg.diagnosis.max_request_bytes,
         max_concurrent_tasks=cfg.diagnosis.max_concurrent_tasks,

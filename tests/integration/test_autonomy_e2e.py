@@ -41,7 +41,7 @@ from tests.integration.tmpfs import on_tmpfs, seen_by, usable
 from tools.ports import free_port
 from tools.processes import terminate
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow(150)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow(100)]
 NS = "default"
 REPO = Path(__file__).resolve().parents[2]
 CACHE_SECRETS_RBAC = REPO / "containers" / "rbac" / "cache-secrets"
@@ -278,6 +278,10 @@ TMPFS_BYTES: Final = 8 * 1024 * 1024
 """The agent's data directory: room for its store, ledger and a few objects, then filled up by the test."""
 ANNOTATION_BYTES: Final = 150 * 1024
 """Each Pod made while the disk is full carries this much: no write of one fits in what a full tmpfs has left."""
+QUICK_AUTONOMY: Final[dict[str, object]] = {"checkPeriod": 2, "repairPeriod": 1}
+"""The full-disk agents' ``autonomy``: the fourth failing check comes within seconds (10 s apart by default)."""
+QUICK_CONDITIONS: Final[dict[str, object]] = {"autonomyConditionInterval": 1}
+"""Their hub's: it writes each check's change at once (one write a node per 10 s by default)."""
 
 
 def agent_log(path: Path) -> list[dict[str, Any]]:
@@ -338,7 +342,7 @@ async def test_a_full_disk_turns_autonomy_unknown_on_the_fourth_failing_check_an
     device = Device(port=port, kubectl_path=cp.binaries.kubectl, home=tmp_path / "device")
     home = tmp_path / node
     data, log = home / "data", home / "agent.log"
-    async with fleet(cp, tmp_path, edges=0, hubs=1) as running, admin(cp) as kube:
+    async with fleet(cp, tmp_path, edges=0, hubs=1, hub_options=QUICK_CONDITIONS) as running, admin(cp) as kube:
         conf = unique("conf")
         await apply(cp, config_map_doc(conf, "one"), pod_doc(unique("small"), node, config_map=conf))
         await request_autonomy(kube, node)
@@ -349,7 +353,7 @@ async def test_a_full_disk_turns_autonomy_unknown_on_the_fourth_failing_check_an
             token=tokens[node],
             hub_urls=running.hub_urls,
             logFormat="json",
-            autonomy={"repairPeriod": 1},
+            autonomy=QUICK_AUTONOMY,
             **local_api(port, serve_secrets=False),
         )
         async with supervised_on_tmpfs(config, data, log) as launcher:

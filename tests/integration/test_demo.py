@@ -22,7 +22,7 @@ import pytest
 from tools.processes import processes_mentioning
 from tools.provision.kubebuild import NEXT_KUBELET_VERSION
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow(330)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow(200)]
 
 REPO = Path(__file__).resolve().parents[2]
 DISK_REASON = "current disk usage is"

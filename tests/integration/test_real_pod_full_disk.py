@@ -20,6 +20,8 @@ from tests.integration.processes import fleet
 from tests.integration.real_nodes import create, running
 from tests.integration.test_autonomy_e2e import (
     ANNOTATION_BYTES,
+    QUICK_AUTONOMY,
+    QUICK_CONDITIONS,
     agent_log,
     approved,
     autonomy_of,
@@ -31,7 +33,7 @@ from tests.integration.tmpfs import seen_by, usable
 from tools.ports import free_port
 from tools.provision.node import web_pod
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow(85)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow(45)]
 
 
 async def test_a_full_disk_under_the_cache_turns_autonomy_unknown_and_back_while_the_pod_keeps_running(
@@ -58,14 +60,15 @@ async def scenario(cp: ControlPlane, tmp_path: Path, node: str, token: str, name
     home = tmp_path / node
     data, log = home / "data", home / "agent.log"
     data.mkdir(parents=True)
-    async with fleet(cp, tmp_path, edges=0, hubs=1, hub_options=HUB_OPTIONS) as running_fleet, admin(cp) as kube:
+    hub_options = {**HUB_OPTIONS, **QUICK_CONDITIONS}
+    async with fleet(cp, tmp_path, edges=0, hubs=1, hub_options=hub_options) as running_fleet, admin(cp) as kube:
         config = write_agent_config(
             home,
             node=node,
             token=token,
             hub_urls=running_fleet.hub_urls,
             logFormat="json",
-            autonomy={"repairPeriod": 1},
+            autonomy=QUICK_AUTONOMY,
             **node_api(port),
         )
         async with supervised_on_tmpfs(config, data, log) as launcher, device_node(cp, tmp_path, node, port) as device:
