@@ -248,6 +248,11 @@ class EdgeConfig(BaseConfig, frozen=True, kw_only=True):
     up to it (each drawn from its upper half), so after an outage an edge is back within about this long; a
     large fleet spreads its reconnections with a larger one. Not updatable by a ConfigUpdateJob, like the
     rest of the hub connection."""
+    handshake_timeout: Annotated[float, msgspec.Meta(ge=1, le=600)] = 30.0
+    """How long, in seconds, one attempt to reach a hub may take: TCP, TLS and websocket handshakes together
+    (KubeEdge's ``handshakeTimeout``, 30 s too). A hub that dies after the kernel accepted the connection
+    never answers it, and the edge tries its next hub only once this is over. Not updatable by a
+    ConfigUpdateJob."""
     local_api: LocalApiConfig = LocalApiConfig()
     """``localApi: {enabled: true, port: 10261}`` serves the device's cached cloud objects on loopback.
     Not updatable by a ConfigUpdateJob: whoever may create jobs must not open it on every device."""

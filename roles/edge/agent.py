@@ -108,13 +108,14 @@ class EdgeAgent:
         job_types: Mapping[str, EdgeJobType],
         clock: Clock,
         log: Log,
-        open_link: OpenLink = open_ws_link,
+        open_link: OpenLink | None = None,
         cache: DurableCache | None = None,
         relisted: Callable[[], object] | None = None,
         tunnels: TunnelClient | None = None,
         certificates: CertificateKeeper | None = None,
     ) -> None:
-        """``cache`` is the node's cache of cloud objects (opened over ``store`` at start when None);
+        """``open_link`` opens the hub links (websockets within the settings' handshake timeout when None);
+        ``cache`` is the node's cache of cloud objects (opened over ``store`` at start when None);
         ``relisted`` is called once the hub has relisted it after a reconnect (the local API's
         ``end_watches``); ``tunnels`` opens tunnels to the API server through the hub session for the node's
         API endpoint (:mod:`roles.edge.node_api`), when it is on, and ``certificates`` keeps the node's
@@ -133,7 +134,7 @@ class EdgeAgent:
         keep_secrets = cache.keep_secrets if cache is not None else settings.cache_secrets
         self._hub = HubConnection(
             settings=settings,
-            open_link=open_link,
+            open_link=open_link or functools.partial(open_ws_link, handshake_timeout=settings.handshake_timeout),
             capabilities=tuple(
                 sorted(
                     {f"{jt}/{action}" for jt, action in actions}

@@ -28,6 +28,8 @@ class AgentSettings(msgspec.Struct, frozen=True):
     thresholds: Thresholds
     ssl_context: ssl.SSLContext | None = None
     reconnect_cap: float = 30.0
+    handshake_timeout: float = 30.0
+    """How long one attempt to reach a hub may take (``handshakeTimeout``)."""
     """The longest wait between two attempts to reach a hub (``reconnectMaxDelay``)."""
     missed_heartbeats: int = 3
     config_file: Path | None = None
@@ -105,6 +107,7 @@ def settings_of(cfg: EdgeConfig, *, config_file: Path | None = None) -> AgentSet
         config_file=config_file,
         health_deadline=cfg.config_update_health_deadline,
         reconnect_cap=cfg.reconnect_max_delay,
+        handshake_timeout=cfg.handshake_timeout,
         cache_secrets=cfg.local_api.serve_secrets or cfg.node_api.enabled,
         repair_period=cfg.autonomy.repair_period,
         check_period=cfg.autonomy.check_period,

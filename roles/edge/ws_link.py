@@ -33,6 +33,10 @@ def _closed(exc: Exception) -> LinkClosed:
     return LinkClosed(detail)
 
 
+def _too_slow(timeout: float) -> LinkClosed:
+    return LinkClosed(f"no websocket within {timeout:g} s")
+
+
 @final
 @dataclass(eq=False, slots=True)
 class _WebSocketLink:
@@ -68,7 +72,7 @@ class _WebSocketLink:
 
 
 CONNECT_TIMEOUT_S: Final = 60.0
-"""For the TCP, TLS and websocket handshakes together (trio-websocket's own default)."""
+"""For the TCP, TLS and websocket handshakes together, unless the caller says (trio-websocket's own default)."""
 DISCONNECT_TIMEOUT_S: Final = 60.0
 """For the closing handshake, as trio-websocket's."""
 
@@ -122,18 +126,25 @@ def _leaf(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
 
 @asynccontextmanager
 async def open_ws_link(
-    url: str, *, headers: Sequence[tuple[bytes, bytes]], ssl_context: ssl.SSLContext | None
+    url: str,
+    *,
+    headers: Sequence[tuple[bytes, bytes]],
+    ssl_context: ssl.SSLContext | None,
+    handshake_timeout: float = CONNECT_TIMEOUT_S,
 ) -> AsyncIterator[Link]:
-    """A websocket to ``url`` (``ws://`` or ``wss://`` with ``ssl_context``), closed when the block ends.
+    """A websocket to ``url`` (``ws://`` or ``wss://`` with ``ssl_context``), closed when the block ends; a
+    :class:`LinkClosed` when its handshakes take longer than ``handshake_timeout`` seconds together.
 
     What the block raises reaches the caller as raised (not wrapped by the connection's own task group).
     """
     target = _target(url, ssl_context)
-    deadline = trio.current_time() + CONNECT_TIMEOUT_S
+    deadline = trio.current_time() + handshake_timeout
     try:
         with trio.fail_at(deadline):
             stream = await _stream(target, ssl_context)
-    except (OSError, trio.BrokenResourceError, trio.TooSlowError) as exc:
+    except trio.TooSlowError as exc:
+        raise _too_slow(handshake_timeout) from exc
+    except (OSError, trio.BrokenResourceError) as exc:
         raise _closed(exc) from exc
     try:
         async with trio.open_nursery() as nursery:
@@ -144,7 +155,7 @@ async def open_ws_link(
                     )
             except (trio_websocket.HandshakeError, trio_websocket.ConnectionClosed, trio.TooSlowError, OSError) as exc:
                 nursery.cancel_scope.cancel()
-                raise _closed(exc) from exc
+                raise (_too_slow(handshake_timeout) if isinstance(exc, trio.TooSlowError) else _closed(exc)) from exc
             try:
                 yield _WebSocketLink(ws)
             finally:

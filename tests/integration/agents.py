@@ -25,6 +25,9 @@ from tools.processes import role_command
 
 RECONNECT_MAX_DELAY_S: Final = 3
 """The longest wait of the tests' agents between two attempts to reach a hub (``reconnectMaxDelay``)."""
+HANDSHAKE_TIMEOUT_S: Final = 10
+"""The longest one attempt of theirs may take (``handshakeTimeout``): the fault tests kill hubs while agents
+connect, and an attempt the dead hub's kernel had accepted waits this long before the next hub is tried."""
 
 
 class FakeRuntime:
@@ -56,6 +59,7 @@ async def running_agent(
         # The checks run for real, but a busy CI machine must not fail them: nothing exceeds 100%.
         thresholds=Thresholds(cpu=100.0, mem=100.0, disk=100.0),
         reconnect_cap=RECONNECT_MAX_DELAY_S,
+        handshake_timeout=HANDSHAKE_TIMEOUT_S,
     )
     async with open_store(data_dir / "store.sqlite", max_bytes=store_max_bytes) as store:
         agent: EdgeAgent
@@ -82,8 +86,8 @@ def write_agent_config(home: Path, *, node: str, token: str, hub_urls: list[str]
 
     The checks' thresholds default to 100% so a busy test machine never fails them, and an agent waits at most
     :data:`RECONNECT_MAX_DELAY_S` between attempts to reach a hub (the tests stop hubs for tens of seconds, and
-    production's 30 s would be most of a test's wait once they are back); ``options`` (camelCase keys) override
-    anything.
+    production's 30 s would be most of a test's wait once they are back) and gives up an attempt after
+    :data:`HANDSHAKE_TIMEOUT_S`; ``options`` (camelCase keys) override anything.
     """
     home.mkdir(parents=True, exist_ok=True)
     (home / "token").write_text(token)
@@ -95,6 +99,7 @@ def write_agent_config(home: Path, *, node: str, token: str, hub_urls: list[str]
         "criEndpoint": "",
         "maxCpuUsage": 100,
         "reconnectMaxDelay": RECONNECT_MAX_DELAY_S,
+        "handshakeTimeout": HANDSHAKE_TIMEOUT_S,
         **options,
     }
     path = home / "edge.yaml"

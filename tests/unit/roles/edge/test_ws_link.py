@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import ssl
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -112,3 +113,21 @@ async def test_a_hub_that_refuses_the_handshake_is_a_closed_link_carrying_its_an
     rejected = raised.value.__cause__
     assert isinstance(rejected, trio_websocket.ConnectionRejected)
     assert (rejected.status_code, rejected.body) == (403, b"the token is not node x's")
+
+
+async def test_a_hub_whose_kernel_accepted_the_connection_but_never_answers_is_given_up_after_the_timeout(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A listening socket nothing accepts from (a hub killed after its kernel took the connection): the attempt
+    ends as a LinkClosed once ``handshake_timeout`` is over, not at the 60 s default."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        port = silent.getsockname()[1]
+        began = trio.current_time()
+        with pytest.raises(LinkClosed, match="no websocket within 7 s"):
+            async with open_ws_link(
+                f"ws://127.0.0.1:{port}/nodes/x", headers=HEADERS, ssl_context=None, handshake_timeout=7
+            ):
+                pass
+        assert trio.current_time() - began == pytest.approx(7)

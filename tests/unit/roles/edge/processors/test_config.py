@@ -59,7 +59,8 @@ def test_a_bad_diagnosis_entry_is_refused_at_start_naming_it(tmp_path: Path, sec
 
 def test_a_devices_limits_on_tasks_load_into_the_agents_settings(tmp_path: Path) -> None:
     """``diagnosis.maxConcurrentTasks``, ``diagnosis.maxRequestBytes``, ``storeQuotaBytes``, ``reconnectMaxDelay``
-    and ``autonomy.checkPeriod`` reach the agent; left out, they are 4 Tasks, 128 KiB, 64 MiB, 30 s and 10 s."""
+    ``autonomy.checkPeriod`` and ``handshakeTimeout`` reach the agent; left out, they are 4 Tasks, 128 KiB,
+    64 MiB, 30 s, 10 s and 30 s."""
     (tmp_path / "token").write_text("t0ken")
     base = f"nodeName: edge-1\nhubUrls: [ws://hub.test]\ntokenFile: {tmp_path / 'token'}\n"
     path = tmp_path / "edge.yaml"
@@ -68,16 +69,16 @@ def test_a_devices_limits_on_tasks_load_into_the_agents_settings(tmp_path: Path)
     assert isinstance(defaults, EdgeConfig)
     limits = settings_of(defaults)
     assert (limits.max_concurrent_tasks, limits.max_request_bytes, limits.store_quota_bytes) == (4, 128 << 10, 64 << 20)
-    assert (limits.reconnect_cap, limits.check_period) == (30.0, 10.0)
+    assert (limits.reconnect_cap, limits.check_period, limits.handshake_timeout) == (30.0, 10.0, 30.0)
     path.write_text(
-        base + "storeQuotaBytes: 2097152\nreconnectMaxDelay: 5\n"
+        base + "storeQuotaBytes: 2097152\nreconnectMaxDelay: 5\nhandshakeTimeout: 8\n"
         "diagnosis: {maxConcurrentTasks: 1, maxRequestBytes: 4096}\nautonomy: {checkPeriod: 2}\n"
     )
     config = load_config("edge", path, {})
     assert isinstance(config, EdgeConfig)
     settings = settings_of(config)
     assert (settings.max_concurrent_tasks, settings.max_request_bytes, settings.store_quota_bytes) == (1, 4096, 2 << 20)
-    assert (settings.reconnect_cap, settings.check_period) == (5.0, 2.0)
+    assert (settings.reconnect_cap, settings.check_period, settings.handshake_timeout) == (5.0, 2.0, 8.0)
 
 
 @pytest.mark.parametrize(
@@ -88,6 +89,7 @@ def test_a_devices_limits_on_tasks_load_into_the_agents_settings(tmp_path: Path)
         ("storeQuotaBytes: 4096", "Expected `int` >= 1048576 - at `$.storeQuotaBytes`"),
         ("reconnectMaxDelay: 0.5", "Expected `float` >= 1.0 - at `$.reconnectMaxDelay`"),
         ("autonomy: {checkPeriod: 0.1}", "Expected `float` >= 1.0 - at `$.autonomy.checkPeriod`"),
+        ("handshakeTimeout: 0", "Expected `float` >= 1.0 - at `$.handshakeTimeout`"),
     ],
 )
 def test_a_devices_limit_out_of_range_is_refused_at_start_naming_it(tmp_path: Path, entry: str, named: str) -> None:
