@@ -28,9 +28,9 @@ class AgentSettings(msgspec.Struct, frozen=True):
     thresholds: Thresholds
     ssl_context: ssl.SSLContext | None = None
     reconnect_cap: float = 30.0
+    """The longest wait between two attempts to reach a hub (``reconnectMaxDelay``)."""
     handshake_timeout: float = 30.0
     """How long one attempt to reach a hub may take (``handshakeTimeout``)."""
-    """The longest wait between two attempts to reach a hub (``reconnectMaxDelay``)."""
     missed_heartbeats: int = 3
     config_file: Path | None = None
     """The YAML file this agent was started with; config updates rewrite it."""
