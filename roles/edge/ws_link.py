@@ -27,14 +27,13 @@ from nodetask.link import NORMAL_CLOSE, Frame, Link, LinkClosed
 __all__ = ["open_ws_link"]
 
 
-def _closed(exc: Exception) -> LinkClosed:
+def _closed(exc: Exception, *, timeout: float | None = None) -> LinkClosed:
+    """``exc`` as a closed link; a TooSlowError says which ``timeout`` ran out."""
+    if isinstance(exc, trio.TooSlowError) and timeout is not None:
+        return LinkClosed(f"no websocket within {timeout:g} s")
     # Handshake errors often carry no text of their own, only their cause (the OSError).
     detail = str(exc) or str(exc.__cause__ or "") or type(exc).__name__
     return LinkClosed(detail)
-
-
-def _too_slow(timeout: float) -> LinkClosed:
-    return LinkClosed(f"no websocket within {timeout:g} s")
 
 
 @final
@@ -142,10 +141,8 @@ async def open_ws_link(
     try:
         with trio.fail_at(deadline):
             stream = await _stream(target, ssl_context)
-    except trio.TooSlowError as exc:
-        raise _too_slow(handshake_timeout) from exc
-    except (OSError, trio.BrokenResourceError) as exc:
-        raise _closed(exc) from exc
+    except (OSError, trio.BrokenResourceError, trio.TooSlowError) as exc:
+        raise _closed(exc, timeout=handshake_timeout) from exc
     try:
         async with trio.open_nursery() as nursery:
             try:
@@ -155,7 +152,7 @@ async def open_ws_link(
                     )
             except (trio_websocket.HandshakeError, trio_websocket.ConnectionClosed, trio.TooSlowError, OSError) as exc:
                 nursery.cancel_scope.cancel()
-                raise (_too_slow(handshake_timeout) if isinstance(exc, trio.TooSlowError) else _closed(exc)) from exc
+                raise _closed(exc, timeout=handshake_timeout) from exc
             try:
                 yield _WebSocketLink(ws)
             finally:
