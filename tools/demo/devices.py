@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Final, TypeVar
 
 from nodetask.autonomy import AUTONOMY_ANNOTATION, BINDABLE_LABEL, DURATION_ANNOTATION
+from tools.demo import heartbeat
 from tools.demo.fleet import Edge, Hub
 from tools.provision import controlplane as _cp
 from tools.provision import node_images
@@ -49,9 +50,9 @@ NODE_MONITOR: Final = NodeMonitor(period_s=2, grace_period_s=20)
 """The demo's node lifecycle controller: a Node silent for 20 s is NotReady (production: 40 s), looked at every
 2 s, so the cloud's side of the outage shows without a long wait. The devices' kubelets renew their Leases
 every 3 s (:data:`KUBELET_SETTINGS`), the agent-only edges' the demo does (:mod:`tools.demo.heartbeat`)."""
-KUBELET_SETTINGS: Final[Mapping[str, object]] = {"nodeLeaseDurationSeconds": 12}
-"""A kubelet renews its Lease every quarter of this: 3 s, well within the demo's grace even while a kubelet
-upgrade restarts one (production: 40 s, renewed every 10 s, for 40 s of grace)."""
+KUBELET_SETTINGS: Final[Mapping[str, object]] = {"nodeLeaseDurationSeconds": heartbeat.DURATION_S}
+"""The agent-only edges' Lease duration: a kubelet renews every quarter of it, 3 s, well within the demo's grace
+even while a kubelet upgrade restarts one (production: 40 s, renewed every 10 s, for 40 s of grace)."""
 KUBELET_ARGS: Final = ("--sync-frequency=10s",)
 """How often the kubelet looks at its pods again, so that a ConfigMap's change reaches their volumes in
 seconds (its default, one minute, would be most of the demo's wait)."""

@@ -13,9 +13,11 @@ from typing import Any, Final, Protocol
 from tools.demo.kube import ApiFailure
 
 LEASE_NAMESPACE: Final = "kube-node-lease"
-RENEW_S: Final = 3.0
-"""A quarter of the Lease's duration, as a kubelet renews; the demo's grace (``devices.NODE_MONITOR``) is 20 s."""
+LEASES: Final = f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NAMESPACE}/leases"
 DURATION_S: Final = 12
+"""The Leases' duration, the devices' kubelets' too (``devices.KUBELET_SETTINGS``)."""
+RENEW_S: Final = DURATION_S / 4
+"""As a kubelet renews: a quarter of the duration, 3 s, well within the demo's 20 s grace (``devices.NODE_MONITOR``)."""
 
 
 class Requests(Protocol):
@@ -68,11 +70,10 @@ class Heartbeat:
         """Renew every node's Lease now (create it the first time)."""
         renew_time = micro_time(datetime.now(UTC))
         for node in self._nodes:
-            path = f"/apis/coordination.k8s.io/v1/namespaces/{LEASE_NAMESPACE}/leases"
             if node in self._created:
-                self._api.request("PATCH", f"{path}/{node}", {"spec": {"renewTime": renew_time}}, patch=True)
+                self._api.request("PATCH", f"{LEASES}/{node}", {"spec": {"renewTime": renew_time}}, patch=True)
             else:
-                self._api.request("POST", path, lease(node, renew_time))
+                self._api.request("POST", LEASES, lease(node, renew_time))
                 self._created.add(node)
 
     def renew(self) -> None:
